@@ -1,0 +1,19 @@
+// Token embedding module (see embedding.h). Vocab sharding arrives with TP;
+// until then the table starts at token 0.
+#include "dense/embedding.h"
+
+#include "kernels/embedding.h"
+
+namespace origami::dense {
+
+Tensor embedding_module_forward(const Tensor& ids_T, const Tensor& table_VD) {
+  Tensor x = Tensor::empty({ids_T.numel(), table_VD.cols()}, DType::f32, MemCategory::activation);
+  embedding_forward(ids_T, table_VD, /*vocab_start=*/0, x);
+  return x;
+}
+
+void embedding_module_backward(const Tensor& ids_T, const Tensor& dx_TD, Tensor& dtable_VD) {
+  embedding_backward(ids_T, dx_TD, /*vocab_start=*/0, dtable_VD);
+}
+
+}  // namespace origami::dense

@@ -1,0 +1,18 @@
+// RMSNorm module: forward/backward around the rmsnorm kernel with its saved
+// activations (the input and the per-token reciprocal RMS).
+#pragma once
+#include "kernels/tensor.h"
+
+namespace origami::dense {
+
+struct RmsNormSaved {
+  Tensor x_TD;    // input, [T, D]
+  Tensor rstd_T;  // 1 / rms per token, [T]
+};
+
+// y_TD is allocated here ([T, D], activation).
+Tensor rmsnorm_module_forward(const Tensor& x_TD, const Tensor& w_D, float eps, RmsNormSaved& saved);
+// Returns dx_TD; accumulates dw_D.
+Tensor rmsnorm_module_backward(const Tensor& dy_TD, const Tensor& w_D, const RmsNormSaved& saved, Tensor& dw_D);
+
+}  // namespace origami::dense

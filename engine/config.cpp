@@ -1,0 +1,548 @@
+// Config loading: TOML text -> toml::table (+ --set overrides) -> typed structs
+// -> validation. Every failure is a UserError that names where the value came
+// from (the file, or the `--set` override that wrote it), the full key and the
+// rule it broke.
+#include "engine/config.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string_view>
+#include <variant>
+
+#include "kernels/check.h"
+
+namespace origami {
+namespace {
+
+using detail::concat;
+
+// ---- The schema: every section and key, bound to a Config's fields. ----------
+
+using FieldPtr = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*>;
+struct Field {
+  std::string_view key;
+  FieldPtr ptr;
+};
+struct Section {
+  std::string_view name;
+  std::vector<Field> fields;
+};
+
+// Keys are exactly the struct field names; declaration order breaks ties in
+// did-you-mean suggestions.
+std::vector<Section> schema(Config& c) {
+  ModelConfig& m = c.model;
+  MoeConfig& e = c.moe;
+  ParallelConfig& p = c.parallel;
+  TrainingConfig& t = c.training;
+  OptimizerConfig& o = c.optimizer;
+  LrScheduleConfig& s = c.lr_schedule;
+  return {
+      {"model",
+       {{"vocab_size", &m.vocab_size}, {"hidden_size", &m.hidden_size}, {"num_layers", &m.num_layers},
+        {"num_heads", &m.num_heads}, {"num_kv_heads", &m.num_kv_heads}, {"ffn_hidden_size", &m.ffn_hidden_size},
+        {"rope_theta", &m.rope_theta}, {"norm_eps", &m.norm_eps}, {"init_std", &m.init_std}}},
+      {"moe",
+       {{"num_experts", &e.num_experts}, {"top_k", &e.top_k}, {"ffn_hidden_size", &e.ffn_hidden_size},
+        {"first_dense_layers", &e.first_dense_layers}, {"layer_freq", &e.layer_freq}}},
+      {"parallel",
+       {{"tp", &p.tp}, {"cp", &p.cp}, {"pp", &p.pp}, {"ep", &p.ep}, {"etp", &p.etp}, {"order", &p.order},
+        {"zero_stage", &p.zero_stage}}},
+      {"training",
+       {{"steps", &t.steps}, {"seq_len", &t.seq_len}, {"global_batch", &t.global_batch},
+        {"micro_batch", &t.micro_batch}, {"seed", &t.seed}}},
+      {"optimizer",
+       {{"lr", &o.lr}, {"beta1", &o.beta1}, {"beta2", &o.beta2}, {"eps", &o.eps},
+        {"weight_decay", &o.weight_decay}, {"clip_grad", &o.clip_grad}}},
+      {"lr_schedule", {{"warmup_steps", &s.warmup_steps}, {"decay_steps", &s.decay_steps}, {"min_lr", &s.min_lr}}},
+      {"data", {{"path", &c.data.path}, {"shuffle", &c.data.shuffle}}},
+      {"checkpoint", {{"dir", &c.checkpoint.dir}, {"interval", &c.checkpoint.interval}}},
+      {"export", {{"dir", &c.exp.dir}}},
+      {"logging", {{"dir", &c.logging.dir}, {"interval", &c.logging.interval}}},
+      {"runtime", {{"threads", &c.runtime.threads}, {"collective_timeout_s", &c.runtime.collective_timeout_s}}},
+  };
+}
+
+// ---- Formatting. -------------------------------------------------------------
+
+std::string fmt(int64_t v) { return std::to_string(v); }
+std::string fmt(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);  // shortest round-trip form
+  return std::string(buf, r.ptr);
+}
+std::string fmt(const std::string& v) {  // a TOML basic string: "..." with escapes
+  std::string r = "\"";
+  for (char ch : v) {
+    if (ch == '"' || ch == '\\') {
+      r += '\\';
+      r += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", ch);
+      r += buf;
+    } else {
+      r += ch;
+    }
+  }
+  return r + '"';
+}
+
+std::string type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::table: return "a table";
+    case toml::node_type::date: return "a date";
+    case toml::node_type::time: return "a time";
+    case toml::node_type::date_time: return "a date-time";
+    default: return "nothing";
+  }
+}
+
+// The value as TOML text, shortened so a large array or table stays readable.
+std::string show(const toml::node& n) {
+  std::string s;
+  if (const auto* str = n.as_string()) {
+    s = fmt(str->get());
+  } else {
+    std::ostringstream os;
+    n.visit([&](const auto& v) { os << v; });
+    s = os.str();
+  }
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  return s;
+}
+
+std::string lower(std::string_view s) {
+  std::string r(s);
+  for (char& ch : r) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return r;
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// The closest candidate to a misspelt name, if one is close: within edit
+// distance 3 (less for short names, so "x" does not suggest everything), or
+// one containing the other ("layers" -> "num_layers", "max_steps" -> "steps").
+std::optional<std::string_view> closest(std::string_view typed, const std::vector<std::string_view>& candidates) {
+  const std::string t = lower(typed);
+  const size_t max_d = std::min<size_t>(3, std::max<size_t>(1, (t.size() + 1) / 2));
+  std::optional<std::string_view> best;
+  size_t best_d = SIZE_MAX;
+  for (std::string_view c : candidates) {
+    const std::string cl = lower(c);
+    const size_t d = edit_distance(t, cl);
+    const bool contains = std::min(t.size(), cl.size()) >= 3 &&
+                          (cl.find(t) != std::string::npos || t.find(cl) != std::string::npos);
+    if ((d <= max_d || contains) && d < best_d) {
+      best = c;
+      best_d = d;
+    }
+  }
+  return best;
+}
+
+// ---- Where each value came from. ---------------------------------------------
+
+// The file, unless a --set override wrote the key (or created the section).
+class Origins {
+ public:
+  explicit Origins(std::string file) : file_(std::move(file)) {}
+  const std::string& file() const { return file_; }
+  void set(const std::string& key, std::string origin) { by_key_[key] = std::move(origin); }
+  const std::string& of(std::string_view key) const {
+    auto it = by_key_.find(std::string(key));
+    return it == by_key_.end() ? file_ : it->second;
+  }
+  // For a rule on several keys: the overrides involved, else the file.
+  std::string of(std::initializer_list<std::string_view> keys) const {
+    std::string r;
+    for (std::string_view k : keys) {
+      const std::string& o = of(k);
+      if (&o != &file_ && r.find(o) == std::string::npos) r += (r.empty() ? "" : ", ") + o;
+    }
+    return r.empty() ? file_ : r;
+  }
+
+ private:
+  std::string file_;
+  std::map<std::string, std::string> by_key_;
+};
+
+// ---- Reading the table into the structs. -------------------------------------
+
+[[noreturn]] void unknown_key(const std::vector<Section>& sections, const Section& sec, std::string_view key,
+                              const std::string& origin) {
+  const std::string full = concat(sec.name, ".", key);
+  std::string hint;
+  if (sec.name == "parallel" && (key == "dp" || key == "edp")) {
+    hint = " (data-parallel sizes are derived: dp = world / (tp·cp·pp), edp = world / (etp·ep·pp))";
+  } else {
+    // A key placed in the wrong section is the likeliest slip; then a typo.
+    std::string elsewhere;
+    for (const Section& s : sections)
+      for (const Field& f : s.fields)
+        if (&s != &sec && f.key == key) elsewhere += concat(elsewhere.empty() ? "" : " or ", "'", s.name, ".", key, "'");
+    if (!elsewhere.empty()) {
+      hint = concat(" (did you mean ", elsewhere, "?)");
+    } else {
+      std::vector<std::string_view> keys;
+      for (const Field& f : sec.fields) keys.push_back(f.key);
+      if (auto c = closest(key, keys)) hint = concat(" (did you mean '", sec.name, ".", *c, "'?)");
+    }
+  }
+  ORIGAMI_USER_ERROR(origin, ": unknown key '", full, "'", hint);
+}
+
+[[noreturn]] void unknown_section(const std::vector<Section>& sections, std::string_view name,
+                                  const toml::node& node, const std::string& origin) {
+  if (!node.is_table()) {
+    // `steps = 10` above every [section]: a key that lost its section header.
+    std::string hint;
+    for (const Section& s : sections)
+      for (const Field& f : s.fields)
+        if (f.key == name) hint += concat(hint.empty() ? "" : " or ", "'", s.name, ".", name, "'");
+    ORIGAMI_USER_ERROR(origin, ": unknown top-level key '", name, "': every key belongs in a [section]",
+                       hint.empty() ? "" : concat(" (did you mean ", hint, "?)"));
+  }
+  std::vector<std::string_view> names;
+  for (const Section& s : sections) names.push_back(s.name);
+  auto c = closest(name, names);
+  ORIGAMI_USER_ERROR(origin, ": unknown section '", name, "'",
+                     c ? concat(" (did you mean '", *c, "'?)") : concat(" (sections: model, moe, parallel, training, "
+                                                                       "optimizer, lr_schedule, data, checkpoint, "
+                                                                       "export, logging, runtime)"));
+}
+
+void assign(const Field& f, const toml::node& v, const std::string& key, const std::string& origin) {
+  auto wrong = [&](std::string_view expected) {
+    ORIGAMI_USER_ERROR(origin, ": ", key, " = ", show(v), ": expected ", expected, ", got ", type_name(v));
+  };
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, int64_t>) {
+          if (!v.is_integer()) wrong("an integer");
+          *p = v.as_integer()->get();
+        } else if constexpr (std::is_same_v<T, uint64_t>) {
+          if (!v.is_integer()) wrong("an integer");
+          const int64_t i = v.as_integer()->get();
+          if (i < 0) ORIGAMI_USER_ERROR(origin, ": ", key, " = ", i, ": must be >= 0");
+          *p = static_cast<uint64_t>(i);
+        } else if constexpr (std::is_same_v<T, double>) {
+          if (v.is_integer()) {
+            *p = static_cast<double>(v.as_integer()->get());
+          } else if (v.is_floating_point()) {
+            *p = v.as_floating_point()->get();
+          } else {
+            wrong("a number");
+          }
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (!v.is_boolean()) wrong("a boolean (true or false)");
+          *p = v.as_boolean()->get();
+        } else {
+          if (!v.is_string()) wrong("a string");
+          *p = v.as_string()->get();
+        }
+      },
+      f.ptr);
+}
+
+void read_table(const toml::table& root, Config& cfg, const Origins& origins) {
+  std::vector<Section> sections = schema(cfg);
+  for (auto&& [k, node] : root) {
+    const std::string name(k.str());
+    auto sec = std::find_if(sections.begin(), sections.end(), [&](const Section& s) { return s.name == name; });
+    if (sec == sections.end()) unknown_section(sections, name, node, origins.of(name));
+    const toml::table* tbl = node.as_table();
+    if (!tbl)
+      ORIGAMI_USER_ERROR(origins.of(name), ": '", name, "' must be a section ([", name, "]), got ", type_name(node));
+    for (auto&& [kk, v] : *tbl) {
+      const std::string full = concat(name, ".", kk.str());
+      auto f = std::find_if(sec->fields.begin(), sec->fields.end(), [&](const Field& x) { return x.key == kk.str(); });
+      if (f == sec->fields.end()) unknown_key(sections, *sec, kk.str(), origins.of(full));
+      assign(*f, v, full, origins.of(full));
+    }
+  }
+}
+
+// ---- Overrides. ---------------------------------------------------------------
+
+std::string trim(std::string_view s) {
+  const char* ws = " \t\r\n";
+  const size_t b = s.find_first_not_of(ws);
+  if (b == std::string_view::npos) return {};
+  return std::string(s.substr(b, s.find_last_not_of(ws) - b + 1));
+}
+
+// Applies "section.key=value" onto the parsed table, before any checking, so an
+// override meets the same unknown-key, type and range rules as the file.
+void apply_override(toml::table& root, const std::string& ov, Origins& origins) {
+  const std::string origin = "--set " + ov;
+  const size_t eq = ov.find('=');
+  const std::string lhs = trim(std::string_view(ov).substr(0, eq));
+  const size_t dot = lhs.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot == 0 || dot + 1 == lhs.size())
+    ORIGAMI_USER_ERROR(origin, ": malformed override: expected section.key=value (e.g. --set training.steps=200)");
+  const std::string section = lhs.substr(0, dot), key = lhs.substr(dot + 1);
+  const std::string text = trim(std::string_view(ov).substr(eq + 1));
+
+  if (!root.contains(section)) {
+    root.insert(section, toml::table{});
+    origins.set(section, origin);
+  }
+  toml::table* sec = root.get(section)->as_table();
+  if (!sec)
+    ORIGAMI_USER_ERROR(origins.of(section), ": '", section, "' must be a section ([", section, "]), got ",
+                       type_name(*root.get(section)));
+
+  // A TOML value if the text is one (200, 3e-4, true, "quoted"); otherwise,
+  // e.g. a bare word or a path, the text itself as a string.
+  std::optional<toml::table> parsed;
+  try {
+    const std::string doc = "v = " + text;
+    parsed = toml::parse(std::string_view(doc), std::string_view("--set"));
+  } catch (const toml::parse_error&) {
+  }
+  if (parsed && parsed->size() == 1 && parsed->contains("v")) {
+    sec->insert_or_assign(key, std::move(*parsed->get("v")));
+  } else {
+    sec->insert_or_assign(key, text);
+  }
+  origins.set(concat(section, ".", key), origin);
+}
+
+// ---- Validation of the loaded values. ----------------------------------------
+
+class Rules {
+ public:
+  explicit Rules(const Origins& o) : o_(o) {}
+
+  template <class T>
+  void need(bool ok, std::string_view key, T value, std::string_view rule) const {
+    if (!ok) ORIGAMI_USER_ERROR(o_.of(key), ": ", key, " = ", fmt(value), ": ", rule);
+  }
+  void at_least(std::string_view key, int64_t v, int64_t lo) const { need(v >= lo, key, v, concat("must be >= ", lo)); }
+  void between(std::string_view key, int64_t v, int64_t lo, int64_t hi) const {
+    need(v >= lo && v <= hi, key, v, concat("must be in ", lo, "..", hi));
+  }
+  void finite(std::string_view key, double v) const { need(std::isfinite(v), key, v, "must be a finite number"); }
+  void positive(std::string_view key, double v) const {
+    finite(key, v);
+    need(v > 0, key, v, "must be > 0");
+  }
+  void non_negative(std::string_view key, double v) const {
+    finite(key, v);
+    need(v >= 0, key, v, "must be >= 0");
+  }
+  void unit_interval(std::string_view key, double v) const {
+    finite(key, v);
+    need(v >= 0 && v < 1, key, v, "must be in [0, 1)");
+  }
+  // A rule tying several keys together: message names them all and the rule.
+  void need_all(bool ok, std::initializer_list<std::string_view> keys, const std::string& what) const {
+    if (!ok) ORIGAMI_USER_ERROR(o_.of(keys), ": ", what);
+  }
+
+ private:
+  const Origins& o_;
+};
+
+// parallel.order: the five axes, each once, joined by '-'.
+void check_order(const Rules& r, const std::string& order) {
+  static constexpr std::string_view kAxes[] = {"tp", "cp", "ep", "dp", "pp"};
+  std::vector<std::string> parts;
+  std::string part;
+  std::istringstream is(order);
+  while (std::getline(is, part, '-')) parts.push_back(part);
+  if (!order.empty() && order.back() == '-') parts.push_back("");
+  std::string problem;
+  for (const std::string& p : parts) {
+    if (std::find(std::begin(kAxes), std::end(kAxes), p) == std::end(kAxes)) {
+      problem = concat("unknown axis '", p, "'");
+      break;
+    }
+    if (std::count(parts.begin(), parts.end(), p) > 1) {
+      problem = concat("axis '", p, "' appears twice");
+      break;
+    }
+  }
+  if (problem.empty())
+    for (std::string_view a : kAxes)
+      if (std::find(parts.begin(), parts.end(), a) == parts.end()) {
+        problem = concat("axis '", a, "' is missing");
+        break;
+      }
+  r.need(problem.empty(), "parallel.order", order,
+         concat("must be a permutation of tp, cp, ep, dp, pp joined by '-' (e.g. \"tp-cp-ep-dp-pp\"): ", problem));
+}
+
+void validate(const Config& c, const Origins& o) {
+  const Rules r(o);
+  const ModelConfig& m = c.model;
+  r.at_least("model.vocab_size", m.vocab_size, 2);
+  r.at_least("model.hidden_size", m.hidden_size, 1);
+  r.at_least("model.num_layers", m.num_layers, 1);
+  r.at_least("model.num_heads", m.num_heads, 1);
+  r.at_least("model.num_kv_heads", m.num_kv_heads, 1);
+  r.at_least("model.ffn_hidden_size", m.ffn_hidden_size, 1);
+  r.positive("model.rope_theta", m.rope_theta);
+  r.positive("model.norm_eps", m.norm_eps);
+  r.positive("model.init_std", m.init_std);
+
+  const MoeConfig& e = c.moe;
+  r.at_least("moe.num_experts", e.num_experts, 0);
+  if (e.num_experts > 0) r.between("moe.top_k", e.top_k, 1, e.num_experts);
+  r.at_least("moe.ffn_hidden_size", e.ffn_hidden_size, 0);
+  r.at_least("moe.first_dense_layers", e.first_dense_layers, 0);
+  r.at_least("moe.layer_freq", e.layer_freq, 1);
+
+  const ParallelConfig& p = c.parallel;
+  r.at_least("parallel.tp", p.tp, 1);
+  r.at_least("parallel.cp", p.cp, 1);
+  r.at_least("parallel.pp", p.pp, 1);
+  r.at_least("parallel.ep", p.ep, 1);
+  r.at_least("parallel.etp", p.etp, 1);
+  r.between("parallel.zero_stage", p.zero_stage, 0, 3);
+  check_order(r, p.order);
+
+  const TrainingConfig& t = c.training;
+  r.at_least("training.steps", t.steps, 0);
+  r.at_least("training.seq_len", t.seq_len, 1);
+  r.at_least("training.global_batch", t.global_batch, 1);
+  r.at_least("training.micro_batch", t.micro_batch, 1);
+
+  const OptimizerConfig& op = c.optimizer;
+  r.positive("optimizer.lr", op.lr);
+  r.unit_interval("optimizer.beta1", op.beta1);
+  r.unit_interval("optimizer.beta2", op.beta2);
+  r.positive("optimizer.eps", op.eps);
+  r.non_negative("optimizer.weight_decay", op.weight_decay);
+  r.non_negative("optimizer.clip_grad", op.clip_grad);
+
+  const LrScheduleConfig& s = c.lr_schedule;
+  r.at_least("lr_schedule.warmup_steps", s.warmup_steps, 0);
+  r.at_least("lr_schedule.decay_steps", s.decay_steps, 0);
+  r.non_negative("lr_schedule.min_lr", s.min_lr);
+
+  r.at_least("checkpoint.interval", c.checkpoint.interval, 0);
+  r.at_least("logging.interval", c.logging.interval, 1);
+  r.at_least("runtime.threads", c.runtime.threads, 0);
+  r.positive("runtime.collective_timeout_s", c.runtime.collective_timeout_s);
+
+  // Consistency between keys.
+  r.need_all(m.hidden_size % m.num_heads == 0, {"model.hidden_size", "model.num_heads"},
+             concat("model.hidden_size = ", m.hidden_size, " must be divisible by model.num_heads = ", m.num_heads));
+  r.need_all(m.num_heads % m.num_kv_heads == 0, {"model.num_heads", "model.num_kv_heads"},
+             concat("model.num_heads = ", m.num_heads, " must be divisible by model.num_kv_heads = ", m.num_kv_heads,
+                    " (each kv head serves num_heads / num_kv_heads query heads)"));
+  r.need_all(m.head_dim() % 2 == 0, {"model.hidden_size", "model.num_heads"},
+             concat("head_dim = model.hidden_size / model.num_heads = ", m.hidden_size, " / ", m.num_heads, " = ",
+                    m.head_dim(), " must be even (RoPE rotates channel pairs)"));
+  r.need_all(t.global_batch % t.micro_batch == 0, {"training.global_batch", "training.micro_batch"},
+             concat("training.global_batch = ", t.global_batch, " must be a multiple of training.micro_batch = ",
+                    t.micro_batch));
+  r.need_all(s.min_lr <= op.lr, {"lr_schedule.min_lr", "optimizer.lr"},
+             concat("lr_schedule.min_lr = ", fmt(s.min_lr), " must be <= optimizer.lr = ", fmt(op.lr)));
+
+  // Features whose issues have not landed yet.
+  r.need(e.num_experts == 0, "moe.num_experts", e.num_experts,
+         "MoE layers are not available yet (moe.num_experts must be 0)");
+  r.need(c.checkpoint.interval == 0, "checkpoint.interval", c.checkpoint.interval,
+         "checkpointing is not available yet (checkpoint.interval must be 0)");
+
+  r.need_all(t.steps == 0 || !c.data.path.empty(), {"data.path", "training.steps"},
+             concat("data.path is required to train (training.steps = ", t.steps,
+                    "); set data.path, or training.steps = 0"));
+}
+
+Config parse_table(toml::table root, const std::string& source, const std::vector<std::string>& overrides) {
+  Origins origins(source);
+  for (const std::string& ov : overrides) apply_override(root, ov, origins);
+  Config cfg;
+  cfg.source = source;
+  read_table(root, cfg, origins);
+  validate(cfg, origins);
+  return cfg;
+}
+
+}  // namespace
+
+Config parse_config(const std::string& toml_text, const std::string& source, const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, source);
+  } catch (const toml::parse_error& err) {
+    const toml::source_position& at = err.source().begin;
+    ORIGAMI_USER_ERROR(source, ":", at.line, ":", at.column, ": TOML syntax error: ", err.description());
+  }
+  return parse_table(std::move(root), source, overrides);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) ORIGAMI_USER_ERROR(path, ": cannot open config file: ", std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) ORIGAMI_USER_ERROR(path, ": cannot read config file: ", std::strerror(errno));
+  return parse_config(text.str(), path, overrides);
+}
+
+void validate_for_world(const Config& cfg, int world_size) {
+  const ParallelConfig& p = cfg.parallel;
+  const std::string& src = cfg.source;
+  const struct {
+    std::string_view key;
+    int64_t size;
+    std::string_view feature;
+  } axes[] = {{"parallel.tp", p.tp, "tensor parallelism"},
+              {"parallel.cp", p.cp, "context parallelism"},
+              {"parallel.pp", p.pp, "pipeline parallelism"},
+              {"parallel.ep", p.ep, "expert parallelism"},
+              {"parallel.etp", p.etp, "expert tensor parallelism"}};
+  for (const auto& a : axes)
+    if (a.size != 1) ORIGAMI_USER_ERROR(src, ": ", a.key, " = ", a.size, ": only 1 is supported until ", a.feature, " lands");
+  if (world_size != 1)
+    ORIGAMI_USER_ERROR(src, ": world size ", world_size, ": only 1 rank is supported until data parallelism lands");
+
+  // The general layout rules (ARCHITECTURE.md §3), ready for when the above lift.
+  const int64_t W = world_size, dense_cut = p.tp * p.cp * p.pp, expert_cut = p.etp * p.ep * p.pp;
+  if (W % dense_cut != 0)
+    ORIGAMI_USER_ERROR(src, ": world size ", W, " must be divisible by parallel.tp·cp·pp = ", p.tp, "·", p.cp, "·",
+                       p.pp, " = ", dense_cut);
+  if (W % expert_cut != 0)
+    ORIGAMI_USER_ERROR(src, ": world size ", W, " must be divisible by parallel.etp·ep·pp = ", p.etp, "·", p.ep, "·",
+                       p.pp, " = ", expert_cut);
+  const int64_t dp = W / dense_cut;
+  const TrainingConfig& t = cfg.training;
+  if (t.global_batch % (t.micro_batch * dp) != 0)
+    ORIGAMI_USER_ERROR(src, ": training.global_batch = ", t.global_batch,
+                       " must be a multiple of training.micro_batch · DP = ", t.micro_batch, " · ", dp, " = ",
+                       t.micro_batch * dp, " (DP = world size / (tp·cp·pp))");
+}
+
+}  // namespace origami

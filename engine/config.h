@@ -1,0 +1,116 @@
+// Config: the TOML file's sections as typed option structs, validated once at
+// load (ARCHITECTURE.md §1: nothing below engine/ reads the file). Unknown
+// keys, wrong types, out-of-range values and inconsistent sizes are
+// UserErrors naming the file, the key and the rule.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace origami {
+
+struct ModelConfig {
+  int64_t vocab_size = 257;       // byte-level 256 + EOD
+  int64_t hidden_size = 128;
+  int64_t num_layers = 2;
+  int64_t num_heads = 4;
+  int64_t num_kv_heads = 4;       // GQA: divides num_heads
+  int64_t ffn_hidden_size = 384;  // dense SwiGLU width
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  double init_std = 0.02;
+  int64_t head_dim() const { return hidden_size / num_heads; }
+};
+
+struct MoeConfig {
+  int64_t num_experts = 0;  // 0: every layer is dense (MoE layers land with the MoE issue)
+  int64_t top_k = 2;
+  int64_t ffn_hidden_size = 0;  // per-expert width; 0 means model.ffn_hidden_size
+  int64_t first_dense_layers = 0;
+  int64_t layer_freq = 1;
+};
+
+struct ParallelConfig {
+  int64_t tp = 1, cp = 1, pp = 1, ep = 1, etp = 1;
+  std::string order = "tp-cp-ep-dp-pp";
+  int64_t zero_stage = 3;
+};
+
+struct TrainingConfig {
+  int64_t steps = 100;
+  int64_t seq_len = 64;
+  int64_t global_batch = 8;  // samples per optimizer step
+  int64_t micro_batch = 8;   // samples per forward/backward; global_batch % (micro_batch·DP) == 0
+  uint64_t seed = 1234;
+};
+
+struct OptimizerConfig {
+  double lr = 3e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;  // tensors of rank >= 2 only
+  double clip_grad = 1.0;     // global grad-norm clip; 0 disables
+};
+
+struct LrScheduleConfig {
+  int64_t warmup_steps = 0;   // linear warmup lr·t/warmup at 1-based step t
+  int64_t decay_steps = 0;    // cosine from warmup to this step; 0 means training.steps
+  double min_lr = 3e-4;
+};
+
+struct DataConfig {
+  std::string path;  // dataset prefix: <path>.bin / <path>.idx
+  bool shuffle = true;
+};
+
+struct CheckpointConfig {
+  std::string dir;        // empty: no checkpoints
+  int64_t interval = 0;   // steps between checkpoints; 0: none
+};
+
+struct ExportConfig {
+  std::string dir;  // empty: no export; else HF safetensors + config.json at the end
+};
+
+struct LoggingConfig {
+  std::string dir;        // empty: no metrics.jsonl
+  int64_t interval = 1;   // print a step line every N steps (JSONL gets every step)
+};
+
+struct RuntimeConfig {
+  int64_t threads = 0;  // 0: max(1, cores / ranks on the node)
+  double collective_timeout_s = 300.0;
+};
+
+struct Config {
+  std::string source;  // file the config came from (for messages)
+  ModelConfig model;
+  MoeConfig moe;
+  ParallelConfig parallel;
+  TrainingConfig training;
+  OptimizerConfig optimizer;
+  LrScheduleConfig lr_schedule;
+  DataConfig data;
+  CheckpointConfig checkpoint;
+  ExportConfig exp;  // [export]
+  LoggingConfig logging;
+  RuntimeConfig runtime;
+};
+
+// Loads `path`, applies `overrides` ("section.key=value", value parsed as a
+// TOML value; a bare word is a string), validates everything, and returns the
+// config. Relative data.path / logging.dir / export.dir stay relative to the
+// current directory. Throws UserError.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Same, from TOML text (tests); `source` names it in messages.
+Config parse_config(const std::string& toml_text, const std::string& source,
+                    const std::vector<std::string>& overrides = {});
+
+// Validation that needs the world size (layout divisibility, batch split).
+// Until the parallel issues land every parallel size must be 1.
+void validate_for_world(const Config& cfg, int world_size);
+
+}  // namespace origami

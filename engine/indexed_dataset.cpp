@@ -1,0 +1,492 @@
+// Megatron indexed dataset reader (mmap + full validation) and writer.
+// Every validation failure is a UserError of the form
+//   "<file>: byte offset <N>: <what went wrong> (rule: <the rule broken>)"
+// so a user can find the bad bytes with a hex dump.
+#include "engine/indexed_dataset.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "kernels/check.h"
+
+namespace origami {
+
+static_assert(std::endian::native == std::endian::little, "the .idx/.bin format is little endian");
+
+namespace {
+
+constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+constexpr uint64_t kVersion = 1;
+constexpr uint64_t kVersionOffset = 9;
+constexpr uint64_t kDtypeOffset = 17;
+constexpr uint64_t kNumSequencesOffset = 18;
+constexpr uint64_t kNumDocumentsOffset = 26;
+constexpr uint64_t kHeaderBytes = 34;
+
+constexpr const char* kPointerRule =
+    "pointers[0] == 0 and pointers[i] == pointers[i-1] + sizes[i-1]*itemsize";
+
+bool is_token_dtype(IndexDType dt) {
+  return dt == IndexDType::u8 || dt == IndexDType::u16 || dt == IndexDType::i32 || dt == IndexDType::i64;
+}
+
+// Decimal text of a 128-bit unsigned value (array ends can exceed 2^64 when a
+// corrupt header declares absurd counts).
+std::string u128_string(unsigned __int128 v) {
+  if (v == 0) return "0";
+  std::string s;
+  while (v > 0) {
+    s.insert(s.begin(), static_cast<char>('0' + static_cast<int>(v % 10)));
+    v /= 10;
+  }
+  return s;
+}
+
+// A read-only mapping of a whole file; data is nullptr for an empty file.
+class MappedFile {
+ public:
+  MappedFile() = default;
+  MappedFile(const std::string& path, const std::string& prefix) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      ORIGAMI_USER_ERROR(path, ": cannot open: ", std::strerror(errno),
+                         " (rule: an indexed dataset is the pair ", prefix, ".bin + ", prefix, ".idx)");
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      ORIGAMI_USER_ERROR(path, ": not a regular file (rule: an indexed dataset is the pair ", prefix,
+                         ".bin + ", prefix, ".idx)");
+    }
+    size_ = static_cast<size_t>(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
+      if (p == MAP_FAILED) {
+        int err = errno;
+        ::close(fd);
+        ORIGAMI_USER_ERROR(path, ": cannot mmap ", size_, " bytes: ", std::strerror(err));
+      }
+      data_ = static_cast<const uint8_t*>(p);
+    }
+    ::close(fd);  // the mapping keeps the file alive
+  }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile() {
+    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  }
+  // Hands the mapping to the caller, who must munmap it.
+  std::pair<const uint8_t*, size_t> release() {
+    auto r = std::make_pair(data_, size_);
+    data_ = nullptr;
+    size_ = 0;
+    return r;
+  }
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Bounds-checked little-endian reads of the (packed, unaligned) .idx.
+struct IdxParser {
+  const std::string& path;
+  const uint8_t* p;
+  uint64_t size;
+
+  template <class T>
+  T load(uint64_t off) const {
+    T v;
+    std::memcpy(&v, p + off, sizeof(T));
+    return v;
+  }
+  void need_header_field(uint64_t off, uint64_t n, const char* field) const {
+    if (off + n > size) {
+      ORIGAMI_USER_ERROR(path, ": byte offset ", off, ": truncated header: ", field, " needs bytes [", off, ", ",
+                         off + n, ") but the file has ", size,
+                         " bytes (rule: the .idx starts with a 34-byte header)");
+    }
+  }
+  // Checks that count items of item_bytes fit from off; returns the end.
+  uint64_t need_array(uint64_t off, uint64_t count, uint64_t item_bytes, const char* name,
+                      const char* count_name) const {
+    unsigned __int128 end = static_cast<unsigned __int128>(off) + static_cast<unsigned __int128>(count) * item_bytes;
+    if (end > size) {
+      ORIGAMI_USER_ERROR(path, ": byte offset ", off, ": truncated ", name, " array: ", count_name, " = ", count,
+                         " entries of ", item_bytes, " bytes end at byte offset ", u128_string(end),
+                         " but the file has ", size,
+                         " bytes (rule: the .idx must hold every array its header declares)");
+    }
+    return static_cast<uint64_t>(end);
+  }
+};
+
+template <class T>
+void check_tokens(const std::string& bin_path, const T* tokens, int64_t n, int64_t vocab_size) {
+  // The common case is clean data: a branch-light scan first, then locate.
+  bool bad = false;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t t = static_cast<int64_t>(tokens[i]);
+    bad |= (t < 0) | (t >= vocab_size);
+  }
+  if (!bad) return;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t t = static_cast<int64_t>(tokens[i]);
+    if (t < 0 || t >= vocab_size) {
+      ORIGAMI_USER_ERROR(bin_path, ": byte offset ", i * static_cast<int64_t>(sizeof(T)), ": token id ", t,
+                         " is out of range for vocab_size ", vocab_size,
+                         " (rule: every token id t satisfies 0 <= t < vocab_size; was the data tokenized with "
+                         "a different vocabulary?)");
+    }
+  }
+}
+
+template <class T>
+void convert_tokens(const T* src, int64_t count, int32_t* out) {
+  for (int64_t i = 0; i < count; ++i) out[i] = static_cast<int32_t>(src[i]);
+}
+
+}  // namespace
+
+std::string_view to_string(IndexDType dt) {
+  switch (dt) {
+    case IndexDType::u8: return "u8";
+    case IndexDType::i8: return "i8";
+    case IndexDType::i16: return "i16";
+    case IndexDType::i32: return "i32";
+    case IndexDType::i64: return "i64";
+    case IndexDType::f32: return "f32";
+    case IndexDType::f64: return "f64";
+    case IndexDType::u16: return "u16";
+  }
+  return "unknown";
+}
+
+int64_t index_dtype_size(IndexDType dt) {
+  switch (dt) {
+    case IndexDType::u8: return 1;
+    case IndexDType::u16: return 2;
+    case IndexDType::i32: return 4;
+    case IndexDType::i64: return 8;
+    default: break;
+  }
+  ORIGAMI_CHECK(false, "not a token dtype: ", to_string(dt));
+  return 0;
+}
+
+IndexDType smallest_token_dtype(int64_t vocab_size) {
+  ORIGAMI_CHECK(vocab_size > 0, "vocab_size ", vocab_size);
+  if (vocab_size <= 256) return IndexDType::u8;
+  if (vocab_size <= 65536) return IndexDType::u16;
+  return IndexDType::i32;
+}
+
+// ---------------------------------------------------------------- reader
+
+IndexedDataset IndexedDataset::open(const std::string& prefix, int64_t vocab_size) {
+  ORIGAMI_CHECK(vocab_size > 0 && vocab_size <= int64_t{std::numeric_limits<int32_t>::max()} + 1,
+                "vocab_size ", vocab_size);
+  IndexedDataset ds;
+  ds.prefix_ = prefix;
+  ds.vocab_size_ = vocab_size;
+  const std::string idx_path = prefix + ".idx";
+  const std::string bin_path = prefix + ".bin";
+
+  // The index is small: parse it into vectors and unmap it on return.
+  MappedFile idx(idx_path, prefix);
+  IdxParser in{idx_path, idx.data(), idx.size()};
+
+  in.need_header_field(0, sizeof(kMagic), "magic");
+  if (std::memcmp(in.p, kMagic, sizeof(kMagic)) != 0) {
+    std::string found;
+    static const char* hex = "0123456789abcdef";
+    for (size_t i = 0; i < sizeof(kMagic); ++i) {
+      found += "\\x";
+      found += hex[in.p[i] >> 4];
+      found += hex[in.p[i] & 15];
+    }
+    ORIGAMI_USER_ERROR(idx_path, ": byte offset 0: bad magic \"", found,
+                       "\" (rule: a Megatron indexed dataset .idx starts with \"MMIDIDX\\x00\\x00\")");
+  }
+  in.need_header_field(kVersionOffset, 8, "version");
+  const uint64_t version = in.load<uint64_t>(kVersionOffset);
+  if (version != kVersion) {
+    ORIGAMI_USER_ERROR(idx_path, ": byte offset ", kVersionOffset, ": unsupported version ", version,
+                       " (rule: only indexed dataset version ", kVersion, " is supported)");
+  }
+  in.need_header_field(kDtypeOffset, 1, "dtype code");
+  const uint8_t code = in.load<uint8_t>(kDtypeOffset);
+  const auto dtype = static_cast<IndexDType>(code);
+  if (!is_token_dtype(dtype)) {
+    std::string name = (code >= 1 && code <= 8) ? " (" + std::string(to_string(dtype)) + ")" : "";
+    ORIGAMI_USER_ERROR(idx_path, ": byte offset ", kDtypeOffset, ": unsupported token dtype code ",
+                       static_cast<int>(code), name,
+                       " (rule: the dtype code is 1 (u8), 8 (u16), 4 (i32) or 5 (i64))");
+  }
+  ds.dtype_ = dtype;
+  const int64_t itemsize = index_dtype_size(dtype);
+  in.need_header_field(kNumSequencesOffset, 8, "num_sequences");
+  in.need_header_field(kNumDocumentsOffset, 8, "num_documents");
+  const uint64_t num_sequences = in.load<uint64_t>(kNumSequencesOffset);
+  const uint64_t num_documents = in.load<uint64_t>(kNumDocumentsOffset);
+
+  const uint64_t sizes_off = kHeaderBytes;
+  const uint64_t pointers_off = in.need_array(sizes_off, num_sequences, 4, "sizes", "num_sequences");
+  const uint64_t doc_idx_off = in.need_array(pointers_off, num_sequences, 8, "pointers", "num_sequences");
+  const uint64_t idx_end = in.need_array(doc_idx_off, num_documents, 8, "doc_idx", "num_documents");
+  if (idx_end != in.size) {
+    ORIGAMI_USER_ERROR(idx_path, ": byte offset ", idx_end, ": ", in.size - idx_end,
+                       " trailing bytes after the doc_idx array (rule: the .idx ends where its last array ends)");
+  }
+
+  const auto n = static_cast<int64_t>(num_sequences);
+  ds.sizes_.resize(n);
+  ds.token_starts_.resize(n);
+  if (n > 0) std::memcpy(ds.sizes_.data(), in.p + sizes_off, n * sizeof(int32_t));
+  int64_t tokens = 0;
+  int64_t expected_pointer = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (ds.sizes_[i] < 0) {
+      ORIGAMI_USER_ERROR(idx_path, ": byte offset ", sizes_off + 4 * i, ": sizes[", i, "] = ", ds.sizes_[i],
+                         " is negative (rule: sequence sizes are token counts >= 0)");
+    }
+    const auto pointer = in.load<int64_t>(pointers_off + 8 * i);
+    if (pointer != expected_pointer) {
+      ORIGAMI_USER_ERROR(idx_path, ": byte offset ", pointers_off + 8 * i, ": pointers[", i, "] = ", pointer,
+                         ", expected ", expected_pointer,
+                         i == 0 ? std::string() : " = pointers[" + std::to_string(i - 1) + "] + sizes[" +
+                                                      std::to_string(i - 1) + "]*" + std::to_string(itemsize),
+                         " (rule: ", kPointerRule, ")");
+    }
+    ds.token_starts_[i] = tokens;
+    tokens += ds.sizes_[i];
+    expected_pointer += int64_t{ds.sizes_[i]} * itemsize;
+  }
+  ds.num_tokens_ = tokens;
+
+  ds.doc_idx_.resize(num_documents);
+  int64_t prev = 0;
+  for (uint64_t j = 0; j < num_documents; ++j) {
+    const auto d = in.load<int64_t>(doc_idx_off + 8 * j);
+    if (d < prev || d > n) {
+      ORIGAMI_USER_ERROR(idx_path, ": byte offset ", doc_idx_off + 8 * j, ": doc_idx[", j, "] = ", d,
+                         " (rule: doc_idx is non-decreasing within [0, num_sequences = ", n, "])");
+    }
+    ds.doc_idx_[j] = prev = d;
+  }
+
+  MappedFile bin(bin_path, prefix);
+  const auto expected_bytes = static_cast<uint64_t>(tokens * itemsize);
+  if (bin.size() != expected_bytes) {
+    ORIGAMI_USER_ERROR(bin_path, ": byte offset ", std::min<uint64_t>(bin.size(), expected_bytes),
+                       ": size mismatch: expected ", expected_bytes, " bytes (", tokens, " tokens x ", itemsize,
+                       " bytes of ", to_string(dtype), ", as ", idx_path, " declares) but the file has ",
+                       bin.size(), " bytes (rule: the .bin holds exactly the tokens its .idx declares)");
+  }
+  // The mapping is page aligned and every pointer is a multiple of itemsize,
+  // so typed access to the stream is aligned.
+  switch (dtype) {
+    case IndexDType::u8:
+      check_tokens(bin_path, bin.data(), tokens, vocab_size);
+      break;
+    case IndexDType::u16:
+      check_tokens(bin_path, reinterpret_cast<const uint16_t*>(bin.data()), tokens, vocab_size);
+      break;
+    case IndexDType::i32:
+      check_tokens(bin_path, reinterpret_cast<const int32_t*>(bin.data()), tokens, vocab_size);
+      break;
+    case IndexDType::i64:
+      check_tokens(bin_path, reinterpret_cast<const int64_t*>(bin.data()), tokens, vocab_size);
+      break;
+    default: ORIGAMI_CHECK(false, "unreachable");
+  }
+  auto [data, bytes] = bin.release();
+  ds.bin_ = data;
+  ds.bin_bytes_ = bytes;
+  return ds;
+}
+
+IndexedDataset::IndexedDataset(IndexedDataset&& other) noexcept { *this = std::move(other); }
+
+IndexedDataset& IndexedDataset::operator=(IndexedDataset&& other) noexcept {
+  if (this != &other) {
+    unmap();
+    prefix_ = std::move(other.prefix_);
+    dtype_ = other.dtype_;
+    vocab_size_ = other.vocab_size_;
+    num_tokens_ = other.num_tokens_;
+    sizes_ = std::move(other.sizes_);
+    token_starts_ = std::move(other.token_starts_);
+    doc_idx_ = std::move(other.doc_idx_);
+    bin_ = std::exchange(other.bin_, nullptr);
+    bin_bytes_ = std::exchange(other.bin_bytes_, 0);
+  }
+  return *this;
+}
+
+IndexedDataset::~IndexedDataset() { unmap(); }
+
+void IndexedDataset::unmap() {
+  if (bin_ != nullptr) ::munmap(const_cast<uint8_t*>(bin_), bin_bytes_);
+  bin_ = nullptr;
+  bin_bytes_ = 0;
+}
+
+int64_t IndexedDataset::sequence_length(int64_t i) const {
+  ORIGAMI_CHECK(i >= 0 && i < num_sequences(), "sequence ", i, " of ", num_sequences());
+  return sizes_[i];
+}
+
+int64_t IndexedDataset::sequence_start(int64_t i) const {
+  ORIGAMI_CHECK(i >= 0 && i < num_sequences(), "sequence ", i, " of ", num_sequences());
+  return token_starts_[i];
+}
+
+void IndexedDataset::sequence(int64_t i, int32_t* out) const {
+  read_tokens(sequence_start(i), sequence_length(i), out);
+}
+
+std::vector<int32_t> IndexedDataset::sequence(int64_t i) const {
+  std::vector<int32_t> out(sequence_length(i));
+  sequence(i, out.data());
+  return out;
+}
+
+void IndexedDataset::read_tokens(int64_t first, int64_t count, int32_t* out) const {
+  ORIGAMI_CHECK(first >= 0 && count >= 0 && first + count <= num_tokens_, "tokens [", first, ", ", first + count,
+                ") of ", num_tokens_, " in ", prefix_);
+  if (count == 0) return;
+  switch (dtype_) {
+    case IndexDType::u8: convert_tokens(bin_ + first, count, out); break;
+    case IndexDType::u16: convert_tokens(reinterpret_cast<const uint16_t*>(bin_) + first, count, out); break;
+    case IndexDType::i32: convert_tokens(reinterpret_cast<const int32_t*>(bin_) + first, count, out); break;
+    case IndexDType::i64: convert_tokens(reinterpret_cast<const int64_t*>(bin_) + first, count, out); break;
+    default: ORIGAMI_CHECK(false, "unreachable");
+  }
+}
+
+// ---------------------------------------------------------------- writer
+
+namespace {
+
+template <class T>
+void append_pod(std::vector<uint8_t>& buf, const T& v) {
+  const auto* b = reinterpret_cast<const uint8_t*>(&v);
+  buf.insert(buf.end(), b, b + sizeof(T));
+}
+
+template <class T>
+void pack_tokens(std::span<const int32_t> tokens, int64_t doc, IndexDType dt, std::vector<uint8_t>& out) {
+  const int64_t max = static_cast<int64_t>(std::numeric_limits<T>::max());
+  out.resize(tokens.size() * sizeof(T));
+  auto* dst = reinterpret_cast<T*>(out.data());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int32_t t = tokens[i];
+    if (t < 0 || t > max) {
+      ORIGAMI_USER_ERROR("document ", doc, ", token ", i, ": id ", t, " does not fit the dataset dtype ",
+                         to_string(dt), " (rule: token ids are in [0, ", max, "])");
+    }
+    dst[i] = static_cast<T>(t);
+  }
+}
+
+void write_all(std::FILE* f, const void* data, size_t bytes, const std::string& path) {
+  if (bytes > 0 && std::fwrite(data, 1, bytes, f) != bytes) {
+    ORIGAMI_USER_ERROR(path, ": write of ", bytes, " bytes failed: ", std::strerror(errno));
+  }
+}
+
+}  // namespace
+
+IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, IndexDType dtype)
+    : prefix_(std::move(prefix)), dtype_(dtype) {
+  ORIGAMI_CHECK(is_token_dtype(dtype), "writer dtype must be u8, u16, i32 or i64, got ", to_string(dtype));
+  const std::string tmp = bin_path() + ".tmp";
+  bin_ = std::fopen(tmp.c_str(), "wb");
+  if (bin_ == nullptr) {
+    ORIGAMI_USER_ERROR(tmp, ": cannot create: ", std::strerror(errno),
+                       " (rule: the output prefix's directory must exist and be writable)");
+  }
+}
+
+IndexedDatasetWriter::~IndexedDatasetWriter() {
+  if (finalized_) return;
+  if (bin_ != nullptr) std::fclose(bin_);
+  std::remove((bin_path() + ".tmp").c_str());
+  std::remove((idx_path() + ".tmp").c_str());
+}
+
+void IndexedDatasetWriter::add_document(std::span<const int32_t> tokens) {
+  ORIGAMI_CHECK(!finalized_, "add_document after finalize on ", prefix_);
+  const int64_t doc = num_sequences();
+  if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    ORIGAMI_USER_ERROR("document ", doc, " has ", tokens.size(),
+                       " tokens (rule: a sequence holds at most 2^31-1 tokens, its size is an i32)");
+  }
+  switch (dtype_) {
+    case IndexDType::u8: pack_tokens<uint8_t>(tokens, doc, dtype_, scratch_); break;
+    case IndexDType::u16: pack_tokens<uint16_t>(tokens, doc, dtype_, scratch_); break;
+    case IndexDType::i32: pack_tokens<int32_t>(tokens, doc, dtype_, scratch_); break;
+    case IndexDType::i64: pack_tokens<int64_t>(tokens, doc, dtype_, scratch_); break;
+    default: ORIGAMI_CHECK(false, "unreachable");
+  }
+  write_all(bin_, scratch_.data(), scratch_.size(), bin_path() + ".tmp");
+  sizes_.push_back(static_cast<int32_t>(tokens.size()));
+  pointers_.push_back(bin_bytes_);
+  bin_bytes_ += static_cast<int64_t>(scratch_.size());
+  num_tokens_ += static_cast<int64_t>(tokens.size());
+}
+
+void IndexedDatasetWriter::finalize() {
+  ORIGAMI_CHECK(!finalized_, "finalize called twice on ", prefix_);
+  const std::string bin_tmp = bin_path() + ".tmp";
+  const std::string idx_tmp = idx_path() + ".tmp";
+  const int rc = std::fclose(bin_);
+  bin_ = nullptr;
+  if (rc != 0) ORIGAMI_USER_ERROR(bin_tmp, ": close failed: ", std::strerror(errno));
+
+  const auto n = static_cast<uint64_t>(sizes_.size());
+  std::vector<uint8_t> idx;
+  idx.reserve(kHeaderBytes + n * 20 + 8);
+  idx.insert(idx.end(), kMagic, kMagic + sizeof(kMagic));
+  append_pod(idx, kVersion);
+  append_pod(idx, static_cast<uint8_t>(dtype_));
+  append_pod(idx, n);
+  append_pod(idx, n + 1);  // doc_idx = 0, 1, ..., n: one document per sequence
+  for (int32_t s : sizes_) append_pod(idx, s);
+  for (int64_t p : pointers_) append_pod(idx, p);
+  for (uint64_t d = 0; d <= n; ++d) append_pod(idx, static_cast<int64_t>(d));
+
+  std::FILE* f = std::fopen(idx_tmp.c_str(), "wb");
+  if (f == nullptr) ORIGAMI_USER_ERROR(idx_tmp, ": cannot create: ", std::strerror(errno));
+  try {
+    write_all(f, idx.data(), idx.size(), idx_tmp);
+  } catch (...) {
+    std::fclose(f);
+    throw;
+  }
+  if (std::fclose(f) != 0) ORIGAMI_USER_ERROR(idx_tmp, ": close failed: ", std::strerror(errno));
+  // The two renames are not jointly atomic: .bin goes first, so a crash in
+  // between leaves a new .bin beside the old .idx, which the reader's size and
+  // token checks reject unless the two happen to agree in size.
+  if (std::rename(bin_tmp.c_str(), bin_path().c_str()) != 0) {
+    ORIGAMI_USER_ERROR(bin_path(), ": rename from ", bin_tmp, " failed: ", std::strerror(errno));
+  }
+  if (std::rename(idx_tmp.c_str(), idx_path().c_str()) != 0) {
+    ORIGAMI_USER_ERROR(idx_path(), ": rename from ", idx_tmp, " failed: ", std::strerror(errno));
+  }
+  finalized_ = true;
+}
+
+}  // namespace origami

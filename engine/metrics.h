@@ -1,0 +1,35 @@
+// Per-step metrics (ARCHITECTURE.md §8): a human step line and one JSON object
+// per step in <logging.dir>/metrics.jsonl.
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "kernels/allocator.h"
+
+namespace origami {
+
+struct StepMetrics {
+  int64_t step = 0, total_steps = 0;
+  double lm_loss = 0, grad_norm = 0, lr = 0;
+  double step_time_s = 0, tokens_per_s = 0, gflops = 0;  // achieved GFLOP/s on this rank
+  int64_t tokens = 0;
+  LedgerSnapshot mem;  // peaks over the step
+};
+
+nlohmann::ordered_json to_json(const StepMetrics& m);
+std::string format_step_line(const StepMetrics& m);
+std::string format_bytes(int64_t bytes);
+
+class MetricsWriter {
+ public:
+  // Empty dir: no file is written.
+  explicit MetricsWriter(const std::string& dir);
+  void write(const StepMetrics& m);
+
+ private:
+  std::ofstream out_;
+};
+
+}  // namespace origami

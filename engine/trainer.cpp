@@ -1,0 +1,147 @@
+// Training loop and evaluation (see trainer.h).
+#include "engine/trainer.h"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "engine/dataset.h"
+#include "engine/export.h"
+#include "engine/indexed_dataset.h"
+#include "engine/model.h"
+#include "engine/optimizer.h"
+#include "kernels/threads.h"
+
+namespace origami {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int w = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &w);
+  return w;
+}
+
+void apply_threads(const RuntimeConfig& rt) {
+  set_num_threads(rt.threads > 0 ? static_cast<int>(rt.threads) : default_threads_per_rank());
+}
+
+// Fills tokens_BS1 [mb, S+1] with the samples given by `index_of(i)`.
+template <class IndexFn>
+void load_micro_batch(const GptDataset& data, int64_t mb, int64_t seq_len, IndexFn index_of, Tensor& tokens_BS1) {
+  for (int64_t i = 0; i < mb; ++i) data.get(index_of(i), tokens_BS1.i32() + i * (seq_len + 1));
+}
+
+}  // namespace
+
+TrainSummary train(const Config& cfg, const TrainOptions& opts) {
+  const int rank = world_rank(), world = world_size();
+  validate_for_world(cfg, world);
+  apply_threads(cfg.runtime);
+  const TrainingConfig& tc = cfg.training;
+  const int64_t dp = world, dp_rank = rank;  // until TP/CP/PP land, every rank is a DP rank
+  const int64_t accum = tc.global_batch / (tc.micro_batch * dp);
+
+  Model model(cfg.model, tc.seed);
+  AdamW optimizer(cfg.optimizer, cfg.lr_schedule, tc.steps);
+  MetricsWriter metrics(rank == 0 ? cfg.logging.dir : std::string());
+  TrainSummary summary;
+  summary.params = model.params().total_params();
+
+  std::unique_ptr<IndexedDataset> indexed;
+  std::unique_ptr<GptDataset> data;
+  if (tc.steps > 0) {
+    indexed = std::make_unique<IndexedDataset>(IndexedDataset::open(cfg.data.path, cfg.model.vocab_size));
+    data = std::make_unique<GptDataset>(*indexed, tc.seq_len, cfg.data.shuffle, tc.seed);
+  }
+  if (rank == 0 && opts.print_steps)
+    std::printf("origami: %lld parameters, %lld steps of %lld samples x %lld tokens, %d rank(s), %d thread(s)\n",
+                static_cast<long long>(summary.params), static_cast<long long>(tc.steps),
+                static_cast<long long>(tc.global_batch), static_cast<long long>(tc.seq_len), world, num_threads());
+
+  const float grad_scale = 1.0f / static_cast<float>(tc.global_batch * tc.seq_len);
+  const StepFlops flops = model.training_flops(tc.global_batch / dp, tc.seq_len);
+  Tensor tokens = Tensor::empty({tc.micro_batch, tc.seq_len + 1}, DType::i32, MemCategory::activation);
+  const auto t_start = Clock::now();
+  for (int64_t step = 1; step <= tc.steps; ++step) {
+    const auto t0 = Clock::now();
+    TrackedAllocator::host().reset_peaks();
+    model.params().zero_grads();
+    double loss_sum = 0;
+    for (int64_t a = 0; a < accum; ++a) {
+      load_micro_batch(*data, tc.micro_batch, tc.seq_len,
+                       [&](int64_t i) {
+                         return sample_index(step - 1, tc.global_batch, a, dp, dp_rank, tc.micro_batch, i);
+                       },
+                       tokens);
+      ModelSaved saved;
+      loss_sum += model.forward(tokens, saved);
+      model.backward(saved, grad_scale);
+    }
+    StepStats st = optimizer.step(model.params());
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+
+    StepMetrics m;
+    m.step = step;
+    m.total_steps = tc.steps;
+    m.lm_loss = loss_sum / static_cast<double>(tc.global_batch * tc.seq_len);
+    m.grad_norm = st.grad_norm;
+    m.lr = st.lr;
+    m.tokens = tc.global_batch * tc.seq_len;
+    m.step_time_s = dt;
+    m.tokens_per_s = static_cast<double>(m.tokens) / dt;
+    m.gflops = flops.total() / dt / 1e9;
+    m.mem = TrackedAllocator::host().snapshot();
+    summary.losses.push_back(m.lm_loss);
+    if (rank == 0) {
+      metrics.write(m);
+      if (opts.print_steps && (step % cfg.logging.interval == 0 || step == 1 || step == tc.steps)) {
+        std::printf("%s\n", format_step_line(m).c_str());
+        std::fflush(stdout);
+      }
+    }
+    if (opts.on_step) opts.on_step(m);
+  }
+  summary.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+  if (!cfg.exp.dir.empty() && rank == 0) {
+    export_hf(model, cfg.exp.dir);
+    if (opts.print_steps) std::printf("exported Hugging Face weights to %s\n", cfg.exp.dir.c_str());
+  }
+  return summary;
+}
+
+EvalResult evaluate(const Config& cfg, const std::string& weights_dir, const std::string& data_prefix,
+                    int64_t samples) {
+  apply_threads(cfg.runtime);
+  Model model(cfg.model, cfg.training.seed);
+  load_hf_weights(model, weights_dir);
+  IndexedDataset indexed = IndexedDataset::open(data_prefix, cfg.model.vocab_size);
+  GptDataset data(indexed, cfg.training.seq_len, /*shuffle=*/false, cfg.training.seed);
+  if (samples < 1 || samples > data.num_windows())
+    ORIGAMI_USER_ERROR("--samples ", samples, ": must be in [1, ", data.num_windows(), "], the windows of ",
+                       cfg.training.seq_len + 1, " tokens in ", data_prefix);
+  const int64_t S = cfg.training.seq_len, mb = cfg.training.micro_batch;
+  EvalResult r;
+  double loss_sum = 0;
+  for (int64_t start = 0; start < samples; start += mb) {
+    const int64_t n = std::min(mb, samples - start);
+    Tensor tokens = Tensor::empty({n, S + 1}, DType::i32, MemCategory::activation);
+    load_micro_batch(data, n, S, [&](int64_t i) { return start + i; }, tokens);
+    ModelSaved saved;
+    loss_sum += model.forward(tokens, saved);
+  }
+  r.samples = samples;
+  r.tokens = samples * S;
+  r.mean_loss = loss_sum / static_cast<double>(r.tokens);
+  return r;
+}
+
+}  // namespace origami

@@ -1,0 +1,41 @@
+// CPU AdamW on a flat fp32 shard, in the operation order of PyTorch's
+// single-tensor torch.optim.AdamW so results match it to rounding:
+//   p *= 1 − lr·wd;  m.lerp_(g, 1−β1);  v = β2·v + (1−β2)·g²;
+//   p −= (lr / bc1) · m / (sqrt(v) / sqrt(bc2) + eps)
+// Bias corrections are computed in double, as Python does, then rounded.
+#include "kernels/adamw.h"
+
+#include <cmath>
+
+namespace origami {
+
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWStep& s) {
+  ORIGAMI_CHECK(param.defined() && param.dtype() == DType::f32, "adamw param must be f32");
+  const int64_t n = param.numel();
+  const Tensor* state[] = {&grad, &exp_avg, &exp_avg_sq};
+  for (const Tensor* t : state)
+    ORIGAMI_CHECK(t->defined() && t->dtype() == DType::f32 && t->numel() == n, "adamw tensors must be f32 with ", n,
+                  " elements; got ", shape_string(t->shape()));
+  ORIGAMI_CHECK(s.step >= 1, "adamw step is 1-based, got ", s.step);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(s.beta1), static_cast<double>(s.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(s.beta2), static_cast<double>(s.step));
+  const float step_size = static_cast<float>(static_cast<double>(s.lr) / bc1);
+  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  const float decay = static_cast<float>(1.0 - static_cast<double>(s.lr) * s.weight_decay);
+  const float w1 = 1.0f - s.beta1, b2 = s.beta2, w2 = 1.0f - s.beta2, eps = s.eps;
+  float* __restrict p = param.f32();
+  const float* __restrict g = grad.f32();
+  float* __restrict m = exp_avg.f32();
+  float* __restrict v = exp_avg_sq.f32();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    const float mi = m[i] + w1 * (gi - m[i]);  // torch lerp with weight < 0.5
+    const float vi = v[i] * b2 + w2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * decay - step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
+  }
+}
+
+}  // namespace origami

@@ -1,0 +1,74 @@
+// CPU elementwise ops and fp64 reductions. Reductions sum fixed contiguous
+// blocks per thread, then the block sums in order: bitwise reproducible for a
+// given thread count (an OpenMP reduction clause combines in arbitrary order).
+#include "kernels/elementwise.h"
+
+#include <omp.h>
+
+#include <algorithm>
+
+namespace origami {
+
+namespace {
+
+void check_pair(const Tensor& y, const Tensor& x, const char* what) {
+  ORIGAMI_CHECK(y.defined() && x.defined() && y.dtype() == DType::f32 && x.dtype() == DType::f32, what,
+                " takes f32 tensors");
+  ORIGAMI_CHECK(y.numel() == x.numel(), what, ": ", shape_string(y.shape()), " vs ", shape_string(x.shape()));
+}
+
+constexpr int kMaxThreads = 256;
+
+template <class F>
+double reduce(const Tensor& x, const char* what, F term) {
+  ORIGAMI_CHECK(x.defined() && x.dtype() == DType::f32, what, " takes an f32 tensor");
+  const int64_t n = x.numel();
+  const float* d = x.f32();
+  double partial[kMaxThreads] = {};
+  const int nthr = std::min(omp_get_max_threads(), kMaxThreads);
+  int used = 1;
+#pragma omp parallel num_threads(nthr)
+  {
+    const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+    if (tid == 0) used = nt;
+    const int64_t i0 = n * tid / nt, i1 = n * (tid + 1) / nt;
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = i0; i < i1; ++i) s += term(static_cast<double>(d[i]));
+    partial[tid] = s;
+  }
+  double total = 0.0;
+  for (int k = 0; k < used; ++k) total += partial[k];
+  return total;
+}
+
+}  // namespace
+
+void add_inplace(Tensor& y, const Tensor& x) { axpy(1.0f, x, y); }
+
+void axpy(float a, const Tensor& x, Tensor& y) {
+  check_pair(y, x, "axpy");
+  const int64_t n = y.numel();
+  const float* xs = x.f32();
+  float* ys = y.f32();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) ys[i] += a * xs[i];
+}
+
+void scale_inplace(Tensor& y, float a) {
+  ORIGAMI_CHECK(y.defined() && y.dtype() == DType::f32, "scale_inplace takes an f32 tensor");
+  const int64_t n = y.numel();
+  float* ys = y.f32();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) ys[i] *= a;
+}
+
+double sum_squares(const Tensor& x) {
+  return reduce(x, "sum_squares", [](double v) { return v * v; });
+}
+
+double sum(const Tensor& x) {
+  return reduce(x, "sum", [](double v) { return v; });
+}
+
+}  // namespace origami

@@ -1,0 +1,23 @@
+// Thread-count policy for CPU ranks.
+#include "kernels/threads.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
+
+namespace origami {
+
+int default_threads_per_rank() {
+  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int local_ranks = 1;
+  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local_ranks = std::max(1, std::atoi(s));
+  return std::max(1, cores / local_ranks);
+}
+
+void set_num_threads(int threads) { omp_set_num_threads(std::max(1, threads)); }
+
+int num_threads() { return omp_get_max_threads(); }
+
+}  // namespace origami

@@ -1,0 +1,451 @@
+// Config loader: defaults, every key of every section, each error class (the
+// message must name the source, the key and the rule), --set overrides, and
+// the shipped configs.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "kernels/check.h"
+
+namespace origami {
+namespace {
+
+const char* kFile = "test.toml";
+// The smallest config that passes validation with every other key defaulted.
+const char* kMinimal = "[data]\npath = \"data/x\"\n";
+
+// Parses `text` expecting a UserError whose message contains every fragment.
+void expect_error(const std::string& text, std::initializer_list<std::string> fragments,
+                  const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_config(text, kFile, overrides);
+    ADD_FAILURE() << "no UserError for:\n" << text;
+  } catch (const UserError& e) {
+    const std::string msg = e.what();
+    for (const std::string& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg;
+  }
+}
+
+TEST(Config, DefaultsLoad) {
+  const Config c = parse_config(kMinimal, kFile);
+  const Config d;
+  EXPECT_EQ(c.source, kFile);
+  EXPECT_EQ(c.model.vocab_size, d.model.vocab_size);
+  EXPECT_EQ(c.model.hidden_size, d.model.hidden_size);
+  EXPECT_EQ(c.model.num_kv_heads, d.model.num_kv_heads);
+  EXPECT_EQ(c.model.rope_theta, d.model.rope_theta);
+  EXPECT_EQ(c.moe.num_experts, 0);
+  EXPECT_EQ(c.parallel.order, "tp-cp-ep-dp-pp");
+  EXPECT_EQ(c.parallel.zero_stage, 3);
+  EXPECT_EQ(c.training.steps, d.training.steps);
+  EXPECT_EQ(c.training.seed, d.training.seed);
+  EXPECT_EQ(c.optimizer.lr, d.optimizer.lr);
+  EXPECT_EQ(c.optimizer.beta2, d.optimizer.beta2);
+  EXPECT_EQ(c.lr_schedule.min_lr, d.lr_schedule.min_lr);
+  EXPECT_EQ(c.data.path, "data/x");
+  EXPECT_TRUE(c.data.shuffle);
+  EXPECT_EQ(c.checkpoint.interval, 0);
+  EXPECT_EQ(c.exp.dir, "");
+  EXPECT_EQ(c.logging.interval, 1);
+  EXPECT_EQ(c.runtime.collective_timeout_s, d.runtime.collective_timeout_s);
+  // With nothing to train, not even data.path is needed.
+  EXPECT_NO_THROW(parse_config("", kFile, {"training.steps=0"}));
+}
+
+TEST(Config, EverySectionsKeysParse) {
+  const Config c = parse_config(R"(
+[model]
+vocab_size = 300
+hidden_size = 96
+num_layers = 3
+num_heads = 6
+num_kv_heads = 3
+ffn_hidden_size = 200
+rope_theta = 500000
+norm_eps = 1e-6
+init_std = 0.01
+[moe]
+num_experts = 0
+top_k = 1
+ffn_hidden_size = 64
+first_dense_layers = 1
+layer_freq = 2
+[parallel]
+tp = 1
+cp = 1
+pp = 1
+ep = 1
+etp = 1
+order = "tp-cp-dp-ep-pp"
+zero_stage = 1
+[training]
+steps = 7
+seq_len = 32
+global_batch = 12
+micro_batch = 4
+seed = 99
+[optimizer]
+lr = 1e-3
+beta1 = 0.8
+beta2 = 0.99
+eps = 1e-6
+weight_decay = 0.0
+clip_grad = 0.5
+[lr_schedule]
+warmup_steps = 3
+decay_steps = 6
+min_lr = 1e-5
+[data]
+path = "some/prefix"
+shuffle = false
+[checkpoint]
+dir = "ck"
+interval = 0
+[export]
+dir = "ex"
+[logging]
+dir = "lg"
+interval = 5
+[runtime]
+threads = 2
+collective_timeout_s = 30
+)",
+                                kFile);
+  EXPECT_EQ(c.model.vocab_size, 300);
+  EXPECT_EQ(c.model.hidden_size, 96);
+  EXPECT_EQ(c.model.num_layers, 3);
+  EXPECT_EQ(c.model.num_heads, 6);
+  EXPECT_EQ(c.model.num_kv_heads, 3);
+  EXPECT_EQ(c.model.ffn_hidden_size, 200);
+  EXPECT_EQ(c.model.rope_theta, 500000.0);  // an integer where a float is expected
+  EXPECT_EQ(c.model.norm_eps, 1e-6);
+  EXPECT_EQ(c.model.init_std, 0.01);
+  EXPECT_EQ(c.model.head_dim(), 16);
+  EXPECT_EQ(c.moe.top_k, 1);
+  EXPECT_EQ(c.moe.ffn_hidden_size, 64);
+  EXPECT_EQ(c.moe.first_dense_layers, 1);
+  EXPECT_EQ(c.moe.layer_freq, 2);
+  EXPECT_EQ(c.parallel.order, "tp-cp-dp-ep-pp");
+  EXPECT_EQ(c.parallel.zero_stage, 1);
+  EXPECT_EQ(c.training.steps, 7);
+  EXPECT_EQ(c.training.seq_len, 32);
+  EXPECT_EQ(c.training.global_batch, 12);
+  EXPECT_EQ(c.training.micro_batch, 4);
+  EXPECT_EQ(c.training.seed, 99u);
+  EXPECT_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_EQ(c.optimizer.beta1, 0.8);
+  EXPECT_EQ(c.optimizer.beta2, 0.99);
+  EXPECT_EQ(c.optimizer.eps, 1e-6);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.0);
+  EXPECT_EQ(c.optimizer.clip_grad, 0.5);
+  EXPECT_EQ(c.lr_schedule.warmup_steps, 3);
+  EXPECT_EQ(c.lr_schedule.decay_steps, 6);
+  EXPECT_EQ(c.lr_schedule.min_lr, 1e-5);
+  EXPECT_EQ(c.data.path, "some/prefix");
+  EXPECT_FALSE(c.data.shuffle);
+  EXPECT_EQ(c.checkpoint.dir, "ck");
+  EXPECT_EQ(c.exp.dir, "ex");
+  EXPECT_EQ(c.logging.dir, "lg");
+  EXPECT_EQ(c.logging.interval, 5);
+  EXPECT_EQ(c.runtime.threads, 2);
+  EXPECT_EQ(c.runtime.collective_timeout_s, 30.0);
+}
+
+TEST(Config, DottedKeysAndInlineTablesAreTheSameKeys) {
+  const Config c = parse_config("training.steps = 0\nmodel = { hidden_size = 64, num_heads = 2, num_kv_heads = 2 }\n",
+                                kFile);
+  EXPECT_EQ(c.training.steps, 0);
+  EXPECT_EQ(c.model.hidden_size, 64);
+}
+
+TEST(Config, UnknownKeySuggestsTheClosest) {
+  expect_error("[training]\nseqlen = 64\n",
+               {kFile, "unknown key 'training.seqlen'", "(did you mean 'training.seq_len'?)"});
+  expect_error("[model]\nlayers = 2\n", {kFile, "'model.layers'", "did you mean 'model.num_layers'"});
+  // A key in the wrong section points at its home.
+  expect_error("[training]\nlr = 0.1\n", {kFile, "'training.lr'", "did you mean 'optimizer.lr'"});
+  expect_error("[parallel]\ndp = 2\n", {kFile, "'parallel.dp'", "derived"});
+}
+
+TEST(Config, UnknownKeyFarFromAnyHasNoSuggestion) {
+  try {
+    parse_config("[training]\nbanana = 1\n", kFile);
+    FAIL() << "no UserError";
+  } catch (const UserError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("test.toml: unknown key 'training.banana'"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("did you mean"), std::string::npos) << msg;
+  }
+}
+
+TEST(Config, UnknownSection) {
+  expect_error("[trainng]\nsteps = 1\n", {kFile, "unknown section 'trainng'", "(did you mean 'training'?)"});
+  expect_error("[bogus]\nx = 1\n", {kFile, "unknown section 'bogus'", "sections: model"});
+  expect_error("steps = 1\n", {kFile, "unknown top-level key 'steps'", "did you mean 'training.steps'"});
+  expect_error("model = 3\n", {kFile, "'model' must be a section", "got an integer"});
+}
+
+TEST(Config, WrongTypeStringForInt) {
+  expect_error("[training]\nsteps = \"ten\"\n",
+               {kFile, "training.steps = \"ten\"", "expected an integer, got a string"});
+}
+
+TEST(Config, WrongTypeFloatForInt) {
+  expect_error("[model]\nhidden_size = 128.0\n", {kFile, "model.hidden_size", "expected an integer, got a float"});
+}
+
+TEST(Config, WrongTypeIntForBool) {
+  expect_error("[data]\npath = \"d\"\nshuffle = 1\n", {kFile, "data.shuffle", "expected a boolean", "got an integer"});
+}
+
+TEST(Config, WrongTypeOthers) {
+  expect_error("[optimizer]\nlr = \"fast\"\n", {kFile, "optimizer.lr", "expected a number, got a string"});
+  expect_error("[data]\npath = 3\n", {kFile, "data.path", "expected a string, got an integer"});
+  expect_error("[parallel]\norder = [\"tp\"]\n", {kFile, "parallel.order", "got an array"});
+  expect_error("[model]\nhidden_size = { a = 1 }\n", {kFile, "model.hidden_size", "got a table"});
+}
+
+TEST(Config, OutOfRange) {
+  struct Case {
+    const char* toml;
+    const char* key_and_value;
+    const char* rule;
+  };
+  const Case cases[] = {
+      {"[model]\nnum_heads = 0", "model.num_heads = 0", "must be >= 1"},
+      {"[model]\nvocab_size = 1", "model.vocab_size = 1", "must be >= 2"},
+      {"[model]\nhidden_size = -8", "model.hidden_size = -8", "must be >= 1"},
+      {"[model]\nnorm_eps = 0", "model.norm_eps = 0", "must be > 0"},
+      {"[model]\nrope_theta = -1.5", "model.rope_theta = -1.5", "must be > 0"},
+      {"[model]\ninit_std = nan", "model.init_std = nan", "must be a finite number"},
+      {"[moe]\nlayer_freq = 0", "moe.layer_freq = 0", "must be >= 1"},
+      {"[moe]\nnum_experts = -1", "moe.num_experts = -1", "must be >= 0"},
+      {"[moe]\nnum_experts = 4\ntop_k = 5", "moe.top_k = 5", "must be in 1..4"},
+      {"[parallel]\ntp = 0", "parallel.tp = 0", "must be >= 1"},
+      {"[parallel]\nzero_stage = 4", "parallel.zero_stage = 4", "must be in 0..3"},
+      {"[training]\nsteps = -1", "training.steps = -1", "must be >= 0"},
+      {"[training]\nseq_len = 0", "training.seq_len = 0", "must be >= 1"},
+      {"[training]\nmicro_batch = 0", "training.micro_batch = 0", "must be >= 1"},
+      {"[training]\nseed = -3", "training.seed = -3", "must be >= 0"},
+      {"[optimizer]\nlr = 0", "optimizer.lr = 0", "must be > 0"},
+      {"[optimizer]\nlr = inf", "optimizer.lr = inf", "must be a finite number"},
+      {"[optimizer]\nbeta2 = 1.0", "optimizer.beta2 = 1", "must be in [0, 1)"},
+      {"[optimizer]\nbeta1 = -0.1", "optimizer.beta1 = -0.1", "must be in [0, 1)"},
+      {"[optimizer]\neps = 0", "optimizer.eps = 0", "must be > 0"},
+      {"[optimizer]\nweight_decay = -0.1", "optimizer.weight_decay = -0.1", "must be >= 0"},
+      {"[optimizer]\nclip_grad = -1", "optimizer.clip_grad = -1", "must be >= 0"},
+      {"[lr_schedule]\nwarmup_steps = -5", "lr_schedule.warmup_steps = -5", "must be >= 0"},
+      {"[lr_schedule]\ndecay_steps = -1", "lr_schedule.decay_steps = -1", "must be >= 0"},
+      {"[lr_schedule]\nmin_lr = -0.5", "lr_schedule.min_lr = -0.5", "must be >= 0"},
+      {"[checkpoint]\ninterval = -1", "checkpoint.interval = -1", "must be >= 0"},
+      {"[logging]\ninterval = 0", "logging.interval = 0", "must be >= 1"},
+      {"[runtime]\nthreads = -2", "runtime.threads = -2", "must be >= 0"},
+      {"[runtime]\ncollective_timeout_s = 0", "runtime.collective_timeout_s = 0", "must be > 0"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.toml);
+    expect_error(std::string(kMinimal) + c.toml + "\n", {kFile, c.key_and_value, c.rule});
+  }
+}
+
+TEST(Config, MinLrAboveLr) {
+  expect_error(std::string(kMinimal) + "[optimizer]\nlr = 1e-3\n[lr_schedule]\nmin_lr = 1e-2\n",
+               {kFile, "lr_schedule.min_lr = 0.01", "must be <= optimizer.lr = 0.001"});
+}
+
+TEST(Config, HeadsMustDivideHidden) {
+  expect_error(std::string(kMinimal) + "[model]\nhidden_size = 100\nnum_heads = 3\nnum_kv_heads = 3\n",
+               {kFile, "model.hidden_size = 100 must be divisible by model.num_heads = 3"});
+}
+
+TEST(Config, KvHeadsMustDivideHeads) {
+  expect_error(std::string(kMinimal) + "[model]\nnum_heads = 4\nnum_kv_heads = 3\n",
+               {kFile, "model.num_heads = 4 must be divisible by model.num_kv_heads = 3"});
+}
+
+TEST(Config, HeadDimMustBeEvenForRope) {
+  expect_error(std::string(kMinimal) + "[model]\nhidden_size = 36\nnum_heads = 4\nnum_kv_heads = 4\n",
+               {kFile, "model.hidden_size / model.num_heads", "= 9 must be even"});
+}
+
+TEST(Config, GlobalBatchMustBeMultipleOfMicroBatch) {
+  expect_error(std::string(kMinimal) + "[training]\nglobal_batch = 10\nmicro_batch = 4\n",
+               {kFile, "training.global_batch = 10 must be a multiple of training.micro_batch = 4"});
+}
+
+TEST(Config, BadOrderString) {
+  const char* bad[][2] = {
+      {"tp-cp-dp-pp", "axis 'ep' is missing"},
+      {"tp-cp-ep-dp-xx", "unknown axis 'xx'"},
+      {"tp-tp-ep-dp-pp", "axis 'tp' appears twice"},
+      {"tp,cp,ep,dp,pp", "unknown axis"},
+      {"tp-cp-ep-dp-pp-", "unknown axis ''"},
+      {"", "axis 'tp' is missing"},
+  };
+  for (const auto& b : bad) {
+    SCOPED_TRACE(b[0]);
+    expect_error(std::string(kMinimal) + "[parallel]\norder = \"" + b[0] + "\"\n",
+                 {kFile, "parallel.order = \"", "must be a permutation of tp, cp, ep, dp, pp", b[1]});
+  }
+}
+
+TEST(Config, FeaturesNotAvailableYet) {
+  expect_error(std::string(kMinimal) + "[moe]\nnum_experts = 8\n",
+               {kFile, "moe.num_experts = 8", "MoE layers are not available yet (moe.num_experts must be 0)"});
+  expect_error(std::string(kMinimal) + "[checkpoint]\ninterval = 100\n",
+               {kFile, "checkpoint.interval = 100", "checkpointing is not available yet"});
+}
+
+TEST(Config, DataPathRequiredToTrain) {
+  expect_error("[training]\nsteps = 5\n", {kFile, "data.path is required to train", "training.steps = 5"});
+  expect_error("", {"--set data.path=", "data.path is required to train"}, {"data.path="});
+}
+
+TEST(Config, SetOverridesTakePrecedence) {
+  const std::string text = std::string(kMinimal) + "[training]\nsteps = 10\n[optimizer]\nlr = 1e-3\n";
+  const Config c = parse_config(text, kFile, {"training.steps=20", "optimizer.lr=5e-4", "logging.interval = 7"});
+  EXPECT_EQ(c.training.steps, 20);
+  EXPECT_EQ(c.optimizer.lr, 5e-4);
+  EXPECT_EQ(c.logging.interval, 7);  // section created by the override
+  // The last override of a key wins.
+  EXPECT_EQ(parse_config(text, kFile, {"training.steps=1", "training.steps=2"}).training.steps, 2);
+  EXPECT_EQ(parse_config(text, kFile, {"optimizer.lr=1"}).optimizer.lr, 1.0);
+  EXPECT_FALSE(parse_config(text, kFile, {"data.shuffle=false"}).data.shuffle);
+}
+
+TEST(Config, SetBareWordIsAString) {
+  const Config c = parse_config(kMinimal, kFile,
+                                {"data.path=data/other", "logging.dir=runs/x y", "export.dir=\"quoted\"",
+                                 "parallel.order=tp-cp-dp-ep-pp"});
+  EXPECT_EQ(c.data.path, "data/other");
+  EXPECT_EQ(c.logging.dir, "runs/x y");
+  EXPECT_EQ(c.exp.dir, "quoted");
+  EXPECT_EQ(c.parallel.order, "tp-cp-dp-ep-pp");
+  // An empty value is the empty string.
+  EXPECT_EQ(parse_config(kMinimal, kFile, {"logging.dir="}).logging.dir, "");
+}
+
+TEST(Config, SetMalformed) {
+  for (const char* ov : {"training.steps", "steps=5", "=5", ".steps=5", "training.=5"}) {
+    SCOPED_TRACE(ov);
+    expect_error(kMinimal, {std::string("--set ") + ov + ":", "malformed override", "section.key=value"}, {ov});
+  }
+}
+
+TEST(Config, SetUnknownKey) {
+  expect_error(kMinimal, {"--set training.seqlen=64: unknown key 'training.seqlen'", "did you mean 'training.seq_len'"},
+               {"training.seqlen=64"});
+  expect_error(kMinimal, {"--set trainig.steps=3: unknown section 'trainig'", "did you mean 'training'"},
+               {"trainig.steps=3"});
+}
+
+TEST(Config, SetWrongTypeAndRangeNameTheOverride) {
+  expect_error(kMinimal, {"--set training.steps=abc", "training.steps = \"abc\"", "expected an integer, got a string"},
+               {"training.steps=abc"});
+  expect_error(kMinimal, {"--set model.num_heads=0", "model.num_heads = 0", "must be >= 1"}, {"model.num_heads=0"});
+  expect_error(kMinimal, {"--set model.num_kv_heads=3", "must be divisible by model.num_kv_heads = 3"},
+               {"model.num_kv_heads=3"});
+}
+
+TEST(Config, SyntaxErrorHasLineAndColumn) {
+  expect_error("[model]\nhidden_size = 128\nnum_heads = = 4\n", {"test.toml:3:", "TOML syntax error"});
+  expect_error("[model]\n[model]\n", {"test.toml:2:", "TOML syntax error"});
+}
+
+TEST(Config, LoadConfigReadsAFileAndNamesIt) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "origami_test_engine_config";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "x.toml").string();
+  {
+    std::ofstream(path) << kMinimal << "[training]\nseqlen = 3\n";
+  }
+  try {
+    load_config(path);
+    ADD_FAILURE() << "no UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ": unknown key 'training.seqlen'"), std::string::npos) << e.what();
+  }
+  {
+    std::ofstream(path) << kMinimal << "[training]\nseq_len = 3\n";
+  }
+  const Config c = load_config(path, {"training.seq_len=5"});
+  EXPECT_EQ(c.source, path);
+  EXPECT_EQ(c.training.seq_len, 5);
+  EXPECT_EQ(c.data.path, "data/x");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Config, LoadConfigMissingFile) {
+  try {
+    load_config("/nonexistent/origami.toml");
+    FAIL() << "no UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/origami.toml: cannot open config file"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Config, ValidateForWorld) {
+  Config c = parse_config(kMinimal, kFile);
+  EXPECT_NO_THROW(validate_for_world(c, 1));
+  try {
+    validate_for_world(c, 4);
+    FAIL() << "no UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("world size 4: only 1 rank is supported until data parallelism lands"),
+              std::string::npos)
+        << e.what();
+  }
+  c.parallel.tp = 2;
+  try {
+    validate_for_world(c, 2);
+    FAIL() << "no UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("test.toml: parallel.tp = 2: only 1 is supported until tensor parallelism"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Config, ShippedConfigsLoad) {
+  const std::string root = ORIGAMI_SOURCE_DIR;
+  const Config tiny = load_config(root + "/configs/tiny-dense.toml");
+  EXPECT_EQ(tiny.model.vocab_size, 257);
+  EXPECT_EQ(tiny.model.hidden_size, 128);
+  EXPECT_EQ(tiny.model.num_layers, 4);
+  EXPECT_EQ(tiny.model.num_heads, 4);
+  EXPECT_EQ(tiny.model.num_kv_heads, 2);
+  EXPECT_EQ(tiny.model.ffn_hidden_size, 352);
+  EXPECT_EQ(tiny.training.seq_len, 128);
+  EXPECT_EQ(tiny.training.global_batch, 16);
+  EXPECT_EQ(tiny.training.micro_batch, 8);
+  EXPECT_EQ(tiny.training.steps, 300);
+  EXPECT_EQ(tiny.optimizer.lr, 3e-3);
+  EXPECT_EQ(tiny.lr_schedule.warmup_steps, 20);
+  EXPECT_EQ(tiny.lr_schedule.min_lr, 3e-4);
+  EXPECT_EQ(tiny.data.path, "data/fortunes");
+  EXPECT_EQ(tiny.logging.dir, "runs/tiny-dense");
+  EXPECT_EQ(tiny.exp.dir, "runs/tiny-dense/export");
+  EXPECT_NO_THROW(validate_for_world(tiny, 1));
+
+  const Config bench = load_config(root + "/configs/bench-dense.toml");
+  EXPECT_EQ(bench.model.hidden_size, 512);
+  EXPECT_EQ(bench.model.num_layers, 4);
+  EXPECT_EQ(bench.model.num_heads, 8);
+  EXPECT_EQ(bench.model.num_kv_heads, 8);
+  EXPECT_EQ(bench.model.ffn_hidden_size, 1408);
+  EXPECT_EQ(bench.training.seq_len, 512);
+  EXPECT_EQ(bench.training.micro_batch, 8);
+  EXPECT_EQ(bench.training.global_batch, 8);
+  EXPECT_EQ(bench.model.vocab_size, 257);
+  EXPECT_EQ(bench.data.path, "data/fortunes");
+  EXPECT_NO_THROW(validate_for_world(bench, 1));
+}
+
+}  // namespace
+}  // namespace origami

@@ -1,0 +1,14 @@
+// Subcommand registration for the `origami` binary. Each tools/cmd_*.cpp adds
+// one CLI11 subcommand and its callback; callbacks throw UserError for bad
+// input, which main() prints and turns into exit status 2.
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace origami::tools {
+
+void add_train_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
+void add_preprocess_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+
+}  // namespace origami::tools
