@@ -20,13 +20,30 @@ std::string_view to_string(MemCategory c) {
   return "?";
 }
 
+namespace {
+constexpr size_t kAlign = 64;
+// Blocks from this size up are cached on free; smaller ones go straight back
+// to malloc, which already recycles them without page faults.
+constexpr size_t kCacheMinBytes = size_t{64} << 10;
+size_t round_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
 void* TrackedAllocator::allocate_host(size_t bytes, MemCategory category) {
-  constexpr size_t kAlign = 64;
-  size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
-  void* ptr = rounded == 0 ? nullptr : std::aligned_alloc(kAlign, rounded);
-  ORIGAMI_CHECK(rounded == 0 || ptr != nullptr, "host allocation of ", bytes, " bytes (", to_string(category),
-                ") failed");
+  const size_t rounded = round_up(bytes);
+  void* ptr = nullptr;
   std::lock_guard<std::mutex> lock(mu_);
+  if (rounded >= kCacheMinBytes) {
+    auto it = cache_.find(rounded);
+    if (it != cache_.end()) {
+      ptr = it->second;
+      cache_.erase(it);
+      ledger_.cached -= static_cast<int64_t>(rounded);
+    }
+  }
+  if (ptr == nullptr && rounded > 0) {
+    ptr = std::aligned_alloc(kAlign, rounded);
+    ORIGAMI_CHECK(ptr != nullptr, "host allocation of ", bytes, " bytes (", to_string(category), ") failed");
+  }
   int c = static_cast<int>(category);
   ledger_.current[c] += static_cast<int64_t>(bytes);
   ledger_.current_total += static_cast<int64_t>(bytes);
@@ -36,13 +53,28 @@ void* TrackedAllocator::allocate_host(size_t bytes, MemCategory category) {
 }
 
 void TrackedAllocator::release_host(void* ptr, size_t bytes, MemCategory category) {
-  std::free(ptr);
+  const size_t rounded = round_up(bytes);
   std::lock_guard<std::mutex> lock(mu_);
+  if (ptr != nullptr && rounded >= kCacheMinBytes) {
+    cache_.emplace(rounded, ptr);
+    ledger_.cached += static_cast<int64_t>(rounded);
+  } else {
+    std::free(ptr);
+  }
   int c = static_cast<int>(category);
   ledger_.current[c] -= static_cast<int64_t>(bytes);
   ledger_.current_total -= static_cast<int64_t>(bytes);
   ORIGAMI_CHECK(ledger_.current[c] >= 0, "ledger underflow in ", to_string(category));
 }
+
+void TrackedAllocator::release_cached() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [size, ptr] : cache_) std::free(ptr);
+  cache_.clear();
+  ledger_.cached = 0;
+}
+
+TrackedAllocator::~TrackedAllocator() { release_cached(); }
 
 LedgerSnapshot TrackedAllocator::snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);

@@ -3,7 +3,7 @@
 // Inputs are fresh random values, never all zeros, and every test asserts its
 // outputs are non-zero so it cannot pass on an op that writes nothing. Where
 // inputs are small integers the reference is exact and so is the comparison.
-// Attention and init have their own files.
+// Attention, init and the vectorized exp have their own files.
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <omp.h>
