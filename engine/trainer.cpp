@@ -62,7 +62,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
     indexed = std::make_unique<IndexedDataset>(IndexedDataset::open(cfg.data.path, cfg.model.vocab_size));
     data = std::make_unique<GptDataset>(*indexed, tc.seq_len, cfg.data.shuffle, tc.seed);
   }
-  if (rank == 0 && opts.print_steps)
+  if (rank == 0 && opts.print_steps && !opts.json_lines)
     std::printf("origami: %lld parameters, %lld steps of %lld samples x %lld tokens, %d rank(s), %d thread(s)\n",
                 static_cast<long long>(summary.params), static_cast<long long>(tc.steps),
                 static_cast<long long>(tc.global_batch), static_cast<long long>(tc.seq_len), world, num_threads());
@@ -104,7 +104,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
     if (rank == 0) {
       metrics.write(m);
       if (opts.print_steps && (step % cfg.logging.interval == 0 || step == 1 || step == tc.steps)) {
-        std::printf("%s\n", format_step_line(m).c_str());
+        std::printf("%s\n", opts.json_lines ? to_json(m).dump().c_str() : format_step_line(m).c_str());
         std::fflush(stdout);
       }
     }
@@ -113,7 +113,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
   summary.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
   if (!cfg.exp.dir.empty() && rank == 0) {
     export_hf(model, cfg.exp.dir);
-    if (opts.print_steps) std::printf("exported Hugging Face weights to %s\n", cfg.exp.dir.c_str());
+    if (opts.print_steps && !opts.json_lines) std::printf("exported Hugging Face weights to %s\n", cfg.exp.dir.c_str());
   }
   return summary;
 }

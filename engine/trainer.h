@@ -13,6 +13,7 @@ namespace origami {
 
 struct TrainOptions {
   bool print_steps = true;                               // step lines on rank 0
+  bool json_lines = false;                               // step lines as JSON objects instead
   std::function<void(const StepMetrics&)> on_step;        // e.g. tests
 };
 

@@ -72,7 +72,11 @@ class Tensor {
   int64_t numel() const { return shape_numel(shape_); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
   // Rows and columns when read as a matrix: [prod(leading), last].
-  int64_t rows() const { return dim() == 0 ? 1 : numel() / shape_.back(); }
+  int64_t rows() const {
+    int64_t r = 1;
+    for (int i = 0; i + 1 < dim(); ++i) r *= shape_[i];
+    return r;
+  }
   int64_t cols() const { return dim() == 0 ? 1 : shape_.back(); }
 
   template <class T> T* data() const {

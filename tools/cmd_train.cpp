@@ -15,17 +15,21 @@ void add_train_command(CLI::App& app) {
   struct Args {
     std::string config;
     std::vector<std::string> overrides;
+    bool json = false;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("train", "Train a model from a TOML config");
   cmd->add_option("config", args->config, "TOML config file")->required();
   cmd->add_option("--set", args->overrides, "Override a config value: section.key=value (TOML value)");
+  cmd->add_flag("--json", args->json, "Print each step as a JSON object (the metrics.jsonl record)");
   cmd->callback([args] {
     Config cfg = load_config(args->config, args->overrides);
-    TrainSummary s = train(cfg);
+    TrainOptions opts;
+    opts.json_lines = args->json;
+    TrainSummary s = train(cfg, opts);
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank == 0 && !s.losses.empty())
+    if (rank == 0 && !s.losses.empty() && !args->json)
       std::printf("trained %zu steps in %.1f s, final lm loss %.4f\n", s.losses.size(), s.seconds, s.losses.back());
   });
 }

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 
 #include "kernels/check.h"
 #include "tools/commands.h"
@@ -28,13 +29,16 @@ int main(int argc, char** argv) {
   } catch (const origami::UserError& e) {
     if (rank == 0) std::fprintf(stderr, "error: %s\n", e.what());
     status = 2;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // Paths come from the user (config dirs, CLI arguments).
+    if (rank == 0) std::fprintf(stderr, "error: %s\n", e.what());
+    status = 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[rank %d] internal error: %s\n", rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  if (status != 0) {
-    // Every rank sees the same user error (same config, same data), so all
-    // exit together; abort only if ranks disagree would require a collective.
-    MPI_Finalize();
-    return status;
-  }
+  // Every rank reads the same config and data, so a user error is raised on
+  // all ranks alike and they leave together.
   MPI_Finalize();
-  return 0;
+  return status;
 }
