@@ -2,6 +2,7 @@
 #include "kernels/threads.h"
 
 #include <omp.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -13,7 +14,12 @@ int default_threads_per_rank() {
   int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int local_ranks = 1;
   if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local_ranks = std::max(1, std::atoi(s));
-  return std::max(1, cores / local_ranks);
+  int threads = std::max(1, cores / local_ranks);
+  // mpirun binds each rank to a core by default at small rank counts: more
+  // threads than the cores this process may run on only time-slice.
+  cpu_set_t mask;
+  if (sched_getaffinity(0, sizeof mask, &mask) == 0) threads = std::min(threads, std::max(1, CPU_COUNT(&mask)));
+  return threads;
 }
 
 void set_num_threads(int threads) { omp_set_num_threads(std::max(1, threads)); }

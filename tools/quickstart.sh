@@ -18,4 +18,6 @@ if [ ! -f data/fortunes.idx ]; then
   build/tools/origami preprocess --format fortune --output-prefix data/fortunes --input "${inputs[@]}"
 fi
 
-mpirun --allow-run-as-root --oversubscribe -np "$ranks" build/tools/origami train "$config" "$@"
+# --bind-to none: each rank runs cores/ranks OpenMP threads, which a
+# one-core binding would squeeze onto a single core.
+mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$ranks" build/tools/origami train "$config" "$@"
