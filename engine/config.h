@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "moe/options.h"
+
 namespace origami {
 
 struct ModelConfig {
@@ -24,11 +26,33 @@ struct ModelConfig {
 };
 
 struct MoeConfig {
-  int64_t num_experts = 0;  // 0: every layer is dense (MoE layers land with the MoE issue)
+  int64_t num_experts = 0;      // 0: every layer is dense
   int64_t top_k = 2;
   int64_t ffn_hidden_size = 0;  // per-expert width; 0 means model.ffn_hidden_size
   int64_t first_dense_layers = 0;
-  int64_t layer_freq = 1;
+  int64_t layer_freq = 1;       // layer l is MoE iff l >= first_dense_layers and (l - first) % freq == 0
+  int64_t shared_expert_hidden_size = 0;  // 0: no shared expert
+  // Router ("softmax" | "sigmoid"), selection and weights.
+  moe::ScoreFunction score_function = moe::ScoreFunction::softmax;
+  bool normalize_topk = false;
+  double topk_scaling = 1.0;
+  int64_t num_groups = 1;  // group-limited routing when > 1 (divides num_experts)
+  int64_t group_topk = 1;  // groups kept, 1 <= group_topk <= num_groups
+  // Balancing: "aux_loss" | "seq_aux_loss" | "global_aux_loss" | "none".
+  moe::LoadBalancing load_balancing = moe::LoadBalancing::aux_loss;
+  double aux_loss_coeff = 1e-2;
+  double z_loss_coeff = 0.0;
+  bool expert_bias = false;       // aux-loss-free balancing (DeepSeek-V3)
+  double bias_update_rate = 1e-3;
+  // Capacity: absent = dropless. drop_policy "probs" | "position".
+  std::optional<double> capacity_factor;
+  moe::DropPolicy drop_policy = moe::DropPolicy::probs;
+  bool pad_to_capacity = false;   // requires capacity_factor
+
+  int64_t expert_ffn(int64_t dense_ffn) const { return ffn_hidden_size > 0 ? ffn_hidden_size : dense_ffn; }
+  bool is_moe_layer(int64_t l) const {
+    return num_experts > 0 && l >= first_dense_layers && (l - first_dense_layers) % layer_freq == 0;
+  }
 };
 
 struct ParallelConfig {

@@ -1,0 +1,55 @@
+// Router (fp32, ARCHITECTURE.md §4): logits z = x·Wrᵀ, scores s = softmax(z)
+// or σ(z); top-k by s + b (b = expert bias, selection only; ties go to the
+// lower expert index); weights p = s at the selected experts, optionally
+// normalized, then scaled. Load-balancing aux loss (aux_loss, seq_aux_loss,
+// global_aux_loss) and z-loss, with gradients through the gate weights.
+#pragma once
+#include <functional>
+
+#include "kernels/tensor.h"
+#include "moe/options.h"
+
+namespace origami::moe {
+
+// Sums statistics over the group the loss is defined on (tp-cp for aux_loss,
+// tp-dp-cp for global_aux_loss). Identity on one rank.
+using StatsReducer = std::function<void(double* data, int64_t n)>;
+
+struct Routing {
+  Tensor expert_TK;  // i32 [T, k]: selected experts, in descending order of s + b
+  Tensor weight_TK;  // f32 [T, k]: p (after normalization and scaling)
+};
+
+struct RouterLosses {
+  double aux_loss = 0;  // includes aux_loss_coeff
+  double z_loss = 0;    // includes z_loss_coeff
+};
+
+struct RouterSaved {
+  Tensor x_TD;       // router input
+  Tensor logits_TE;  // z
+  Tensor scores_TE;  // s
+  Tensor expert_TK;  // selection
+  int64_t seq_len = 0;
+  // Aux-loss statistics as used in forward (after any reduction), kept for the
+  // gradient: routed counts per expert (per sequence for seq_aux_loss) and the
+  // token count they are over.
+  std::vector<double> aux_counts;
+  double aux_tokens = 0;
+};
+
+// x_TD [T, D] with T = B·seq_len; gate_ED [E, D]; bias_E [E] or undefined.
+Routing router_forward(const RouterOptions& opt, const Tensor& x_TD, const Tensor& gate_ED, const Tensor& bias_E,
+                       int64_t seq_len, RouterSaved& saved, RouterLosses& losses,
+                       const StatsReducer& reduce = nullptr);
+
+// dweight_TK: gradient of the objective w.r.t. p. aux_scale: weight of the aux
+// and z losses in the objective (1 / micro-batches per global batch).
+// Returns dx_TD; accumulates dgate_ED.
+Tensor router_backward(const RouterOptions& opt, const RouterSaved& saved, const Tensor& gate_ED,
+                       const Tensor& dweight_TK, float aux_scale, Tensor& dgate_ED);
+
+// Aux-loss-free balancing (DeepSeek-V3): b_e += rate · sign(mean(load) − load_e).
+void update_expert_bias(Tensor& bias_E, const std::vector<int64_t>& load_E, float rate);
+
+}  // namespace origami::moe
