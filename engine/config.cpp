@@ -27,7 +27,10 @@ using detail::concat;
 
 // ---- The schema: every section and key, bound to a Config's fields. ----------
 
-using FieldPtr = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*>;
+// Enum keys are strings from a fixed set (enum_names); an optional float is
+// absent unless the file sets it.
+using FieldPtr = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::optional<double>*,
+                              moe::ScoreFunction*, moe::LoadBalancing*, moe::DropPolicy*>;
 struct Field {
   std::string_view key;
   FieldPtr ptr;
@@ -36,6 +39,26 @@ struct Section {
   std::string_view name;
   std::vector<Field> fields;
 };
+
+template <class E>
+using EnumNames = std::vector<std::pair<std::string_view, E>>;
+const EnumNames<moe::ScoreFunction>& enum_names(const moe::ScoreFunction*) {
+  static const EnumNames<moe::ScoreFunction> n = {{"softmax", moe::ScoreFunction::softmax},
+                                                  {"sigmoid", moe::ScoreFunction::sigmoid}};
+  return n;
+}
+const EnumNames<moe::LoadBalancing>& enum_names(const moe::LoadBalancing*) {
+  static const EnumNames<moe::LoadBalancing> n = {{"aux_loss", moe::LoadBalancing::aux_loss},
+                                                  {"seq_aux_loss", moe::LoadBalancing::seq_aux_loss},
+                                                  {"global_aux_loss", moe::LoadBalancing::global_aux_loss},
+                                                  {"none", moe::LoadBalancing::none}};
+  return n;
+}
+const EnumNames<moe::DropPolicy>& enum_names(const moe::DropPolicy*) {
+  static const EnumNames<moe::DropPolicy> n = {{"probs", moe::DropPolicy::probs},
+                                               {"position", moe::DropPolicy::position}};
+  return n;
+}
 
 // Keys are exactly the struct field names; declaration order breaks ties in
 // did-you-mean suggestions.
@@ -53,7 +76,13 @@ std::vector<Section> schema(Config& c) {
         {"rope_theta", &m.rope_theta}, {"norm_eps", &m.norm_eps}, {"init_std", &m.init_std}}},
       {"moe",
        {{"num_experts", &e.num_experts}, {"top_k", &e.top_k}, {"ffn_hidden_size", &e.ffn_hidden_size},
-        {"first_dense_layers", &e.first_dense_layers}, {"layer_freq", &e.layer_freq}}},
+        {"first_dense_layers", &e.first_dense_layers}, {"layer_freq", &e.layer_freq},
+        {"shared_expert_hidden_size", &e.shared_expert_hidden_size}, {"score_function", &e.score_function},
+        {"normalize_topk", &e.normalize_topk}, {"topk_scaling", &e.topk_scaling}, {"num_groups", &e.num_groups},
+        {"group_topk", &e.group_topk}, {"load_balancing", &e.load_balancing}, {"aux_loss_coeff", &e.aux_loss_coeff},
+        {"z_loss_coeff", &e.z_loss_coeff}, {"expert_bias", &e.expert_bias},
+        {"bias_update_rate", &e.bias_update_rate}, {"capacity_factor", &e.capacity_factor},
+        {"drop_policy", &e.drop_policy}, {"pad_to_capacity", &e.pad_to_capacity}}},
       {"parallel",
        {{"tp", &p.tp}, {"cp", &p.cp}, {"pp", &p.pp}, {"ep", &p.ep}, {"etp", &p.etp}, {"order", &p.order},
         {"zero_stage", &p.zero_stage}}},
@@ -261,9 +290,34 @@ void assign(const Field& f, const toml::node& v, const std::string& key, const s
           } else {
             wrong("a number");
           }
+        } else if constexpr (std::is_same_v<T, std::optional<double>>) {
+          if (v.is_integer()) {
+            *p = static_cast<double>(v.as_integer()->get());
+          } else if (v.is_floating_point()) {
+            *p = v.as_floating_point()->get();
+          } else {
+            wrong("a number");
+          }
         } else if constexpr (std::is_same_v<T, bool>) {
           if (!v.is_boolean()) wrong("a boolean (true or false)");
           *p = v.as_boolean()->get();
+        } else if constexpr (std::is_enum_v<T>) {
+          const auto& names = enum_names(p);
+          std::string allowed;
+          std::vector<std::string_view> candidates;
+          for (const auto& [name, value] : names) {
+            allowed += concat(allowed.empty() ? "" : ", ", fmt(std::string(name)));
+            candidates.push_back(name);
+          }
+          if (!v.is_string()) wrong(concat("a string, one of ", allowed));
+          const std::string& text = v.as_string()->get();
+          auto it = std::find_if(names.begin(), names.end(), [&](const auto& n) { return n.first == text; });
+          if (it == names.end()) {
+            const auto c = closest(text, candidates);
+            ORIGAMI_USER_ERROR(origin, ": ", key, " = ", fmt(text), ": must be one of ", allowed,
+                               c ? concat(" (did you mean \"", *c, "\"?)") : std::string());
+          }
+          *p = it->second;
         } else {
           if (!v.is_string()) wrong("a string");
           *p = v.as_string()->get();
@@ -420,6 +474,14 @@ void validate(const Config& c, const Origins& o) {
   r.at_least("moe.ffn_hidden_size", e.ffn_hidden_size, 0);
   r.at_least("moe.first_dense_layers", e.first_dense_layers, 0);
   r.at_least("moe.layer_freq", e.layer_freq, 1);
+  r.at_least("moe.shared_expert_hidden_size", e.shared_expert_hidden_size, 0);
+  r.positive("moe.topk_scaling", e.topk_scaling);
+  r.at_least("moe.num_groups", e.num_groups, 1);
+  r.between("moe.group_topk", e.group_topk, 1, e.num_groups);
+  r.non_negative("moe.aux_loss_coeff", e.aux_loss_coeff);
+  r.non_negative("moe.z_loss_coeff", e.z_loss_coeff);
+  r.non_negative("moe.bias_update_rate", e.bias_update_rate);
+  if (e.capacity_factor) r.positive("moe.capacity_factor", *e.capacity_factor);
 
   const ParallelConfig& p = c.parallel;
   r.at_least("parallel.tp", p.tp, 1);
@@ -466,12 +528,27 @@ void validate(const Config& c, const Origins& o) {
   r.need_all(t.global_batch % t.micro_batch == 0, {"training.global_batch", "training.micro_batch"},
              concat("training.global_batch = ", t.global_batch, " must be a multiple of training.micro_batch = ",
                     t.micro_batch));
+  if (e.num_experts > 0) {
+    r.need_all(e.num_experts % e.num_groups == 0, {"moe.num_experts", "moe.num_groups"},
+               concat("moe.num_experts = ", e.num_experts, " must be divisible by moe.num_groups = ", e.num_groups,
+                      " (experts split into equal contiguous groups)"));
+    if (e.num_groups > 1) {
+      r.need_all(e.top_k % e.group_topk == 0, {"moe.top_k", "moe.group_topk"},
+                 concat("moe.top_k = ", e.top_k, " must be divisible by moe.group_topk = ", e.group_topk,
+                        " (a group's score sums its top top_k / group_topk experts)"));
+      const int64_t reachable = e.group_topk * (e.num_experts / e.num_groups);
+      r.need_all(e.top_k <= reachable, {"moe.top_k", "moe.group_topk", "moe.num_groups", "moe.num_experts"},
+                 concat("moe.top_k = ", e.top_k, " must be <= moe.group_topk · (moe.num_experts / moe.num_groups) = ",
+                        e.group_topk, " · (", e.num_experts, " / ", e.num_groups, ") = ", reachable,
+                        " (the experts in the kept groups)"));
+    }
+  }
+  r.need_all(!e.pad_to_capacity || e.capacity_factor.has_value(), {"moe.pad_to_capacity", "moe.capacity_factor"},
+             "moe.pad_to_capacity = true requires moe.capacity_factor (dropless routing has no capacity to pad to)");
   r.need_all(s.min_lr <= op.lr, {"lr_schedule.min_lr", "optimizer.lr"},
              concat("lr_schedule.min_lr = ", fmt(s.min_lr), " must be <= optimizer.lr = ", fmt(op.lr)));
 
   // Features whose issues have not landed yet.
-  r.need(e.num_experts == 0, "moe.num_experts", e.num_experts,
-         "MoE layers are not available yet (moe.num_experts must be 0)");
   r.need(c.checkpoint.interval == 0, "checkpoint.interval", c.checkpoint.interval,
          "checkpointing is not available yet (checkpoint.interval must be 0)");
 

@@ -9,17 +9,29 @@
 
 namespace origami {
 
+namespace {
+std::string bias_name(int64_t l) {
+  return "model.layers." + std::to_string(l) + ".block_sparse_moe.expert_bias";
+}
+
+const char* score_name(moe::ScoreFunction f) { return f == moe::ScoreFunction::softmax ? "softmax" : "sigmoid"; }
+}  // namespace
+
 void export_hf(const Model& model, const std::string& dir) {
   std::filesystem::create_directories(dir);
   std::vector<NamedTensor> tensors;
   for (const ParamUnit& u : model.params().units())
     for (size_t i = 0; i < u.params.size(); ++i) tensors.push_back({u.params[i].name, u.param_view(i)});
+  for (size_t l = 0; l < model.expert_bias().size(); ++l)
+    if (model.expert_bias()[l].defined()) tensors.push_back({bias_name(static_cast<int64_t>(l)), model.expert_bias()[l]});
   write_safetensors(dir + "/model.safetensors", tensors);
 
   const ModelConfig& c = model.config();
+  const MoeConfig& m = model.moe_config();
+  const bool is_moe = m.num_experts > 0;
   nlohmann::ordered_json cfg = {
-      {"architectures", {"LlamaForCausalLM"}},
-      {"model_type", "llama"},
+      {"architectures", {is_moe ? "MixtralForCausalLM" : "LlamaForCausalLM"}},
+      {"model_type", is_moe ? "mixtral" : "llama"},
       {"vocab_size", c.vocab_size},
       {"hidden_size", c.hidden_size},
       {"intermediate_size", c.ffn_hidden_size},
@@ -37,6 +49,25 @@ void export_hf(const Model& model, const std::string& dir) {
       {"initializer_range", c.init_std},
       {"torch_dtype", "float32"},
   };
+  if (is_moe) {
+    // Mixtral's names, then DeepSeek's where Mixtral has none, so the forward
+    // pass is fully determined by this file.
+    cfg["num_local_experts"] = m.num_experts;
+    cfg["num_experts_per_tok"] = m.top_k;
+    cfg["moe_intermediate_size"] = m.expert_ffn(c.ffn_hidden_size);
+    cfg["router_aux_loss_coef"] = m.aux_loss_coeff;
+    cfg["output_router_logits"] = false;
+    cfg["scoring_func"] = score_name(m.score_function);
+    cfg["norm_topk_prob"] = m.normalize_topk;
+    cfg["routed_scaling_factor"] = m.topk_scaling;
+    cfg["first_k_dense_replace"] = m.first_dense_layers;
+    cfg["moe_layer_freq"] = m.layer_freq;
+    cfg["n_group"] = m.num_groups;
+    cfg["topk_group"] = m.group_topk;
+    cfg["shared_expert_intermediate_size"] = m.shared_expert_hidden_size;
+    cfg["expert_bias"] = m.expert_bias;
+    if (m.capacity_factor) cfg["capacity_factor"] = *m.capacity_factor;
+  }
   std::ofstream out(dir + "/config.json");
   out << cfg.dump(2) << "\n";
   if (!out) ORIGAMI_USER_ERROR(dir, "/config.json: write failed");
@@ -57,6 +88,17 @@ void load_hf_weights(Model& model, const std::string& dir) {
       dst.copy_from(it->second);
       tensors.erase(it);
     }
+  }
+  for (size_t l = 0; l < model.expert_bias().size(); ++l) {
+    Tensor bias = model.expert_bias()[l];
+    if (!bias.defined()) continue;
+    auto it = tensors.find(bias_name(static_cast<int64_t>(l)));
+    if (it == tensors.end()) ORIGAMI_USER_ERROR(path, ": missing tensor '", bias_name(static_cast<int64_t>(l)), "'");
+    if (it->second.shape() != bias.shape())
+      ORIGAMI_USER_ERROR(path, ": tensor '", it->first, "' has shape ", shape_string(it->second.shape()),
+                         ", the config needs ", shape_string(bias.shape()));
+    bias.copy_from(it->second);
+    tensors.erase(it);
   }
   if (!tensors.empty())
     ORIGAMI_USER_ERROR(path, ": unexpected tensor '", tensors.begin()->first, "' for this model config");

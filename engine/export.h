@@ -1,7 +1,10 @@
 // Hugging Face export: model.safetensors with §4 names ([out, in] weights,
 // __metadata__ {"format": "pt"}) and a config.json. A model without MoE layers
-// exports as LlamaForCausalLM (Mixtral's dense names and math); MoE models
-// export as MixtralForCausalLM once MoE lands.
+// exports as LlamaForCausalLM (Mixtral's dense names and math); a MoE model as
+// MixtralForCausalLM, with DeepSeek's config names for what Mixtral lacks
+// (scoring_func, norm_topk_prob, routed_scaling_factor, first_k_dense_replace,
+// moe_layer_freq, n_group, topk_group, shared_expert_intermediate_size) and
+// the expert bias as model.layers.{l}.block_sparse_moe.expert_bias.
 #pragma once
 #include <string>
 

@@ -1,6 +1,7 @@
 // Per-step metrics (see metrics.h).
 #include "engine/metrics.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -8,15 +9,37 @@
 
 namespace origami {
 
+nlohmann::ordered_json to_json(const MoeLayerRecord& r) {
+  int64_t routed = 0, kept = 0, max_load = 0;
+  for (size_t e = 0; e < r.routed_per_expert.size(); ++e) {
+    routed += r.routed_per_expert[e];
+    kept += r.kept_per_expert[e];
+    max_load = std::max(max_load, r.routed_per_expert[e]);
+  }
+  const double mean_load = static_cast<double>(routed) / static_cast<double>(std::max<size_t>(1, r.routed_per_expert.size()));
+  return {{"layer", r.layer},
+          {"tokens_per_expert", r.routed_per_expert},
+          {"kept_per_expert", r.kept_per_expert},
+          {"dropped_fraction", routed > 0 ? static_cast<double>(routed - kept) / static_cast<double>(routed) : 0.0},
+          {"max_over_mean", mean_load > 0 ? static_cast<double>(max_load) / mean_load : 0.0}};
+}
+
 nlohmann::ordered_json to_json(const StepMetrics& m) {
-  nlohmann::ordered_json mem, peak;
+  nlohmann::ordered_json mem;
   for (int c = 0; c < kNumMemCategories; ++c) {
     mem[std::string(to_string(static_cast<MemCategory>(c)))] = m.mem.peak[c];
   }
   mem["total"] = m.mem.peak_total;
-  return {{"step", m.step},         {"lm_loss", m.lm_loss},   {"grad_norm", m.grad_norm},
-          {"lr", m.lr},             {"tokens", m.tokens},     {"step_time_s", m.step_time_s},
-          {"tokens_per_s", m.tokens_per_s}, {"gflops", m.gflops}, {"mem", mem}};
+  nlohmann::ordered_json j = {{"step", m.step},         {"lm_loss", m.lm_loss},   {"grad_norm", m.grad_norm},
+                              {"lr", m.lr},             {"tokens", m.tokens},     {"step_time_s", m.step_time_s},
+                              {"tokens_per_s", m.tokens_per_s}, {"gflops", m.gflops}, {"mem", mem}};
+  if (!m.moe.empty()) {
+    j["aux_loss"] = m.aux_loss;
+    j["z_loss"] = m.z_loss;
+    j["moe"] = nlohmann::ordered_json::array();
+    for (const MoeLayerRecord& r : m.moe) j["moe"].push_back(to_json(r));
+  }
+  return j;
 }
 
 std::string format_bytes(int64_t bytes) {
@@ -29,13 +52,19 @@ std::string format_bytes(int64_t bytes) {
 }
 
 std::string format_step_line(const StepMetrics& m) {
-  char buf[512];
+  char buf[640];
   const auto& pk = m.mem.peak;
+  char moe[96] = "";
+  if (!m.moe.empty()) {
+    double worst = 0;
+    for (const MoeLayerRecord& r : m.moe) worst = std::max(worst, to_json(r)["max_over_mean"].get<double>());
+    std::snprintf(moe, sizeof moe, " | aux %.4f z %.4f | load max/mean %.2f", m.aux_loss, m.z_loss, worst);
+  }
   std::snprintf(buf, sizeof buf,
-                "step %5lld/%lld | lm loss %.4f | grad norm %.3f | lr %.3e | %.0f tok/s | %.1f GFLOP/s | "
+                "step %5lld/%lld | lm loss %.4f%s | grad norm %.3f | lr %.3e | %.0f tok/s | %.1f GFLOP/s | "
                 "mem param %s grad %s optim %s act %s ws %s",
-                static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.lm_loss, m.grad_norm, m.lr,
-                m.tokens_per_s, m.gflops, format_bytes(pk[0]).c_str(), format_bytes(pk[1]).c_str(),
+                static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.lm_loss, moe, m.grad_norm,
+                m.lr, m.tokens_per_s, m.gflops, format_bytes(pk[0]).c_str(), format_bytes(pk[1]).c_str(),
                 format_bytes(pk[2]).c_str(), format_bytes(pk[3]).c_str(), format_bytes(pk[5]).c_str());
   return buf;
 }

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "engine/model.h"
 #include "kernels/allocator.h"
 
 namespace origami {
@@ -13,12 +14,17 @@ namespace origami {
 struct StepMetrics {
   int64_t step = 0, total_steps = 0;
   double lm_loss = 0, grad_norm = 0, lr = 0;
+  double aux_loss = 0, z_loss = 0;    // Σ over MoE layers, mean over micro-batches
+  std::vector<MoeLayerRecord> moe;    // per MoE layer, summed over the step's micro-batches
   double step_time_s = 0, tokens_per_s = 0, gflops = 0;  // achieved GFLOP/s on this rank
   int64_t tokens = 0;
   LedgerSnapshot mem;  // peaks over the step
 };
 
 nlohmann::ordered_json to_json(const StepMetrics& m);
+// One MoE layer: layer, tokens_per_expert (routed, before dropping),
+// kept_per_expert, dropped_fraction, max_over_mean (routed load).
+nlohmann::ordered_json to_json(const MoeLayerRecord& r);
 std::string format_step_line(const StepMetrics& m);
 std::string format_bytes(int64_t bytes);
 

@@ -8,12 +8,63 @@ namespace origami {
 
 namespace {
 std::string layer_prefix(int64_t l) { return "model.layers." + std::to_string(l) + "."; }
+std::string expert_name(int64_t l, int64_t e, const char* w) {
+  return layer_prefix(l) + "block_sparse_moe.experts." + std::to_string(e) + "." + w + ".weight";
+}
+
+moe::MoeLayerOptions moe_options(const MoeConfig& m) {
+  moe::MoeLayerOptions o;
+  o.router.num_experts = m.num_experts;
+  o.router.top_k = m.top_k;
+  o.router.score_function = m.score_function;
+  o.router.normalize_topk = m.normalize_topk;
+  o.router.topk_scaling = static_cast<float>(m.topk_scaling);
+  o.router.num_groups = m.num_groups;
+  o.router.group_topk = m.group_topk;
+  o.router.load_balancing = m.load_balancing;
+  o.router.aux_loss_coeff = static_cast<float>(m.aux_loss_coeff);
+  o.router.z_loss_coeff = static_cast<float>(m.z_loss_coeff);
+  o.capacity.capacity_factor = m.capacity_factor;
+  o.capacity.drop_policy = m.drop_policy;
+  o.capacity.pad_to_capacity = m.pad_to_capacity;
+  return o;
+}
 }  // namespace
 
-Model::Model(const ModelConfig& cfg, uint64_t seed) : cfg_(cfg) {
+void ForwardStats::accumulate(const std::vector<MoeLayerRecord>& other) {
+  if (moe.empty()) {
+    moe = other;
+    return;
+  }
+  ORIGAMI_CHECK(moe.size() == other.size(), "MoE statistics of different models");
+  for (size_t i = 0; i < moe.size(); ++i) {
+    for (size_t e = 0; e < moe[i].routed_per_expert.size(); ++e) {
+      moe[i].routed_per_expert[e] += other[i].routed_per_expert[e];
+      moe[i].kept_per_expert[e] += other[i].kept_per_expert[e];
+    }
+    moe[i].aux_loss += other[i].aux_loss;
+    moe[i].z_loss += other[i].z_loss;
+  }
+}
+
+double ForwardStats::aux_loss() const {
+  double s = 0;
+  for (const MoeLayerRecord& r : moe) s += r.aux_loss;
+  return s;
+}
+
+double ForwardStats::z_loss() const {
+  double s = 0;
+  for (const MoeLayerRecord& r : moe) s += r.z_loss;
+  return s;
+}
+
+Model::Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe_cfg) : cfg_(cfg), moe_cfg_(moe_cfg) {
   const int64_t D = cfg.hidden_size, V = cfg.vocab_size, F = cfg.ffn_hidden_size, hd = cfg.head_dim();
   const int64_t Hq = cfg.num_heads, Hkv = cfg.num_kv_heads;
+  const int64_t E = moe_cfg.num_experts, Fe = moe_cfg.expert_ffn(F), Fs = moe_cfg.shared_expert_hidden_size;
   attn_opt_ = dense::AttentionOptions{Hq, Hkv, hd, static_cast<float>(cfg.rope_theta)};
+  moe_opt_ = moe_options(moe_cfg);
 
   ParamUnit& emb = params_.add_unit("embedding");
   params_.add_param(emb, "model.embed_tokens.weight", {V, D}, InitKind::normal);
@@ -26,15 +77,37 @@ Model::Model(const ModelConfig& cfg, uint64_t seed) : cfg_(cfg) {
     params_.add_param(u, p + "self_attn.v_proj.weight", {Hkv * hd, D}, InitKind::normal);
     params_.add_param(u, p + "self_attn.o_proj.weight", {D, Hq * hd}, InitKind::normal_scaled_output);
     params_.add_param(u, p + "post_attention_layernorm.weight", {D}, InitKind::ones);
-    params_.add_param(u, p + "mlp.gate_proj.weight", {F, D}, InitKind::normal);
-    params_.add_param(u, p + "mlp.up_proj.weight", {F, D}, InitKind::normal);
-    params_.add_param(u, p + "mlp.down_proj.weight", {D, F}, InitKind::normal_scaled_output);
+    if (!moe_cfg.is_moe_layer(l)) {
+      params_.add_param(u, p + "mlp.gate_proj.weight", {F, D}, InitKind::normal);
+      params_.add_param(u, p + "mlp.up_proj.weight", {F, D}, InitKind::normal);
+      params_.add_param(u, p + "mlp.down_proj.weight", {D, F}, InitKind::normal_scaled_output);
+      continue;
+    }
+    params_.add_param(u, p + "block_sparse_moe.gate.weight", {E, D}, InitKind::normal);
+    if (Fs > 0) {
+      params_.add_param(u, p + "block_sparse_moe.shared_expert.gate_proj.weight", {Fs, D}, InitKind::normal);
+      params_.add_param(u, p + "block_sparse_moe.shared_expert.up_proj.weight", {Fs, D}, InitKind::normal);
+      params_.add_param(u, p + "block_sparse_moe.shared_expert.down_proj.weight", {D, Fs},
+                        InitKind::normal_scaled_output);
+    }
+    // Experts get their own unit (sharded over edp, not dp-cp). All w1, then
+    // all w3, then all w2, so each is one contiguous [E, ...] block.
+    ParamUnit& x = params_.add_unit("layers." + std::to_string(l) + ".experts");
+    for (int64_t e = 0; e < E; ++e) params_.add_param(x, expert_name(l, e, "w1"), {Fe, D}, InitKind::normal);
+    for (int64_t e = 0; e < E; ++e) params_.add_param(x, expert_name(l, e, "w3"), {Fe, D}, InitKind::normal);
+    for (int64_t e = 0; e < E; ++e)
+      params_.add_param(x, expert_name(l, e, "w2"), {D, Fe}, InitKind::normal_scaled_output);
   }
   ParamUnit& fin = params_.add_unit("final");
   params_.add_param(fin, "model.norm.weight", {D}, InitKind::ones);
   params_.add_param(fin, "lm_head.weight", {V, D}, InitKind::normal);
   params_.allocate();
   params_.initialize(seed, static_cast<float>(cfg.init_std), cfg.num_layers);
+
+  expert_bias_.resize(cfg.num_layers);
+  if (moe_cfg.expert_bias)
+    for (int64_t l = 0; l < cfg.num_layers; ++l)
+      if (moe_cfg.is_moe_layer(l)) expert_bias_[l] = Tensor::zeros({E}, DType::f32, MemCategory::param);
 }
 
 Model::LayerWeights Model::layer_views(int64_t l, bool grads) const {
@@ -45,27 +118,57 @@ Model::LayerWeights Model::layer_views(int64_t l, bool grads) const {
   w.attn = {get("self_attn.q_proj.weight"), get("self_attn.k_proj.weight"), get("self_attn.v_proj.weight"),
             get("self_attn.o_proj.weight")};
   w.mlp_norm = get("post_attention_layernorm.weight");
-  w.mlp = {get("mlp.gate_proj.weight"), get("mlp.up_proj.weight"), get("mlp.down_proj.weight")};
+  if (!moe_cfg_.is_moe_layer(l)) {
+    w.mlp = {get("mlp.gate_proj.weight"), get("mlp.up_proj.weight"), get("mlp.down_proj.weight")};
+    return w;
+  }
+  const int64_t E = moe_cfg_.num_experts, D = cfg_.hidden_size, Fe = moe_cfg_.expert_ffn(cfg_.ffn_hidden_size);
+  w.moe.gate_ED = get("block_sparse_moe.gate.weight");
+  if (!grads) w.moe.bias_E = expert_bias_[l];
+  auto block = [&](const char* first, Shape shape) {
+    auto [u, i] = params_.find(expert_name(l, 0, first));
+    const ParamUnit& unit = params_.units()[u];
+    const int64_t n = shape_numel(shape);
+    return (grads ? unit.grad : unit.param).flat_view(unit.params[i].offset, n, std::move(shape));
+  };
+  w.moe.experts = {block("w1", {E, Fe, D}), block("w3", {E, Fe, D}), block("w2", {E, D, Fe})};
+  if (const int64_t Fs = moe_cfg_.shared_expert_hidden_size; Fs > 0) {
+    w.moe.shared = {get("block_sparse_moe.shared_expert.gate_proj.weight").view({1, Fs, D}),
+                    get("block_sparse_moe.shared_expert.up_proj.weight").view({1, Fs, D}),
+                    get("block_sparse_moe.shared_expert.down_proj.weight").view({1, D, Fs})};
+  }
   return w;
 }
 
-int64_t Model::matmul_params() const {
+int64_t Model::active_matmul_params() const {
   const int64_t D = cfg_.hidden_size, hd = cfg_.head_dim();
-  const int64_t per_layer = D * hd * (2 * cfg_.num_heads + 2 * cfg_.num_kv_heads) + 3 * D * cfg_.ffn_hidden_size;
-  return cfg_.num_layers * per_layer + cfg_.vocab_size * D;
+  const int64_t attn = D * hd * (2 * cfg_.num_heads + 2 * cfg_.num_kv_heads);
+  const int64_t dense_mlp = 3 * D * cfg_.ffn_hidden_size;
+  const int64_t moe_mlp = D * moe_cfg_.num_experts +
+                          moe_cfg_.top_k * 3 * D * moe_cfg_.expert_ffn(cfg_.ffn_hidden_size) +
+                          3 * D * moe_cfg_.shared_expert_hidden_size;
+  int64_t n = cfg_.vocab_size * D;
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) n += attn + (moe_cfg_.is_moe_layer(l) ? moe_mlp : dense_mlp);
+  return n;
 }
 
 StepFlops Model::training_flops(int64_t batch, int64_t seq_len) const {
   StepFlops f;
   const double tokens = static_cast<double>(batch) * static_cast<double>(seq_len);
-  f.matmul = 6.0 * static_cast<double>(matmul_params()) * tokens;
+  f.matmul = 6.0 * static_cast<double>(active_matmul_params()) * tokens;
   const double pairs = static_cast<double>(seq_len) * static_cast<double>(seq_len + 1) / 2.0;
   f.attention = 3.0 * 4.0 * static_cast<double>(batch * cfg_.num_heads * cfg_.head_dim()) * pairs *
                 static_cast<double>(cfg_.num_layers);
   return f;
 }
 
-double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_T) const {
+void Model::update_expert_bias(const std::vector<MoeLayerRecord>& loads) {
+  if (!moe_cfg_.expert_bias) return;
+  for (const MoeLayerRecord& r : loads)
+    moe::update_expert_bias(expert_bias_[r.layer], r.routed_per_expert, static_cast<float>(moe_cfg_.bias_update_rate));
+}
+
+double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_T, ForwardStats* stats) const {
   const int64_t B = tokens_BS1.size(0), S = tokens_BS1.size(1) - 1, T = B * S;
   const float eps = static_cast<float>(cfg_.norm_eps);
   // Split each window into inputs [0, S) and targets [1, S].
@@ -80,6 +183,7 @@ double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_
   saved.pos_S = Tensor::empty({S}, DType::i32, MemCategory::activation);
   for (int64_t s = 0; s < S; ++s) saved.pos_S.i32()[s] = static_cast<int32_t>(s);
 
+  std::vector<MoeLayerRecord> records;
   Tensor h = dense::embedding_module_forward(saved.ids_T, params_.param("model.embed_tokens.weight"));  // (T, D)
   saved.layers.assign(cfg_.num_layers, LayerSaved{});
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
@@ -90,22 +194,31 @@ double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_
     add_inplace(y, h);  // residual: y is fresh, h stays saved by the norm
     h = y;
     Tensor m = dense::rmsnorm_module_forward(h, w.mlp_norm, eps, ls.mlp_norm);
-    Tensor z = dense::mlp_module_forward(w.mlp, m, ls.mlp);
+    Tensor z;
+    if (moe_cfg_.is_moe_layer(l)) {
+      moe::MoeLayerStats st;
+      z = moe::moe_layer_forward(moe_opt_, w.moe, m, S, ls.moe, st);
+      records.push_back({l, st.routed_per_expert, st.kept_per_expert, st.losses.aux_loss, st.losses.z_loss});
+    } else {
+      z = dense::mlp_module_forward(w.mlp, m, ls.mlp);
+    }
     add_inplace(z, h);
     h = z;
   }
+  if (stats) stats->accumulate(records);
   Tensor y = dense::rmsnorm_module_forward(h, params_.param("model.norm.weight"), eps, saved.final_norm);
   return dense::lm_head_forward(params_.param("lm_head.weight"), y, targets, saved.head, loss_T);
 }
 
-void Model::backward(ModelSaved& saved, float grad_scale) {
+void Model::backward(ModelSaved& saved, float lm_grad_scale, float aux_scale) {
   Tensor dnorm_w = params_.grad("model.norm.weight"), dhead_w = params_.grad("lm_head.weight");
-  Tensor dy = dense::lm_head_backward(params_.param("lm_head.weight"), saved.head, grad_scale, dhead_w);
+  Tensor dy = dense::lm_head_backward(params_.param("lm_head.weight"), saved.head, lm_grad_scale, dhead_w);
   Tensor dh = dense::rmsnorm_module_backward(dy, params_.param("model.norm.weight"), saved.final_norm, dnorm_w);
   for (int64_t l = cfg_.num_layers - 1; l >= 0; --l) {
     LayerWeights w = layer_views(l, /*grads=*/false), g = layer_views(l, /*grads=*/true);
     LayerSaved& ls = saved.layers[l];
-    Tensor dm = dense::mlp_module_backward(w.mlp, ls.mlp, dh, g.mlp);
+    Tensor dm = moe_cfg_.is_moe_layer(l) ? moe::moe_layer_backward(moe_opt_, w.moe, ls.moe, dh, aux_scale, g.moe)
+                                         : dense::mlp_module_backward(w.mlp, ls.mlp, dh, g.mlp);
     add_inplace(dh, dense::rmsnorm_module_backward(dm, w.mlp_norm, ls.mlp_norm, g.mlp_norm));
     Tensor da = dense::attention_module_backward(attn_opt_, w.attn, ls.attn, dh, g.attn);
     add_inplace(dh, dense::rmsnorm_module_backward(da, w.attn_norm, ls.attn_norm, g.attn_norm));

@@ -1,7 +1,8 @@
 // Model assembly (ARCHITECTURE.md §4): embedding → L pre-norm decoder layers
-// (attention + dense SwiGLU; MoE layers join with the MoE issue) → final norm
-// → LM head → token cross-entropy. Owns the parameter store and the
-// per-micro-batch saved activations; forward and backward are adjacent.
+// (attention + dense SwiGLU or MoE, by the moe layer pattern) → final norm →
+// LM head → token cross-entropy. Owns the parameter store, the expert-bias
+// state and the per-micro-batch saved activations; forward and backward are
+// adjacent.
 #pragma once
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "dense/norm.h"
 #include "engine/config.h"
 #include "engine/params.h"
+#include "moe/moe_layer.h"
 
 namespace origami {
 
@@ -18,7 +20,8 @@ struct LayerSaved {
   dense::RmsNormSaved attn_norm;
   dense::AttentionSaved attn;
   dense::RmsNormSaved mlp_norm;
-  dense::MlpSaved mlp;
+  dense::MlpSaved mlp;       // dense layers
+  moe::MoeLayerSaved moe;    // MoE layers
 };
 
 struct ModelSaved {
@@ -28,9 +31,26 @@ struct ModelSaved {
   dense::LmHeadSaved head;
 };
 
+// Routing statistics of one MoE layer, summed over the micro-batches seen.
+struct MoeLayerRecord {
+  int64_t layer = 0;
+  std::vector<int64_t> routed_per_expert, kept_per_expert;
+  double aux_loss = 0, z_loss = 0;  // summed over micro-batches
+};
+
+// What a forward pass reports besides the LM loss.
+struct ForwardStats {
+  std::vector<MoeLayerRecord> moe;  // one per MoE layer, in layer order
+  void accumulate(const std::vector<MoeLayerRecord>& other);
+  double aux_loss() const;  // Σ over layers
+  double z_loss() const;
+};
+
 // FLOPs of one training step's matmuls and attention, for throughput figures:
-// 6·N_matmul·tokens (forward 2, backward 4) plus causal attention
-// 3 · (2 products · 2 FLOP/MAC) · B·Hq·hd·S(S+1)/2 per layer.
+// 6·N_active·tokens (forward 2, backward 4; N_active = parameters a token
+// multiplies: every linear, the router, top_k experts and the shared expert,
+// the LM head) plus causal attention 3 · (2 products · 2 FLOP/MAC) ·
+// B·Hq·hd·S(S+1)/2 per layer.
 struct StepFlops {
   double matmul = 0, attention = 0;
   double total() const { return matmul + attention; }
@@ -38,19 +58,28 @@ struct StepFlops {
 
 class Model {
  public:
-  Model(const ModelConfig& cfg, uint64_t seed);
+  Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe = {});
 
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
   const ModelConfig& config() const { return cfg_; }
-  // Parameters that multiply activations (everything but the embedding and norms).
-  int64_t matmul_params() const;
+  const MoeConfig& moe_config() const { return moe_cfg_; }
+  int64_t active_matmul_params() const;
   StepFlops training_flops(int64_t batch, int64_t seq_len) const;
 
-  // tokens: i32 [B, S+1] windows. Returns Σ token loss; fills saved for backward.
-  double forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_T = nullptr) const;
-  // Accumulates d(grad_scale · Σ loss)/dθ into the grad buffers; consumes saved.
-  void backward(ModelSaved& saved, float grad_scale);
+  // Expert bias per layer (undefined for dense layers or when disabled).
+  // State, not a parameter: no gradient, no optimizer, updated by
+  // update_expert_bias from a global batch's routed loads.
+  const std::vector<Tensor>& expert_bias() const { return expert_bias_; }
+  void update_expert_bias(const std::vector<MoeLayerRecord>& global_batch_loads);
+
+  // tokens: i32 [B, S+1] windows. Returns Σ token LM loss; fills saved for
+  // backward and, if given, per-layer MoE statistics.
+  double forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_T = nullptr,
+                 ForwardStats* stats = nullptr) const;
+  // Accumulates d(lm_grad_scale · Σ loss + aux_scale · Σ_layers (aux + z))/dθ
+  // into the grad buffers; consumes saved.
+  void backward(ModelSaved& saved, float lm_grad_scale, float aux_scale = 1.0f);
 
  private:
   struct LayerWeights {
@@ -58,12 +87,16 @@ class Model {
     dense::AttentionWeights attn;
     Tensor mlp_norm;
     dense::MlpWeights mlp;
+    moe::MoeLayerWeights moe;
   };
   LayerWeights layer_views(int64_t l, bool grads) const;
 
   ModelConfig cfg_;
+  MoeConfig moe_cfg_;
   dense::AttentionOptions attn_opt_;
+  moe::MoeLayerOptions moe_opt_;
   ParamStore params_;
+  std::vector<Tensor> expert_bias_;
 };
 
 }  // namespace origami

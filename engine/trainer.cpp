@@ -50,7 +50,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
   const int64_t dp = world, dp_rank = rank;  // until TP/CP/PP land, every rank is a DP rank
   const int64_t accum = tc.global_batch / (tc.micro_batch * dp);
 
-  Model model(cfg.model, tc.seed);
+  Model model(cfg.model, tc.seed, cfg.moe);
   AdamW optimizer(cfg.optimizer, cfg.lr_schedule, tc.steps);
   MetricsWriter metrics(rank == 0 ? cfg.logging.dir : std::string());
   TrainSummary summary;
@@ -68,6 +68,10 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
                 static_cast<long long>(tc.global_batch), static_cast<long long>(tc.seq_len), world, num_threads());
 
   const float grad_scale = 1.0f / static_cast<float>(tc.global_batch * tc.seq_len);
+  // Each micro-batch's aux and z losses enter the objective divided by the
+  // number of micro-batches in the global batch (ARCHITECTURE.md §6).
+  const int64_t micro_batches = accum * dp;
+  const float aux_scale = 1.0f / static_cast<float>(micro_batches);
   const StepFlops flops = model.training_flops(tc.global_batch / dp, tc.seq_len);
   Tensor tokens = Tensor::empty({tc.micro_batch, tc.seq_len + 1}, DType::i32, MemCategory::activation);
   const auto t_start = Clock::now();
@@ -76,6 +80,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
     TrackedAllocator::host().reset_peaks();
     model.params().zero_grads();
     double loss_sum = 0;
+    ForwardStats fstats;
     for (int64_t a = 0; a < accum; ++a) {
       load_micro_batch(*data, tc.micro_batch, tc.seq_len,
                        [&](int64_t i) {
@@ -83,16 +88,20 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
                        },
                        tokens);
       ModelSaved saved;
-      loss_sum += model.forward(tokens, saved);
-      model.backward(saved, grad_scale);
+      loss_sum += model.forward(tokens, saved, nullptr, &fstats);
+      model.backward(saved, grad_scale, aux_scale);
     }
     StepStats st = optimizer.step(model.params());
+    model.update_expert_bias(fstats.moe);  // the global batch's loads (one DP rank so far)
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
 
     StepMetrics m;
     m.step = step;
     m.total_steps = tc.steps;
     m.lm_loss = loss_sum / static_cast<double>(tc.global_batch * tc.seq_len);
+    m.aux_loss = fstats.aux_loss() / static_cast<double>(micro_batches);
+    m.z_loss = fstats.z_loss() / static_cast<double>(micro_batches);
+    m.moe = fstats.moe;
     m.grad_norm = st.grad_norm;
     m.lr = st.lr;
     m.tokens = tc.global_batch * tc.seq_len;
@@ -121,7 +130,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
 EvalResult evaluate(const Config& cfg, const std::string& weights_dir, const std::string& data_prefix,
                     int64_t samples) {
   apply_threads(cfg.runtime);
-  Model model(cfg.model, cfg.training.seed);
+  Model model(cfg.model, cfg.training.seed, cfg.moe);
   load_hf_weights(model, weights_dir);
   IndexedDataset indexed = IndexedDataset::open(data_prefix, cfg.model.vocab_size);
   GptDataset data(indexed, cfg.training.seq_len, /*shuffle=*/false, cfg.training.seed);

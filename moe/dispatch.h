@@ -25,10 +25,12 @@ struct Permutation {
   std::vector<int64_t> routed_per_expert;   // [E]: slots routed before dropping
   Tensor row_token_N;                       // i32 [N]: source token, −1 for padding rows
   Tensor row_slot_N;                        // i32 [N]: slot j in [0, k), −1 for padding rows
+  Tensor row_of_TK;                         // i32 [T, k]: permuted row of slot (t, j), −1 if dropped
   int64_t num_rows() const { return row_token_N.numel(); }
 };
 
 // capacity < 0: dropless. pad_to_capacity: every expert gets exactly C rows.
+// kept_TK undefined: every slot is kept.
 Permutation make_permutation(const Tensor& expert_TK, const Tensor& kept_TK, int64_t num_experts,
                              int64_t capacity, bool pad_to_capacity);
 
@@ -39,6 +41,7 @@ void permute_rows_backward(const Tensor& dx_ND, const Permutation& perm, Tensor&
 // out_TD[t] = Σ_j p[t, j] · y_ND[row(t, j)] over kept slots (dropped slots add nothing).
 Tensor unpermute_rows(const Tensor& y_ND, const Permutation& perm, const Tensor& weight_TK, int64_t num_tokens);
 // dy_ND[row] = p[t, j] · dout_TD[t];  dweight_TK[t, j] = <dout_TD[t], y_ND[row]> (0 for dropped slots).
+// Both outputs are overwritten (padding rows of dy_ND zero); undefined ones are allocated.
 void unpermute_rows_backward(const Tensor& dout_TD, const Tensor& y_ND, const Permutation& perm,
                              const Tensor& weight_TK, Tensor& dy_ND, Tensor& dweight_TK);
 

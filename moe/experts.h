@@ -16,11 +16,14 @@ struct ExpertWeights {
   int64_t num_experts() const { return w1_EFD.size(0); }
 };
 
+// x_ND is the caller's tensor, not a copy: keep it unchanged until backward.
 struct ExpertsSaved {
   std::vector<int64_t> rows_per_expert;
   Tensor x_ND, gate_NF, up_NF, h_NF;
 };
 
+// x_ND [N, D]: expert e owns the next rows_per_expert[e] rows (Σ = N, padding
+// rows included; a zero row gives a zero output row). Returns y_ND [N, D].
 Tensor experts_forward(const ExpertWeights& w, const Tensor& x_ND, const std::vector<int64_t>& rows_per_expert,
                        ExpertsSaved& saved);
 // Returns dx_ND; accumulates into `grad`.

@@ -13,6 +13,14 @@ namespace origami::moe {
 
 // Sums statistics over the group the loss is defined on (tp-cp for aux_loss,
 // tp-dp-cp for global_aux_loss). Identity on one rank.
+// router_forward calls it at most once, with one buffer of n = 2·S·E + 2
+// doubles: [routed counts (S·E) | score sums Σ_t s'_te (S·E) | token count |
+// Σ_t lse_t²], S = 1, or sequences per micro-batch for seq_aux_loss, and
+// S·E = 0 when no aux loss is active. It is called iff an aux loss is active
+// (load_balancing != none and aux_loss_coeff != 0) or z_loss_coeff != 0: a
+// function of the options only, so every rank of the group calls it. The
+// z-loss is thus the group's mean too (ARCHITECTURE.md §6), which is what
+// Megatron's z_coeff / (tp·cp) amounts to.
 using StatsReducer = std::function<void(double* data, int64_t n)>;
 
 struct Routing {
@@ -34,6 +42,7 @@ struct RouterSaved {
   // Aux-loss statistics as used in forward (after any reduction), kept for the
   // gradient: routed counts per expert (per sequence for seq_aux_loss) and the
   // token count they are over.
+  // aux_tokens is also the token count of the z-loss mean.
   std::vector<double> aux_counts;
   double aux_tokens = 0;
 };

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/config.h"
@@ -40,6 +41,21 @@ TEST(Config, DefaultsLoad) {
   EXPECT_EQ(c.model.num_kv_heads, d.model.num_kv_heads);
   EXPECT_EQ(c.model.rope_theta, d.model.rope_theta);
   EXPECT_EQ(c.moe.num_experts, 0);
+  EXPECT_FALSE(c.moe.is_moe_layer(0));
+  EXPECT_EQ(c.moe.score_function, moe::ScoreFunction::softmax);
+  EXPECT_FALSE(c.moe.normalize_topk);
+  EXPECT_EQ(c.moe.topk_scaling, 1.0);
+  EXPECT_EQ(c.moe.num_groups, 1);
+  EXPECT_EQ(c.moe.group_topk, 1);
+  EXPECT_EQ(c.moe.load_balancing, moe::LoadBalancing::aux_loss);
+  EXPECT_EQ(c.moe.aux_loss_coeff, d.moe.aux_loss_coeff);
+  EXPECT_EQ(c.moe.z_loss_coeff, 0.0);
+  EXPECT_FALSE(c.moe.expert_bias);
+  EXPECT_EQ(c.moe.bias_update_rate, d.moe.bias_update_rate);
+  EXPECT_FALSE(c.moe.capacity_factor.has_value());  // dropless
+  EXPECT_EQ(c.moe.drop_policy, moe::DropPolicy::probs);
+  EXPECT_FALSE(c.moe.pad_to_capacity);
+  EXPECT_EQ(c.moe.shared_expert_hidden_size, 0);
   EXPECT_EQ(c.parallel.order, "tp-cp-ep-dp-pp");
   EXPECT_EQ(c.parallel.zero_stage, 3);
   EXPECT_EQ(c.training.steps, d.training.steps);
@@ -70,11 +86,25 @@ rope_theta = 500000
 norm_eps = 1e-6
 init_std = 0.01
 [moe]
-num_experts = 0
-top_k = 1
+num_experts = 8
+top_k = 2
 ffn_hidden_size = 64
 first_dense_layers = 1
 layer_freq = 2
+shared_expert_hidden_size = 48
+score_function = "sigmoid"
+normalize_topk = true
+topk_scaling = 2.5
+num_groups = 4
+group_topk = 2
+load_balancing = "seq_aux_loss"
+aux_loss_coeff = 1e-3
+z_loss_coeff = 1e-4
+expert_bias = true
+bias_update_rate = 2e-3
+capacity_factor = 1.25
+drop_policy = "position"
+pad_to_capacity = true
 [parallel]
 tp = 1
 cp = 1
@@ -126,10 +156,31 @@ collective_timeout_s = 30
   EXPECT_EQ(c.model.norm_eps, 1e-6);
   EXPECT_EQ(c.model.init_std, 0.01);
   EXPECT_EQ(c.model.head_dim(), 16);
-  EXPECT_EQ(c.moe.top_k, 1);
+  EXPECT_EQ(c.moe.num_experts, 8);
+  EXPECT_EQ(c.moe.top_k, 2);
   EXPECT_EQ(c.moe.ffn_hidden_size, 64);
   EXPECT_EQ(c.moe.first_dense_layers, 1);
   EXPECT_EQ(c.moe.layer_freq, 2);
+  EXPECT_EQ(c.moe.shared_expert_hidden_size, 48);
+  EXPECT_EQ(c.moe.score_function, moe::ScoreFunction::sigmoid);
+  EXPECT_TRUE(c.moe.normalize_topk);
+  EXPECT_EQ(c.moe.topk_scaling, 2.5);
+  EXPECT_EQ(c.moe.num_groups, 4);
+  EXPECT_EQ(c.moe.group_topk, 2);
+  EXPECT_EQ(c.moe.load_balancing, moe::LoadBalancing::seq_aux_loss);
+  EXPECT_EQ(c.moe.aux_loss_coeff, 1e-3);
+  EXPECT_EQ(c.moe.z_loss_coeff, 1e-4);
+  EXPECT_TRUE(c.moe.expert_bias);
+  EXPECT_EQ(c.moe.bias_update_rate, 2e-3);
+  ASSERT_TRUE(c.moe.capacity_factor.has_value());
+  EXPECT_EQ(*c.moe.capacity_factor, 1.25);
+  EXPECT_EQ(c.moe.drop_policy, moe::DropPolicy::position);
+  EXPECT_TRUE(c.moe.pad_to_capacity);
+  // Layers 1 and 3 of 3 are MoE (first_dense_layers 1, layer_freq 2).
+  EXPECT_FALSE(c.moe.is_moe_layer(0));
+  EXPECT_TRUE(c.moe.is_moe_layer(1));
+  EXPECT_FALSE(c.moe.is_moe_layer(2));
+  EXPECT_EQ(c.moe.expert_ffn(c.model.ffn_hidden_size), 64);
   EXPECT_EQ(c.parallel.order, "tp-cp-dp-ep-pp");
   EXPECT_EQ(c.parallel.zero_stage, 1);
   EXPECT_EQ(c.training.steps, 7);
@@ -226,6 +277,23 @@ TEST(Config, OutOfRange) {
       {"[moe]\nlayer_freq = 0", "moe.layer_freq = 0", "must be >= 1"},
       {"[moe]\nnum_experts = -1", "moe.num_experts = -1", "must be >= 0"},
       {"[moe]\nnum_experts = 4\ntop_k = 5", "moe.top_k = 5", "must be in 1..4"},
+      {"[moe]\nnum_experts = 4\ntop_k = 0", "moe.top_k = 0", "must be in 1..4"},
+      {"[moe]\nffn_hidden_size = -1", "moe.ffn_hidden_size = -1", "must be >= 0"},
+      {"[moe]\nfirst_dense_layers = -1", "moe.first_dense_layers = -1", "must be >= 0"},
+      {"[moe]\nshared_expert_hidden_size = -4", "moe.shared_expert_hidden_size = -4", "must be >= 0"},
+      {"[moe]\ntopk_scaling = 0", "moe.topk_scaling = 0", "must be > 0"},
+      {"[moe]\ntopk_scaling = -2.0", "moe.topk_scaling = -2", "must be > 0"},
+      {"[moe]\ntopk_scaling = inf", "moe.topk_scaling = inf", "must be a finite number"},
+      {"[moe]\nnum_groups = 0", "moe.num_groups = 0", "must be >= 1"},
+      {"[moe]\nnum_groups = 2\ngroup_topk = 3", "moe.group_topk = 3", "must be in 1..2"},
+      {"[moe]\ngroup_topk = 0", "moe.group_topk = 0", "must be in 1..1"},
+      {"[moe]\naux_loss_coeff = -0.01", "moe.aux_loss_coeff = -0.01", "must be >= 0"},
+      {"[moe]\nz_loss_coeff = -1e-3", "moe.z_loss_coeff = -0.001", "must be >= 0"},
+      {"[moe]\nz_loss_coeff = nan", "moe.z_loss_coeff = nan", "must be a finite number"},
+      {"[moe]\nbias_update_rate = -1e-3", "moe.bias_update_rate = -0.001", "must be >= 0"},
+      {"[moe]\ncapacity_factor = 0", "moe.capacity_factor = 0", "must be > 0"},
+      {"[moe]\ncapacity_factor = -1.5", "moe.capacity_factor = -1.5", "must be > 0"},
+      {"[moe]\ncapacity_factor = inf", "moe.capacity_factor = inf", "must be a finite number"},
       {"[parallel]\ntp = 0", "parallel.tp = 0", "must be >= 1"},
       {"[parallel]\nzero_stage = 4", "parallel.zero_stage = 4", "must be in 0..3"},
       {"[training]\nsteps = -1", "training.steps = -1", "must be >= 0"},
@@ -295,10 +363,113 @@ TEST(Config, BadOrderString) {
 }
 
 TEST(Config, FeaturesNotAvailableYet) {
-  expect_error(std::string(kMinimal) + "[moe]\nnum_experts = 8\n",
-               {kFile, "moe.num_experts = 8", "MoE layers are not available yet (moe.num_experts must be 0)"});
   expect_error(std::string(kMinimal) + "[checkpoint]\ninterval = 100\n",
                {kFile, "checkpoint.interval = 100", "checkpointing is not available yet"});
+}
+
+TEST(Config, MoeLayersAreAvailable) {
+  const Config c = parse_config(std::string(kMinimal) + "[moe]\nnum_experts = 8\ntop_k = 2\n", kFile);
+  EXPECT_EQ(c.moe.num_experts, 8);
+  EXPECT_TRUE(c.moe.is_moe_layer(0));
+  EXPECT_EQ(c.moe.expert_ffn(c.model.ffn_hidden_size), c.model.ffn_hidden_size);  // 0: the dense width
+  EXPECT_NO_THROW(validate_for_world(c, 1));
+  // Every enum value is accepted.
+  for (const char* v : {"softmax", "sigmoid"})
+    EXPECT_NO_THROW(parse_config(std::string(kMinimal) + "[moe]\nscore_function = \"" + v + "\"\n", kFile)) << v;
+  const std::pair<const char*, moe::LoadBalancing> lbs[] = {{"aux_loss", moe::LoadBalancing::aux_loss},
+                                                            {"seq_aux_loss", moe::LoadBalancing::seq_aux_loss},
+                                                            {"global_aux_loss", moe::LoadBalancing::global_aux_loss},
+                                                            {"none", moe::LoadBalancing::none}};
+  for (const auto& [name, value] : lbs)
+    EXPECT_EQ(parse_config(kMinimal, kFile, {std::string("moe.load_balancing=") + name}).moe.load_balancing, value)
+        << name;
+  EXPECT_EQ(parse_config(kMinimal, kFile, {"moe.drop_policy=probs"}).moe.drop_policy, moe::DropPolicy::probs);
+  EXPECT_EQ(parse_config(kMinimal, kFile, {"moe.drop_policy=position"}).moe.drop_policy, moe::DropPolicy::position);
+  // An integer capacity factor is a number; a capacity without padding is fine.
+  const Config cap = parse_config(kMinimal, kFile, {"moe.capacity_factor=2"});
+  ASSERT_TRUE(cap.moe.capacity_factor.has_value());
+  EXPECT_EQ(*cap.moe.capacity_factor, 2.0);
+  EXPECT_FALSE(cap.moe.pad_to_capacity);
+  // The load balancing coefficients may be 0.
+  EXPECT_NO_THROW(parse_config(kMinimal, kFile, {"moe.aux_loss_coeff=0", "moe.z_loss_coeff=0",
+                                                 "moe.bias_update_rate=0"}));
+}
+
+TEST(Config, MoeBadEnumNamesValueAndAllowed) {
+  expect_error(std::string(kMinimal) + "[moe]\nscore_function = \"softmx\"\n",
+               {kFile, "moe.score_function = \"softmx\"", "must be one of \"softmax\", \"sigmoid\"",
+                "did you mean \"softmax\""});
+  expect_error(std::string(kMinimal) + "[moe]\nscore_function = \"relu\"\n",
+               {kFile, "moe.score_function = \"relu\"", "must be one of \"softmax\", \"sigmoid\""});
+  expect_error(std::string(kMinimal) + "[moe]\nload_balancing = \"sinkhorn\"\n",
+               {kFile, "moe.load_balancing = \"sinkhorn\"",
+                "must be one of \"aux_loss\", \"seq_aux_loss\", \"global_aux_loss\", \"none\""});
+  expect_error(std::string(kMinimal) + "[moe]\ndrop_policy = \"random\"\n",
+               {kFile, "moe.drop_policy = \"random\"", "must be one of \"probs\", \"position\""});
+  // Exact spelling only.
+  expect_error(std::string(kMinimal) + "[moe]\nscore_function = \"Softmax\"\n",
+               {kFile, "moe.score_function = \"Softmax\"", "must be one of", "did you mean \"softmax\""});
+  // Wrong types name the allowed values too.
+  expect_error(std::string(kMinimal) + "[moe]\nscore_function = 1\n",
+               {kFile, "moe.score_function = 1", "expected a string, one of \"softmax\", \"sigmoid\"",
+                "got an integer"});
+  expect_error(std::string(kMinimal) + "[moe]\nnormalize_topk = \"yes\"\n",
+               {kFile, "moe.normalize_topk", "expected a boolean", "got a string"});
+  expect_error(std::string(kMinimal) + "[moe]\nexpert_bias = 1\n", {kFile, "moe.expert_bias", "expected a boolean"});
+  expect_error(std::string(kMinimal) + "[moe]\npad_to_capacity = 0\n",
+               {kFile, "moe.pad_to_capacity", "expected a boolean"});
+  expect_error(std::string(kMinimal) + "[moe]\ncapacity_factor = \"1.5\"\n",
+               {kFile, "moe.capacity_factor = \"1.5\"", "expected a number, got a string"});
+  expect_error(std::string(kMinimal) + "[moe]\ntopk_scaling = true\n",
+               {kFile, "moe.topk_scaling = true", "expected a number, got a boolean"});
+  // An override names itself.
+  expect_error(kMinimal, {"--set moe.drop_policy=first", "moe.drop_policy = \"first\"", "must be one of"},
+               {"moe.drop_policy=first"});
+}
+
+TEST(Config, MoeGroupsDivideExperts) {
+  expect_error(std::string(kMinimal) + "[moe]\nnum_experts = 8\nnum_groups = 3\ngroup_topk = 1\n",
+               {kFile, "moe.num_experts = 8 must be divisible by moe.num_groups = 3"});
+  EXPECT_NO_THROW(parse_config(std::string(kMinimal) + "[moe]\nnum_experts = 8\nnum_groups = 4\ngroup_topk = 2\n",
+                               kFile));
+  // Without experts there is nothing to group.
+  EXPECT_NO_THROW(parse_config(std::string(kMinimal) + "[moe]\nnum_groups = 3\n", kFile));
+}
+
+TEST(Config, MoeTopKDivisibleByGroupTopK) {
+  expect_error(std::string(kMinimal) + "[moe]\nnum_experts = 8\ntop_k = 3\nnum_groups = 4\ngroup_topk = 2\n",
+               {kFile, "moe.top_k = 3 must be divisible by moe.group_topk = 2"});
+  // With one group there is no group score, so top_k is free.
+  EXPECT_NO_THROW(parse_config(std::string(kMinimal) + "[moe]\nnum_experts = 8\ntop_k = 3\n", kFile));
+  expect_error(kMinimal, {"--set moe.group_topk=2", "moe.top_k = 3 must be divisible by moe.group_topk = 2"},
+               {"moe.num_experts=8", "moe.top_k=3", "moe.num_groups=4", "moe.group_topk=2"});
+}
+
+TEST(Config, MoeTopKReachableInKeptGroups) {
+  // 8 experts in 4 groups of 2; keeping 1 group leaves 2 experts for top-4.
+  expect_error(std::string(kMinimal) + "[moe]\nnum_experts = 8\ntop_k = 4\nnum_groups = 4\ngroup_topk = 1\n",
+               {kFile, "moe.top_k = 4 must be <= moe.group_topk · (moe.num_experts / moe.num_groups) = 1 · (8 / 4) = 2"});
+  EXPECT_NO_THROW(
+      parse_config(std::string(kMinimal) + "[moe]\nnum_experts = 8\ntop_k = 4\nnum_groups = 4\ngroup_topk = 2\n",
+                   kFile));
+}
+
+TEST(Config, MoePadToCapacityNeedsCapacity) {
+  expect_error(std::string(kMinimal) + "[moe]\npad_to_capacity = true\n",
+               {kFile, "moe.pad_to_capacity = true requires moe.capacity_factor"});
+  expect_error(kMinimal, {"--set moe.pad_to_capacity=true", "requires moe.capacity_factor"},
+               {"moe.pad_to_capacity=true"});
+  EXPECT_TRUE(
+      parse_config(std::string(kMinimal) + "[moe]\npad_to_capacity = true\ncapacity_factor = 1.0\n", kFile)
+          .moe.pad_to_capacity);
+}
+
+TEST(Config, MoeUnknownKeySuggests) {
+  expect_error(std::string(kMinimal) + "[moe]\nnum_expert = 8\n",
+               {kFile, "unknown key 'moe.num_expert'", "did you mean 'moe.num_experts'"});
+  expect_error(std::string(kMinimal) + "[moe]\ntopk = 2\n", {kFile, "unknown key 'moe.topk'", "did you mean"});
+  expect_error(std::string(kMinimal) + "[model]\nnum_experts = 8\n",
+               {kFile, "unknown key 'model.num_experts'", "did you mean 'moe.num_experts'"});
 }
 
 TEST(Config, DataPathRequiredToTrain) {
@@ -439,6 +610,61 @@ TEST(Config, ShippedConfigsLoad) {
   EXPECT_EQ(bench.model.num_heads, 8);
   EXPECT_EQ(bench.model.num_kv_heads, 8);
   EXPECT_EQ(bench.model.ffn_hidden_size, 1408);
+  EXPECT_EQ(bench.training.seq_len, 512);
+  EXPECT_EQ(bench.training.micro_batch, 8);
+  EXPECT_EQ(bench.training.global_batch, 8);
+  EXPECT_EQ(bench.model.vocab_size, 257);
+  EXPECT_EQ(bench.data.path, "data/fortunes");
+  EXPECT_NO_THROW(validate_for_world(bench, 1));
+}
+
+TEST(Config, ShippedMoeConfigsLoad) {
+  const std::string root = ORIGAMI_SOURCE_DIR;
+  const Config tiny = load_config(root + "/configs/tiny-moe.toml");
+  EXPECT_EQ(tiny.model.vocab_size, 257);
+  EXPECT_EQ(tiny.model.hidden_size, 128);
+  EXPECT_EQ(tiny.model.num_layers, 4);
+  EXPECT_EQ(tiny.model.num_heads, 4);
+  EXPECT_EQ(tiny.model.num_kv_heads, 2);
+  EXPECT_EQ(tiny.model.ffn_hidden_size, 352);
+  EXPECT_EQ(tiny.moe.num_experts, 8);
+  EXPECT_EQ(tiny.moe.top_k, 2);
+  EXPECT_EQ(tiny.moe.ffn_hidden_size, 128);
+  EXPECT_EQ(tiny.moe.first_dense_layers, 1);
+  EXPECT_EQ(tiny.moe.layer_freq, 1);
+  EXPECT_FALSE(tiny.moe.is_moe_layer(0));
+  for (int l = 1; l < 4; ++l) EXPECT_TRUE(tiny.moe.is_moe_layer(l)) << l;
+  EXPECT_EQ(tiny.moe.load_balancing, moe::LoadBalancing::aux_loss);
+  EXPECT_EQ(tiny.moe.aux_loss_coeff, 1e-2);
+  EXPECT_FALSE(tiny.moe.capacity_factor.has_value());
+  EXPECT_EQ(tiny.training.seq_len, 128);
+  EXPECT_EQ(tiny.training.global_batch, 16);
+  EXPECT_EQ(tiny.training.micro_batch, 2);
+  EXPECT_EQ(tiny.training.steps, 300);
+  EXPECT_EQ(tiny.optimizer.lr, 3e-3);
+  EXPECT_EQ(tiny.lr_schedule.warmup_steps, 20);
+  EXPECT_EQ(tiny.lr_schedule.min_lr, 3e-4);
+  EXPECT_EQ(tiny.data.path, "data/fortunes");
+  EXPECT_EQ(tiny.logging.dir, "runs/tiny-moe");
+  EXPECT_EQ(tiny.exp.dir, "runs/tiny-moe/export");
+  // Room for the parity layouts: TP/CP/EP 2, DP up to 8.
+  EXPECT_EQ(tiny.model.num_heads % 2, 0);
+  EXPECT_EQ(tiny.model.num_kv_heads % 2, 0);
+  EXPECT_GE(tiny.model.num_layers, 4);
+  EXPECT_EQ(tiny.training.seq_len % 8, 0);
+  EXPECT_EQ(tiny.training.global_batch % (tiny.training.micro_batch * 8), 0);
+  EXPECT_NO_THROW(validate_for_world(tiny, 1));
+
+  const Config bench = load_config(root + "/configs/bench-moe.toml");
+  EXPECT_EQ(bench.model.hidden_size, 512);
+  EXPECT_EQ(bench.model.num_layers, 4);
+  EXPECT_EQ(bench.model.num_heads, 8);
+  EXPECT_EQ(bench.model.num_kv_heads, 8);
+  EXPECT_EQ(bench.moe.num_experts, 16);
+  EXPECT_EQ(bench.moe.top_k, 2);
+  EXPECT_EQ(bench.moe.ffn_hidden_size, 704);
+  EXPECT_EQ(bench.moe.first_dense_layers, 0);
+  for (int l = 0; l < 4; ++l) EXPECT_TRUE(bench.moe.is_moe_layer(l)) << l;
   EXPECT_EQ(bench.training.seq_len, 512);
   EXPECT_EQ(bench.training.micro_batch, 8);
   EXPECT_EQ(bench.training.global_batch, 8);

@@ -40,16 +40,20 @@ struct GemmCase {
 };
 
 // The GEMMs of one micro-batch's forward and backward: every 2-D parameter but
-// the embedding table is a linear [out, in] applied to T tokens.
+// the embedding table is a linear [out, in] applied to T tokens, except
+// routed experts, which see T·k/E rows each on average.
 std::vector<GemmCase> step_gemms(const Model& model, int64_t T) {
+  const MoeConfig& moe = model.moe_config();
+  const int64_t expert_rows = moe.num_experts > 0 ? std::max<int64_t>(1, T * moe.top_k / moe.num_experts) : T;
   std::vector<GemmCase> cases;
   for (const ParamUnit& u : model.params().units())
     for (const ParamInfo& p : u.params) {
       if (p.shape.size() != 2 || p.name == "model.embed_tokens.weight") continue;
       const int64_t out = p.shape[0], in = p.shape[1];
-      cases.push_back({T, out, in, Trans::no, Trans::yes});   // Y = X·Wᵀ
-      cases.push_back({T, in, out, Trans::no, Trans::no});    // dX = dY·W
-      cases.push_back({out, in, T, Trans::yes, Trans::no});   // dW += dYᵀ·X
+      const int64_t rows = p.name.find(".experts.") != std::string::npos ? expert_rows : T;
+      cases.push_back({rows, out, in, Trans::no, Trans::yes});   // Y = X·Wᵀ
+      cases.push_back({rows, in, out, Trans::no, Trans::no});    // dX = dY·W
+      cases.push_back({out, in, rows, Trans::yes, Trans::no});   // dW += dYᵀ·X
     }
   return cases;
 }
@@ -89,7 +93,7 @@ void run_bench_step(const std::string& config_path, const std::vector<std::strin
   cfg.training.steps = std::max(cfg.training.steps, static_cast<int64_t>(steps + warmup));
   set_num_threads(cfg.runtime.threads > 0 ? static_cast<int>(cfg.runtime.threads) : default_threads_per_rank());
   const TrainingConfig& tc = cfg.training;
-  Model model(cfg.model, tc.seed);
+  Model model(cfg.model, tc.seed, cfg.moe);
   AdamW optimizer(cfg.optimizer, cfg.lr_schedule, cfg.training.steps);
   const int64_t accum = tc.global_batch / tc.micro_batch;
   std::mt19937 rng(std::random_device{}());
@@ -151,6 +155,7 @@ void run_bench_step(const std::string& config_path, const std::vector<std::strin
 void add_bench_command(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Throughput benchmarks (median of repeats, with a baseline)");
   bench->require_subcommand(1);
+  add_bench_comm_command(*bench);
   struct Args {
     std::string config;
     std::vector<std::string> overrides;
@@ -165,6 +170,7 @@ void add_bench_command(CLI::App& app) {
   step->add_option("--warmup", args->warmup, "Untimed warm-up steps")->check(CLI::Range(0, 1000));
   step->add_flag("--json", args->json, "Print one JSON object");
   step->callback([args] { run_bench_step(args->config, args->overrides, args->steps, args->warmup, args->json); });
+  add_bench_moe_layer_command(*bench);
 }
 
 }  // namespace origami::tools

@@ -1,9 +1,25 @@
 #!/usr/bin/python3
-"""Independent float64 reference for Origami's dense model (ARCHITECTURE.md §4, §6, §8).
+"""Independent float64 reference for Origami's model (ARCHITECTURE.md §4, §6, §8).
 
 Reads Origami's exported Hugging Face weights (model.safetensors + config.json)
 and Megatron indexed datasets (.bin/.idx) with its own parsers (numpy only) and
 recomputes, in torch float64 with autograd:
+
+  Dense (Llama) and MoE (Mixtral-named) models. An MoE export has
+  "model_type": "mixtral", num_local_experts, num_experts_per_tok,
+  moe_intermediate_size (expert width; intermediate_size is the dense width)
+  and the DeepSeek-style routing fields scoring_func ("softmax" | "sigmoid"),
+  norm_topk_prob, routed_scaling_factor, first_k_dense_replace,
+  moe_layer_freq, n_group, topk_group, shared_expert_intermediate_size
+  (absent fields take plain Mixtral's meaning: softmax, renormalized top-k,
+  scale 1, every layer MoE, no groups, no shared expert). Layer l is MoE iff
+  l >= first_k_dense_replace and (l - first_k_dense_replace) % moe_layer_freq
+  == 0. Routing is dropless: z = m·Wr^T, s = softmax(z) | sigmoid(z), top-k
+  of s + expert_bias (ties to the lower index; group-limited when n_group > 1:
+  a group scores the sum of its top k/topk_group values, the best topk_group
+  groups stay eligible), p = s at the chosen experts, p /= sum(p) + 1e-20 if
+  norm_topk_prob, p *= routed_scaling_factor, out = sum_j p_j SwiGLU_e_j(m) +
+  SwiGLU_shared(m).
 
   eval  --weights DIR --data PREFIX --samples N --seq-len S [--batch B]
         mean token cross-entropy over the first N windows in file order;
@@ -20,7 +36,10 @@ recomputes, in torch float64 with autograd:
         --config-json holds: seq_len, global_batch, lr, beta1, beta2, eps,
         weight_decay, clip_grad, warmup_steps, decay_steps, total_steps, min_lr
         (optional: step, default 1; only step 1 is meaningful from fresh
-        optimizer state).
+        optimizer state). MoE models only without auxiliary losses: the step
+        replays the lm loss alone, so config.json must say
+        router_aux_loss_coef = 0 and expert_bias false (and the run must
+        have z_loss_coeff = 0, which config.json does not record).
 
 Nothing here imports or mirrors Origami code: it is written from the spec so a
 shared misunderstanding cannot hide. Malformed input (files, headers, shapes,
@@ -188,6 +207,60 @@ def read_safetensors(path):
 
 CONFIG_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "rms_norm_eps", "rope_theta")
+MOE_KEYS = ("num_local_experts", "num_experts_per_tok")
+
+
+def _int_field(cfg, cfg_path, key, default, lo):
+    v = cfg.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise InputError(f"{cfg_path}: {key} = {json.dumps(v)}: must be an integer >= {lo}")
+    return v
+
+
+def read_moe_config(cfg, cfg_path, F):
+    """The MoE hyper-parameters of an MoE config.json, or None for a dense one."""
+    is_moe = cfg.get("model_type") == "mixtral" or "MixtralForCausalLM" in (cfg.get("architectures") or [])
+    if not is_moe:
+        if cfg.get("num_local_experts", 0):
+            raise InputError(f"{cfg_path}: num_local_experts = {cfg['num_local_experts']} but model_type is "
+                             f"{json.dumps(cfg.get('model_type'))}, not \"mixtral\"")
+        return None
+    missing = [k for k in MOE_KEYS if k not in cfg]
+    if missing:
+        raise InputError(f"{cfg_path}: model_type \"mixtral\" but missing keys {missing}")
+    E = _int_field(cfg, cfg_path, "num_local_experts", None, 1)
+    k = _int_field(cfg, cfg_path, "num_experts_per_tok", None, 1)
+    if k > E:
+        raise InputError(f"{cfg_path}: num_experts_per_tok = {k} must be <= num_local_experts = {E}")
+    Fe = _int_field(cfg, cfg_path, "moe_intermediate_size", F, 1)
+    score = cfg.get("scoring_func", "softmax")
+    if score not in ("softmax", "sigmoid"):
+        raise InputError(f"{cfg_path}: scoring_func = {json.dumps(score)}: must be \"softmax\" or \"sigmoid\"")
+    norm = cfg.get("norm_topk_prob", True)
+    if not isinstance(norm, bool):
+        raise InputError(f"{cfg_path}: norm_topk_prob = {json.dumps(norm)}: must be a boolean")
+    scale = cfg.get("routed_scaling_factor", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise InputError(f"{cfg_path}: routed_scaling_factor = {json.dumps(scale)}: must be a number > 0")
+    first = _int_field(cfg, cfg_path, "first_k_dense_replace", 0, 0)
+    freq = _int_field(cfg, cfg_path, "moe_layer_freq", 1, 1)
+    G = _int_field(cfg, cfg_path, "n_group", 1, 1)
+    TG = _int_field(cfg, cfg_path, "topk_group", 1, 1)
+    Fs = _int_field(cfg, cfg_path, "shared_expert_intermediate_size", 0, 0)
+    if E % G != 0:
+        raise InputError(f"{cfg_path}: num_local_experts = {E} must be divisible by n_group = {G}")
+    if TG > G:
+        raise InputError(f"{cfg_path}: topk_group = {TG} must be <= n_group = {G}")
+    if G > 1 and (k % TG != 0 or k > TG * (E // G)):
+        raise InputError(f"{cfg_path}: num_experts_per_tok = {k} must be a multiple of topk_group = {TG} and "
+                         f"<= topk_group * num_local_experts / n_group = {TG * (E // G)}")
+    return dict(E=E, k=k, Fe=Fe, score=score, norm=norm, scale=float(scale), first=first, freq=freq, G=G, TG=TG,
+                Fs=Fs)
+
+
+def is_moe_layer(hp, l):
+    mo = hp.get("moe")
+    return mo is not None and l >= mo["first"] and (l - mo["first"]) % mo["freq"] == 0
 
 
 def read_model_dir(d):
@@ -209,9 +282,13 @@ def read_model_dir(d):
         raise InputError(f"{cfg_path}: inconsistent heads: hidden {D}, heads {nh}, kv heads {nkv}, head_dim {hd}")
     if cfg.get("tie_word_embeddings", False):
         raise InputError(f"{cfg_path}: tie_word_embeddings is true; Origami's lm_head is untied")
+    mo = read_moe_config(cfg, cfg_path, F)
+    hp = dict(V=V, D=D, F=F, L=L, nh=nh, nkv=nkv, hd=hd, eps=float(cfg["rms_norm_eps"]),
+              theta=float(cfg["rope_theta"]), moe=mo)
     w = read_safetensors(os.path.join(d, "model.safetensors"))
 
     expect = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,), "lm_head.weight": (V, D)}
+    optional = {}
     for l in range(L):
         p = f"model.layers.{l}."
         expect.update({
@@ -221,27 +298,92 @@ def read_model_dir(d):
             p + "self_attn.k_proj.weight": (nkv * hd, D),
             p + "self_attn.v_proj.weight": (nkv * hd, D),
             p + "self_attn.o_proj.weight": (D, nh * hd),
-            p + "mlp.gate_proj.weight": (F, D),
-            p + "mlp.up_proj.weight": (F, D),
-            p + "mlp.down_proj.weight": (D, F),
         })
+        if is_moe_layer(hp, l):
+            E, Fe, Fs = mo["E"], mo["Fe"], mo["Fs"]
+            b = p + "block_sparse_moe."
+            expect[b + "gate.weight"] = (E, D)
+            for e in range(E):
+                expect.update({b + f"experts.{e}.w1.weight": (Fe, D), b + f"experts.{e}.w3.weight": (Fe, D),
+                               b + f"experts.{e}.w2.weight": (D, Fe)})
+            if Fs > 0:
+                expect.update({b + "shared_expert.gate_proj.weight": (Fs, D),
+                               b + "shared_expert.up_proj.weight": (Fs, D),
+                               b + "shared_expert.down_proj.weight": (D, Fs)})
+            optional[b + "expert_bias"] = (E,)
+        else:
+            expect.update({
+                p + "mlp.gate_proj.weight": (F, D),
+                p + "mlp.up_proj.weight": (F, D),
+                p + "mlp.down_proj.weight": (D, F),
+            })
     missing = sorted(set(expect) - set(w))
-    extra = sorted(set(w) - set(expect))
+    extra = sorted(set(w) - set(expect) - set(optional))
     if missing or extra:
         raise InputError(f"{d}/model.safetensors: missing tensors {missing[:6]}, unexpected {extra[:6]}")
-    for name, shape in expect.items():
+    for name, shape in list(expect.items()) + [(n, s) for n, s in optional.items() if n in w]:
         if tuple(w[name].shape) != shape:
             raise InputError(f"{d}/model.safetensors: {name} has shape {list(w[name].shape)}, expected {list(shape)}")
         if not np.all(np.isfinite(w[name])):
             raise InputError(f"{d}/model.safetensors: {name} has non-finite values")
-    hp = dict(V=V, D=D, F=F, L=L, nh=nh, nkv=nkv, hd=hd, eps=float(cfg["rms_norm_eps"]),
-              theta=float(cfg["rope_theta"]))
+    if mo is not None:
+        hp["aux_loss_coef"] = float(cfg.get("router_aux_loss_coef", 0.0))
+        hp["expert_bias"] = bool(cfg.get("expert_bias", False))
     return hp, w
 
 
 # --------------------------------------------------------------------------
 # The model, float64
 # --------------------------------------------------------------------------
+
+def topk_lower_index_first(torch, x, k):
+    """Indices of the k largest entries along the last dim; equal values rank the lower index first."""
+    return torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
+
+
+def route(torch, mo, z, bias=None):
+    """Router logits z [N, E] -> (experts [N, k], weights [N, k], scores [N, E])."""
+    E, k, G, TG = mo["E"], mo["k"], mo["G"], mo["TG"]
+    s = torch.softmax(z, -1) if mo["score"] == "softmax" else torch.sigmoid(z)
+    sel = s.detach()
+    if bias is not None:
+        sel = sel + bias.detach()
+    if G > 1:
+        N = sel.shape[0]
+        grouped = sel.view(N, G, E // G)
+        top_in_group = torch.sort(grouped, dim=-1, descending=True).values[..., : k // TG]
+        group_score = top_in_group.sum(-1)  # [N, G]
+        keep = torch.zeros(N, G, dtype=torch.bool)
+        keep.scatter_(1, topk_lower_index_first(torch, group_score, TG), True)
+        keep = keep[:, :, None].expand(N, G, E // G).reshape(N, E)
+        sel = sel.masked_fill(~keep, float("-inf"))
+    idx = topk_lower_index_first(torch, sel, k)  # [N, k]
+    p = s.gather(1, idx)
+    if mo["norm"]:
+        p = p / (p.sum(-1, keepdim=True) + 1e-20)
+    return idx, p * mo["scale"], s
+
+
+def moe_mlp(torch, mo, P, b, m):
+    """The MoE block (prefix b = 'model.layers.{l}.block_sparse_moe.') on m [..., D]; dropless."""
+    silu = torch.nn.functional.silu
+    shape = m.shape
+    x = m.reshape(-1, shape[-1])
+    idx, p, _ = route(torch, mo, x @ P[b + "gate.weight"].T, P.get(b + "expert_bias"))
+    out = torch.zeros_like(x)
+    for e in range(mo["E"]):
+        rows, slot = (idx == e).nonzero(as_tuple=True)  # tokens that chose e, and in which slot
+        if rows.numel() == 0:
+            continue
+        xe = x[rows]
+        y = (silu(xe @ P[b + f"experts.{e}.w1.weight"].T) * (xe @ P[b + f"experts.{e}.w3.weight"].T)) \
+            @ P[b + f"experts.{e}.w2.weight"].T
+        out = out.index_add(0, rows, y * p[rows, slot][:, None])
+    if mo["Fs"] > 0:
+        out = out + (silu(x @ P[b + "shared_expert.gate_proj.weight"].T) * (x @ P[b + "shared_expert.up_proj.weight"].T)) \
+            @ P[b + "shared_expert.down_proj.weight"].T
+    return out.reshape(shape)
+
 
 def lm_loss(torch, hp, P, tokens):
     """Mean token cross-entropy of tokens [B, S+1] (inputs [:, :-1], targets [:, 1:])."""
@@ -282,9 +424,12 @@ def lm_loss(torch, hp, P, tokens):
         o = o.transpose(1, 2).reshape(B, S, nh * hd)
         h = h + o @ P[p + "self_attn.o_proj.weight"].T
         m = rmsnorm(h, P[p + "post_attention_layernorm.weight"])
-        g = m @ P[p + "mlp.gate_proj.weight"].T
-        u = m @ P[p + "mlp.up_proj.weight"].T
-        h = h + (F.silu(g) * u) @ P[p + "mlp.down_proj.weight"].T
+        if is_moe_layer(hp, l):
+            h = h + moe_mlp(torch, hp["moe"], P, p + "block_sparse_moe.", m)
+        else:
+            g = m @ P[p + "mlp.gate_proj.weight"].T
+            u = m @ P[p + "mlp.up_proj.weight"].T
+            h = h + (F.silu(g) * u) @ P[p + "mlp.down_proj.weight"].T
     logits = rmsnorm(h, P["model.norm.weight"]) @ P["lm_head.weight"].T
     return F.cross_entropy(logits.reshape(B * S, -1), tgt.reshape(B * S), reduction="mean")
 
@@ -353,6 +498,10 @@ def cmd_step(args):
     hp1, w1 = read_model_dir(args.weights_after)
     if hp != hp1:
         raise InputError(f"{args.weights_before} and {args.weights_after}: configs differ: {hp} vs {hp1}")
+    if hp["moe"] is not None and (hp["aux_loss_coef"] != 0 or hp["expert_bias"]):
+        raise InputError(f"{args.weights_before}/config.json: router_aux_loss_coef = {hp['aux_loss_coef']}, "
+                         f"expert_bias = {str(hp['expert_bias']).lower()}: step replays the lm loss only, so an MoE "
+                         f"model needs router_aux_loss_coef 0 and expert_bias false")
     stream = token_stream(args.data, hp["V"])
     S, B = int(c["seq_len"]), int(c["global_batch"])
     toks = windows(stream, S, (step - 1) * B, B)
@@ -362,6 +511,9 @@ def cmd_step(args):
     loss = lm_loss(torch, hp, P, toks)
     loss.backward()
     params = [P[n] for n in names]
+    for t in params:  # an expert no token chose (or the selection-only bias) gets a zero gradient, still decayed
+        if t.grad is None:
+            t.grad = torch.zeros_like(t)
     if float(c["clip_grad"]) > 0:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, float(c["clip_grad"])))
     else:

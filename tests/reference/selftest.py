@@ -2,8 +2,11 @@
 """Self-test of tests/reference/reference.py, independent of Origami.
 
 Writes .idx/.bin and safetensors files with plain numpy, checks the parsers
-read them back, checks the vectorized torch model against a naive per-token
-numpy loop, checks the LR schedule, and checks that malformed inputs exit 2.
+read them back, checks the vectorized torch model (dense and MoE: softmax /
+sigmoid routing, top-k renormalization and scaling, group-limited routing,
+expert bias, shared expert, dense/MoE layer interleaving) against a naive
+per-token numpy loop, checks the LR schedule, and checks that malformed inputs
+exit 2.
 Prints "N passed, 0 failed" and exits 0 when everything holds.
 
 Run: /usr/bin/python3 tests/reference/selftest.py
@@ -93,6 +96,94 @@ def random_model(rng, V=37, D=16, F=24, L=2, nh=4, nkv=2, theta=10000.0, eps=1e-
     return cfg, w
 
 
+MOE_DEFAULTS = {"num_local_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 12,
+                "scoring_func": "softmax", "norm_topk_prob": False, "routed_scaling_factor": 1.0,
+                "first_k_dense_replace": 1, "moe_layer_freq": 1, "n_group": 1, "topk_group": 1,
+                "shared_expert_intermediate_size": 0}
+
+
+def random_moe_model(rng, L=3, bias=False, router_std=1.0, **moe):
+    """A Mixtral-named model whose MoE fields are MOE_DEFAULTS updated by `moe`."""
+    cfg, w = random_model(rng, L=L)
+    m = dict(MOE_DEFAULTS, **moe)
+    cfg.update(m)
+    cfg.update({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "router_aux_loss_coef": 0.0,
+                "expert_bias": bias})
+    D, E, Fe, Fs = cfg["hidden_size"], m["num_local_experts"], m["moe_intermediate_size"], \
+        m["shared_expert_intermediate_size"]
+    for l in range(L):
+        if not (l >= m["first_k_dense_replace"] and (l - m["first_k_dense_replace"]) % m["moe_layer_freq"] == 0):
+            continue
+        p = f"model.layers.{l}."
+        for k in ("gate_proj", "up_proj", "down_proj"):
+            del w[p + f"mlp.{k}.weight"]
+        b = p + "block_sparse_moe."
+        w[b + "gate.weight"] = rng.normal(0, router_std, (E, D))
+        for e in range(E):
+            w[b + f"experts.{e}.w1.weight"] = rng.normal(0, 0.3, (Fe, D))
+            w[b + f"experts.{e}.w3.weight"] = rng.normal(0, 0.3, (Fe, D))
+            w[b + f"experts.{e}.w2.weight"] = rng.normal(0, 0.3, (D, Fe))
+        if Fs:
+            w[b + "shared_expert.gate_proj.weight"] = rng.normal(0, 0.3, (Fs, D))
+            w[b + "shared_expert.up_proj.weight"] = rng.normal(0, 0.3, (Fs, D))
+            w[b + "shared_expert.down_proj.weight"] = rng.normal(0, 0.3, (D, Fs))
+        if bias:
+            w[b + "expert_bias"] = rng.normal(0, 0.2, E)
+    w = {k: np.asarray(v).astype(np.float32).astype(np.float64) for k, v in w.items()}
+    return cfg, w
+
+
+def naive_is_moe(cfg, l):
+    if cfg.get("model_type") != "mixtral":
+        return False
+    f = cfg["first_k_dense_replace"]
+    return l >= f and (l - f) % cfg["moe_layer_freq"] == 0
+
+
+def naive_swiglu(x, wg, wu, wd):
+    g = wg @ x
+    return wd @ (g / (1 + np.exp(-g)) * (wu @ x))
+
+
+def naive_route(cfg, z, bias):
+    """One token: returns [(expert, weight)], written from the spec with plain Python sorting."""
+    E, k = cfg["num_local_experts"], cfg["num_experts_per_tok"]
+    G, TG = cfg["n_group"], cfg["topk_group"]
+    if cfg["scoring_func"] == "softmax":
+        ez = [math.exp(v - max(z)) for v in z]
+        s = [v / sum(ez) for v in ez]
+    else:
+        s = [1 / (1 + math.exp(-v)) for v in z]
+    sel = [s[e] + (bias[e] if bias is not None else 0.0) for e in range(E)]
+    eligible = list(range(E))
+    if G > 1:
+        n = E // G
+        gscore = [sum(sorted(sel[g * n:(g + 1) * n], reverse=True)[:k // TG]) for g in range(G)]
+        kept = sorted(range(G), key=lambda g: (-gscore[g], g))[:TG]
+        eligible = [e for e in range(E) if e // n in kept]
+    chosen = sorted(eligible, key=lambda e: (-sel[e], e))[:k]
+    p = [s[e] for e in chosen]
+    if cfg["norm_topk_prob"]:
+        tot = sum(p)
+        p = [v / (tot + 1e-20) for v in p]
+    return [(e, v * cfg["routed_scaling_factor"]) for e, v in zip(chosen, p)]
+
+
+def naive_mlp(cfg, w, l, m):
+    p = f"model.layers.{l}."
+    if not naive_is_moe(cfg, l):
+        return naive_swiglu(m, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"])
+    b = p + "block_sparse_moe."
+    out = np.zeros_like(m)
+    for e, pe in naive_route(cfg, w[b + "gate.weight"] @ m, w.get(b + "expert_bias")):
+        out += pe * naive_swiglu(m, w[b + f"experts.{e}.w1.weight"], w[b + f"experts.{e}.w3.weight"],
+                                 w[b + f"experts.{e}.w2.weight"])
+    if cfg.get("shared_expert_intermediate_size", 0):
+        out += naive_swiglu(m, w[b + "shared_expert.gate_proj.weight"], w[b + "shared_expert.up_proj.weight"],
+                            w[b + "shared_expert.down_proj.weight"])
+    return out
+
+
 def save_model(d, cfg, w, dtype="F32"):
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "config.json"), "w") as f:
@@ -143,9 +234,7 @@ def naive_loss(cfg, w, tokens):
                     o[j * hd:(j + 1) * hd] = sum(pr[u] * Vv[u][kv] for u in range(t + 1))
                 x = h[t] + w[p + "self_attn.o_proj.weight"] @ o
                 m = norm(x, w[p + "post_attention_layernorm.weight"])
-                g = w[p + "mlp.gate_proj.weight"] @ m
-                u = w[p + "mlp.up_proj.weight"] @ m
-                x = x + w[p + "mlp.down_proj.weight"] @ (g / (1 + np.exp(-g)) * u)
+                x = x + naive_mlp(cfg, w, l, m)
                 new_h.append(x)
             h = new_h
         for t in range(S):
@@ -235,6 +324,79 @@ def test_model_vs_naive(tmp):
         naive = naive_loss(cfg, w, toks)
         check(abs(ours - naive) <= 1e-10 * abs(naive), f"nkv={nkv}: torch {ours!r} vs naive {naive!r}")
     PASSED.append("model")
+
+
+MOE_VARIANTS = [
+    ("softmax", {}),
+    ("softmax norm", {"norm_topk_prob": True}),
+    ("sigmoid norm x2.5", {"scoring_func": "sigmoid", "norm_topk_prob": True, "routed_scaling_factor": 2.5}),
+    ("sigmoid raw", {"scoring_func": "sigmoid"}),
+    ("shared expert", {"shared_expert_intermediate_size": 10}),
+    ("groups 4/2 top-2", {"n_group": 4, "topk_group": 2}),
+    ("groups 4/2 top-4 sigmoid", {"n_group": 4, "topk_group": 2, "num_experts_per_tok": 4, "scoring_func": "sigmoid",
+                                  "norm_topk_prob": True}),
+    ("groups 2/1 top-3", {"n_group": 2, "topk_group": 1, "num_experts_per_tok": 3}),
+    ("top-1 freq 2 first 0", {"num_experts_per_tok": 1, "first_k_dense_replace": 0, "moe_layer_freq": 2}),
+]
+
+
+def test_moe_vs_naive(tmp):
+    import torch
+    rng = np.random.default_rng(5)
+    for label, moe in MOE_VARIANTS:
+        for bias in (False, True):
+            cfg, w = random_moe_model(rng, bias=bias, **moe)
+            d = os.path.join(tmp, "moe-" + label.replace(" ", "_") + ("-b" if bias else ""))
+            save_model(d, cfg, w)
+            hp, w2 = ref.read_model_dir(d)
+            check(hp["moe"] is not None and all(np.array_equal(w[k], w2[k]) for k in w), f"{label}: round trip")
+            P = ref.to_torch(torch, w2)
+            # The MoE block alone, on random rows, against the per-token loop.
+            for l in range(cfg["num_hidden_layers"]):
+                if not naive_is_moe(cfg, l):
+                    continue
+                x = rng.normal(0, 1, (40, cfg["hidden_size"]))
+                ours = ref.moe_mlp(torch, hp["moe"], P, f"model.layers.{l}.block_sparse_moe.",
+                                   torch.tensor(x)).numpy()
+                naive = np.stack([naive_mlp(cfg, w, l, row) for row in x])
+                err = np.max(np.abs(ours - naive)) / np.max(np.abs(naive))
+                check(err <= 1e-12, f"{label} bias={bias} layer {l}: moe block rel err {err}")
+            # The whole model.
+            toks = rng.integers(0, cfg["vocab_size"], (2, 9))
+            ours = ref.lm_loss(torch, hp, P, toks).item()
+            naive = naive_loss(cfg, w, toks)
+            check(abs(ours - naive) <= 1e-10 * abs(naive), f"{label} bias={bias}: torch {ours!r} vs naive {naive!r}")
+    PASSED.append("moe")
+
+
+def test_moe_routing_details():
+    import torch
+    mo = dict(E=4, k=2, Fe=1, score="softmax", norm=False, scale=1.0, first=0, freq=1, G=1, TG=1, Fs=0)
+    # Ties go to the lower expert index (equal logits -> equal scores).
+    z = torch.tensor([[0.5, 1.0, 1.0, 1.0], [2.0, 2.0, 2.0, 2.0]], dtype=torch.float64)
+    idx, p, s = ref.route(torch, mo, z)
+    check(idx.tolist() == [[1, 2], [0, 1]], f"ties: {idx.tolist()}")
+    check(torch.allclose(p, s.gather(1, idx)), "weights are the scores at the chosen experts")
+    # The bias steers selection but the weights stay the unbiased scores.
+    bias = torch.tensor([0.0, 0.0, 0.0, 10.0], dtype=torch.float64)
+    z = torch.tensor([[3.0, 2.0, 1.0, 0.0]], dtype=torch.float64)
+    idx, p, s = ref.route(torch, mo, z, bias)
+    check(idx.tolist() == [[3, 0]], f"bias selection: {idx.tolist()}")
+    check(abs(p[0, 0].item() - s[0, 3].item()) < 1e-15 and abs(p[0, 1].item() - s[0, 0].item()) < 1e-15,
+          "bias does not enter the weights")
+    # normalize + scale: weights sum to the scale.
+    idx, p, _ = ref.route(torch, dict(mo, score="sigmoid", norm=True, scale=2.0), z)
+    check(abs(p.sum().item() - 2.0) < 1e-12, f"normalized x2 sums to {p.sum().item()}")
+    # Groups: {0,1} {2,3}; group 1 holds the best pair-sum though expert 0 is the best single expert.
+    z = torch.tensor([[5.0, -5.0, 4.0, 4.0]], dtype=torch.float64)
+    idx, _, _ = ref.route(torch, dict(mo, score="sigmoid", G=2, TG=1), z)
+    check(sorted(idx[0].tolist()) == [2, 3], f"group-limited: {idx.tolist()}")
+    idx, _, _ = ref.route(torch, dict(mo, score="sigmoid"), z)
+    check(idx[0].tolist() == [0, 2], f"ungrouped: {idx.tolist()}")
+    # Group score = sum of the top k/TG in the group (k=2, TG=2 -> the top 1 of each group).
+    idx, _, _ = ref.route(torch, dict(mo, score="sigmoid", G=2, TG=2), z)
+    check(idx[0].tolist() == [0, 2], f"two groups kept: {idx.tolist()}")
+    PASSED.append("moe-routing")
 
 
 def test_lr():
@@ -332,12 +494,69 @@ def test_cli(tmp):
     PASSED.append("cli")
 
 
+def test_moe_cli(tmp):
+    rng = np.random.default_rng(6)
+    cfg, w = random_moe_model(rng, bias=True, scoring_func="sigmoid", norm_topk_prob=True,
+                              routed_scaling_factor=2.0, shared_expert_intermediate_size=8)
+    cfg["vocab_size"] = 257
+    w["model.embed_tokens.weight"] = rng.normal(0, 1, (257, 16)).astype(np.float32).astype(np.float64)
+    w["lm_head.weight"] = rng.normal(0, 0.3, (257, 16)).astype(np.float32).astype(np.float64)
+    d = os.path.join(tmp, "moe-cli")
+    save_model(d, cfg, w)
+    seqs = [np.append(rng.integers(0, 256, n), 256) for n in (40, 30)]
+    write_idx(os.path.join(tmp, "moe-data"), seqs)
+    eval_args = ["eval", "--weights", d, "--data", os.path.join(tmp, "moe-data"), "--samples", "6",
+                 "--seq-len", "8", "--batch", "4"]
+    rc, out, err = run_ref(eval_args)
+    check(rc == 0, f"moe eval failed: {err}")
+    stream = np.concatenate(seqs)
+    naive = naive_loss(cfg, w, np.stack([stream[i * 8:i * 8 + 9] for i in range(6)]))
+    got = json.loads(out)["loss"]
+    check(abs(got - naive) <= 1e-10 * naive, f"moe eval {got} vs naive {naive}")
+
+    def expect_bad(mutate_cfg, mutate_w, fragment, what):
+        c2, w2 = json.loads(json.dumps(cfg)), dict(w)
+        mutate_cfg(c2)
+        mutate_w(w2)
+        d2 = os.path.join(tmp, "moe-bad")
+        save_model(d2, c2, w2)
+        rc, _, err = run_ref(eval_args[:2] + [d2] + eval_args[3:])
+        check(rc == 2 and fragment in err, f"{what}: rc {rc}, {err}")
+
+    keep = lambda x: None  # noqa: E731
+    expect_bad(lambda c: c.update(scoring_func="relu"), keep, "scoring_func", "bad scoring_func")
+    expect_bad(lambda c: c.update(n_group=3), keep, "n_group", "groups not dividing experts")
+    expect_bad(lambda c: c.update(n_group=4, topk_group=1, num_experts_per_tok=4), keep, "topk_group", "top-k unreachable")
+    expect_bad(lambda c: c.pop("num_local_experts"), keep, "num_local_experts", "missing num_local_experts")
+    expect_bad(keep, lambda t: t.pop("model.layers.2.block_sparse_moe.experts.7.w2.weight"),
+               "experts.7.w2.weight", "missing expert tensor")
+    expect_bad(keep, lambda t: t.update({"model.layers.1.mlp.up_proj.weight": np.zeros((24, 16))}),
+               "model.layers.1.mlp.up_proj.weight", "dense tensor in an MoE layer")
+    expect_bad(lambda c: c.update(shared_expert_intermediate_size=0), keep, "shared_expert",
+               "shared expert tensors without shared_expert_intermediate_size")
+    expect_bad(keep, lambda t: t.update({"model.layers.1.block_sparse_moe.expert_bias": np.zeros(5)}),
+               "expert_bias has shape", "bias of the wrong size")
+    # step refuses a model trained with auxiliary losses.
+    cfg_aux = dict(cfg, router_aux_loss_coef=0.01, expert_bias=False)
+    save_model(os.path.join(tmp, "moe-aux"), cfg_aux, w)
+    with open(os.path.join(tmp, "moe-hp.json"), "w") as f:
+        json.dump({"seq_len": 8, "global_batch": 2, "lr": 1e-2, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
+                   "weight_decay": 0.1, "clip_grad": 0.0, "warmup_steps": 0, "decay_steps": 0, "total_steps": 1,
+                   "min_lr": 0.0}, f)
+    rc, _, err = run_ref(["step", "--weights-before", os.path.join(tmp, "moe-aux"), "--weights-after",
+                          os.path.join(tmp, "moe-aux"), "--data", os.path.join(tmp, "moe-data"),
+                          "--config-json", os.path.join(tmp, "moe-hp.json")])
+    check(rc == 2 and "router_aux_loss_coef" in err, f"step with aux loss: rc {rc}, {err}")
+    PASSED.append("moe-cli")
+
+
 def main():
     failed = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, fn in [("idx", lambda: test_idx(tmp)), ("safetensors", lambda: test_safetensors(tmp)),
                          ("model", lambda: test_model_vs_naive(tmp)), ("lr", test_lr),
-                         ("cli", lambda: test_cli(tmp))]:
+                         ("cli", lambda: test_cli(tmp)), ("moe", lambda: test_moe_vs_naive(tmp)),
+                         ("moe-routing", test_moe_routing_details), ("moe-cli", lambda: test_moe_cli(tmp))]:
             try:
                 fn()
                 print(f"ok {name}")

@@ -1,0 +1,178 @@
+// Backend-independent half of Communicator: argument checks, sequence numbers,
+// byte counters (ring convention), and the bounded wait that turns a hang into
+// a named abort.
+#include "comm/communicator.h"
+
+#include <mpi.h>
+#include <sched.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
+#include "kernels/check.h"
+
+namespace origami::comm {
+
+std::string_view op_name(CommOp op) {
+  switch (op) {
+    case CommOp::all_reduce: return "all_reduce";
+    case CommOp::all_gather: return "all_gather";
+    case CommOp::reduce_scatter: return "reduce_scatter";
+    case CommOp::all_to_all_v: return "all_to_all_v";
+    case CommOp::send: return "send";
+    case CommOp::recv: return "recv";
+    case CommOp::broadcast: return "broadcast";
+    case CommOp::barrier: return "barrier";
+  }
+  return "?";
+}
+
+size_t elem_size(ElemType t) {
+  switch (t) {
+    case ElemType::f32: return 4;
+    case ElemType::f64: return 8;
+    case ElemType::i32: return 4;
+    case ElemType::i64: return 8;
+  }
+  return 0;
+}
+
+namespace ring_bytes {
+
+int64_t all_reduce(int64_t count, size_t elem, int rank, int n) {
+  if (n <= 1) return 0;
+  const int64_t own = count / n + (rank < count % n ? 1 : 0);
+  return 2 * (count - own) * static_cast<int64_t>(elem);
+}
+
+int64_t all_gather(int64_t send_count, size_t elem, int n) {
+  return static_cast<int64_t>(n - 1) * send_count * static_cast<int64_t>(elem);
+}
+
+int64_t reduce_scatter(int64_t recv_count, size_t elem, int n) {
+  return static_cast<int64_t>(n - 1) * recv_count * static_cast<int64_t>(elem);
+}
+
+int64_t all_to_all_v(std::span<const int64_t> send_counts, size_t elem, int rank) {
+  int64_t sent = 0;
+  for (size_t p = 0; p < send_counts.size(); ++p)
+    if (static_cast<int>(p) != rank) sent += send_counts[p];
+  return sent * static_cast<int64_t>(elem);
+}
+
+int64_t broadcast(int64_t count, size_t elem, int rank, int root, int n) {
+  if (n <= 1 || rank == (root + n - 1) % n) return 0;
+  return count * static_cast<int64_t>(elem);
+}
+
+}  // namespace ring_bytes
+
+namespace {
+
+[[noreturn]] void abort_on_timeout(detail::PendingOp& op, double waited_s) {
+  std::fprintf(stderr, "[rank %d] collective timeout: group %s op %s seq %lld bytes %lld after %.1f s\n",
+               world_rank_for_diagnostics(), op.group.c_str(), std::string(op_name(op.op)).c_str(),
+               static_cast<long long>(op.seq), static_cast<long long>(op.bytes), waited_s);
+  std::fflush(stderr);
+  op.abort_backend();
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 5);
+  std::abort();
+}
+
+}  // namespace
+
+// MPI_Test (or cudaEventQuery) polling with a deadline. The first polls spin
+// for latency; after that each poll yields the core, because test jobs run
+// several ranks per core and a spinning rank would starve the peer it waits on.
+void Request::wait() {
+  if (!op_) return;
+  using Clock = std::chrono::steady_clock;
+  if (!op_->test()) {
+    const auto t0 = Clock::now();
+    const auto limit = std::chrono::duration<double>(op_->timeout_s);
+    for (int polls = 0; !op_->test(); ++polls) {
+      if (polls >= 256) sched_yield();
+      const auto waited = Clock::now() - t0;
+      if (waited > limit) abort_on_timeout(*op_, std::chrono::duration<double>(waited).count());
+    }
+  }
+  op_.reset();
+}
+
+bool Request::test() {
+  if (!op_) return true;
+  if (!op_->test()) return false;
+  op_.reset();
+  return true;
+}
+
+Communicator::Communicator(std::string name, std::vector<int> members, int rank, CommOptions options)
+    : name_(std::move(name)), members_(std::move(members)), rank_(rank), options_(options) {
+  ORIGAMI_CHECK(!members_.empty() && rank_ >= 0 && rank_ < static_cast<int>(members_.size()), "group ", name_,
+                ": rank ", rank_, " of ", members_.size());
+  ORIGAMI_CHECK(options_.timeout_s > 0, "group ", name_, ": collective timeout must be positive, got ",
+                options_.timeout_s);
+}
+
+int64_t Communicator::total_bytes() const {
+  int64_t b = 0;
+  for (const OpStats& s : stats_) b += s.bytes;
+  return b;
+}
+
+void Communicator::check_peer(int peer, const char* what) const {
+  ORIGAMI_CHECK(peer >= 0 && peer < size(), "group ", name_, ": ", what, " rank ", peer, " outside group of ", size());
+}
+
+Request Communicator::launch(const Call& c, int64_t bytes) {
+  const int64_t n = size();
+  switch (c.op) {
+    case CommOp::all_gather:
+      ORIGAMI_CHECK(c.recv_count == n * c.send_count, "group ", name_, " all_gather: recv holds ", c.recv_count,
+                    " elements, expected ", n, " x ", c.send_count);
+      break;
+    case CommOp::reduce_scatter:
+      ORIGAMI_CHECK(c.send_count == n * c.recv_count, "group ", name_, " reduce_scatter: send holds ", c.send_count,
+                    " elements, expected ", n, " x ", c.recv_count);
+      break;
+    case CommOp::all_to_all_v: {
+      ORIGAMI_CHECK(static_cast<int64_t>(c.send_counts.size()) == n && static_cast<int64_t>(c.recv_counts.size()) == n,
+                    "group ", name_, " all_to_all_v: ", c.send_counts.size(), " send and ", c.recv_counts.size(),
+                    " recv counts for a group of ", n);
+      int64_t s = 0, r = 0;
+      for (int64_t p = 0; p < n; ++p) {
+        ORIGAMI_CHECK(c.send_counts[p] >= 0 && c.recv_counts[p] >= 0, "group ", name_,
+                      " all_to_all_v: negative count for rank ", p);
+        s += c.send_counts[p];
+        r += c.recv_counts[p];
+      }
+      ORIGAMI_CHECK(s <= c.send_count && r <= c.recv_count, "group ", name_, " all_to_all_v: counts sum to ", s,
+                    " sent / ", r, " received, buffers hold ", c.send_count, " / ", c.recv_count);
+      break;
+    }
+    default: break;
+  }
+  const int64_t seq = seq_++;
+  OpStats& st = stats_[static_cast<size_t>(c.op)];
+  st.calls += 1;
+  st.bytes += bytes;
+  std::unique_ptr<detail::PendingOp> op = start(c);
+  op->group = name_;
+  op->op = c.op;
+  op->seq = seq;
+  op->bytes = bytes;
+  op->timeout_s = options_.timeout_s;
+  return Request(std::move(op));
+}
+
+Request Communicator::barrier_async() {
+  Call c;
+  c.op = CommOp::barrier;
+  return launch(c, 0);
+}
+
+}  // namespace origami::comm

@@ -1,0 +1,338 @@
+// comm::Communicator: one rank group's collectives behind one interface, with
+// an MPI backend (host memory) and an NCCL backend (device memory).
+//
+// Every call takes typed spans with element counts, gets a sequence number,
+// and adds to this group's per-op byte counter. Every op is nonblocking
+// underneath; the `_async` form returns a Request, the plain form waits on it.
+// Waits are bounded by CommOptions::timeout_s: a call that does not complete
+// in time prints
+//   [rank R] collective timeout: group G op OP seq N bytes B after T s
+// to stderr and aborts the whole job (MPI_Abort) — never a silent hang.
+//
+// Measured comm volume = bytes this rank SENDS under the ring algorithms
+// (what nccl-tests' bus bandwidth assumes), for a group of n ranks:
+//   all_reduce     2 · (count − own) · elem, where the count is cut into n
+//                  blocks (the first count % n one element longer) and `own`
+//                  is block `rank`: reduce-scatter, then all-gather, each rank
+//                  sending every block but its own once per phase
+//   all_gather     (n − 1) · send count · elem
+//   reduce_scatter (n − 1) · recv count · elem
+//   all_to_all_v   Σ_{p ≠ rank} send_counts[p] · elem (the self block stays)
+//   broadcast      count · elem on every rank but the last of the ring that
+//                  starts at the root (rank (root + n − 1) % n sends nothing)
+//   send           count · elem;  recv, barrier: 0
+// These are per-rank figures; summed over a group they give the classic
+// totals: 2(n−1)·S for all_reduce, (n−1)·S for all_gather, reduce_scatter,
+// broadcast and an evenly split all_to_all_v (S = the full buffer).
+// The sequence number counts every call on this communicator, so ranks that
+// issue the same collectives in the same order agree on it; a timeout message
+// naming seq N says which call a rank got stuck in.
+//
+// Requests must complete (wait or test true) before their communicator is
+// destroyed; the buffers of an op belong to it until then.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace origami::comm {
+
+enum class CommOp : int { all_reduce, all_gather, reduce_scatter, all_to_all_v, send, recv, broadcast, barrier };
+inline constexpr int kNumCommOps = 8;
+std::string_view op_name(CommOp op);
+
+enum class ReduceOp : int { sum, max };
+enum class ElemType : int { f32, f64, i32, i64 };
+size_t elem_size(ElemType t);
+
+template <class T>
+struct elem_type_of;
+template <>
+struct elem_type_of<float> {
+  static constexpr ElemType value = ElemType::f32;
+};
+template <>
+struct elem_type_of<double> {
+  static constexpr ElemType value = ElemType::f64;
+};
+template <>
+struct elem_type_of<int32_t> {
+  static constexpr ElemType value = ElemType::i32;
+};
+template <>
+struct elem_type_of<int64_t> {
+  static constexpr ElemType value = ElemType::i64;
+};
+template <class T>
+concept CommElement = requires {
+  elem_type_of<std::remove_const_t<T>>::value;
+};
+// A send span may be const where the receive span is not.
+template <class S, class T>
+concept SameElement = std::is_same_v<std::remove_const_t<S>, T>;
+
+enum class Backend : int { mpi, nccl };
+
+struct CommOptions {
+  double timeout_s = 300.0;  // runtime.collective_timeout_s
+};
+
+struct OpStats {
+  int64_t calls = 0;
+  int64_t bytes = 0;  // sent by this rank, ring convention (header comment)
+};
+
+// Per-rank ring volumes in bytes (the convention above), for tests and plans.
+namespace ring_bytes {
+int64_t all_reduce(int64_t count, size_t elem, int rank, int n);
+int64_t all_gather(int64_t send_count, size_t elem, int n);
+int64_t reduce_scatter(int64_t recv_count, size_t elem, int n);
+int64_t all_to_all_v(std::span<const int64_t> send_counts, size_t elem, int rank);
+int64_t broadcast(int64_t count, size_t elem, int rank, int root, int n);
+}  // namespace ring_bytes
+
+namespace detail {
+// One operation in flight. Backends implement test(); the diagnostics feed the
+// timeout message.
+class PendingOp {
+ public:
+  virtual ~PendingOp() = default;
+  virtual bool test() = 0;         // true once complete (buffers may be reused)
+  virtual void abort_backend() {}  // called before MPI_Abort on a timeout
+  std::string group;
+  CommOp op = CommOp::barrier;
+  int64_t seq = 0;
+  int64_t bytes = 0;
+  double timeout_s = 0;
+};
+}  // namespace detail
+
+// A handle to an operation in flight. Move-only; the destructor waits, so an
+// un-waited request can never outlive the buffers it reads or writes.
+class Request {
+ public:
+  Request() = default;
+  explicit Request(std::unique_ptr<detail::PendingOp> op) : op_(std::move(op)) {}
+  Request(Request&&) noexcept = default;
+  Request& operator=(Request&& other) noexcept {
+    if (this != &other) {
+      wait();
+      op_ = std::move(other.op_);
+    }
+    return *this;
+  }
+  ~Request() { wait(); }
+
+  // Blocks until complete, bounded by the group's timeout (then aborts).
+  void wait();
+  // True when complete (or empty); never blocks.
+  bool test();
+
+ private:
+  std::unique_ptr<detail::PendingOp> op_;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  const std::string& name() const { return name_; }
+  int rank() const { return rank_; }  // in this group
+  int size() const { return static_cast<int>(members_.size()); }
+  const std::vector<int>& members() const { return members_; }  // world ranks, ascending
+  virtual Backend backend() const = 0;
+  double timeout_s() const { return options_.timeout_s; }
+
+  // In place over `data`.
+  template <CommElement T>
+  Request all_reduce_async(std::span<T> data, ReduceOp op = ReduceOp::sum);
+  // recv holds size() blocks of send.size() elements, in group-rank order.
+  template <CommElement S, CommElement T>
+  requires SameElement<S, T> Request all_gather_async(std::span<S> send, std::span<T> recv);
+  // send holds size() blocks of recv.size() elements; block r reduces onto rank r.
+  template <CommElement S, CommElement T>
+  requires SameElement<S, T> Request reduce_scatter_async(std::span<S> send, std::span<T> recv,
+                                                          ReduceOp op = ReduceOp::sum);
+  // Block p of send (send_counts[p] elements, packed in rank order) goes to
+  // rank p; recv gets recv_counts[p] elements from rank p. Zero counts are fine.
+  template <CommElement S, CommElement T>
+  requires SameElement<S, T> Request all_to_all_v_async(std::span<S> send, std::span<const int64_t> send_counts,
+                                                        std::span<T> recv, std::span<const int64_t> recv_counts);
+  template <CommElement S>
+  Request send_async(std::span<S> data, int peer, int tag = 0);
+  template <CommElement T>
+  Request recv_async(std::span<T> data, int peer, int tag = 0);
+  template <CommElement T>
+  Request broadcast_async(std::span<T> data, int root);
+  Request barrier_async();
+
+  template <CommElement T>
+  void all_reduce(std::span<T> data, ReduceOp op = ReduceOp::sum) {
+    all_reduce_async(data, op).wait();
+  }
+  template <CommElement S, CommElement T>
+  requires SameElement<S, T>
+  void all_gather(std::span<S> send, std::span<T> recv) { all_gather_async(send, recv).wait(); }
+  template <CommElement S, CommElement T>
+  requires SameElement<S, T>
+  void reduce_scatter(std::span<S> send, std::span<T> recv, ReduceOp op = ReduceOp::sum) {
+    reduce_scatter_async(send, recv, op).wait();
+  }
+  template <CommElement S, CommElement T>
+  requires SameElement<S, T>
+  void all_to_all_v(std::span<S> send, std::span<const int64_t> send_counts, std::span<T> recv,
+                    std::span<const int64_t> recv_counts) {
+    all_to_all_v_async(send, send_counts, recv, recv_counts).wait();
+  }
+  template <CommElement S>
+  void send(std::span<S> data, int peer, int tag = 0) {
+    send_async(data, peer, tag).wait();
+  }
+  template <CommElement T>
+  void recv(std::span<T> data, int peer, int tag = 0) {
+    recv_async(data, peer, tag).wait();
+  }
+  template <CommElement T>
+  void broadcast(std::span<T> data, int root) {
+    broadcast_async(data, root).wait();
+  }
+  void barrier() { barrier_async().wait(); }
+
+  const OpStats& stats(CommOp op) const { return stats_[static_cast<size_t>(op)]; }
+  int64_t total_bytes() const;
+  int64_t next_seq() const { return seq_; }  // sequence number the next call gets
+  void reset_stats() { stats_ = {}; }
+
+ protected:
+  // Everything a backend needs to start one op. Counts are in elements.
+  struct Call {
+    CommOp op = CommOp::barrier;
+    ElemType type = ElemType::f32;
+    ReduceOp reduce = ReduceOp::sum;
+    const void* send = nullptr;
+    void* recv = nullptr;
+    int64_t send_count = 0;  // all_reduce: count; all_gather: per-rank block; reduce_scatter: total
+    int64_t recv_count = 0;
+    std::span<const int64_t> send_counts, recv_counts;  // all_to_all_v
+    int peer = 0;                                       // send/recv peer, broadcast root (group ranks)
+    int tag = 0;
+  };
+
+  Communicator(std::string name, std::vector<int> members, int rank, CommOptions options);
+  virtual std::unique_ptr<detail::PendingOp> start(const Call& call) = 0;
+
+ private:
+  Request launch(const Call& call, int64_t bytes);
+  void check_peer(int peer, const char* what) const;
+
+  std::string name_;
+  std::vector<int> members_;
+  int rank_ = 0;
+  CommOptions options_;
+  int64_t seq_ = 0;
+  std::array<OpStats, kNumCommOps> stats_{};
+};
+
+// ---- typed front ends ---------------------------------------------------------------------------
+
+template <CommElement T>
+Request Communicator::all_reduce_async(std::span<T> data, ReduceOp op) {
+  Call c;
+  c.op = CommOp::all_reduce;
+  c.type = elem_type_of<T>::value;
+  c.reduce = op;
+  c.send = data.data();
+  c.recv = data.data();
+  c.send_count = c.recv_count = static_cast<int64_t>(data.size());
+  return launch(c, ring_bytes::all_reduce(c.send_count, sizeof(T), rank(), size()));
+}
+
+template <CommElement S, CommElement T>
+requires SameElement<S, T> Request Communicator::all_gather_async(std::span<S> send, std::span<T> recv) {
+  Call c;
+  c.op = CommOp::all_gather;
+  c.type = elem_type_of<T>::value;
+  c.send = send.data();
+  c.recv = recv.data();
+  c.send_count = static_cast<int64_t>(send.size());
+  c.recv_count = static_cast<int64_t>(recv.size());
+  return launch(c, ring_bytes::all_gather(c.send_count, sizeof(T), size()));
+}
+
+template <CommElement S, CommElement T>
+requires SameElement<S, T> Request Communicator::reduce_scatter_async(std::span<S> send, std::span<T> recv,
+                                                                      ReduceOp op) {
+  Call c;
+  c.op = CommOp::reduce_scatter;
+  c.type = elem_type_of<T>::value;
+  c.reduce = op;
+  c.send = send.data();
+  c.recv = recv.data();
+  c.send_count = static_cast<int64_t>(send.size());
+  c.recv_count = static_cast<int64_t>(recv.size());
+  return launch(c, ring_bytes::reduce_scatter(c.recv_count, sizeof(T), size()));
+}
+
+template <CommElement S, CommElement T>
+requires SameElement<S, T> Request Communicator::all_to_all_v_async(std::span<S> send,
+                                                                    std::span<const int64_t> send_counts,
+                                                                    std::span<T> recv,
+                                                                    std::span<const int64_t> recv_counts) {
+  Call c;
+  c.op = CommOp::all_to_all_v;
+  c.type = elem_type_of<T>::value;
+  c.send = send.data();
+  c.recv = recv.data();
+  c.send_count = static_cast<int64_t>(send.size());
+  c.recv_count = static_cast<int64_t>(recv.size());
+  c.send_counts = send_counts;
+  c.recv_counts = recv_counts;
+  return launch(c, ring_bytes::all_to_all_v(send_counts, sizeof(T), rank()));
+}
+
+template <CommElement S>
+Request Communicator::send_async(std::span<S> data, int peer, int tag) {
+  check_peer(peer, "send");
+  Call c;
+  c.op = CommOp::send;
+  c.type = elem_type_of<std::remove_const_t<S>>::value;
+  c.send = data.data();
+  c.send_count = static_cast<int64_t>(data.size());
+  c.peer = peer;
+  c.tag = tag;
+  return launch(c, c.send_count * static_cast<int64_t>(sizeof(S)));
+}
+
+template <CommElement T>
+Request Communicator::recv_async(std::span<T> data, int peer, int tag) {
+  check_peer(peer, "recv");
+  Call c;
+  c.op = CommOp::recv;
+  c.type = elem_type_of<T>::value;
+  c.recv = data.data();
+  c.recv_count = static_cast<int64_t>(data.size());
+  c.peer = peer;
+  c.tag = tag;
+  return launch(c, 0);
+}
+
+template <CommElement T>
+Request Communicator::broadcast_async(std::span<T> data, int root) {
+  check_peer(root, "broadcast root");
+  Call c;
+  c.op = CommOp::broadcast;
+  c.type = elem_type_of<T>::value;
+  c.send = data.data();
+  c.recv = data.data();
+  c.send_count = c.recv_count = static_cast<int64_t>(data.size());
+  c.peer = root;
+  return launch(c, ring_bytes::broadcast(c.send_count, sizeof(T), rank(), root, size()));
+}
+
+}  // namespace origami::comm

@@ -1,0 +1,46 @@
+// Groups: one MPI_Comm_split per group kind (the same sequence on every rank,
+// as MPI requires), wrapped as MPI communicators or used to bootstrap NCCL.
+#include "comm/groups.h"
+
+#include <string>
+
+#include "comm/mpi_communicator.h"
+#include "comm/nccl_communicator.h"
+#include "kernels/check.h"
+
+namespace origami::comm {
+
+Groups Groups::create(const Layout& layout, MPI_Comm world, Backend backend, CommOptions options) {
+  int rank = 0, size = 0;
+  MPI_CHECK(MPI_Comm_rank(world, &rank));
+  MPI_CHECK(MPI_Comm_size(world, &size));
+  if (layout.world() != size)
+    ORIGAMI_USER_ERROR("layout is for a world of ", layout.world(), " ranks but the job has ", size);
+  if (backend == Backend::nccl && !nccl_available())
+    ORIGAMI_USER_ERROR("the NCCL backend was asked for, but this build has no NCCL (configure with CUDA)");
+  if (backend == Backend::nccl) select_local_device();
+
+  Groups g(layout, rank, backend);
+  auto wrap = [&](std::unique_ptr<MpiCommunicator> mpi) -> std::unique_ptr<Communicator> {
+    if (!mpi || backend == Backend::mpi) return mpi;
+    return make_nccl_communicator(*mpi, options);  // bootstraps over the MPI group, which then goes away
+  };
+  std::vector<int> all(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) all[static_cast<size_t>(r)] = r;
+  g.world_ = wrap(split_mpi(world, RankGroups{all}, "world", options));
+  for (GroupKind k : kAllGroupKinds) {
+    // Kind names are unique across both views (etp, edp, ...), so a timeout
+    // message's group name says which group hung.
+    g.comms_[static_cast<size_t>(k)] = wrap(split_mpi(world, layout.groups(k), std::string(group_name(k)), options));
+  }
+  return g;
+}
+
+Groups::~Groups() = default;
+
+Communicator& Groups::get(GroupKind k) const {
+  ORIGAMI_CHECK(has(k), "rank ", world_rank_, " belongs to no ", group_name(k), " group");
+  return *comms_[static_cast<size_t>(k)];
+}
+
+}  // namespace origami::comm

@@ -1,0 +1,141 @@
+// MPI backend: each op maps to one nonblocking MPI collective or point-to-point
+// call; the PendingOp keeps the MPI_Request and any count arrays MPI reads
+// until completion.
+#include "comm/mpi_communicator.h"
+
+#include <climits>
+
+#include "kernels/check.h"
+
+namespace origami::comm {
+
+namespace {
+
+MPI_Datatype mpi_type(ElemType t) {
+  switch (t) {
+    case ElemType::f32: return MPI_FLOAT;
+    case ElemType::f64: return MPI_DOUBLE;
+    case ElemType::i32: return MPI_INT32_T;
+    case ElemType::i64: return MPI_INT64_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
+
+class MpiPending final : public detail::PendingOp {
+ public:
+  bool test() override {
+    int done = 0;
+    MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    return done != 0;
+  }
+  MPI_Request req = MPI_REQUEST_NULL;
+  std::vector<int> counts;  // all_to_all_v: send counts, send displs, recv counts, recv displs
+};
+
+// MPI counts are int; bigger messages are a caller bug at today's sizes.
+int as_count(int64_t n, const std::string& group, CommOp op) {
+  ORIGAMI_CHECK(n >= 0 && n <= INT_MAX, "group ", group, " ", op_name(op), ": ", n,
+                " elements exceed the MPI count limit");
+  return static_cast<int>(n);
+}
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, std::vector<int> members, CommOptions options)
+    : Communicator(
+          std::move(name), std::move(members),
+          [comm] {
+            int r = 0;
+            MPI_CHECK(MPI_Comm_rank(comm, &r));
+            return r;
+          }(),
+          options),
+      comm_(comm) {
+  int n = 0;
+  MPI_CHECK(MPI_Comm_size(comm_, &n));
+  ORIGAMI_CHECK(n == size(), "group ", this->name(), ": MPI communicator of ", n, " ranks for ", size(), " members");
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+std::unique_ptr<detail::PendingOp> MpiCommunicator::start(const Call& c) {
+  auto p = std::make_unique<MpiPending>();
+  const MPI_Datatype t = mpi_type(c.type);
+  const std::string& g = name();
+  switch (c.op) {
+    case CommOp::all_reduce:
+      MPI_CHECK(
+          MPI_Iallreduce(MPI_IN_PLACE, c.recv, as_count(c.recv_count, g, c.op), t, mpi_op(c.reduce), comm_, &p->req));
+      break;
+    case CommOp::all_gather: {
+      const int n = as_count(c.send_count, g, c.op);
+      // The send block already sitting at this rank's slot of recv means in place.
+      const void* own =
+          static_cast<const char*>(c.recv) + static_cast<size_t>(rank()) * c.send_count * elem_size(c.type);
+      MPI_CHECK(MPI_Iallgather(c.send == own ? MPI_IN_PLACE : c.send, n, t, c.recv, n, t, comm_, &p->req));
+      break;
+    }
+    case CommOp::reduce_scatter:
+      MPI_CHECK(MPI_Ireduce_scatter_block(c.send, c.recv, as_count(c.recv_count, g, c.op), t, mpi_op(c.reduce), comm_,
+                                          &p->req));
+      break;
+    case CommOp::all_to_all_v: {
+      const int n = size();
+      p->counts.resize(4 * static_cast<size_t>(n));
+      int* sc = p->counts.data();
+      int* sd = sc + n;
+      int* rc = sd + n;
+      int* rd = rc + n;
+      int64_t so = 0, ro = 0;
+      for (int i = 0; i < n; ++i) {
+        sc[i] = as_count(c.send_counts[i], g, c.op);
+        rc[i] = as_count(c.recv_counts[i], g, c.op);
+        sd[i] = as_count(so, g, c.op);
+        rd[i] = as_count(ro, g, c.op);
+        so += c.send_counts[i];
+        ro += c.recv_counts[i];
+      }
+      MPI_CHECK(MPI_Ialltoallv(c.send, sc, sd, t, c.recv, rc, rd, t, comm_, &p->req));
+      break;
+    }
+    case CommOp::send:
+      MPI_CHECK(MPI_Isend(c.send, as_count(c.send_count, g, c.op), t, c.peer, c.tag, comm_, &p->req));
+      break;
+    case CommOp::recv:
+      MPI_CHECK(MPI_Irecv(c.recv, as_count(c.recv_count, g, c.op), t, c.peer, c.tag, comm_, &p->req));
+      break;
+    case CommOp::broadcast:
+      MPI_CHECK(MPI_Ibcast(c.recv, as_count(c.recv_count, g, c.op), t, c.peer, comm_, &p->req));
+      break;
+    case CommOp::barrier: MPI_CHECK(MPI_Ibarrier(comm_, &p->req)); break;
+  }
+  return p;
+}
+
+std::unique_ptr<MpiCommunicator> split_mpi(MPI_Comm parent, const RankGroups& groups, std::string name,
+                                           CommOptions options) {
+  int me = 0;
+  MPI_CHECK(MPI_Comm_rank(parent, &me));
+  int color = MPI_UNDEFINED, key = 0;
+  const RankGroup* mine = nullptr;
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (size_t i = 0; i < groups[g].size(); ++i)
+      if (groups[g][i] == me) {
+        ORIGAMI_CHECK(mine == nullptr, "split ", name, ": rank ", me, " is in two groups");
+        color = static_cast<int>(g);
+        key = static_cast<int>(i);  // group rank = position in the ascending member list
+        mine = &groups[g];
+      }
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split(parent, color, key, &comm));
+  if (!mine) return nullptr;
+  return std::make_unique<MpiCommunicator>(comm, std::move(name), *mine, options);
+}
+
+}  // namespace origami::comm

@@ -1,0 +1,35 @@
+// MpiCommunicator: the host-memory backend — one MPI_Comm per rank group, made
+// with MPI_Comm_split, every op issued as its nonblocking MPI call (MPI_Iallreduce,
+// MPI_Ialltoallv, ...) so the shared bounded wait can poll it with MPI_Test.
+#pragma once
+#include <mpi.h>
+
+#include <memory>
+
+#include "comm/communicator.h"
+#include "comm/layout.h"
+
+namespace origami::comm {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Takes ownership of `comm`, whose ranks are `members` (world ranks) in order.
+  MpiCommunicator(MPI_Comm comm, std::string name, std::vector<int> members, CommOptions options);
+  ~MpiCommunicator() override;
+  Backend backend() const override { return Backend::mpi; }
+  MPI_Comm handle() const { return comm_; }
+
+ protected:
+  std::unique_ptr<detail::PendingOp> start(const Call& call) override;
+
+ private:
+  MPI_Comm comm_;
+};
+
+// Collective over `parent`: every rank calls it with the same `groups` (a set of
+// disjoint groups of parent ranks, members ascending). Returns this rank's group
+// as a communicator, or null when no group holds it.
+std::unique_ptr<MpiCommunicator> split_mpi(MPI_Comm parent, const RankGroups& groups, std::string name,
+                                           CommOptions options);
+
+}  // namespace origami::comm

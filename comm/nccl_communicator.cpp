@@ -1,0 +1,166 @@
+// NCCL backend. NCCL's API is host C, so this is plain C++ against the CUDA
+// toolkit's headers; without ORIGAMI_WITH_NCCL only the stubs below build.
+#include "comm/nccl_communicator.h"
+
+#include "comm/mpi_communicator.h"
+#include "kernels/check.h"
+
+#if ORIGAMI_WITH_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdlib>
+#endif
+
+namespace origami::comm {
+
+#if !ORIGAMI_WITH_NCCL
+
+bool nccl_available() { return false; }
+void select_local_device() { ORIGAMI_USER_ERROR("this build has no CUDA support"); }
+std::unique_ptr<Communicator> make_nccl_communicator(const MpiCommunicator&, CommOptions) {
+  ORIGAMI_USER_ERROR("this build has no NCCL support (configure with CUDA)");
+}
+
+#else
+
+#define ORIGAMI_CUDA_CHECK(call)                                                          \
+  do {                                                                                    \
+    cudaError_t origami_cuda_rc_ = (call);                                                \
+    ORIGAMI_CHECK(origami_cuda_rc_ == cudaSuccess, cudaGetErrorString(origami_cuda_rc_)); \
+  } while (0)
+#define ORIGAMI_NCCL_CHECK(call)                                                          \
+  do {                                                                                    \
+    ncclResult_t origami_nccl_rc_ = (call);                                               \
+    ORIGAMI_CHECK(origami_nccl_rc_ == ncclSuccess, ncclGetErrorString(origami_nccl_rc_)); \
+  } while (0)
+
+namespace {
+
+ncclDataType_t nccl_type(ElemType t) {
+  switch (t) {
+    case ElemType::f32: return ncclFloat32;
+    case ElemType::f64: return ncclFloat64;
+    case ElemType::i32: return ncclInt32;
+    case ElemType::i64: return ncclInt64;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::max ? ncclMax : ncclSum; }
+
+class NcclPending final : public detail::PendingOp {
+ public:
+  NcclPending(ncclComm_t comm, cudaStream_t stream) : comm_(comm) {
+    ORIGAMI_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    stream_ = stream;
+  }
+  ~NcclPending() override { cudaEventDestroy(event_); }
+  void record() { ORIGAMI_CUDA_CHECK(cudaEventRecord(event_, stream_)); }
+  bool test() override {
+    const cudaError_t rc = cudaEventQuery(event_);
+    if (rc == cudaSuccess) return true;
+    ORIGAMI_CHECK(rc == cudaErrorNotReady, "group ", group, " ", op_name(op), ": ", cudaGetErrorString(rc));
+    ncclResult_t async = ncclSuccess;
+    ORIGAMI_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+    ORIGAMI_CHECK(async == ncclSuccess || async == ncclInProgress, "group ", group, " ", op_name(op), " seq ", seq,
+                  ": NCCL reports ", ncclGetErrorString(async));
+    return false;
+  }
+  // Stops NCCL kernels that would otherwise spin forever on a missing peer.
+  void abort_backend() override { ncclCommAbort(comm_); }
+
+ private:
+  ncclComm_t comm_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t event_ = nullptr;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(const MpiCommunicator& boot, CommOptions options)
+      : Communicator(boot.name(), boot.members(), boot.rank(), options) {
+    ncclUniqueId id{};
+    if (boot.rank() == 0) ORIGAMI_NCCL_CHECK(ncclGetUniqueId(&id));
+    MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, boot.handle()));
+    ORIGAMI_CUDA_CHECK(cudaStreamCreate(&stream_));  // blocking: orders after the legacy default stream
+    ORIGAMI_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(int32_t)));
+    ORIGAMI_NCCL_CHECK(ncclCommInitRank(&comm_, size(), id, rank()));
+  }
+  ~NcclCommunicator() override {
+    cudaStreamSynchronize(stream_);
+    ncclCommDestroy(comm_);
+    cudaFree(scratch_);
+    cudaStreamDestroy(stream_);
+  }
+  Backend backend() const override { return Backend::nccl; }
+
+ protected:
+  std::unique_ptr<detail::PendingOp> start(const Call& c) override {
+    auto p = std::make_unique<NcclPending>(comm_, stream_);
+    const ncclDataType_t t = nccl_type(c.type);
+    const size_t es = elem_size(c.type);
+    switch (c.op) {
+      case CommOp::all_reduce:
+        ORIGAMI_NCCL_CHECK(ncclAllReduce(c.recv, c.recv, c.recv_count, t, nccl_op(c.reduce), comm_, stream_));
+        break;
+      case CommOp::all_gather:
+        ORIGAMI_NCCL_CHECK(ncclAllGather(c.send, c.recv, c.send_count, t, comm_, stream_));
+        break;
+      case CommOp::reduce_scatter:
+        ORIGAMI_NCCL_CHECK(ncclReduceScatter(c.send, c.recv, c.recv_count, t, nccl_op(c.reduce), comm_, stream_));
+        break;
+      case CommOp::all_to_all_v: {
+        // Point-to-point pairs inside one group call; zero counts post nothing.
+        ORIGAMI_NCCL_CHECK(ncclGroupStart());
+        size_t so = 0, ro = 0;
+        for (int peer = 0; peer < size(); ++peer) {
+          const size_t sn = static_cast<size_t>(c.send_counts[peer]), rn = static_cast<size_t>(c.recv_counts[peer]);
+          if (sn) ORIGAMI_NCCL_CHECK(ncclSend(static_cast<const char*>(c.send) + so * es, sn, t, peer, comm_, stream_));
+          if (rn) ORIGAMI_NCCL_CHECK(ncclRecv(static_cast<char*>(c.recv) + ro * es, rn, t, peer, comm_, stream_));
+          so += sn;
+          ro += rn;
+        }
+        ORIGAMI_NCCL_CHECK(ncclGroupEnd());
+        break;
+      }
+      case CommOp::send: ORIGAMI_NCCL_CHECK(ncclSend(c.send, c.send_count, t, c.peer, comm_, stream_)); break;
+      case CommOp::recv: ORIGAMI_NCCL_CHECK(ncclRecv(c.recv, c.recv_count, t, c.peer, comm_, stream_)); break;
+      case CommOp::broadcast:
+        ORIGAMI_NCCL_CHECK(ncclBroadcast(c.recv, c.recv, c.recv_count, t, c.peer, comm_, stream_));
+        break;
+      case CommOp::barrier:
+        // NCCL has no barrier; a one-element all-reduce synchronizes the group.
+        ORIGAMI_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_));
+        break;
+    }
+    p->record();
+    return p;
+  }
+
+ private:
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  void* scratch_ = nullptr;
+};
+
+}  // namespace
+
+bool nccl_available() { return true; }
+
+void select_local_device() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
+    ORIGAMI_USER_ERROR("the NCCL backend needs a CUDA device, and this rank sees none");
+  const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  const int local = env ? std::atoi(env) : 0;
+  ORIGAMI_CUDA_CHECK(cudaSetDevice(local % count));
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator(const MpiCommunicator& bootstrap, CommOptions options) {
+  return std::make_unique<NcclCommunicator>(bootstrap, options);
+}
+
+#endif
+
+}  // namespace origami::comm

@@ -1,0 +1,118 @@
+// Capacity, dropping and the local permutation (see dispatch.h). This file
+// sizes and allocates; the loops live in kernels/moe_ops (CUDA twins later).
+// make_permutation is a counting sort: histograms give each expert's row
+// range, one token-major walk places the slots, so it is O(T·k) and the row
+// order (expert, then token, then slot) needs no comparison sort.
+#include "moe/dispatch.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/moe_ops.h"
+
+namespace origami::moe {
+
+namespace {
+
+void check_routing(const Tensor& expert_TK, int64_t num_experts) {
+  ORIGAMI_CHECK(expert_TK.defined() && expert_TK.dtype() == DType::i32 && expert_TK.dim() == 2,
+                "expert_TK must be i32 [T, k]");
+  ORIGAMI_CHECK(num_experts > 0, "num_experts must be positive, got ", num_experts);
+}
+
+std::vector<int64_t> to_vector(const Tensor& count_E) {
+  const int64_t* c = count_E.data<int64_t>();
+  return std::vector<int64_t>(c, c + count_E.numel());
+}
+
+Tensor i32(Shape shape) { return Tensor::empty(std::move(shape), DType::i32, MemCategory::activation); }
+
+}  // namespace
+
+int64_t expert_capacity(const CapacityOptions& opt, int64_t num_tokens, int64_t top_k, int64_t num_experts) {
+  if (!opt.capacity_factor) return -1;
+  const double cf = *opt.capacity_factor;
+  ORIGAMI_CHECK(cf > 0 && std::isfinite(cf), "capacity_factor must be positive, got ", cf);
+  ORIGAMI_CHECK(num_experts > 0 && num_tokens >= 0 && top_k > 0, "expert_capacity(T=", num_tokens, ", k=", top_k,
+                ", E=", num_experts, ")");
+  // Megatron's get_capacity: ceil((T·k / E) · cf), in the same double order.
+  const double per_expert = static_cast<double>(num_tokens * top_k) / static_cast<double>(num_experts);
+  return static_cast<int64_t>(std::ceil(per_expert * cf));
+}
+
+Tensor apply_capacity(const CapacityOptions& opt, const Tensor& expert_TK, const Tensor& weight_TK,
+                      int64_t num_experts, int64_t capacity) {
+  check_routing(expert_TK, num_experts);
+  Tensor kept = Tensor::empty(expert_TK.shape(), DType::u8, MemCategory::activation);
+  if (capacity < 0) {  // dropless
+    std::fill(kept.data<uint8_t>(), kept.data<uint8_t>() + kept.numel(), 1);
+    return kept;
+  }
+  const MoeDrop policy = opt.drop_policy == DropPolicy::probs ? MoeDrop::probs : MoeDrop::position;
+  moe_capacity_mask(expert_TK, weight_TK, num_experts, capacity, policy, kept);
+  return kept;
+}
+
+Permutation make_permutation(const Tensor& expert_TK, const Tensor& kept_TK, int64_t num_experts, int64_t capacity,
+                             bool pad_to_capacity) {
+  check_routing(expert_TK, num_experts);
+  ORIGAMI_CHECK(!pad_to_capacity || capacity >= 0, "pad_to_capacity needs a capacity (set capacity_factor)");
+  const int64_t T = expert_TK.rows(), K = expert_TK.cols(), E = num_experts;
+  Permutation perm;
+  perm.num_experts = E;
+  Tensor count = Tensor::empty({E}, DType::i64, MemCategory::workspace);
+  moe_expert_histogram(expert_TK, Tensor(), E, count);
+  perm.routed_per_expert = to_vector(count);
+  moe_expert_histogram(expert_TK, kept_TK, E, count);
+  std::vector<int64_t> kept = to_vector(count);
+  if (pad_to_capacity) {
+    int64_t* rows = count.data<int64_t>();
+    for (int64_t e = 0; e < E; ++e) {
+      ORIGAMI_CHECK(kept[e] <= capacity, "expert ", e, " keeps ", kept[e], " slots, over its capacity ", capacity,
+                    "; apply_capacity first");
+      rows[e] = capacity;
+    }
+  }
+  perm.rows_per_expert = to_vector(count);
+  int64_t N = 0;
+  for (int64_t r : perm.rows_per_expert) N += r;
+  ORIGAMI_CHECK(N <= INT32_MAX, "permuted buffer of ", N, " rows exceeds i32 row indices");
+  perm.row_of_TK = i32({T, K});
+  perm.row_token_N = i32({N});
+  perm.row_slot_N = i32({N});
+  moe_permutation_maps(expert_TK, kept_TK, count, perm.row_of_TK, perm.row_token_N, perm.row_slot_N);
+  return perm;
+}
+
+Tensor permute_rows(const Tensor& x_TD, const Permutation& perm) {
+  ORIGAMI_CHECK(x_TD.defined(), "permute_rows on an undefined tensor");
+  Tensor x_ND = Tensor::empty({perm.num_rows(), x_TD.cols()}, DType::f32, MemCategory::activation);
+  moe_permute_rows(x_TD, perm.row_token_N, x_ND);
+  return x_ND;
+}
+
+void permute_rows_backward(const Tensor& dx_ND, const Permutation& perm, Tensor& dx_TD) {
+  check_shape(dx_ND, {perm.num_rows(), dx_TD.cols()}, "permute_rows_backward dx_ND");
+  moe_permute_rows_backward(dx_ND, perm.row_of_TK, dx_TD);
+}
+
+Tensor unpermute_rows(const Tensor& y_ND, const Permutation& perm, const Tensor& weight_TK, int64_t num_tokens) {
+  ORIGAMI_CHECK(y_ND.defined(), "unpermute_rows on an undefined tensor");
+  check_shape(y_ND, {perm.num_rows(), y_ND.cols()}, "unpermute_rows y_ND");
+  check_shape(perm.row_of_TK, {num_tokens, perm.row_of_TK.cols()}, "unpermute_rows: permutation token count");
+  Tensor out = Tensor::empty({num_tokens, y_ND.cols()}, DType::f32, MemCategory::activation);
+  moe_unpermute_rows(y_ND, perm.row_of_TK, weight_TK, out);
+  return out;
+}
+
+void unpermute_rows_backward(const Tensor& dout_TD, const Tensor& y_ND, const Permutation& perm,
+                             const Tensor& weight_TK, Tensor& dy_ND, Tensor& dweight_TK) {
+  ORIGAMI_CHECK(y_ND.defined() && weight_TK.defined(), "unpermute_rows_backward on an undefined tensor");
+  check_shape(y_ND, {perm.num_rows(), y_ND.cols()}, "unpermute_rows_backward y_ND");
+  if (!dy_ND.defined()) dy_ND = Tensor::empty(y_ND.shape(), DType::f32, MemCategory::activation);
+  if (!dweight_TK.defined()) dweight_TK = Tensor::empty(weight_TK.shape(), DType::f32, MemCategory::activation);
+  moe_unpermute_rows_backward(dout_TD, y_ND, perm.row_of_TK, perm.row_token_N, weight_TK, dy_ND, dweight_TK);
+}
+
+}  // namespace origami::moe

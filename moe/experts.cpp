@@ -1,0 +1,133 @@
+// Grouped SwiGLU experts on CPU (see experts.h). Expert e owns the contiguous
+// row block [offset_e, offset_e + rows_e) of x_ND, so every product is one
+// dnnl_sgemm on a row-block view of the activations and an [F, D] / [D, F]
+// view of the stacked weights: no gather, no copy, no per-row loop. The SwiGLU
+// nonlinearity is elementwise, so it runs once over all N rows rather than per
+// expert. Gate and up stay two GEMMs: w1 and w3 are separate tensors (HF
+// layout), so fusing them would need a weight copy every step.
+#include "moe/experts.h"
+
+#include "kernels/gemm.h"
+#include "kernels/swiglu.h"
+
+namespace origami::moe {
+
+namespace {
+
+Tensor activation(Shape shape) { return Tensor::empty(std::move(shape), DType::f32, MemCategory::activation); }
+
+// Expert e's [rows, cols] matrix inside a stacked [E, rows, cols] weight.
+Tensor expert_matrix(const Tensor& w, int64_t e) {
+  const int64_t r = w.size(1), c = w.size(2);
+  return w.flat_view(e * r * c, r * c, {r, c});
+}
+
+void check_weights(const ExpertWeights& w, const char* what) {
+  ORIGAMI_CHECK(w.w1_EFD.defined() && w.w3_EFD.defined() && w.w2_EDF.defined(), what, ": undefined expert weight");
+  ORIGAMI_CHECK(w.w1_EFD.dim() == 3, what, ": w1 must be [E, F, D], got ", shape_string(w.w1_EFD.shape()));
+  const int64_t E = w.w1_EFD.size(0), F = w.w1_EFD.size(1), D = w.w1_EFD.size(2);
+  check_shape(w.w3_EFD, {E, F, D}, "experts w3");
+  check_shape(w.w2_EDF, {E, D, F}, "experts w2");
+}
+
+// rows_per_expert must tile x_ND exactly: the layout is [expert 0 rows,
+// expert 1 rows, ...] and nothing else (padding rows belong to an expert).
+void check_rows(const std::vector<int64_t>& rows_per_expert, int64_t E, int64_t N) {
+  ORIGAMI_CHECK(static_cast<int64_t>(rows_per_expert.size()) == E, "rows_per_expert has ", rows_per_expert.size(),
+                " entries for ", E, " experts");
+  int64_t total = 0;
+  for (int64_t r : rows_per_expert) {
+    ORIGAMI_CHECK(r >= 0, "negative rows_per_expert entry ", r);
+    total += r;
+  }
+  ORIGAMI_CHECK(total == N, "rows_per_expert sums to ", total, " but x_ND has ", N, " rows");
+}
+
+}  // namespace
+
+Tensor experts_forward(const ExpertWeights& w, const Tensor& x_ND, const std::vector<int64_t>& rows_per_expert,
+                       ExpertsSaved& saved) {
+  check_weights(w, "experts_forward");
+  const int64_t E = w.num_experts(), F = w.w1_EFD.size(1), D = w.w1_EFD.size(2);
+  ORIGAMI_CHECK(x_ND.dim() == 2 && x_ND.size(1) == D, "experts_forward: x_ND ", shape_string(x_ND.shape()),
+                " should be [N, ", D, "]");
+  const int64_t N = x_ND.size(0);
+  check_rows(rows_per_expert, E, N);
+
+  saved.rows_per_expert = rows_per_expert;
+  saved.x_ND = x_ND;
+  saved.gate_NF = activation({N, F});  // x·W1ᵀ per expert
+  saved.up_NF = activation({N, F});    // x·W3ᵀ per expert
+  saved.h_NF = activation({N, F});     // silu(gate) ⊙ up
+  Tensor y_ND = activation({N, D});
+
+  int64_t off = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = rows_per_expert[e];
+    if (n == 0) continue;
+    const Tensor x = x_ND.slice(off, n);  // (n, D)
+    Tensor g = saved.gate_NF.slice(off, n), u = saved.up_NF.slice(off, n);
+    gemm(x, Trans::no, expert_matrix(w.w1_EFD, e), Trans::yes, g);  // (n, F)
+    gemm(x, Trans::no, expert_matrix(w.w3_EFD, e), Trans::yes, u);  // (n, F)
+    off += n;
+  }
+  // Every row belongs to some expert (rows tile N), so gate/up are fully
+  // written and one elementwise pass covers all experts.
+  swiglu_forward(saved.gate_NF, saved.up_NF, saved.h_NF);
+  off = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = rows_per_expert[e];
+    if (n == 0) continue;
+    Tensor y = y_ND.slice(off, n);
+    gemm(saved.h_NF.slice(off, n), Trans::no, expert_matrix(w.w2_EDF, e), Trans::yes, y);  // (n, D)
+    off += n;
+  }
+  return y_ND;
+}
+
+Tensor experts_backward(const ExpertWeights& w, const ExpertsSaved& saved, const Tensor& dy_ND, ExpertWeights& grad) {
+  check_weights(w, "experts_backward");
+  check_weights(grad, "experts_backward grad");
+  const int64_t E = w.num_experts(), F = w.w1_EFD.size(1), D = w.w1_EFD.size(2);
+  check_shape(grad.w1_EFD, w.w1_EFD.shape(), "experts grad w1");
+  const int64_t N = saved.x_ND.size(0);
+  check_shape(dy_ND, {N, D}, "experts dy_ND");
+  check_rows(saved.rows_per_expert, E, N);
+  const std::vector<int64_t>& rows = saved.rows_per_expert;
+
+  // dh = dy·W2 and dW2 += dyᵀ·h, per expert.
+  Tensor dh_NF = activation({N, F});
+  int64_t off = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = rows[e];
+    if (n == 0) continue;
+    const Tensor dy = dy_ND.slice(off, n);  // (n, D)
+    Tensor dh = dh_NF.slice(off, n);
+    Tensor dw2 = expert_matrix(grad.w2_EDF, e);
+    gemm(dy, Trans::no, expert_matrix(w.w2_EDF, e), Trans::no, dh);              // (n, F)
+    gemm(dy, Trans::yes, saved.h_NF.slice(off, n), Trans::no, dw2, 1.0f, 1.0f);  // (D, F)
+    off += n;
+  }
+  Tensor dgate_NF = activation({N, F}), dup_NF = activation({N, F});
+  swiglu_backward(dh_NF, saved.gate_NF, saved.up_NF, dgate_NF, dup_NF);
+
+  // dW1 += dgateᵀ·x, dW3 += dupᵀ·x, dx = dgate·W1 + dup·W3, per expert.
+  Tensor dx_ND = activation({N, D});
+  off = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = rows[e];
+    if (n == 0) continue;
+    const Tensor x = saved.x_ND.slice(off, n);
+    const Tensor dg = dgate_NF.slice(off, n), du = dup_NF.slice(off, n);
+    Tensor dw1 = expert_matrix(grad.w1_EFD, e), dw3 = expert_matrix(grad.w3_EFD, e);
+    Tensor dx = dx_ND.slice(off, n);
+    gemm(dg, Trans::yes, x, Trans::no, dw1, 1.0f, 1.0f);                  // (F, D)
+    gemm(du, Trans::yes, x, Trans::no, dw3, 1.0f, 1.0f);                  // (F, D)
+    gemm(dg, Trans::no, expert_matrix(w.w1_EFD, e), Trans::no, dx);       // (n, D)
+    gemm(du, Trans::no, expert_matrix(w.w3_EFD, e), Trans::no, dx, 1.0f, 1.0f);
+    off += n;
+  }
+  return dx_ND;
+}
+
+}  // namespace origami::moe

@@ -1,0 +1,155 @@
+// Router (see router.h): z = x·Wrᵀ through the gemm kernel, per-token scores,
+// top-k and weights in kernels/moe_ops, then the load-balancing and z losses
+// from one reduced statistics buffer. Backward turns the loss terms into
+// per-(segment, expert) coefficients on s' and a scalar on lse², lets the
+// per-token kernel apply the chain rule to dz, and finishes with two GEMMs.
+//
+// Aux loss (Megatron switch_load_balancing_loss_func), per segment b (the
+// whole micro-batch, or one sequence for seq_aux_loss), over the group's
+// tokens after the reduction:
+//   aux = coeff · E / S · Σ_b Σ_e f_be · P_be,  f_be = count_be / (T_b · k),
+//   P_be = Σ_{t∈b} s'_te / T_b,  T_b = T_group / S.
+// f is a constant (counts do not differentiate), so ∂aux/∂s'_te = coeff·E·f_be
+// / (S·T_b) for the local tokens t of b; summed over the group's ranks those
+// gradients are exactly the gradient of the group's aux value.
+#include "moe/router.h"
+
+#include <cmath>
+
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/moe_ops.h"
+
+namespace origami::moe {
+
+namespace {
+
+MoeTopkParams topk_params(const RouterOptions& opt) {
+  MoeTopkParams p;
+  p.score = opt.score_function == ScoreFunction::softmax ? MoeScore::softmax : MoeScore::sigmoid;
+  p.top_k = opt.top_k;
+  p.num_groups = opt.num_groups;
+  p.group_topk = opt.group_topk;
+  p.normalize = opt.normalize_topk;
+  p.scaling = opt.topk_scaling;
+  return p;
+}
+
+bool aux_active(const RouterOptions& opt) {
+  return opt.load_balancing != LoadBalancing::none && opt.aux_loss_coeff != 0.0f;
+}
+bool z_active(const RouterOptions& opt) { return opt.z_loss_coeff != 0.0f; }
+
+// Segments the aux statistics are kept per: sequences for seq_aux_loss.
+int64_t aux_segments(const RouterOptions& opt, int64_t T, int64_t seq_len) {
+  if (opt.load_balancing != LoadBalancing::seq_aux_loss) return 1;
+  ORIGAMI_CHECK(seq_len > 0 && T % seq_len == 0, "seq_aux_loss: ", T, " router tokens are not whole sequences of ",
+                seq_len);
+  return T / seq_len;
+}
+
+Tensor activation(Shape shape, DType dt = DType::f32) {
+  return Tensor::empty(std::move(shape), dt, MemCategory::activation);
+}
+
+}  // namespace
+
+Routing router_forward(const RouterOptions& opt, const Tensor& x_TD, const Tensor& gate_ED, const Tensor& bias_E,
+                       int64_t seq_len, RouterSaved& saved, RouterLosses& losses, const StatsReducer& reduce) {
+  ORIGAMI_CHECK(x_TD.defined() && gate_ED.defined(), "router_forward on an undefined tensor");
+  const int64_t T = x_TD.rows(), D = x_TD.cols(), E = opt.num_experts, K = opt.top_k;
+  check_shape(gate_ED, {E, D}, "router gate_ED (num_experts, hidden)");
+  const MoeTopkParams params = topk_params(opt);
+  check_moe_topk_params(params, E);
+
+  Tensor logits = activation({T, E});
+  gemm(x_TD, Trans::no, gate_ED, Trans::yes, logits);  // (T, E)
+  Tensor scores = activation({T, E});
+  Routing routing{activation({T, K}, DType::i32), activation({T, K})};
+  const bool want_aux = aux_active(opt), want_z = z_active(opt);
+  Tensor lse = want_z ? Tensor::empty({T}, DType::f32, MemCategory::workspace) : Tensor();
+  moe_topk_forward(logits, bias_E, params, scores, routing.expert_TK, routing.weight_TK, lse);
+
+  saved.x_TD = x_TD;
+  saved.logits_TE = logits;
+  saved.scores_TE = scores;
+  saved.expert_TK = routing.expert_TK;
+  saved.seq_len = seq_len;
+  saved.aux_counts.clear();
+  saved.aux_tokens = 0;
+  losses = RouterLosses{};
+  if (!want_aux && !want_z) return routing;
+
+  // One buffer, one reduction: [counts S·E | score sums S·E | tokens | Σ lse²].
+  const int64_t S = want_aux ? aux_segments(opt, T, seq_len) : 0, SE = S * E;
+  std::vector<double> buf(static_cast<size_t>(2 * SE + 2), 0.0);
+  if (want_aux) moe_routing_stats(scores, routing.expert_TK, params.score, T / S, buf.data(), buf.data() + SE);
+  buf[2 * SE] = static_cast<double>(T);
+  buf[2 * SE + 1] = want_z ? sum_squares(lse) : 0.0;
+  if (reduce) reduce(buf.data(), static_cast<int64_t>(buf.size()));
+  const double tokens = buf[2 * SE];
+  ORIGAMI_CHECK(tokens > 0, "router statistics cover no tokens after the reduction");
+  saved.aux_tokens = tokens;
+
+  if (want_aux) {
+    saved.aux_counts.assign(buf.begin(), buf.begin() + SE);
+    const double Tb = tokens / static_cast<double>(S);
+    double acc = 0.0;
+    for (int64_t i = 0; i < SE; ++i) acc += buf[i] / (Tb * static_cast<double>(K)) * (buf[SE + i] / Tb);
+    losses.aux_loss = opt.aux_loss_coeff * static_cast<double>(E) / static_cast<double>(S) * acc;
+  }
+  if (want_z) losses.z_loss = opt.z_loss_coeff * buf[2 * SE + 1] / tokens;
+  return routing;
+}
+
+Tensor router_backward(const RouterOptions& opt, const RouterSaved& saved, const Tensor& gate_ED,
+                       const Tensor& dweight_TK, float aux_scale, Tensor& dgate_ED) {
+  const Tensor& x = saved.x_TD;
+  ORIGAMI_CHECK(x.defined() && saved.logits_TE.defined(), "router_backward without a saved forward");
+  const int64_t T = x.rows(), D = x.cols(), E = opt.num_experts, K = opt.top_k;
+  check_shape(gate_ED, {E, D}, "router gate_ED");
+  check_shape(dgate_ED, {E, D}, "router dgate_ED");
+  const MoeTopkParams params = topk_params(opt);
+
+  // ∂(aux_scale · aux)/∂s'_te, one row per segment.
+  Tensor aux_SE;
+  int64_t seg_len = T;
+  if (aux_active(opt)) {
+    const int64_t SE = static_cast<int64_t>(saved.aux_counts.size()), S = SE / E;
+    ORIGAMI_CHECK(S >= 1 && S * E == SE && saved.aux_tokens > 0, "router_backward: saved aux statistics hold ", SE,
+                  " counts over ", saved.aux_tokens, " tokens; expected a positive multiple of ", E);
+    seg_len = T / S;
+    const double Tb = saved.aux_tokens / static_cast<double>(S);
+    const double c = static_cast<double>(aux_scale) * opt.aux_loss_coeff * static_cast<double>(E) /
+                     (static_cast<double>(S) * Tb * Tb * static_cast<double>(K));
+    aux_SE = Tensor::empty({S, E}, DType::f32, MemCategory::workspace);
+    for (int64_t i = 0; i < SE; ++i) aux_SE.f32()[i] = static_cast<float>(c * saved.aux_counts[i]);
+  }
+  // ∂(aux_scale · z_coeff · Σ lse² / T_group)/∂(Σ lse²).
+  const float z_coef =
+      z_active(opt) ? static_cast<float>(aux_scale * static_cast<double>(opt.z_loss_coeff) / saved.aux_tokens) : 0.0f;
+
+  Tensor dlogits = activation({T, E});
+  moe_topk_backward(saved.logits_TE, saved.scores_TE, saved.expert_TK, dweight_TK, aux_SE, seg_len, z_coef, params,
+                    dlogits);
+  Tensor dx = activation({T, D});
+  gemm(dlogits, Trans::no, gate_ED, Trans::no, dx);               // (T, D)
+  gemm(dlogits, Trans::yes, x, Trans::no, dgate_ED, 1.0f, 1.0f);  // (E, D)
+  return dx;
+}
+
+void update_expert_bias(Tensor& bias_E, const std::vector<int64_t>& load_E, float rate) {
+  const int64_t E = static_cast<int64_t>(load_E.size());
+  ORIGAMI_CHECK(bias_E.defined() && bias_E.dtype() == DType::f32, "expert bias must be a defined f32 tensor");
+  check_shape(bias_E, {E}, "expert bias_E");
+  int64_t total = 0;
+  for (int64_t l : load_E) total += l;
+  // sign(mean − load_e) = sign(Σ load − E·load_e), exact in integers (sign(0) = 0).
+  float* b = bias_E.f32();
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t d = total - E * load_E[e];
+    b[e] += rate * static_cast<float>((d > 0) - (d < 0));
+  }
+}
+
+}  // namespace origami::moe

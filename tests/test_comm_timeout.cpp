@@ -1,0 +1,120 @@
+// A rank that skips a collective must not hang the job: the ranks waiting in
+// it time out after collective_timeout_s, print rank, group, op, sequence
+// number and bytes, and MPI_Abort takes every rank down with a non-zero exit.
+//
+// The test (one process, no MPI) launches this same binary under mpirun in
+// child mode (`--hang-child SCENARIO TIMEOUT`), where one rank skips a
+// collective and every rank then stays busy, and checks exit status, wall
+// time and the message.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <regex>
+#include <thread>
+
+#include "cli_util.h"
+#include "comm/groups.h"
+
+namespace origami::comm {
+namespace {
+
+// ---- child mode: runs under mpirun ------------------------------------------------------------------
+
+int run_child(const std::string& scenario, double timeout_s) {
+  MPI_Init(nullptr, nullptr);
+  int rank = 0, world = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  LayoutOptions o;
+  GroupKind kind = GroupKind::dp;
+  int skipper = 1;
+  if (scenario == "ep_all_to_all_v") {  // W = 4: tp = 2 dense, ep = 2 expert
+    o.tp = 2;
+    o.ep = 2;
+    kind = GroupKind::ep;
+    skipper = 3;
+  }
+  Groups g = Groups::create(Layout(world, o), MPI_COMM_WORLD, Backend::mpi, CommOptions{timeout_s});
+  Communicator& c = g[kind];
+  const size_t n = static_cast<size_t>(c.size());
+  std::vector<float> v(std::max<size_t>(8, 2 * n), 1.0f), out(2 * n, 1.0f);
+  const std::vector<int64_t> counts(n, 2);
+  auto step = [&] {
+    if (scenario == "ep_all_to_all_v")
+      c.all_to_all_v(std::span<const float>(out), counts, std::span(v.data(), 2 * n), counts);
+    else
+      c.all_reduce(std::span(v.data(), 8));
+  };
+  step();  // seq 0
+  step();  // seq 1
+  // The skipper misses seq 2, as a rank lost in a data-dependent branch would.
+  // Ranks in other groups complete it. Then everyone stays busy: only the
+  // abort from the ranks stuck in seq 2 may end this job.
+  if (rank != skipper) step();  // seq 2
+  std::this_thread::sleep_for(std::chrono::duration<double>(timeout_s + 60));
+  std::printf("[rank %d] still alive\n", rank);
+  MPI_Finalize();
+  return 0;
+}
+
+// ---- the test ------------------------------------------------------------------------------------------
+
+struct Outcome {
+  testing::CommandResult result;
+  double seconds = 0;
+};
+
+Outcome launch(const std::string& scenario, int np, double timeout_s) {
+  // mpirun's daemons exec the path themselves, so /proc/self/exe must be resolved here.
+  char self[4096] = {};
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  EXPECT_GT(n, 0);
+  const std::string cmd = std::string(ORIGAMI_MPIEXEC) + " --allow-run-as-root --oversubscribe -n " +
+                          std::to_string(np) + " " + self + " --hang-child " + scenario + " " +
+                          std::to_string(timeout_s);
+  const auto t0 = std::chrono::steady_clock::now();
+  Outcome o;
+  o.result = testing::run_command(cmd);
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return o;
+}
+
+constexpr double kTimeout = 3.0;
+
+TEST(CommTimeout, SkippedAllReduceAbortsEveryRankNamingTheCall) {
+  const Outcome o = launch("dp_all_reduce", 3, kTimeout);
+  EXPECT_NE(o.result.status, 0) << o.result.output;
+  EXPECT_LT(o.seconds, kTimeout + 10) << o.result.output;
+  EXPECT_GE(o.seconds, kTimeout) << o.result.output;
+  // all_reduce of 8 floats over 3 ranks: rank 0 owns block 0 (3 elements) and
+  // sends 2·5·4 = 40 bytes; rank 2 owns 2 elements and sends 2·6·4 = 48.
+  EXPECT_TRUE(std::regex_search(o.result.output, std::regex(R"(\[rank (0|2)\] collective timeout: group dp op )"
+                                                            R"(all_reduce seq 2 bytes (40|48) after 3\.\d s)")))
+      << o.result.output;
+  EXPECT_EQ(o.result.output.find("still alive"), std::string::npos) << o.result.output;
+}
+
+TEST(CommTimeout, SkippedExpertAllToAllAbortsNamingTheExpertGroup) {
+  const Outcome o = launch("ep_all_to_all_v", 4, kTimeout);
+  EXPECT_NE(o.result.status, 0) << o.result.output;
+  EXPECT_LT(o.seconds, kTimeout + 10) << o.result.output;
+  // Rank 2's ep group is [2, 3]; it sends its 2 floats to rank 3: 8 bytes.
+  EXPECT_TRUE(std::regex_search(o.result.output, std::regex(R"(\[rank 2\] collective timeout: group ep op )"
+                                                            R"(all_to_all_v seq 2 bytes 8 after 3\.\d s)")))
+      << o.result.output;
+  EXPECT_EQ(o.result.output.find("still alive"), std::string::npos) << o.result.output;
+}
+
+}  // namespace
+}  // namespace origami::comm
+
+int main(int argc, char** argv) {
+  if (argc == 4 && std::strcmp(argv[1], "--hang-child") == 0)
+    return origami::comm::run_child(argv[2], std::atof(argv[3]));
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,326 @@
+// MoE routing kernels against naive references (ARCHITECTURE.md §9): top-k
+// forward on constructed logits (exact ties, group ties, bias, lse), the
+// per-token backward against fp64 central differences of a naive forward,
+// routing statistics over segments that straddle the 256-token chunks,
+// histograms; sentinel regions around outputs to catch out-of-bounds writes;
+// bitwise-equal results at 1 and 3 threads. moe/ tests cover capacity and the
+// permutation layout through the module API.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/moe_ops.h"
+
+namespace origami {
+namespace {
+
+constexpr float kSentinel = -12345.0f;
+
+Tensor make(Shape s, DType dt = DType::f32) { return Tensor::empty(std::move(s), dt, MemCategory::activation); }
+
+Tensor randn(Shape s, std::mt19937& g, float sd = 1.0f) {
+  Tensor t = make(std::move(s));
+  std::normal_distribution<float> nd(0.0f, sd);
+  for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = nd(g);
+  return t;
+}
+
+// An f32 output view with 16 sentinel floats on each side of it.
+struct Guarded {
+  Tensor storage, view;
+  explicit Guarded(Shape s) {
+    const int64_t n = shape_numel(s);
+    storage = make({n + 32});
+    std::fill(storage.f32(), storage.f32() + n + 32, kSentinel);
+    view = storage.flat_view(16, n, std::move(s));
+  }
+  void expect_intact(const char* what) const {
+    const int64_t n = view.numel();
+    for (int i = 0; i < 16; ++i) {
+      EXPECT_EQ(storage.f32()[i], kSentinel) << what << ": write before the output";
+      EXPECT_EQ(storage.f32()[16 + n + i], kSentinel) << what << ": write past the output";
+    }
+  }
+};
+
+// ------------------------------------------------------------ naive top-k (fp64)
+
+struct NaiveTopk {
+  std::vector<int> experts;
+  std::vector<double> weights, scores, lse;
+};
+
+NaiveTopk naive_topk(const std::vector<double>& z, int64_t E, const MoeTopkParams& p, const std::vector<double>& bias,
+                     const std::vector<int>* fixed_experts = nullptr) {
+  const int64_t T = int64_t(z.size()) / E, K = p.top_k;
+  NaiveTopk r;
+  for (int64_t t = 0; t < T; ++t) {
+    const double* zt = &z[t * E];
+    const double mx = *std::max_element(zt, zt + E);
+    double se = 0;
+    for (int64_t e = 0; e < E; ++e) se += std::exp(zt[e] - mx);
+    r.lse.push_back(mx + std::log(se));
+    std::vector<double> v(E);
+    for (int64_t e = 0; e < E; ++e) {
+      const double s = p.score == MoeScore::softmax ? std::exp(zt[e] - mx) / se : 1 / (1 + std::exp(-zt[e]));
+      r.scores.push_back(s);
+      v[e] = s + (bias.empty() ? 0.0 : bias[e]);
+    }
+    auto rank = [](const std::vector<double>& x) {
+      std::vector<int> idx(x.size());
+      std::iota(idx.begin(), idx.end(), 0);
+      std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return x[a] > x[b]; });
+      return idx;
+    };
+    if (p.num_groups > 1) {
+      const int64_t G = p.num_groups, Eg = E / G, m = K / p.group_topk;
+      std::vector<double> gs(G);
+      for (int64_t g = 0; g < G; ++g) {
+        std::vector<double> in(v.begin() + g * Eg, v.begin() + (g + 1) * Eg);
+        std::sort(in.rbegin(), in.rend());
+        gs[g] = std::accumulate(in.begin(), in.begin() + m, 0.0);
+      }
+      const std::vector<int> gr = rank(gs);
+      for (int64_t i = p.group_topk; i < G; ++i) std::fill(v.begin() + gr[i] * Eg, v.begin() + (gr[i] + 1) * Eg, -1e300);
+    }
+    std::vector<int> er = rank(v);
+    if (fixed_experts) std::copy(fixed_experts->begin() + t * K, fixed_experts->begin() + (t + 1) * K, er.begin());
+    double sum = 0;
+    for (int64_t j = 0; j < K; ++j) sum += r.scores[t * E + er[j]];
+    for (int64_t j = 0; j < K; ++j) {
+      r.experts.push_back(er[j]);
+      const double s = r.scores[t * E + er[j]];
+      r.weights.push_back((p.normalize ? s / (sum + 1e-20) : s) * p.scaling);
+    }
+  }
+  return r;
+}
+
+std::vector<double> to_double(const Tensor& t) { return std::vector<double>(t.f32(), t.f32() + t.numel()); }
+
+struct TopkOut {
+  Tensor scores, experts, weights, lse;
+};
+TopkOut run_topk(const Tensor& logits, const Tensor& bias, const MoeTopkParams& p) {
+  const int64_t T = logits.rows(), E = logits.cols();
+  TopkOut o{make({T, E}), make({T, p.top_k}, DType::i32), make({T, p.top_k}), make({T})};
+  moe_topk_forward(logits, bias, p, o.scores, o.experts, o.weights, o.lse);
+  return o;
+}
+
+TEST(KernelsMoe, TopkForwardMatchesNaiveWithLse) {
+  std::mt19937 rng(71);
+  const int64_t T = 50;
+  struct Case { int64_t E, K, G, gk; MoeScore sc; bool norm, bias; };
+  for (const Case& c : {Case{8, 2, 1, 1, MoeScore::softmax, false, false}, Case{16, 4, 4, 2, MoeScore::sigmoid, true, true},
+                        Case{32, 6, 8, 3, MoeScore::softmax, true, true}, Case{5, 5, 1, 1, MoeScore::sigmoid, false, true}}) {
+    MoeTopkParams p{c.sc, c.K, c.G, c.gk, c.norm, 1.5f};
+    Tensor logits = randn({T, c.E}, rng, 2.0f);
+    Tensor bias = c.bias ? randn({c.E}, rng, 0.1f) : Tensor();
+    const TopkOut o = run_topk(logits, bias, p);
+    const NaiveTopk n = naive_topk(to_double(logits), c.E, p, c.bias ? to_double(bias) : std::vector<double>{});
+    for (int64_t i = 0; i < T * c.K; ++i) {
+      EXPECT_EQ(o.experts.i32()[i], n.experts[i]) << "E " << c.E << " slot " << i;
+      // exp_fast and fp32 sums: < 1e-6 relative.
+      EXPECT_NEAR(o.weights.f32()[i], n.weights[i], 2e-6 * n.weights[i]);
+      EXPECT_GT(o.weights.f32()[i], 0.0f);
+    }
+    for (int64_t i = 0; i < T * c.E; ++i) EXPECT_NEAR(o.scores.f32()[i], n.scores[i], 2e-6 * n.scores[i] + 1e-12);
+    for (int64_t t = 0; t < T; ++t) EXPECT_NEAR(o.lse.f32()[t], n.lse[t], 1e-6 * (1 + std::abs(n.lse[t])));
+  }
+}
+
+TEST(KernelsMoe, TopkTiesOnConstructedLogits) {
+  auto logits_of = [](std::vector<float> v, int64_t E) {
+    Tensor t = make({int64_t(v.size()) / E, E});
+    std::copy(v.begin(), v.end(), t.f32());
+    return t;
+  };
+  // Expert ties: lower index first, output in descending order.
+  MoeTopkParams p{MoeScore::softmax, 3, 1, 1, false, 1.0f};
+  TopkOut o = run_topk(logits_of({1, 2, 2, 0, 2, 1}, 6), Tensor(), p);
+  EXPECT_EQ(std::vector<int>(o.experts.i32(), o.experts.i32() + 3), (std::vector<int>{1, 2, 4}));
+  // Group ties: groups {0,1}, {2,3}, {4,5}; groups 1 and 2 tie on the sum of
+  // their top-2 and beat group 0; group 1 (lower) is kept.
+  p = MoeTopkParams{MoeScore::sigmoid, 2, 3, 1, false, 1.0f};
+  o = run_topk(logits_of({0, 0, 1, 3, 3, 1}, 6), Tensor(), p);
+  EXPECT_EQ(std::vector<int>(o.experts.i32(), o.experts.i32() + 2), (std::vector<int>{3, 2}));
+  // Bias moves selection; weights stay the unbiased scores.
+  Tensor bias = make({6});
+  std::fill(bias.f32(), bias.f32() + 6, 0.0f);
+  bias.f32()[0] = 1.0f;
+  p = MoeTopkParams{MoeScore::sigmoid, 1, 1, 1, false, 1.0f};
+  o = run_topk(logits_of({0, 0, 1, 3, 3, 1}, 6), bias, p);
+  EXPECT_EQ(o.experts.i32()[0], 0);
+  EXPECT_FLOAT_EQ(o.weights.f32()[0], 0.5f);
+}
+
+// Objective the backward differentiates, in fp64 with the selection fixed.
+double naive_objective(const std::vector<double>& z, int64_t E, const MoeTopkParams& p, const std::vector<int>& experts,
+                       const std::vector<double>& R, const std::vector<double>& A, int64_t seg_len, double zc) {
+  const NaiveTopk n = naive_topk(z, E, p, {}, &experts);
+  const int64_t T = int64_t(z.size()) / E, K = p.top_k;
+  double f = 0;
+  for (int64_t i = 0; i < T * K; ++i) f += R[i] * n.weights[i];
+  for (int64_t t = 0; t < T; ++t) {
+    double norm = 0;
+    for (int64_t e = 0; e < E; ++e) norm += n.scores[t * E + e];
+    for (int64_t e = 0; e < E; ++e) {
+      const double s = n.scores[t * E + e];
+      f += A[(t / seg_len) * E + e] * (p.score == MoeScore::sigmoid ? s / (norm + 1e-20) : s);
+    }
+    f += zc * n.lse[t] * n.lse[t];
+  }
+  return f;
+}
+
+TEST(KernelsMoe, TopkBackwardMatchesFp64CentralDifferences) {
+  std::mt19937 rng(73);
+  const int64_t T = 12, E = 8, K = 3, seg = 4;
+  for (MoeScore sc : {MoeScore::softmax, MoeScore::sigmoid}) {
+    for (bool norm : {false, true}) {
+      MoeTopkParams p{sc, K, 2, 1, norm, 1.3f};
+      Tensor logits = randn({T, E}, rng, 1.5f), R = randn({T, K}, rng), A = randn({T / seg, E}, rng, 0.3f);
+      const TopkOut o = run_topk(logits, Tensor(), p);
+      const float zc = 0.07f;
+      Tensor dz = make({T, E});
+      moe_topk_backward(logits, o.scores, o.experts, R, A, seg, zc, p, dz);
+      const std::vector<int> experts(o.experts.i32(), o.experts.i32() + T * K);
+      std::vector<double> z = to_double(logits);
+      const std::vector<double> Rd = to_double(R), Ad = to_double(A);
+      // fp64 central differences, h = 1e-6: truncation ~1e-12, rounding ~1e-10.
+      for (int64_t i = 0; i < T * E; ++i) {
+        const double z0 = z[i];
+        z[i] = z0 + 1e-6;
+        const double fp = naive_objective(z, E, p, experts, Rd, Ad, seg, zc);
+        z[i] = z0 - 1e-6;
+        const double fm = naive_objective(z, E, p, experts, Rd, Ad, seg, zc);
+        z[i] = z0;
+        const double want = (fp - fm) / 2e-6;
+        // The kernel runs in fp32 (exp_fast, float sums): 1e-5 of the row scale.
+        EXPECT_NEAR(dz.f32()[i], want, 1e-5 * (1 + std::abs(want))) << "score " << int(sc) << " norm " << norm << " i " << i;
+      }
+    }
+  }
+}
+
+TEST(KernelsMoe, RoutingStatsPerSegmentAcrossChunkBoundaries) {
+  std::mt19937 rng(79);
+  const int64_t seg = 300, S = 3, T = seg * S, E = 6;  // segments straddle the 256-token chunks
+  for (MoeScore sc : {MoeScore::softmax, MoeScore::sigmoid}) {
+    MoeTopkParams p{sc, 2, 1, 1, false, 1.0f};
+    const TopkOut o = run_topk(randn({T, E}, rng), Tensor(), p);
+    std::vector<double> counts(S * E), sums(S * E);
+    moe_routing_stats(o.scores, o.experts, sc, seg, counts.data(), sums.data());
+    std::vector<double> wc(S * E, 0.0), ws(S * E, 0.0);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int j = 0; j < 2; ++j) wc[(t / seg) * E + o.experts.i32()[t * 2 + j]] += 1;
+      double norm = 0;
+      for (int64_t e = 0; e < E; ++e) norm += o.scores.f32()[t * E + e];
+      for (int64_t e = 0; e < E; ++e)
+        ws[(t / seg) * E + e] += o.scores.f32()[t * E + e] / (sc == MoeScore::sigmoid ? norm : 1.0);
+    }
+    for (int64_t i = 0; i < S * E; ++i) {
+      EXPECT_EQ(counts[i], wc[i]) << i;
+      EXPECT_NEAR(sums[i], ws[i], 1e-5 * ws[i]);  // fp32 per-token normalization
+      EXPECT_GT(sums[i], 0.0);
+    }
+    EXPECT_EQ(std::accumulate(counts.begin(), counts.end(), 0.0), double(T * 2));
+  }
+}
+
+TEST(KernelsMoe, HistogramCountsKeptSlots) {
+  Tensor ex = make({4, 2}, DType::i32), kept = make({4, 2}, DType::u8), cnt = make({3}, DType::i64);
+  const int32_t e[] = {0, 2, 2, 1, 2, 0, 1, 2};
+  const uint8_t k[] = {1, 1, 0, 1, 1, 1, 0, 1};
+  std::copy(e, e + 8, ex.i32());
+  std::copy(k, k + 8, kept.data<uint8_t>());
+  moe_expert_histogram(ex, Tensor(), 3, cnt);
+  EXPECT_EQ(std::vector<int64_t>(cnt.data<int64_t>(), cnt.data<int64_t>() + 3), (std::vector<int64_t>{2, 2, 4}));
+  moe_expert_histogram(ex, kept, 3, cnt);
+  EXPECT_EQ(std::vector<int64_t>(cnt.data<int64_t>(), cnt.data<int64_t>() + 3), (std::vector<int64_t>{2, 1, 3}));
+}
+
+// Row maps for a small routing with one drop and padding to 3 rows/expert.
+struct Maps {
+  Tensor row_of, token, slot;
+};
+Maps small_maps(const Tensor& ex, const Tensor& kept, int64_t E, int64_t rows_each) {
+  Tensor rows = make({E}, DType::i64);
+  std::fill(rows.data<int64_t>(), rows.data<int64_t>() + E, rows_each);
+  Maps m{make(ex.shape(), DType::i32), make({E * rows_each}, DType::i32), make({E * rows_each}, DType::i32)};
+  moe_permutation_maps(ex, kept, rows, m.row_of, m.token, m.slot);
+  return m;
+}
+
+TEST(KernelsMoe, GathersStayInsideTheirOutputs) {
+  std::mt19937 rng(83);
+  const int64_t T = 5, K = 2, E = 3, D = 7;
+  Tensor ex = make({T, K}, DType::i32), kept = make({T, K}, DType::u8);
+  const int32_t e[] = {0, 1, 1, 2, 0, 2, 1, 0, 2, 1};
+  std::copy(e, e + 10, ex.i32());
+  std::fill(kept.data<uint8_t>(), kept.data<uint8_t>() + 10, 1);
+  kept.data<uint8_t>()[9] = 0;  // token 4's expert-1 slot dropped
+  const Maps m = small_maps(ex, kept, E, 4);
+  Tensor x = randn({T, D}, rng), w = randn({T, K}, rng);
+  Guarded x_ND({E * 4, D}), out({T, D}), dy({E * 4, D}), dw({T, K});
+  moe_permute_rows(x, m.token, x_ND.view);
+  moe_unpermute_rows(x_ND.view, m.row_of, w, out.view);
+  moe_unpermute_rows_backward(x, x_ND.view, m.row_of, m.token, w, dy.view, dw.view);
+  x_ND.expect_intact("permute");
+  out.expect_intact("unpermute");
+  dy.expect_intact("unpermute dy");
+  dw.expect_intact("unpermute dweight");
+  // Expert 1 holds tokens 0, 1, 3 (slots 1, 0, 0) and one padding row.
+  const int32_t want_tok[] = {0, 2, 3, -1, 0, 1, 3, -1, 1, 2, 4, -1};
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(m.token.i32()[i], want_tok[i]) << "row " << i;
+  EXPECT_EQ(m.row_of.i32()[9], -1);
+  EXPECT_EQ(dw.view.f32()[9], 0.0f);
+  for (int64_t d = 0; d < D; ++d) {
+    EXPECT_EQ(x_ND.view.f32()[3 * D + d], 0.0f);
+    EXPECT_EQ(x_ND.view.f32()[4 * D + d], x.f32()[0 * D + d]);
+    EXPECT_NEAR(out.view.f32()[4 * D + d], w.f32()[8] * x.f32()[4 * D + d], 1e-6);  // one kept slot
+  }
+}
+
+// Every op gives bitwise-identical results at 1 and 3 threads.
+TEST(KernelsMoe, ResultsDoNotDependOnThreadCount) {
+  std::mt19937 rng(89);
+  const int64_t T = 700, E = 16, K = 4, D = 33;
+  MoeTopkParams p{MoeScore::sigmoid, K, 4, 2, true, 2.0f};
+  Tensor logits = randn({T, E}, rng, 2.0f), R = randn({T, K}, rng), A = randn({1, E}, rng), x = randn({T, D}, rng);
+  auto run = [&](int threads) {
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    std::vector<float> out;
+    const TopkOut o = run_topk(logits, Tensor(), p);
+    std::vector<double> c(E), s(E);
+    moe_routing_stats(o.scores, o.experts, p.score, T, c.data(), s.data());
+    Tensor dz = make({T, E});
+    moe_topk_backward(logits, o.scores, o.experts, R, A, T, 0.01f, p, dz);
+    const Maps m = small_maps(o.experts, Tensor(), E, T);
+    Tensor x_ND = make({E * T, D}), y = make({T, D}), dy = make({E * T, D}), dw = make({T, K});
+    moe_permute_rows(x, m.token, x_ND);
+    moe_unpermute_rows(x_ND, m.row_of, o.weights, y);
+    moe_unpermute_rows_backward(x, x_ND, m.row_of, m.token, o.weights, dy, dw);
+    Tensor dx = make({T, D});
+    std::fill(dx.f32(), dx.f32() + T * D, 0.0f);
+    moe_permute_rows_backward(dy, m.row_of, dx);
+    for (const Tensor& t : {o.scores, o.weights, dz, y, dw, dx}) out.insert(out.end(), t.f32(), t.f32() + t.numel());
+    for (int64_t e = 0; e < E; ++e) out.push_back(float(c[e])), out.push_back(float(s[e])), out.push_back(float(s[e] - float(s[e])));
+    omp_set_num_threads(saved);
+    return out;
+  };
+  const std::vector<float> one = run(1), three = run(3);
+  ASSERT_EQ(one.size(), three.size());
+  for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(one[i], three[i]) << "element " << i;
+}
+
+}  // namespace
+}  // namespace origami
