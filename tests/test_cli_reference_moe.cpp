@@ -12,6 +12,8 @@
 // The measured errors are printed ("reference:" lines) for the release note.
 // Needs /usr/bin/python3 with numpy and torch (tools/setup.sh installs them).
 #include <gtest/gtest.h>
+
+#include "reference_harness.h"
 #include <sys/wait.h>
 
 #include <array>
@@ -38,63 +40,8 @@ const std::string kReference = std::string(ORIGAMI_SOURCE_DIR) + "/tests/referen
 constexpr double kTol = 1e-4;
 constexpr int kSeqLen = 32;
 
-struct CmdResult {
-  int status = -1;
-  std::string out;  // stdout only
-  std::string all;  // stdout + stderr (stderr goes to a file, appended)
-};
+using namespace origami::testing;
 
-// Runs `cmd` through the shell; stdout and stderr captured separately (the
-// JSON results are on stdout).
-CmdResult run(const std::string& cmd, const std::string& scratch) {
-  CmdResult r;
-  const std::string err_path = scratch + "/stderr.txt";
-  FILE* pipe = popen((cmd + " 2>" + err_path).c_str(), "r");
-  if (!pipe) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-  const int raw = pclose(pipe);
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-  std::ifstream in(err_path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.all = r.out + ss.str();
-  return r;
-}
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary) << text;
-}
-
-// Deterministic English-ish prose with a few multi-byte UTF-8 words, about
-// `bytes` long.
-std::string prose(uint32_t seed, size_t bytes) {
-  static const std::vector<std::string> words = {
-      "the", "a", "of", "and", "to", "in", "is", "that", "it", "was", "for", "on", "are", "with", "as", "his",
-      "they", "be", "at", "one", "have", "this", "from", "or", "had", "by", "word", "but", "what", "some", "we",
-      "can", "out", "other", "were", "all", "there", "when", "up", "use", "your", "how", "said", "an", "each",
-      "she", "which", "do", "their", "time", "if", "will", "way", "about", "many", "then", "them", "write",
-      "expert", "router", "token", "gate", "café", "naïve", "Zürich", "fortune", "cookie", "memory", "brown"};
-  uint64_t s = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-  auto next = [&s] {
-    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-    return static_cast<uint32_t>(s >> 33);
-  };
-  std::string out;
-  bool cap = true;
-  while (out.size() < bytes) {
-    std::string w = words[next() % words.size()];
-    if (cap) w[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(w[0])));
-    out += w;
-    const uint32_t r = next() % 16;
-    cap = r < 2;
-    out += r == 0 ? ".\n" : r == 1 ? ". " : r == 2 ? ", " : " ";
-  }
-  return out;
-}
-
-double rel_diff(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-300); }
 
 class CliReferenceMoe : public ::testing::Test {
  protected:
