@@ -4,6 +4,8 @@
 // rule it broke.
 #include "engine/config.h"
 
+#include "comm/layout.h"
+
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -592,6 +594,19 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 void validate_for_world(const Config& cfg, int world_size) {
   const ParallelConfig& p = cfg.parallel;
   const std::string& src = cfg.source;
+  // The layout rules of ARCHITECTURE.md §3 first, so a bad layout is reported
+  // as such (with its numbers) whatever the engine supports today.
+  try {
+    comm::Layout layout(world_size, comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, cfg.moe.num_experts});
+    const TrainingConfig& t = cfg.training;
+    if (t.global_batch % (t.micro_batch * layout.dp()) != 0)
+      ORIGAMI_USER_ERROR("training.global_batch = ", t.global_batch,
+                         " must be a multiple of training.micro_batch · DP = ", t.micro_batch, " · ", layout.dp(),
+                         " = ", t.micro_batch * layout.dp(), " (DP = world size / (tp·cp·pp))");
+  } catch (const UserError& e) {
+    ORIGAMI_USER_ERROR(src, ": ", e.what());
+  }
+
   const struct {
     std::string_view key;
     int64_t size;
@@ -605,21 +620,6 @@ void validate_for_world(const Config& cfg, int world_size) {
     if (a.size != 1) ORIGAMI_USER_ERROR(src, ": ", a.key, " = ", a.size, ": only 1 is supported until ", a.feature, " lands");
   if (world_size != 1)
     ORIGAMI_USER_ERROR(src, ": world size ", world_size, ": only 1 rank is supported until data parallelism lands");
-
-  // The general layout rules (ARCHITECTURE.md §3), ready for when the above lift.
-  const int64_t W = world_size, dense_cut = p.tp * p.cp * p.pp, expert_cut = p.etp * p.ep * p.pp;
-  if (W % dense_cut != 0)
-    ORIGAMI_USER_ERROR(src, ": world size ", W, " must be divisible by parallel.tp·cp·pp = ", p.tp, "·", p.cp, "·",
-                       p.pp, " = ", dense_cut);
-  if (W % expert_cut != 0)
-    ORIGAMI_USER_ERROR(src, ": world size ", W, " must be divisible by parallel.etp·ep·pp = ", p.etp, "·", p.ep, "·",
-                       p.pp, " = ", expert_cut);
-  const int64_t dp = W / dense_cut;
-  const TrainingConfig& t = cfg.training;
-  if (t.global_batch % (t.micro_batch * dp) != 0)
-    ORIGAMI_USER_ERROR(src, ": training.global_batch = ", t.global_batch,
-                       " must be a multiple of training.micro_batch · DP = ", t.micro_batch, " · ", dp, " = ",
-                       t.micro_batch * dp, " (DP = world size / (tp·cp·pp))");
 }
 
 }  // namespace origami

@@ -564,6 +564,28 @@ TEST(Config, LoadConfigMissingFile) {
 TEST(Config, ValidateForWorld) {
   Config c = parse_config(kMinimal, kFile);
   EXPECT_NO_THROW(validate_for_world(c, 1));
+  // The batch rule needs DP: 8 samples cannot split into micro-batches of 8 over 4 ranks.
+  try {
+    validate_for_world(c, 4);
+    FAIL() << "no UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("test.toml: training.global_batch = 8 must be a multiple of "
+                                         "training.micro_batch · DP = 8 · 4 = 32"),
+              std::string::npos)
+        << e.what();
+  }
+  // Layout rules (comm::Layout) come before what the engine supports today.
+  c.parallel.tp = 2;
+  try {
+    validate_for_world(c, 3);
+    FAIL() << "no UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("test.toml: "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("divisible"), std::string::npos) << e.what();
+  }
+  c.parallel.tp = 1;
+  c.training.micro_batch = 2;
   try {
     validate_for_world(c, 4);
     FAIL() << "no UserError";
