@@ -32,6 +32,14 @@ inline Tensor random_tensor(Shape shape, std::mt19937& rng, float stddev = 1.0f,
   return t;
 }
 
+// Token windows [B, S1] with ids uniform in [0, V).
+inline Tensor random_tokens(int64_t B, int64_t S1, int64_t V, std::mt19937& rng) {
+  Tensor t = Tensor::empty({B, S1}, DType::i32, MemCategory::activation);
+  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(V - 1));
+  for (int64_t i = 0; i < t.numel(); ++i) t.i32()[i] = d(rng);
+  return t;
+}
+
 inline double dot(const Tensor& a, const Tensor& b) {
   double s = 0;
   for (int64_t i = 0; i < a.numel(); ++i) s += static_cast<double>(a.f32()[i]) * b.f32()[i];

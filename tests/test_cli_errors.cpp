@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "cli_util.h"
 
@@ -66,6 +68,21 @@ TEST_F(CliErrors, GoodConfigTrains) {
   auto r = train_with(tiny_config(dir / "good"));
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("lm loss"), std::string::npos) << r.output;
+}
+
+TEST_F(CliErrors, TrainJsonPrintsTheMetricsRecords) {
+  auto r = train_with(tiny_config(dir / "good"), "--json --set training.steps=2");
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::istringstream lines(r.output);
+  std::string line;
+  int records = 0;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line[0] != '{') continue;
+    auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j.at("step").get<int>(), ++records);
+    EXPECT_GT(j.at("lm_loss").get<double>(), 0.0);
+  }
+  EXPECT_EQ(records, 2) << r.output;
 }
 
 TEST_F(CliErrors, UnknownKeyWithDidYouMean) {

@@ -28,17 +28,10 @@ ModelConfig tiny_model() {
   return m;
 }
 
-Tensor random_tokens(int64_t B, int64_t S1, int64_t V, std::mt19937& rng) {
-  Tensor t = Tensor::empty({B, S1}, DType::i32, MemCategory::activation);
-  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(V - 1));
-  for (int64_t i = 0; i < t.numel(); ++i) t.i32()[i] = d(rng);
-  return t;
-}
-
 TEST(Model, FiniteDifferenceThroughEveryParameter) {
   std::mt19937 rng(11);
   Model model(tiny_model(), 5);
-  Tensor tokens = random_tokens(2, 11, 37, rng);
+  Tensor tokens = testing::random_tokens(2, 11, 37, rng);
   const float scale = 1.0f / 20.0f;  // mean over 2·10 tokens
   auto objective = [&] {
     ModelSaved saved;
@@ -58,7 +51,7 @@ TEST(Model, FiniteDifferenceThroughEveryParameter) {
 TEST(Model, GradientAccumulationMatchesOneBigMicroBatch) {
   std::mt19937 rng(12);
   Model a(tiny_model(), 9), b(tiny_model(), 9);
-  Tensor tokens = random_tokens(4, 9, 37, rng);
+  Tensor tokens = testing::random_tokens(4, 9, 37, rng);
   const float scale = 1.0f / 32.0f;
   a.params().zero_grads();
   b.params().zero_grads();

@@ -39,13 +39,6 @@ MoeConfig tiny_moe() {
   return m;
 }
 
-Tensor random_tokens(int64_t B, int64_t S1, int64_t V, std::mt19937& rng) {
-  Tensor t = Tensor::empty({B, S1}, DType::i32, MemCategory::activation);
-  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(V - 1));
-  for (int64_t i = 0; i < t.numel(); ++i) t.i32()[i] = d(rng);
-  return t;
-}
-
 TEST(MoeModel, LayerPatternAndNames) {
   Model model(tiny_model(), 1, tiny_moe());
   EXPECT_NO_THROW(model.params().param("model.layers.0.mlp.gate_proj.weight"));
@@ -64,7 +57,7 @@ TEST(MoeModel, FiniteDifferenceThroughEveryParameterWithAuxAndZLoss) {
   MoeConfig moe = tiny_moe();
   moe.top_k = moe.num_experts;
   Model model(tiny_model(), 3, moe);
-  Tensor tokens = random_tokens(2, 9, 29, rng);
+  Tensor tokens = testing::random_tokens(2, 9, 29, rng);
   const float lm_scale = 1.0f / 16.0f, aux_scale = 0.5f;
   // Objective = lm_scale·Σ loss + aux_scale·Σ_layers (aux + z).
   auto objective = [&] {
