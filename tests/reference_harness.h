@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
+#include <random>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -78,5 +80,37 @@ inline std::string prose(uint32_t seed, size_t bytes) {
 }
 
 inline double rel_diff(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-300); }
+
+// A scratch directory with a byte-level corpus of three prose files,
+// preprocessed by `binary` into <dir>/data, and whether `python` can import
+// the reference's dependencies. Each fixture makes one per suite.
+struct ReferenceCorpus {
+  std::string dir;
+  CmdResult preprocess, python;
+};
+
+inline ReferenceCorpus make_reference_corpus(const std::string& binary, const std::string& python,
+                                             const std::string& tag, uint32_t seed,
+                                             const std::array<size_t, 3>& sizes) {
+  ReferenceCorpus c;
+  std::random_device rd;
+  c.dir = (std::filesystem::temp_directory_path() / ("origami-" + tag + "-" + std::to_string(rd()))).string();
+  std::filesystem::create_directories(c.dir);
+  std::string inputs;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const std::string p = c.dir + "/doc" + std::to_string(i) + ".txt";
+    write_text(p, prose(seed + static_cast<uint32_t>(i), sizes[i]));
+    inputs += " " + p;
+  }
+  c.preprocess = run(binary + " preprocess --format text --input" + inputs + " --output-prefix " + c.dir + "/data",
+                     c.dir);
+  c.python = run(python + " -c 'import numpy, torch'", c.dir);
+  return c;
+}
+
+inline void remove_reference_corpus(const ReferenceCorpus& c) {
+  std::error_code ec;
+  std::filesystem::remove_all(c.dir, ec);
+}
 
 }  // namespace origami::testing

@@ -45,32 +45,14 @@ using namespace origami::testing;
 class CliReference : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    std::random_device rd;
-    dir_ = (fs::temp_directory_path() / ("origami-reference-" + std::to_string(rd()))).string();
-    fs::create_directories(dir_);
-    std::string inputs;
-    const size_t sizes[] = {2500, 1800, 3100};
-    for (int i = 0; i < 3; ++i) {
-      const std::string p = dir_ + "/doc" + std::to_string(i) + ".txt";
-      write_text(p, prose(17 + i, sizes[i]));
-      inputs += " " + p;
-    }
-    CmdResult r = run(kBinary + " preprocess --format text --input" + inputs + " --output-prefix " + dir_ + "/data",
-                dir_);
-    preprocess_status_ = r.status;
-    preprocess_output_ = r.all;
-    CmdResult py = run(kPython + " -c 'import numpy, torch'", dir_);
-    python_ok_ = py.status == 0;
-    python_output_ = py.all;
+    corpus_ = make_reference_corpus(kBinary, kPython, "reference", 17, {2500, 1800, 3100});
+    dir_ = corpus_.dir;
   }
-  static void TearDownTestSuite() {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
+  static void TearDownTestSuite() { remove_reference_corpus(corpus_); }
   void SetUp() override {
-    ASSERT_EQ(preprocess_status_, 0) << preprocess_output_;
-    ASSERT_TRUE(python_ok_) << kPython << " cannot import numpy and torch (tools/setup.sh installs "
-                            << "python3-numpy python3-torch):\n" << python_output_;
+    ASSERT_EQ(corpus_.preprocess.status, 0) << corpus_.preprocess.all;
+    ASSERT_EQ(corpus_.python.status, 0) << kPython << " cannot import numpy and torch (tools/setup.sh installs "
+                                        << "python3-numpy python3-torch):\n" << corpus_.python.all;
   }
 
   static std::string path(const std::string& name) { return dir_ + "/" + name; }
@@ -215,17 +197,11 @@ class CliReference : public ::testing::Test {
   }
 
   static std::string dir_;
-  static int preprocess_status_;
-  static std::string preprocess_output_;
-  static bool python_ok_;
-  static std::string python_output_;
+  static ReferenceCorpus corpus_;
 };
 
 std::string CliReference::dir_;
-int CliReference::preprocess_status_ = -1;
-std::string CliReference::preprocess_output_;
-bool CliReference::python_ok_ = false;
-std::string CliReference::python_output_;
+ReferenceCorpus CliReference::corpus_;
 
 // The reference itself: its .idx / safetensors parsers against files written
 // with plain numpy, the vectorized torch model against a naive per-token loop,
