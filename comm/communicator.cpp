@@ -54,6 +54,10 @@ int64_t reduce_scatter(int64_t recv_count, size_t elem, int n) {
   return static_cast<int64_t>(n - 1) * recv_count * static_cast<int64_t>(elem);
 }
 
+int64_t reduce_scatter_v(std::span<const int64_t> counts, size_t elem, int rank) {
+  return all_to_all_v(counts, elem, rank);  // every block but our own leaves once
+}
+
 int64_t all_to_all_v(std::span<const int64_t> send_counts, size_t elem, int rank) {
   int64_t sent = 0;
   for (size_t p = 0; p < send_counts.size(); ++p)
@@ -128,14 +132,39 @@ void Communicator::check_peer(int peer, const char* what) const {
   ORIGAMI_CHECK(peer >= 0 && peer < size(), "group ", name_, ": ", what, " rank ", peer, " outside group of ", size());
 }
 
+void Communicator::check_block_counts(std::span<const int64_t> counts, int64_t buffer, const char* op,
+                                      const char* which) const {
+  ORIGAMI_CHECK(static_cast<int64_t>(counts.size()) == size(), "group ", name_, " ", op, ": ", counts.size(),
+                " counts for a group of ", size());
+  int64_t total = 0;
+  for (int p = 0; p < size(); ++p) {
+    ORIGAMI_CHECK(counts[p] >= 0, "group ", name_, " ", op, ": negative count for rank ", p);
+    total += counts[p];
+  }
+  ORIGAMI_CHECK(total == buffer, "group ", name_, " ", op, ": counts sum to ", total, ", the ", which, " buffer holds ",
+                buffer);
+}
+
 Request Communicator::launch(const Call& c, int64_t bytes) {
   const int64_t n = size();
   switch (c.op) {
     case CommOp::all_gather:
+      if (!c.recv_counts.empty()) {
+        check_block_counts(c.recv_counts, c.recv_count, "all_gather_v", "recv");
+        ORIGAMI_CHECK(c.send_count == c.recv_counts[rank_], "group ", name_, " all_gather_v: send holds ",
+                      c.send_count, " elements, this rank's count is ", c.recv_counts[rank_]);
+        break;
+      }
       ORIGAMI_CHECK(c.recv_count == n * c.send_count, "group ", name_, " all_gather: recv holds ", c.recv_count,
                     " elements, expected ", n, " x ", c.send_count);
       break;
     case CommOp::reduce_scatter:
+      if (!c.send_counts.empty()) {
+        check_block_counts(c.send_counts, c.send_count, "reduce_scatter_v", "send");
+        ORIGAMI_CHECK(c.recv_count == c.send_counts[rank_], "group ", name_, " reduce_scatter_v: recv holds ",
+                      c.recv_count, " elements, this rank's count is ", c.send_counts[rank_]);
+        break;
+      }
       ORIGAMI_CHECK(c.send_count == n * c.recv_count, "group ", name_, " reduce_scatter: send holds ", c.send_count,
                     " elements, expected ", n, " x ", c.recv_count);
       break;

@@ -17,6 +17,8 @@
 //                  sending every block but its own once per phase
 //   all_gather     (n − 1) · send count · elem
 //   reduce_scatter (n − 1) · recv count · elem
+//   all_gather_v   (n − 1) · send count · elem  (counted under all_gather)
+//   reduce_scatter_v Σ_{p ≠ rank} counts[p] · elem  (under reduce_scatter)
 //   all_to_all_v   Σ_{p ≠ rank} send_counts[p] · elem (the self block stays)
 //   broadcast      count · elem on every rank but the last of the ring that
 //                  starts at the root (rank (root + n − 1) % n sends nothing)
@@ -91,6 +93,7 @@ namespace ring_bytes {
 int64_t all_reduce(int64_t count, size_t elem, int rank, int n);
 int64_t all_gather(int64_t send_count, size_t elem, int n);
 int64_t reduce_scatter(int64_t recv_count, size_t elem, int n);
+int64_t reduce_scatter_v(std::span<const int64_t> counts, size_t elem, int rank);
 int64_t all_to_all_v(std::span<const int64_t> send_counts, size_t elem, int rank);
 int64_t broadcast(int64_t count, size_t elem, int rank, int root, int n);
 }  // namespace ring_bytes
@@ -159,6 +162,17 @@ class Communicator {
   template <CommElement S, CommElement T>
   requires SameElement<S, T> Request reduce_scatter_async(std::span<S> send, std::span<T> recv,
                                                           ReduceOp op = ReduceOp::sum);
+  // Variable blocks: rank p contributes recv_counts[p] elements (its send
+  // holds exactly recv_counts[rank]); recv gets them packed in rank order.
+  template <CommElement S, CommElement T>
+  requires SameElement<S, T> Request all_gather_v_async(std::span<S> send, std::span<T> recv,
+                                                        std::span<const int64_t> recv_counts);
+  // Variable blocks: send holds counts[p] elements for each rank p, packed in
+  // rank order; block p reduces onto rank p, whose recv holds counts[p].
+  template <CommElement S, CommElement T>
+  requires SameElement<S, T> Request reduce_scatter_v_async(std::span<S> send, std::span<T> recv,
+                                                            std::span<const int64_t> counts,
+                                                            ReduceOp op = ReduceOp::sum);
   // Block p of send (send_counts[p] elements, packed in rank order) goes to
   // rank p; recv gets recv_counts[p] elements from rank p. Zero counts are fine.
   template <CommElement S, CommElement T>
@@ -183,6 +197,17 @@ class Communicator {
   requires SameElement<S, T>
   void reduce_scatter(std::span<S> send, std::span<T> recv, ReduceOp op = ReduceOp::sum) {
     reduce_scatter_async(send, recv, op).wait();
+  }
+  template <CommElement S, CommElement T>
+  requires SameElement<S, T>
+  void all_gather_v(std::span<S> send, std::span<T> recv, std::span<const int64_t> recv_counts) {
+    all_gather_v_async(send, recv, recv_counts).wait();
+  }
+  template <CommElement S, CommElement T>
+  requires SameElement<S, T>
+  void reduce_scatter_v(std::span<S> send, std::span<T> recv, std::span<const int64_t> counts,
+                        ReduceOp op = ReduceOp::sum) {
+    reduce_scatter_v_async(send, recv, counts, op).wait();
   }
   template <CommElement S, CommElement T>
   requires SameElement<S, T>
@@ -219,7 +244,9 @@ class Communicator {
     void* recv = nullptr;
     int64_t send_count = 0;  // all_reduce: count; all_gather: per-rank block; reduce_scatter: total
     int64_t recv_count = 0;
-    std::span<const int64_t> send_counts, recv_counts;  // all_to_all_v
+    // all_to_all_v: both. all_gather with recv_counts and reduce_scatter with
+    // send_counts are the variable-block (_v) forms.
+    std::span<const int64_t> send_counts, recv_counts;
     int peer = 0;                                       // send/recv peer, broadcast root (group ranks)
     int tag = 0;
   };
@@ -230,6 +257,7 @@ class Communicator {
  private:
   Request launch(const Call& call, int64_t bytes);
   void check_peer(int peer, const char* what) const;
+  void check_block_counts(std::span<const int64_t> counts, int64_t buffer, const char* op, const char* which) const;
 
   std::string name_;
   std::vector<int> members_;
@@ -277,6 +305,36 @@ requires SameElement<S, T> Request Communicator::reduce_scatter_async(std::span<
   c.send_count = static_cast<int64_t>(send.size());
   c.recv_count = static_cast<int64_t>(recv.size());
   return launch(c, ring_bytes::reduce_scatter(c.recv_count, sizeof(T), size()));
+}
+
+template <CommElement S, CommElement T>
+requires SameElement<S, T> Request Communicator::all_gather_v_async(std::span<S> send, std::span<T> recv,
+                                                                    std::span<const int64_t> recv_counts) {
+  Call c;
+  c.op = CommOp::all_gather;
+  c.type = elem_type_of<T>::value;
+  c.send = send.data();
+  c.recv = recv.data();
+  c.send_count = static_cast<int64_t>(send.size());
+  c.recv_count = static_cast<int64_t>(recv.size());
+  c.recv_counts = recv_counts;
+  return launch(c, ring_bytes::all_gather(c.send_count, sizeof(T), size()));
+}
+
+template <CommElement S, CommElement T>
+requires SameElement<S, T> Request Communicator::reduce_scatter_v_async(std::span<S> send, std::span<T> recv,
+                                                                        std::span<const int64_t> counts,
+                                                                        ReduceOp op) {
+  Call c;
+  c.op = CommOp::reduce_scatter;
+  c.type = elem_type_of<T>::value;
+  c.reduce = op;
+  c.send = send.data();
+  c.recv = recv.data();
+  c.send_count = static_cast<int64_t>(send.size());
+  c.recv_count = static_cast<int64_t>(recv.size());
+  c.send_counts = counts;
+  return launch(c, ring_bytes::reduce_scatter_v(counts, sizeof(T), rank()));
 }
 
 template <CommElement S, CommElement T>

@@ -31,7 +31,7 @@ class MpiPending final : public detail::PendingOp {
     return done != 0;
   }
   MPI_Request req = MPI_REQUEST_NULL;
-  std::vector<int> counts;  // all_to_all_v: send counts, send displs, recv counts, recv displs
+  std::vector<int> counts;  // count/displacement arrays MPI reads until completion
 };
 
 // MPI counts are int; bigger messages are a caller bug at today's sizes.
@@ -74,6 +74,19 @@ std::unique_ptr<detail::PendingOp> MpiCommunicator::start(const Call& c) {
           MPI_Iallreduce(MPI_IN_PLACE, c.recv, as_count(c.recv_count, g, c.op), t, mpi_op(c.reduce), comm_, &p->req));
       break;
     case CommOp::all_gather: {
+      if (!c.recv_counts.empty()) {  // all_gather_v
+        const int n = size();
+        p->counts.resize(2 * static_cast<size_t>(n));
+        int64_t off = 0;
+        for (int i = 0; i < n; ++i) {
+          p->counts[i] = as_count(c.recv_counts[i], g, c.op);
+          p->counts[n + i] = as_count(off, g, c.op);
+          off += c.recv_counts[i];
+        }
+        MPI_CHECK(MPI_Iallgatherv(c.send, as_count(c.send_count, g, c.op), t, c.recv, p->counts.data(),
+                                  p->counts.data() + n, t, comm_, &p->req));
+        break;
+      }
       const int n = as_count(c.send_count, g, c.op);
       // The send block already sitting at this rank's slot of recv means in place.
       const void* own =
@@ -82,6 +95,12 @@ std::unique_ptr<detail::PendingOp> MpiCommunicator::start(const Call& c) {
       break;
     }
     case CommOp::reduce_scatter:
+      if (!c.send_counts.empty()) {  // reduce_scatter_v
+        p->counts.resize(static_cast<size_t>(size()));
+        for (int i = 0; i < size(); ++i) p->counts[i] = as_count(c.send_counts[i], g, c.op);
+        MPI_CHECK(MPI_Ireduce_scatter(c.send, c.recv, p->counts.data(), t, mpi_op(c.reduce), comm_, &p->req));
+        break;
+      }
       MPI_CHECK(MPI_Ireduce_scatter_block(c.send, c.recv, as_count(c.recv_count, g, c.op), t, mpi_op(c.reduce), comm_,
                                           &p->req));
       break;

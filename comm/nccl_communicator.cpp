@@ -105,9 +105,36 @@ class NcclCommunicator final : public Communicator {
         ORIGAMI_NCCL_CHECK(ncclAllReduce(c.recv, c.recv, c.recv_count, t, nccl_op(c.reduce), comm_, stream_));
         break;
       case CommOp::all_gather:
+        if (!c.recv_counts.empty()) {
+          // all_gather_v: one broadcast per root into its slot, as one group call.
+          ORIGAMI_NCCL_CHECK(ncclGroupStart());
+          size_t off = 0;
+          for (int root = 0; root < size(); ++root) {
+            const size_t n = static_cast<size_t>(c.recv_counts[root]);
+            char* dst = static_cast<char*>(c.recv) + off * es;
+            if (n) ORIGAMI_NCCL_CHECK(ncclBroadcast(root == rank() ? c.send : dst, dst, n, t, root, comm_, stream_));
+            off += n;
+          }
+          ORIGAMI_NCCL_CHECK(ncclGroupEnd());
+          break;
+        }
         ORIGAMI_NCCL_CHECK(ncclAllGather(c.send, c.recv, c.send_count, t, comm_, stream_));
         break;
       case CommOp::reduce_scatter:
+        if (!c.send_counts.empty()) {
+          // reduce_scatter_v: one reduce per root onto its recv, as one group call.
+          ORIGAMI_NCCL_CHECK(ncclGroupStart());
+          size_t off = 0;
+          for (int root = 0; root < size(); ++root) {
+            const size_t n = static_cast<size_t>(c.send_counts[root]);
+            if (n)
+              ORIGAMI_NCCL_CHECK(ncclReduce(static_cast<const char*>(c.send) + off * es, root == rank() ? c.recv : nullptr,
+                                            n, t, nccl_op(c.reduce), root, comm_, stream_));
+            off += n;
+          }
+          ORIGAMI_NCCL_CHECK(ncclGroupEnd());
+          break;
+        }
         ORIGAMI_NCCL_CHECK(ncclReduceScatter(c.send, c.recv, c.recv_count, t, nccl_op(c.reduce), comm_, stream_));
         break;
       case CommOp::all_to_all_v: {

@@ -201,6 +201,44 @@ TEST(CommMpi, AllToAllVWithUnevenAndZeroCounts) {
   });
 }
 
+// Variable blocks: group rank p owns (p + 2) % 3 elements — zero for some.
+int64_t v_count(int p) { return (p + 2) % 3; }
+
+TEST(CommMpi, AllGatherVAndReduceScatterVWithUnevenAndZeroBlocks) {
+  for_each_group([](Communicator& c) {
+    const int n = c.size(), me = world_rank();
+    std::vector<int64_t> counts(n);
+    for (int p = 0; p < n; ++p) counts[p] = v_count(p);
+    const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+    std::vector<double> mine(static_cast<size_t>(counts[c.rank()]));
+    for (size_t j = 0; j < mine.size(); ++j) mine[j] = tag<double>(me, static_cast<int64_t>(j));
+    std::vector<double> all(static_cast<size_t>(total), -1);
+    c.all_gather_v(std::span<const double>(mine), std::span(all), counts);
+    size_t off = 0;
+    for (int p = 0; p < n; ++p)
+      for (int64_t j = 0; j < counts[p]; ++j, ++off)
+        ASSERT_EQ(all[off], tag<double>(c.members()[p], j)) << c.name() << ": block " << p << " got " << untag(all[off]);
+
+    // reduce_scatter_v: block p of every member sums onto rank p.
+    std::vector<float> send(static_cast<size_t>(total)), recv(static_cast<size_t>(counts[c.rank()]), -1);
+    off = 0;
+    for (int p = 0; p < n; ++p)
+      for (int64_t j = 0; j < counts[p]; ++j, ++off) send[off] = tag<float>(me, 10 * p + j);
+    c.reduce_scatter_v(std::span<const float>(send), std::span(recv), counts);
+    for (int64_t j = 0; j < counts[c.rank()]; ++j) {
+      float expect = 0;
+      for (int m : c.members()) expect += tag<float>(m, 10 * c.rank() + j);
+      ASSERT_EQ(recv[j], expect) << c.name() << " element " << j;
+    }
+    // Bytes: all_gather_v counts (n − 1) · own block, reduce_scatter_v every block but ours.
+    const int64_t before_ag = c.stats(CommOp::all_gather).bytes, before_rs = c.stats(CommOp::reduce_scatter).bytes;
+    c.all_gather_v(std::span<const double>(mine), std::span(all), counts);
+    c.reduce_scatter_v(std::span<const float>(send), std::span(recv), counts);
+    EXPECT_EQ(c.stats(CommOp::all_gather).bytes - before_ag, (n - 1) * counts[c.rank()] * 8);
+    EXPECT_EQ(c.stats(CommOp::reduce_scatter).bytes - before_rs, (total - counts[c.rank()]) * 4);
+  });
+}
+
 TEST(CommMpi, SendRecvAroundEachGroup) {
   for_each_group([](Communicator& c) {
     const int n = c.size(), next = (c.rank() + 1) % n, prev = (c.rank() + n - 1) % n;
