@@ -1,5 +1,5 @@
-// Grouped SwiGLU experts on CPU (see experts.h). Expert e owns the contiguous
-// row block [offset_e, offset_e + rows_e) of x_ND, so every product is one
+// Grouped SwiGLU experts on CPU (see experts.h). Each segment is a contiguous
+// row block of x_ND owned by one expert, so every product is one
 // dnnl_sgemm on a row-block view of the activations and an [F, D] / [D, F]
 // view of the stacked weights: no gather, no copy, no per-row loop. The SwiGLU
 // nonlinearity is elementwise, so it runs once over all N rows rather than per
@@ -30,31 +30,36 @@ void check_weights(const ExpertWeights& w, const char* what) {
   check_shape(w.w2_EDF, {E, D, F}, "experts w2");
 }
 
-// rows_per_expert must tile x_ND exactly: the layout is [expert 0 rows,
-// expert 1 rows, ...] and nothing else (padding rows belong to an expert).
-void check_rows(const std::vector<int64_t>& rows_per_expert, int64_t E, int64_t N) {
-  ORIGAMI_CHECK(static_cast<int64_t>(rows_per_expert.size()) == E, "rows_per_expert has ", rows_per_expert.size(),
-                " entries for ", E, " experts");
+// The segments must tile x_ND exactly (padding rows belong to a segment too).
+void check_segments(const ExpertSegments& segments, int64_t E, int64_t N) {
   int64_t total = 0;
-  for (int64_t r : rows_per_expert) {
-    ORIGAMI_CHECK(r >= 0, "negative rows_per_expert entry ", r);
-    total += r;
+  for (const ExpertSegment& s : segments) {
+    ORIGAMI_CHECK(s.expert >= 0 && s.expert < E, "segment expert ", s.expert, " outside [0, ", E, ")");
+    ORIGAMI_CHECK(s.rows >= 0, "negative segment of ", s.rows, " rows");
+    total += s.rows;
   }
-  ORIGAMI_CHECK(total == N, "rows_per_expert sums to ", total, " but x_ND has ", N, " rows");
+  ORIGAMI_CHECK(total == N, "expert segments cover ", total, " rows but x_ND has ", N);
 }
 
 }  // namespace
 
-Tensor experts_forward(const ExpertWeights& w, const Tensor& x_ND, const std::vector<int64_t>& rows_per_expert,
+ExpertSegments segments_of(const std::vector<int64_t>& rows_per_expert) {
+  ExpertSegments s;
+  for (size_t e = 0; e < rows_per_expert.size(); ++e)
+    if (rows_per_expert[e] != 0) s.push_back({static_cast<int64_t>(e), rows_per_expert[e]});
+  return s;
+}
+
+Tensor experts_forward(const ExpertWeights& w, const Tensor& x_ND, const ExpertSegments& segments,
                        ExpertsSaved& saved) {
   check_weights(w, "experts_forward");
   const int64_t E = w.num_experts(), F = w.w1_EFD.size(1), D = w.w1_EFD.size(2);
   ORIGAMI_CHECK(x_ND.dim() == 2 && x_ND.size(1) == D, "experts_forward: x_ND ", shape_string(x_ND.shape()),
                 " should be [N, ", D, "]");
   const int64_t N = x_ND.size(0);
-  check_rows(rows_per_expert, E, N);
+  check_segments(segments, E, N);
 
-  saved.rows_per_expert = rows_per_expert;
+  saved.segments = segments;
   saved.x_ND = x_ND;
   saved.gate_NF = activation({N, F});  // x·W1ᵀ per expert
   saved.up_NF = activation({N, F});    // x·W3ᵀ per expert
@@ -62,8 +67,7 @@ Tensor experts_forward(const ExpertWeights& w, const Tensor& x_ND, const std::ve
   Tensor y_ND = activation({N, D});
 
   int64_t off = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = rows_per_expert[e];
+  for (const auto [e, n] : segments) {
     if (n == 0) continue;
     const Tensor x = x_ND.slice(off, n);  // (n, D)
     Tensor g = saved.gate_NF.slice(off, n), u = saved.up_NF.slice(off, n);
@@ -71,12 +75,11 @@ Tensor experts_forward(const ExpertWeights& w, const Tensor& x_ND, const std::ve
     gemm(x, Trans::no, expert_matrix(w.w3_EFD, e), Trans::yes, u);  // (n, F)
     off += n;
   }
-  // Every row belongs to some expert (rows tile N), so gate/up are fully
+  // Every row belongs to some segment (segments tile N), so gate/up are fully
   // written and one elementwise pass covers all experts.
   swiglu_forward(saved.gate_NF, saved.up_NF, saved.h_NF);
   off = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = rows_per_expert[e];
+  for (const auto [e, n] : segments) {
     if (n == 0) continue;
     Tensor y = y_ND.slice(off, n);
     gemm(saved.h_NF.slice(off, n), Trans::no, expert_matrix(w.w2_EDF, e), Trans::yes, y);  // (n, D)
@@ -92,14 +95,12 @@ Tensor experts_backward(const ExpertWeights& w, const ExpertsSaved& saved, const
   check_shape(grad.w1_EFD, w.w1_EFD.shape(), "experts grad w1");
   const int64_t N = saved.x_ND.size(0);
   check_shape(dy_ND, {N, D}, "experts dy_ND");
-  check_rows(saved.rows_per_expert, E, N);
-  const std::vector<int64_t>& rows = saved.rows_per_expert;
+  check_segments(saved.segments, E, N);
 
   // dh = dy·W2 and dW2 += dyᵀ·h, per expert.
   Tensor dh_NF = activation({N, F});
   int64_t off = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = rows[e];
+  for (const auto [e, n] : saved.segments) {
     if (n == 0) continue;
     const Tensor dy = dy_ND.slice(off, n);  // (n, D)
     Tensor dh = dh_NF.slice(off, n);
@@ -114,8 +115,7 @@ Tensor experts_backward(const ExpertWeights& w, const ExpertsSaved& saved, const
   // dW1 += dgateᵀ·x, dW3 += dupᵀ·x, dx = dgate·W1 + dup·W3, per expert.
   Tensor dx_ND = activation({N, D});
   off = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = rows[e];
+  for (const auto [e, n] : saved.segments) {
     if (n == 0) continue;
     const Tensor x = saved.x_ND.slice(off, n);
     const Tensor dg = dgate_NF.slice(off, n), du = dup_NF.slice(off, n);

@@ -1,5 +1,5 @@
-// MoE layer on one rank (see moe_layer.h): a plain call sequence over the
-// router, capacity, permutation and grouped experts. Backward replays it in
+// MoE layer (see moe_layer.h): a plain call sequence over the router,
+// capacity, permutation, dispatcher and grouped experts. Backward replays it in
 // reverse; the router's backward receives the gradient w.r.t. the routing
 // weights p (from the combine step) plus the aux/z-loss terms.
 #include "moe/moe_layer.h"
@@ -21,16 +21,28 @@ std::vector<int64_t> count_kept(const Permutation& perm) {
   return kept;
 }
 
+// Kept rows per destination EP rank: experts are owned in contiguous blocks.
+std::vector<int64_t> per_ep_rank(const std::vector<int64_t>& kept, int64_t ep) {
+  std::vector<int64_t> out(ep, 0);
+  const int64_t per = static_cast<int64_t>(kept.size()) / ep;
+  for (size_t e = 0; e < kept.size(); ++e) out[e / per] += kept[e];
+  return out;
+}
+
 }  // namespace
 
 Tensor moe_layer_forward(const MoeLayerOptions& opt, const MoeLayerWeights& w, const Tensor& x_TD, int64_t seq_len,
-                         MoeLayerSaved& saved, MoeLayerStats& stats, const StatsReducer& reduce) {
+                         MoeLayerSaved& saved, MoeLayerStats& stats, const StatsReducer& reduce,
+                         const AllToAllDispatcher* dispatcher) {
   const int64_t E = opt.router.num_experts, k = opt.router.top_k;
+  const AllToAllDispatcher local(E, nullptr, nullptr);
+  const AllToAllDispatcher& disp = dispatcher ? *dispatcher : local;
   ORIGAMI_CHECK(x_TD.dim() == 2, "moe_layer_forward: x_TD should be [T, D], got ", shape_string(x_TD.shape()));
   const int64_t T = x_TD.size(0), D = x_TD.size(1);
   check_shape(w.gate_ED, {E, D}, "moe gate_ED");
-  ORIGAMI_CHECK(w.experts.num_experts() == E, "moe layer has ", w.experts.num_experts(), " experts, router expects ",
-                E);
+  ORIGAMI_CHECK(disp.num_experts() == E, "dispatcher for ", disp.num_experts(), " experts, router has ", E);
+  ORIGAMI_CHECK(w.experts.num_experts() == disp.num_local_experts(), "moe layer holds ", w.experts.num_experts(),
+                " experts, this rank owns ", disp.num_local_experts(), " of ", E);
   ORIGAMI_CHECK(!opt.capacity.pad_to_capacity || opt.capacity.capacity_factor.has_value(),
                 "pad_to_capacity needs a capacity_factor");
 
@@ -45,22 +57,29 @@ Tensor moe_layer_forward(const MoeLayerOptions& opt, const MoeLayerWeights& w, c
   saved.perm = make_permutation(r.expert_TK, kept_TK, E, C, opt.capacity.pad_to_capacity);
   stats.routed_per_expert = saved.perm.routed_per_expert;
   stats.kept_per_expert = count_kept(saved.perm);
+  stats.tokens_per_ep_rank = per_ep_rank(stats.kept_per_expert, disp.ep_size());
 
-  // Permute → grouped experts → combine weighted by p.
-  const Tensor x_ND = permute_rows(x_TD, saved.perm);  // (N, D), grouped by expert
-  saved.expert_out_ND = experts_forward(w.experts, x_ND, saved.perm.rows_per_expert, saved.experts);  // (N, D)
-  Tensor y_TD = unpermute_rows(saved.expert_out_ND, saved.perm, r.weight_TK, T);                       // (T, D)
+  // Permute → dispatch → this rank's experts → combine → un-permute weighted by p.
+  const Tensor x_ND = permute_rows(x_TD, saved.perm);  // (N, D), grouped by global expert
+  Dispatched d = disp.dispatch(x_ND, saved.perm.rows_per_expert);
+  saved.dispatch = std::move(d.handle);
+  const Tensor y_MD = experts_forward(w.experts, d.x_MD, saved.dispatch.segments, saved.experts);  // (M, D)
+  saved.expert_out_ND = disp.combine(saved.dispatch, y_MD);                                        // (N, D)
+  Tensor y_TD = unpermute_rows(saved.expert_out_ND, saved.perm, r.weight_TK, T);                   // (T, D)
 
   // The shared expert sees every token, unweighted.
   if (w.has_shared()) {
-    const Tensor y_shared = experts_forward(w.shared, x_TD, {T}, saved.shared);  // (T, D)
+    const Tensor y_shared = experts_forward(w.shared, x_TD, ExpertSegments{{0, T}}, saved.shared);  // (T, D)
     add_inplace(y_TD, y_shared);
   }
   return y_TD;
 }
 
 Tensor moe_layer_backward(const MoeLayerOptions& opt, const MoeLayerWeights& w, const MoeLayerSaved& saved,
-                          const Tensor& dy_TD, float aux_scale, MoeLayerWeights& grad) {
+                          const Tensor& dy_TD, float aux_scale, MoeLayerWeights& grad,
+                          const AllToAllDispatcher* dispatcher) {
+  const AllToAllDispatcher local(opt.router.num_experts, nullptr, nullptr);
+  const AllToAllDispatcher& disp = dispatcher ? *dispatcher : local;
   const Permutation& perm = saved.perm;
   const int64_t T = saved.routing.weight_TK.size(0), D = w.gate_ED.size(1);
   check_shape(dy_TD, {T, D}, "moe dy_TD");
@@ -74,8 +93,11 @@ Tensor moe_layer_backward(const MoeLayerOptions& opt, const MoeLayerWeights& w, 
   Tensor dy_ND, dweight_TK;  // (N, D), (T, k)
   unpermute_rows_backward(dy_TD, saved.expert_out_ND, perm, saved.routing.weight_TK, dy_ND, dweight_TK);
 
-  // Experts, then scatter-add each row's dx back onto its token.
-  const Tensor dx_ND = experts_backward(w.experts, saved.experts, dy_ND, grad.experts);  // (N, D)
+  // Back to the experts' owners, through the experts, home again; then
+  // scatter-add each row's dx onto its token.
+  const Tensor dy_MD = disp.combine_backward(saved.dispatch, dy_ND);                      // (M, D)
+  const Tensor dx_MD = experts_backward(w.experts, saved.experts, dy_MD, grad.experts);  // (M, D)
+  const Tensor dx_ND = disp.dispatch_backward(saved.dispatch, dx_MD);                    // (N, D)
   permute_rows_backward(dx_ND, perm, dx_TD);
 
   // Router: through p (dweight) and the aux/z losses, scaled by aux_scale.

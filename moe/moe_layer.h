@@ -1,13 +1,16 @@
-// MoE layer on one rank: route → capacity → permute → grouped experts →
-// un-permute weighted by p (+ shared expert). Only these steps; the
-// expert-parallel dispatcher later replaces permute/un-permute with the
-// exchange while keeping this math exactly.
+// MoE layer: route → capacity → permute (local, by global expert) →
+// dispatch → grouped experts (this rank's experts) → combine → un-permute
+// weighted by p (+ shared expert). Routing, capacity and the permutation are
+// always over the rank's local tokens; the dispatcher moves rows to the
+// experts' owners and back (identity on one rank), so the math is the same on
+// every layout.
 #pragma once
 #include <vector>
 
 #include "moe/dispatch.h"
 #include "moe/experts.h"
 #include "moe/router.h"
+#include "moe/token_dispatcher.h"
 
 namespace origami::moe {
 
@@ -28,22 +31,29 @@ struct MoeLayerSaved {
   RouterSaved router;
   Routing routing;
   Permutation perm;
+  DispatchHandle dispatch;
   ExpertsSaved experts;
-  Tensor expert_out_ND;  // expert outputs, needed for dweight
+  Tensor expert_out_ND;  // expert outputs back in the permuted layout, needed for dweight
   ExpertsSaved shared;
 };
 
 struct MoeLayerStats {
   std::vector<int64_t> routed_per_expert;  // before dropping
   std::vector<int64_t> kept_per_expert;
+  std::vector<int64_t> tokens_per_ep_rank;  // [EP] kept (non-padding) rows sent to each EP rank
   RouterLosses losses;
 };
 
-// x_TD [T, D], T = B·seq_len. Returns y_TD.
+// x_TD [T, D], T = B·seq_len. w.experts holds this rank's experts
+// (dispatcher->num_local_experts(), F-sliced under ETP); w.gate_ED all E.
+// dispatcher null: one rank (all experts local). Returns y_TD.
 Tensor moe_layer_forward(const MoeLayerOptions& opt, const MoeLayerWeights& w, const Tensor& x_TD, int64_t seq_len,
-                         MoeLayerSaved& saved, MoeLayerStats& stats, const StatsReducer& reduce = nullptr);
-// Returns dx_TD; accumulates into grad (gate_ED, experts, shared).
+                         MoeLayerSaved& saved, MoeLayerStats& stats, const StatsReducer& reduce = nullptr,
+                         const AllToAllDispatcher* dispatcher = nullptr);
+// Returns dx_TD; accumulates into grad (gate_ED, experts, shared). The same
+// dispatcher as forward.
 Tensor moe_layer_backward(const MoeLayerOptions& opt, const MoeLayerWeights& w, const MoeLayerSaved& saved,
-                          const Tensor& dy_TD, float aux_scale, MoeLayerWeights& grad);
+                          const Tensor& dy_TD, float aux_scale, MoeLayerWeights& grad,
+                          const AllToAllDispatcher* dispatcher = nullptr);
 
 }  // namespace origami::moe

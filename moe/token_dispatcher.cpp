@@ -1,0 +1,130 @@
+// Expert-parallel token dispatcher (see token_dispatcher.h). Row buffers are
+// f32 [rows, D]; counts travel in rows and are scaled to elements only at the
+// Communicator call. On one rank (EP = ETP = 1) every exchange is the
+// identity and returns its input tensor itself, so the one-rank MoE layer
+// pays nothing for going through the dispatcher.
+#include "moe/token_dispatcher.h"
+
+#include <numeric>
+
+namespace origami::moe {
+
+namespace {
+
+int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
+
+std::vector<int64_t> times(const std::vector<int64_t>& rows, int64_t D) {
+  std::vector<int64_t> out(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) out[i] = rows[i] * D;
+  return out;
+}
+
+Tensor rows_buffer(int64_t rows, int64_t D, MemCategory cat) { return Tensor::empty({rows, D}, DType::f32, cat); }
+
+std::span<const float> cspan(const Tensor& t) { return {t.f32(), static_cast<size_t>(t.numel())}; }
+std::span<float> mspan(const Tensor& t) { return {t.f32(), static_cast<size_t>(t.numel())}; }
+
+}  // namespace
+
+AllToAllDispatcher::AllToAllDispatcher(int64_t num_experts, comm::Communicator* ep, comm::Communicator* etp)
+    : num_experts_(num_experts), ep_(ep), etp_(etp) {
+  if (ep_) ep_size_ = ep_->size(), ep_rank_ = ep_->rank();
+  if (etp_) etp_size_ = etp_->size(), etp_rank_ = etp_->rank();
+  ORIGAMI_CHECK(num_experts_ > 0 && num_experts_ % ep_size_ == 0, "dispatcher: ", num_experts_,
+                " experts do not divide over ep of ", ep_size_);
+}
+
+Dispatched AllToAllDispatcher::dispatch(const Tensor& x_ND, const std::vector<int64_t>& rows_per_expert) const {
+  const int64_t E = num_experts_, El = num_local_experts(), EP = ep_size_, ETP = etp_size_;
+  ORIGAMI_CHECK(x_ND.dim() == 2, "dispatch: x_ND should be [N, D], got ", shape_string(x_ND.shape()));
+  ORIGAMI_CHECK(static_cast<int64_t>(rows_per_expert.size()) == E, "dispatch: ", rows_per_expert.size(),
+                " row counts for ", E, " experts");
+  DispatchHandle h;
+  h.num_rows_in = x_ND.size(0);
+  ORIGAMI_CHECK(sum(rows_per_expert) == h.num_rows_in, "dispatch: row counts sum to ", sum(rows_per_expert),
+                ", x_ND has ", h.num_rows_in, " rows");
+
+  // Rows are grouped by global expert and EP rank p owns a contiguous range
+  // of experts, so the block for p is contiguous too.
+  h.send_rows_per_ep.assign(EP, 0);
+  for (int64_t e = 0; e < E; ++e) h.send_rows_per_ep[e / El] += rows_per_expert[e];
+
+  // 1. Counts: rank p receives our rows_per_expert for its experts.
+  std::vector<int64_t> recv_EpEl(rows_per_expert);  // [EP, El]: rows from source p for local expert e
+  if (EP > 1) {
+    const std::vector<int64_t> per_peer(EP, El);
+    ep_->all_to_all_v(std::span<const int64_t>(rows_per_expert), per_peer, std::span(recv_EpEl), per_peer);
+  }
+  h.recv_rows_per_ep.assign(EP, 0);
+  for (int64_t i = 0; i < EP * El; ++i) h.recv_rows_per_ep[i / El] += recv_EpEl[i];
+
+  // ETP peers share these experts: each needs every peer's counts.
+  std::vector<int64_t> counts_QEpEl(recv_EpEl);  // [ETP, EP, El]
+  if (ETP > 1) {
+    counts_QEpEl.resize(ETP * EP * El);
+    etp_->all_gather(std::span<const int64_t>(recv_EpEl), std::span(counts_QEpEl));
+  }
+  h.recv_rows_per_etp.assign(ETP, 0);
+  h.rows_per_local_expert.assign(El, 0);
+  for (int64_t i = 0; i < ETP * EP * El; ++i) {
+    const int64_t n = counts_QEpEl[i], e = i % El;
+    h.recv_rows_per_etp[i / (EP * El)] += n;
+    h.rows_per_local_expert[e] += n;
+    if (n == 0) continue;
+    if (!h.segments.empty() && h.segments.back().expert == e)
+      h.segments.back().rows += n;  // El = 1, or empty experts between: one GEMM instead of many
+    else
+      h.segments.push_back({e, n});
+  }
+  h.num_rows_out = sum(h.recv_rows_per_etp);
+
+  Dispatched d;
+  d.x_MD = forward_exchange(h, x_ND);
+  d.handle = std::move(h);
+  return d;
+}
+
+Tensor AllToAllDispatcher::combine(const DispatchHandle& h, const Tensor& y_MD) const {
+  return reverse_exchange(h, y_MD);
+}
+
+Tensor AllToAllDispatcher::combine_backward(const DispatchHandle& h, const Tensor& dy_ND) const {
+  return forward_exchange(h, dy_ND);
+}
+
+Tensor AllToAllDispatcher::dispatch_backward(const DispatchHandle& h, const Tensor& dx_MD) const {
+  return reverse_exchange(h, dx_MD);
+}
+
+Tensor AllToAllDispatcher::forward_exchange(const DispatchHandle& h, const Tensor& rows_ND) const {
+  ORIGAMI_CHECK(rows_ND.dim() == 2 && rows_ND.size(0) == h.num_rows_in, "dispatcher: expected [", h.num_rows_in,
+                ", D] rows, got ", shape_string(rows_ND.shape()));
+  const int64_t D = rows_ND.size(1);
+  Tensor received = rows_ND;  // 2. over ep
+  if (ep_size_ > 1) {
+    const int64_t n = sum(h.recv_rows_per_ep);
+    received = rows_buffer(n, D, etp_size_ > 1 ? MemCategory::comm : MemCategory::activation);
+    ep_->all_to_all_v(cspan(rows_ND), times(h.send_rows_per_ep, D), mspan(received), times(h.recv_rows_per_ep, D));
+  }
+  if (etp_size_ == 1) return received;
+  Tensor gathered = rows_buffer(h.num_rows_out, D, MemCategory::activation);  // 3. over etp
+  etp_->all_gather_v(cspan(received), mspan(gathered), times(h.recv_rows_per_etp, D));
+  return gathered;
+}
+
+Tensor AllToAllDispatcher::reverse_exchange(const DispatchHandle& h, const Tensor& rows_MD) const {
+  ORIGAMI_CHECK(rows_MD.dim() == 2 && rows_MD.size(0) == h.num_rows_out, "dispatcher: expected [", h.num_rows_out,
+                ", D] rows, got ", shape_string(rows_MD.shape()));
+  const int64_t D = rows_MD.size(1);
+  Tensor mine = rows_MD;  // reverse of 3: sum the F-partials, keep this peer's block
+  if (etp_size_ > 1) {
+    mine = rows_buffer(h.recv_rows_per_etp[etp_rank_], D, ep_size_ > 1 ? MemCategory::comm : MemCategory::activation);
+    etp_->reduce_scatter_v(cspan(rows_MD), mspan(mine), times(h.recv_rows_per_etp, D));
+  }
+  if (ep_size_ == 1) return mine;
+  Tensor out = rows_buffer(h.num_rows_in, D, MemCategory::activation);  // reverse of 2
+  ep_->all_to_all_v(cspan(mine), times(h.recv_rows_per_ep, D), mspan(out), times(h.send_rows_per_ep, D));
+  return out;
+}
+
+}  // namespace origami::moe
