@@ -613,13 +613,15 @@ void validate_for_world(const Config& cfg, int world_size) {
     std::string_view feature;
   } axes[] = {{"parallel.tp", p.tp, "tensor parallelism"},
               {"parallel.cp", p.cp, "context parallelism"},
-              {"parallel.pp", p.pp, "pipeline parallelism"},
-              {"parallel.ep", p.ep, "expert parallelism"},
-              {"parallel.etp", p.etp, "expert tensor parallelism"}};
+              {"parallel.pp", p.pp, "pipeline parallelism"}};
   for (const auto& a : axes)
     if (a.size != 1) ORIGAMI_USER_ERROR(src, ": ", a.key, " = ", a.size, ": only 1 is supported until ", a.feature, " lands");
-  if (world_size != 1)
-    ORIGAMI_USER_ERROR(src, ": world size ", world_size, ": only 1 rank is supported until data parallelism lands");
+  if (cfg.moe.num_experts > 0 && p.etp > 1) {
+    const int64_t F = cfg.moe.expert_ffn(cfg.model.ffn_hidden_size);
+    if (F % p.etp != 0)
+      ORIGAMI_USER_ERROR(src, ": parallel.etp = ", p.etp, " must divide the expert ffn size ", F,
+                         " (each expert's w1/w3 rows and w2 columns split over etp)");
+  }
 }
 
 }  // namespace origami

@@ -20,6 +20,7 @@ nlohmann::ordered_json to_json(const MoeLayerRecord& r) {
   return {{"layer", r.layer},
           {"tokens_per_expert", r.routed_per_expert},
           {"kept_per_expert", r.kept_per_expert},
+          {"tokens_per_ep_rank", r.tokens_per_ep_rank},
           {"dropped_fraction", routed > 0 ? static_cast<double>(routed - kept) / static_cast<double>(routed) : 0.0},
           {"max_over_mean", mean_load > 0 ? static_cast<double>(max_load) / mean_load : 0.0}};
 }

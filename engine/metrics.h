@@ -23,7 +23,8 @@ struct StepMetrics {
 
 nlohmann::ordered_json to_json(const StepMetrics& m);
 // One MoE layer: layer, tokens_per_expert (routed, before dropping),
-// kept_per_expert, dropped_fraction, max_over_mean (routed load).
+// kept_per_expert, tokens_per_ep_rank (kept tokens the experts of each EP
+// rank received), dropped_fraction, max_over_mean (routed load).
 nlohmann::ordered_json to_json(const MoeLayerRecord& r);
 std::string format_step_line(const StepMetrics& m);
 std::string format_bytes(int64_t bytes);

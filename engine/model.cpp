@@ -42,6 +42,8 @@ void ForwardStats::accumulate(const std::vector<MoeLayerRecord>& other) {
       moe[i].routed_per_expert[e] += other[i].routed_per_expert[e];
       moe[i].kept_per_expert[e] += other[i].kept_per_expert[e];
     }
+    for (size_t r = 0; r < moe[i].tokens_per_ep_rank.size(); ++r)
+      moe[i].tokens_per_ep_rank[r] += other[i].tokens_per_ep_rank[r];
     moe[i].aux_loss += other[i].aux_loss;
     moe[i].z_loss += other[i].z_loss;
   }
@@ -59,12 +61,31 @@ double ForwardStats::z_loss() const {
   return s;
 }
 
-Model::Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe_cfg) : cfg_(cfg), moe_cfg_(moe_cfg) {
+Model::Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe_cfg, const comm::Groups* groups)
+    : cfg_(cfg), moe_cfg_(moe_cfg) {
   const int64_t D = cfg.hidden_size, V = cfg.vocab_size, F = cfg.ffn_hidden_size, hd = cfg.head_dim();
   const int64_t Hq = cfg.num_heads, Hkv = cfg.num_kv_heads;
   const int64_t E = moe_cfg.num_experts, Fe = moe_cfg.expert_ffn(F), Fs = moe_cfg.shared_expert_hidden_size;
   attn_opt_ = dense::AttentionOptions{Hq, Hkv, hd, static_cast<float>(cfg.rope_theta)};
   moe_opt_ = moe_options(moe_cfg);
+
+  // Expert ownership and the MoE layers' groups (size-1 groups are left out:
+  // no communication on one rank).
+  auto group = [&](comm::GroupKind k) -> comm::Communicator* {
+    return groups && groups->get(k).size() > 1 ? &groups->get(k) : nullptr;
+  };
+  if (E > 0) {
+    dispatcher_ = std::make_unique<moe::AllToAllDispatcher>(E, group(comm::GroupKind::ep), group(comm::GroupKind::etp));
+    first_expert_ = dispatcher_->first_local_expert();
+    local_experts_ = dispatcher_->num_local_experts();
+    ORIGAMI_CHECK(Fe % dispatcher_->etp_size() == 0, "expert ffn ", Fe, " does not split over etp ",
+                  dispatcher_->etp_size());
+    const bool global = moe_cfg.load_balancing == moe::LoadBalancing::global_aux_loss;
+    if (comm::Communicator* c = group(global ? comm::GroupKind::tp_dp_cp : comm::GroupKind::tp_cp))
+      reduce_stats_ = [c](double* data, int64_t n) { c->all_reduce(std::span<double>(data, static_cast<size_t>(n))); };
+  }
+  const int64_t etp = dispatcher_ ? dispatcher_->etp_size() : 1, Fl = Fe / etp;
+  const int64_t f0 = dispatcher_ ? dispatcher_->etp_rank() * Fl : 0;
 
   ParamUnit& emb = params_.add_unit("embedding");
   params_.add_param(emb, "model.embed_tokens.weight", {V, D}, InitKind::normal);
@@ -90,13 +111,17 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe_cfg) : 
       params_.add_param(u, p + "block_sparse_moe.shared_expert.down_proj.weight", {D, Fs},
                         InitKind::normal_scaled_output);
     }
-    // Experts get their own unit (sharded over edp, not dp-cp). All w1, then
-    // all w3, then all w2, so each is one contiguous [E, ...] block.
-    ParamUnit& x = params_.add_unit("layers." + std::to_string(l) + ".experts");
-    for (int64_t e = 0; e < E; ++e) params_.add_param(x, expert_name(l, e, "w1"), {Fe, D}, InitKind::normal);
-    for (int64_t e = 0; e < E; ++e) params_.add_param(x, expert_name(l, e, "w3"), {Fe, D}, InitKind::normal);
-    for (int64_t e = 0; e < E; ++e)
-      params_.add_param(x, expert_name(l, e, "w2"), {D, Fe}, InitKind::normal_scaled_output);
+    // Experts get their own unit (reduced and sharded over edp, not dp-cp):
+    // this rank's experts only, each its F-slice (w1/w3 rows, w2 columns).
+    // All w1, then all w3, then all w2, so each is one contiguous [El, ...] block.
+    ParamUnit& x = params_.add_unit("layers." + std::to_string(l) + ".experts", /*expert=*/true);
+    const int64_t e0 = first_expert_, e1 = first_expert_ + local_experts_;
+    const ShardSpec rows = etp > 1 ? ShardSpec{0, f0, {Fe, D}} : ShardSpec{};
+    const ShardSpec cols = etp > 1 ? ShardSpec{1, f0, {D, Fe}} : ShardSpec{};
+    for (int64_t e = e0; e < e1; ++e) params_.add_param(x, expert_name(l, e, "w1"), {Fl, D}, InitKind::normal, rows);
+    for (int64_t e = e0; e < e1; ++e) params_.add_param(x, expert_name(l, e, "w3"), {Fl, D}, InitKind::normal, rows);
+    for (int64_t e = e0; e < e1; ++e)
+      params_.add_param(x, expert_name(l, e, "w2"), {D, Fl}, InitKind::normal_scaled_output, cols);
   }
   ParamUnit& fin = params_.add_unit("final");
   params_.add_param(fin, "model.norm.weight", {D}, InitKind::ones);
@@ -122,16 +147,17 @@ Model::LayerWeights Model::layer_views(int64_t l, bool grads) const {
     w.mlp = {get("mlp.gate_proj.weight"), get("mlp.up_proj.weight"), get("mlp.down_proj.weight")};
     return w;
   }
-  const int64_t E = moe_cfg_.num_experts, D = cfg_.hidden_size, Fe = moe_cfg_.expert_ffn(cfg_.ffn_hidden_size);
+  const int64_t El = local_experts_, D = cfg_.hidden_size;
+  const int64_t Fl = moe_cfg_.expert_ffn(cfg_.ffn_hidden_size) / dispatcher_->etp_size();
   w.moe.gate_ED = get("block_sparse_moe.gate.weight");
   if (!grads) w.moe.bias_E = expert_bias_[l];
   auto block = [&](const char* first, Shape shape) {
-    auto [u, i] = params_.find(expert_name(l, 0, first));
+    auto [u, i] = params_.find(expert_name(l, first_expert_, first));
     const ParamUnit& unit = params_.units()[u];
     const int64_t n = shape_numel(shape);
     return (grads ? unit.grad : unit.param).flat_view(unit.params[i].offset, n, std::move(shape));
   };
-  w.moe.experts = {block("w1", {E, Fe, D}), block("w3", {E, Fe, D}), block("w2", {E, D, Fe})};
+  w.moe.experts = {block("w1", {El, Fl, D}), block("w3", {El, Fl, D}), block("w2", {El, D, Fl})};
   if (const int64_t Fs = moe_cfg_.shared_expert_hidden_size; Fs > 0) {
     w.moe.shared = {get("block_sparse_moe.shared_expert.gate_proj.weight").view({1, Fs, D}),
                     get("block_sparse_moe.shared_expert.up_proj.weight").view({1, Fs, D}),
@@ -197,8 +223,9 @@ double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_
     Tensor z;
     if (moe_cfg_.is_moe_layer(l)) {
       moe::MoeLayerStats st;
-      z = moe::moe_layer_forward(moe_opt_, w.moe, m, S, ls.moe, st);
-      records.push_back({l, st.routed_per_expert, st.kept_per_expert, st.losses.aux_loss, st.losses.z_loss});
+      z = moe::moe_layer_forward(moe_opt_, w.moe, m, S, ls.moe, st, reduce_stats_, dispatcher_.get());
+      records.push_back({l, st.routed_per_expert, st.kept_per_expert, st.tokens_per_ep_rank, st.losses.aux_loss,
+                         st.losses.z_loss});
     } else {
       z = dense::mlp_module_forward(w.mlp, m, ls.mlp);
     }
@@ -217,8 +244,9 @@ void Model::backward(ModelSaved& saved, float lm_grad_scale, float aux_scale) {
   for (int64_t l = cfg_.num_layers - 1; l >= 0; --l) {
     LayerWeights w = layer_views(l, /*grads=*/false), g = layer_views(l, /*grads=*/true);
     LayerSaved& ls = saved.layers[l];
-    Tensor dm = moe_cfg_.is_moe_layer(l) ? moe::moe_layer_backward(moe_opt_, w.moe, ls.moe, dh, aux_scale, g.moe)
-                                         : dense::mlp_module_backward(w.mlp, ls.mlp, dh, g.mlp);
+    Tensor dm = moe_cfg_.is_moe_layer(l)
+                    ? moe::moe_layer_backward(moe_opt_, w.moe, ls.moe, dh, aux_scale, g.moe, dispatcher_.get())
+                    : dense::mlp_module_backward(w.mlp, ls.mlp, dh, g.mlp);
     add_inplace(dh, dense::rmsnorm_module_backward(dm, w.mlp_norm, ls.mlp_norm, g.mlp_norm));
     Tensor da = dense::attention_module_backward(attn_opt_, w.attn, ls.attn, dh, g.attn);
     add_inplace(dh, dense::rmsnorm_module_backward(da, w.attn_norm, ls.attn_norm, g.attn_norm));

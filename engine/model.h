@@ -4,8 +4,10 @@
 // state and the per-micro-batch saved activations; forward and backward are
 // adjacent.
 #pragma once
+#include <memory>
 #include <vector>
 
+#include "comm/groups.h"
 #include "dense/attention.h"
 #include "dense/lm_head.h"
 #include "dense/mlp.h"
@@ -31,10 +33,12 @@ struct ModelSaved {
   dense::LmHeadSaved head;
 };
 
-// Routing statistics of one MoE layer, summed over the micro-batches seen.
+// Routing statistics of one MoE layer, summed over the micro-batches seen
+// (this rank's tokens until the trainer sums them over ranks).
 struct MoeLayerRecord {
   int64_t layer = 0;
   std::vector<int64_t> routed_per_expert, kept_per_expert;
+  std::vector<int64_t> tokens_per_ep_rank;  // [EP] kept tokens sent to each EP rank's experts
   double aux_loss = 0, z_loss = 0;  // summed over micro-batches
 };
 
@@ -56,14 +60,24 @@ struct StepFlops {
   double total() const { return matmul + attention; }
 };
 
+// Under expert parallelism (groups given, EP·ETP > 1) the model holds only
+// this rank's experts — E/EP of them, each its F/ETP slice — and its MoE
+// layers exchange tokens over the `ep` and `etp` groups; routing statistics
+// reduce over `tp-cp` (aux_loss, seq_aux_loss) or `tp-dp-cp`
+// (global_aux_loss). Every rank of a group must run the same forward and
+// backward calls in the same order. Without groups: one rank, all experts.
 class Model {
  public:
-  Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe = {});
+  Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe = {}, const comm::Groups* groups = nullptr);
 
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
   const ModelConfig& config() const { return cfg_; }
   const MoeConfig& moe_config() const { return moe_cfg_; }
+  // This rank's experts: [first_local_expert, + num_local_experts), F-slice
+  // [etp_rank · F/ETP, + F/ETP).
+  int64_t first_local_expert() const { return first_expert_; }
+  int64_t num_local_experts() const { return local_experts_; }
   int64_t active_matmul_params() const;
   StepFlops training_flops(int64_t batch, int64_t seq_len) const;
 
@@ -97,6 +111,9 @@ class Model {
   moe::MoeLayerOptions moe_opt_;
   ParamStore params_;
   std::vector<Tensor> expert_bias_;
+  int64_t first_expert_ = 0, local_experts_ = 0;
+  std::unique_ptr<moe::AllToAllDispatcher> dispatcher_;  // null without MoE layers
+  moe::StatsReducer reduce_stats_;                        // null when the group is one rank
 };
 
 }  // namespace origami

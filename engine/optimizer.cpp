@@ -19,12 +19,13 @@ double learning_rate(const OptimizerConfig& opt, const LrScheduleConfig& sched, 
   return sched.min_lr + (opt.lr - sched.min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * p));
 }
 
-StepStats AdamW::step(ParamStore& params) {
+StepStats AdamW::step(ParamStore& params, comm::Communicator* expert_shards) {
   ++step_;
   StepStats st;
-  double sq = 0;
-  for (const ParamUnit& u : params.units()) sq += sum_squares(u.grad);
-  st.grad_norm = std::sqrt(sq);
+  double dense_sq = 0, expert_sq = 0;
+  for (const ParamUnit& u : params.units()) (u.expert ? expert_sq : dense_sq) += sum_squares(u.grad);
+  if (expert_shards) expert_shards->all_reduce(std::span<double>(&expert_sq, 1));
+  st.grad_norm = std::sqrt(dense_sq + expert_sq);
   // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1.
   if (opt_.clip_grad > 0) {
     const double coef = opt_.clip_grad / (st.grad_norm + 1e-6);

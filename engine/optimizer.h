@@ -2,6 +2,7 @@
 // (torch.nn.utils.clip_grad_norm_ semantics), then AdamW per tensor (weight
 // decay on tensors of rank >= 2 only), and the LR schedule.
 #pragma once
+#include "comm/communicator.h"
 #include "engine/config.h"
 #include "engine/params.h"
 
@@ -23,8 +24,12 @@ class AdamW {
  public:
   AdamW(const OptimizerConfig& opt, const LrScheduleConfig& sched, int64_t total_steps)
       : opt_(opt), sched_(sched), total_steps_(total_steps) {}
-  // One step on the accumulated gradients. Does not zero them.
-  StepStats step(ParamStore& params);
+  // One step on the accumulated (already reduced) gradients. Does not zero
+  // them. expert_shards: the group whose ranks hold different experts or
+  // expert slices (expert view tp-ep); the expert units' squared norms sum
+  // over it so each element of the global model counts once. Dense units are
+  // identical on every rank and count once as they are.
+  StepStats step(ParamStore& params, comm::Communicator* expert_shards = nullptr);
   int64_t steps_taken() const { return step_; }
 
  private:

@@ -7,16 +7,46 @@
 
 namespace origami {
 
-ParamUnit& ParamStore::add_unit(const std::string& name) {
+namespace {
+
+// Draws the slice `p` describes from the global tensor's stream: a split of
+// dim 0 is one contiguous run of global indices; a split of dim 1 of a matrix
+// is one run per row.
+void init_normal_shard(Tensor& t, uint64_t seed, const ParamInfo& p, float std) {
+  if (p.shard.dim < 0) return init_normal(t, seed, p.name, 0, std);
+  const Shape& g = p.global_shape();
+  const int64_t inner = shape_numel(g) / g[0];  // elements per global row
+  if (p.shard.dim == 0) return init_normal(t, seed, p.name, p.shard.start * inner, std);
+  ORIGAMI_CHECK(p.shard.dim == 1 && g.size() == 2, "parameter ", p.name, ": only dims 0 and 1 of a matrix shard");
+  const int64_t cols = p.shape[1];
+  for (int64_t r = 0; r < p.shape[0]; ++r) {
+    Tensor row = t.flat_view(r * cols, cols, {cols});
+    init_normal(row, seed, p.name, r * g[1] + p.shard.start, std);
+  }
+}
+
+}  // namespace
+
+ParamUnit& ParamStore::add_unit(const std::string& name, bool expert) {
   ORIGAMI_CHECK(units_.empty() || !units_.back().param.defined(), "add_unit after allocate()");
   units_.push_back(ParamUnit{});
   units_.back().name = name;
+  units_.back().expert = expert;
   return units_.back();
 }
 
-void ParamStore::add_param(ParamUnit& unit, const std::string& name, Shape shape, InitKind init) {
+void ParamStore::add_param(ParamUnit& unit, const std::string& name, Shape shape, InitKind init, ShardSpec shard) {
   ORIGAMI_CHECK(!index_.count(name), "parameter ", name, " registered twice");
-  ParamInfo info{name, std::move(shape), unit.numel, init};
+  if (shard.dim >= 0) {
+    ORIGAMI_CHECK(shard.global_shape.size() == shape.size() && shard.dim < static_cast<int>(shape.size()) &&
+                      shard.start >= 0 && shard.start + shape[shard.dim] <= shard.global_shape[shard.dim],
+                  "parameter ", name, ": shard ", shape_string(shape), " at ", shard.start, " along dim ", shard.dim,
+                  " does not fit ", shape_string(shard.global_shape));
+    for (size_t d = 0; d < shape.size(); ++d)
+      ORIGAMI_CHECK(static_cast<int>(d) == shard.dim || shape[d] == shard.global_shape[d], "parameter ", name,
+                    ": shard and global shape differ outside dim ", shard.dim);
+  }
+  ParamInfo info{name, std::move(shape), unit.numel, init, std::move(shard)};
   unit.numel += info.numel();
   index_[name] = {static_cast<size_t>(&unit - units_.data()), unit.params.size()};
   unit.params.push_back(std::move(info));
@@ -40,8 +70,8 @@ void ParamStore::initialize(uint64_t seed, float init_std, int64_t num_layers) {
       Tensor t = u.param_view(i);
       const ParamInfo& p = u.params[i];
       switch (p.init) {
-        case InitKind::normal: init_normal(t, seed, p.name, 0, init_std); break;
-        case InitKind::normal_scaled_output: init_normal(t, seed, p.name, 0, out_std); break;
+        case InitKind::normal: init_normal_shard(t, seed, p, init_std); break;
+        case InitKind::normal_scaled_output: init_normal_shard(t, seed, p, out_std); break;
         case InitKind::ones: init_constant(t, 1.0f); break;
       }
     }

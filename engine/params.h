@@ -15,17 +15,28 @@ namespace origami {
 
 enum class InitKind { normal, normal_scaled_output, ones };
 
+// Which slice of a parameter's global tensor this rank holds (a split of one
+// dimension, e.g. an expert's F over etp). Whole tensors have dim = -1.
+struct ShardSpec {
+  int dim = -1;
+  int64_t start = 0;  // first global index along dim
+  Shape global_shape;
+};
+
 struct ParamInfo {
   std::string name;  // Hugging Face name, e.g. model.layers.0.self_attn.q_proj.weight
-  Shape shape;
+  Shape shape;       // this rank's (local) shape
   int64_t offset = 0;  // elements into the unit's flat buffer
   InitKind init = InitKind::normal;
+  ShardSpec shard;
   bool weight_decay() const { return shape.size() >= 2; }
   int64_t numel() const { return shape_numel(shape); }
+  const Shape& global_shape() const { return shard.dim < 0 ? shape : shard.global_shape; }
 };
 
 struct ParamUnit {
-  std::string name;  // "embedding", "layers.3", "final"
+  std::string name;  // "embedding", "layers.3", "layers.3.experts", "final"
+  bool expert = false;  // expert weights: gradients reduce over edp, not dp-cp
   std::vector<ParamInfo> params;
   int64_t numel = 0;
   Tensor param, grad, exp_avg, exp_avg_sq;  // flat [numel] each
@@ -40,10 +51,12 @@ struct ParamUnit {
 class ParamStore {
  public:
   // Registration phase: declare units and their tensors, then allocate().
-  ParamUnit& add_unit(const std::string& name);
-  void add_param(ParamUnit& unit, const std::string& name, Shape shape, InitKind init);
+  ParamUnit& add_unit(const std::string& name, bool expert = false);
+  void add_param(ParamUnit& unit, const std::string& name, Shape shape, InitKind init, ShardSpec shard = {});
   void allocate();  // param/grad/moments buffers, moments and grads zeroed
-  // Layout-independent init (§4): element i of tensor `name` from (seed, name, i).
+  // Layout-independent init (§4): element i of tensor `name` from (seed, name,
+  // i), i the element's index in the global tensor, so a shard holds exactly
+  // the values of its slice of the whole.
   void initialize(uint64_t seed, float init_std, int64_t num_layers);
 
   std::vector<ParamUnit>& units() { return units_; }

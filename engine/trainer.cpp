@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "comm/groups.h"
 #include "engine/dataset.h"
 #include "engine/export.h"
 #include "engine/indexed_dataset.h"
@@ -34,6 +35,47 @@ void apply_threads(const RuntimeConfig& rt) {
   set_num_threads(rt.threads > 0 ? static_cast<int>(rt.threads) : default_threads_per_rank());
 }
 
+comm::Layout make_layout(const Config& cfg, int world) {
+  const ParallelConfig& p = cfg.parallel;
+  return comm::Layout(world, comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, cfg.moe.num_experts});
+}
+
+// The group of kind k when it has more than one rank (nothing to do otherwise).
+comm::Communicator* multi(const comm::Groups& g, comm::GroupKind k) {
+  return g.get(k).size() > 1 ? &g.get(k) : nullptr;
+}
+
+// Gradient reductions are SUMs (ARCHITECTURE.md §6): dense units over dp-cp,
+// expert units over edp (ranks holding the same experts and F-slice).
+void reduce_gradients(ParamStore& params, const comm::Groups& g) {
+  comm::Communicator* dense = multi(g, comm::GroupKind::dp_cp);
+  comm::Communicator* expert = multi(g, comm::GroupKind::edp);
+  for (ParamUnit& u : params.units())
+    if (comm::Communicator* c = u.expert ? expert : dense)
+      c->all_reduce(std::span<float>(u.grad.f32(), static_cast<size_t>(u.numel)));
+}
+
+// Sums a step's per-rank statistics into the global batch's. Routing counts
+// are of distinct tokens on every rank of tp-dp-cp (the router sees its
+// rank's own tokens); a micro-batch's aux and z losses are already the value
+// over its tp-cp group, so they sum over dp only.
+void reduce_moe_records(std::vector<MoeLayerRecord>& records, const comm::Groups& g) {
+  comm::Communicator* tokens = multi(g, comm::GroupKind::tp_dp_cp);
+  comm::Communicator* batches = multi(g, comm::GroupKind::dp);
+  for (MoeLayerRecord& r : records) {
+    if (tokens) {
+      for (auto* v : {&r.routed_per_expert, &r.kept_per_expert, &r.tokens_per_ep_rank})
+        tokens->all_reduce(std::span<int64_t>(*v));
+    }
+    if (batches) {
+      double losses[2] = {r.aux_loss, r.z_loss};
+      batches->all_reduce(std::span<double>(losses, 2));
+      r.aux_loss = losses[0];
+      r.z_loss = losses[1];
+    }
+  }
+}
+
 // Fills tokens_BS1 [mb, S+1] with the samples given by `index_of(i)`.
 template <class IndexFn>
 void load_micro_batch(const GptDataset& data, int64_t mb, int64_t seq_len, IndexFn index_of, Tensor& tokens_BS1) {
@@ -47,10 +89,12 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
   validate_for_world(cfg, world);
   apply_threads(cfg.runtime);
   const TrainingConfig& tc = cfg.training;
-  const int64_t dp = world, dp_rank = rank;  // until TP/CP/PP land, every rank is a DP rank
+  const comm::Groups groups = comm::Groups::create(make_layout(cfg, world), MPI_COMM_WORLD, comm::Backend::mpi,
+                                                   comm::CommOptions{cfg.runtime.collective_timeout_s});
+  const int64_t dp = groups.layout().dp(), dp_rank = groups.coords().dp;
   const int64_t accum = tc.global_batch / (tc.micro_batch * dp);
 
-  Model model(cfg.model, tc.seed, cfg.moe);
+  Model model(cfg.model, tc.seed, cfg.moe, &groups);
   AdamW optimizer(cfg.optimizer, cfg.lr_schedule, tc.steps);
   MetricsWriter metrics(rank == 0 ? cfg.logging.dir : std::string());
   TrainSummary summary;
@@ -91,8 +135,11 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
       loss_sum += model.forward(tokens, saved, nullptr, &fstats);
       model.backward(saved, grad_scale, aux_scale);
     }
-    StepStats st = optimizer.step(model.params());
-    model.update_expert_bias(fstats.moe);  // the global batch's loads (one DP rank so far)
+    reduce_gradients(model.params(), groups);
+    if (comm::Communicator* c = multi(groups, comm::GroupKind::dp_cp)) c->all_reduce(std::span<double>(&loss_sum, 1));
+    reduce_moe_records(fstats.moe, groups);
+    StepStats st = optimizer.step(model.params(), multi(groups, comm::GroupKind::tp_ep));
+    model.update_expert_bias(fstats.moe);  // the global batch's loads
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
 
     StepMetrics m;

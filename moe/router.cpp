@@ -43,7 +43,9 @@ bool z_active(const RouterOptions& opt) { return opt.z_loss_coeff != 0.0f; }
 // Segments the aux statistics are kept per: sequences for seq_aux_loss.
 int64_t aux_segments(const RouterOptions& opt, int64_t T, int64_t seq_len) {
   if (opt.load_balancing != LoadBalancing::seq_aux_loss) return 1;
-  ORIGAMI_CHECK(seq_len > 0 && T % seq_len == 0, "seq_aux_loss: ", T, " router tokens are not whole sequences of ",
+  // Every rank of the group must reduce the same S·E counts, so a rank
+  // without tokens has no sequence to contribute and cannot take part.
+  ORIGAMI_CHECK(T > 0 && seq_len > 0 && T % seq_len == 0, "seq_aux_loss: ", T, " router tokens are not whole sequences of ",
                 seq_len);
   return T / seq_len;
 }
@@ -83,7 +85,8 @@ Routing router_forward(const RouterOptions& opt, const Tensor& x_TD, const Tenso
   // One buffer, one reduction: [counts S·E | score sums S·E | tokens | Σ lse²].
   const int64_t S = want_aux ? aux_segments(opt, T, seq_len) : 0, SE = S * E;
   std::vector<double> buf(static_cast<size_t>(2 * SE + 2), 0.0);
-  if (want_aux) moe_routing_stats(scores, routing.expert_TK, params.score, T / S, buf.data(), buf.data() + SE);
+  // A rank with no tokens adds zeros (its group's statistics still reduce).
+  if (want_aux && T > 0) moe_routing_stats(scores, routing.expert_TK, params.score, T / S, buf.data(), buf.data() + SE);
   buf[2 * SE] = static_cast<double>(T);
   buf[2 * SE + 1] = want_z ? sum_squares(lse) : 0.0;
   if (reduce) reduce(buf.data(), static_cast<int64_t>(buf.size()));
@@ -110,6 +113,7 @@ Tensor router_backward(const RouterOptions& opt, const RouterSaved& saved, const
   check_shape(gate_ED, {E, D}, "router gate_ED");
   check_shape(dgate_ED, {E, D}, "router dgate_ED");
   const MoeTopkParams params = topk_params(opt);
+  if (T == 0) return activation({0, D});  // no tokens: no gradient (the group's reduction happened in forward)
 
   // ∂(aux_scale · aux)/∂s'_te, one row per segment.
   Tensor aux_SE;

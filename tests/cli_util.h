@@ -60,4 +60,18 @@ inline std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+#ifdef ORIGAMI_BINARY
+// `origami preprocess` of Debian's fortunes corpus into <prefix>.bin/.idx;
+// status 1 with a message when the package is missing.
+inline CommandResult preprocess_fortunes(const std::string& prefix) {
+  std::string inputs;
+  for (const auto& e : std::filesystem::directory_iterator("/usr/share/games/fortunes"))
+    if (e.is_regular_file() && e.path().extension() != ".dat" && e.path().extension() != ".u8")
+      inputs += " " + e.path().string();
+  if (inputs.empty()) return {1, "the fortunes package is not installed (tools/setup.sh installs it)"};
+  return run_command(std::string(ORIGAMI_BINARY) + " preprocess --format fortune --output-prefix " + prefix +
+                     " --input" + inputs);
+}
+#endif
+
 }  // namespace origami::testing

@@ -25,14 +25,7 @@ class TinyMoe : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new testing::ScratchDir("moe");
-    std::string inputs;
-    for (const auto& e : std::filesystem::directory_iterator("/usr/share/games/fortunes")) {
-      if (e.is_regular_file() && e.path().extension() != ".dat" && e.path().extension() != ".u8")
-        inputs += " " + e.path().string();
-    }
-    ASSERT_FALSE(inputs.empty()) << "the fortunes package is not installed (tools/setup.sh installs it)";
-    auto r = run_command(std::string(ORIGAMI_BINARY) + " preprocess --format fortune --output-prefix " +
-                         (*dir_ / "fortunes") + " --input" + inputs);
+    auto r = testing::preprocess_fortunes(*dir_ / "fortunes");
     ASSERT_EQ(r.status, 0) << r.output;
   }
   static void TearDownTestSuite() { delete dir_; }

@@ -17,14 +17,7 @@ using testing::run_command;
 
 TEST(CliTrain, TinyDenseLearnsFortunesWithin300Steps) {
   testing::ScratchDir dir("train");
-  std::string inputs;
-  for (const auto& e : std::filesystem::directory_iterator("/usr/share/games/fortunes")) {
-    const std::string p = e.path().string();
-    if (e.is_regular_file() && e.path().extension() != ".dat" && e.path().extension() != ".u8") inputs += " " + p;
-  }
-  ASSERT_FALSE(inputs.empty()) << "the fortunes package is not installed (tools/setup.sh installs it)";
-  auto r = run_command(std::string(ORIGAMI_BINARY) + " preprocess --format fortune --output-prefix " +
-                       (dir / "fortunes") + " --input" + inputs);
+  auto r = testing::preprocess_fortunes(dir / "fortunes");
   ASSERT_EQ(r.status, 0) << r.output;
 
   r = run_command(std::string(ORIGAMI_BINARY) + " train " + ORIGAMI_SOURCE_DIR + "/configs/tiny-dense.toml" +

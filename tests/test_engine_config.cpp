@@ -586,14 +586,23 @@ TEST(Config, ValidateForWorld) {
   }
   c.parallel.tp = 1;
   c.training.micro_batch = 2;
+  EXPECT_NO_THROW(validate_for_world(c, 4));  // data parallelism: 8 samples = 2 per rank · DP 4
+  // Expert tensor parallelism splits each expert's F: it must divide.
+  Config moe = load_config(std::string(ORIGAMI_SOURCE_DIR) + "/configs/tiny-moe.toml");
+  moe.parallel.etp = 3;
+  moe.training.global_batch = 6;
   try {
-    validate_for_world(c, 4);
+    validate_for_world(moe, 3);
     FAIL() << "no UserError";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("world size 4: only 1 rank is supported until data parallelism lands"),
+    EXPECT_NE(std::string(e.what()).find("tiny-moe.toml: parallel.etp = 3 must divide the expert ffn size 128"),
               std::string::npos)
         << e.what();
   }
+  moe.parallel.etp = 2;
+  moe.parallel.ep = 2;
+  moe.training.global_batch = 16;
+  EXPECT_NO_THROW(validate_for_world(moe, 4));
   c.parallel.tp = 2;
   try {
     validate_for_world(c, 2);

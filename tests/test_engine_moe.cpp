@@ -109,7 +109,7 @@ TEST(MoeModel, ExportRoundTripWithBiasAndConfigFields) {
   moe.normalize_topk = true;
   moe.topk_scaling = 2.5;
   Model a(tiny_model(), 5, moe), b(tiny_model(), 6, moe);
-  MoeLayerRecord r{2, {1, 9, 3, 3}, {1, 9, 3, 3}, 0, 0};
+  MoeLayerRecord r{2, {1, 9, 3, 3}, {1, 9, 3, 3}, {16}, 0, 0};
   a.update_expert_bias({r});
   export_hf(a, dir.str());
   load_hf_weights(b, dir.str());

@@ -1,15 +1,42 @@
-// `origami bench moe-layer --config C [--steps N] [--warmup W] [--json]`: one
-// MoE layer (the config's router, capacity and experts, on micro_batch ·
-// seq_len tokens of width hidden_size), forward + backward. Reports the
-// median layer time and tokens/s, and the split of the time: router (forward
-// and backward), permute/un-permute (capacity, permutation, gathers and their
-// backward), expert GEMMs (grouped SwiGLU forward and backward), and the rest
-// (the whole layer's median minus those three, measured in the same run).
+// `origami bench moe-layer --config C [--ep N] [--etp N] [--steps N]
+// [--warmup W] [--json]`: one MoE layer (the config's router, capacity and
+// experts, on micro_batch · seq_len tokens of width hidden_size per rank),
+// forward + backward. Reports the median layer time and tokens/s, and the
+// split of the time: router (forward and backward), permute/un-permute
+// (capacity, permutation, gathers and their backward), expert GEMMs (grouped
+// SwiGLU forward and backward), dispatch/combine (the four exchange steps;
+// under mpirun only), and the rest (the whole layer's median minus those,
+// measured in the same run).
+//
+// Under mpirun the layer runs with expert parallelism from [parallel] (ep,
+// etp; --ep / --etp override them; tp = cp = pp = 1): each rank draws its own
+// tokens and holds the F/ETP slices of its E/EP experts. Each repeat times
+// the whole layer, then its steps one by one twice: once through the
+// dispatcher, once with the bare collectives in the dispatcher's place —
+// all_to_all_v over ep (and all_gather_v / reduce_scatter_v over etp) with
+// the same element counts into buffers allocated once, no counts exchange —
+// and the same compute around them, so each bare exchange starts in the same
+// state as the step it stands for (on an oversubscribed node the first
+// collective after a compute phase pays for the ranks being rescheduled).
+// Every timed exchange starts from a barrier over the ep × etp group.
+// Bandwidth = bytes this rank sends over ep (Σ_{p ≠ me} rows_p · D · 4, the
+// ep communicator's counter; mean over ranks) / time; ratio = bare time /
+// step time, the ratio of the bandwidths for the same bytes. Figures are each
+// rank's median over repeats, then the slowest rank's. The two passes must
+// produce bitwise the same layer outputs (a data check; exit 1 otherwise).
+#include <mpi.h>
+
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
+#include <numeric>
+#include <optional>
+#include <span>
 
+#include "comm/groups.h"
 #include "engine/config.h"
 #include "kernels/init.h"
 #include "kernels/threads.h"
@@ -21,6 +48,7 @@ namespace origami::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using comm::Communicator;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -29,15 +57,32 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-Tensor random_param(Shape shape, const std::string& name, float std) {
+Tensor random_param(Shape shape, const std::string& name, float std, int64_t global_offset = 0) {
   Tensor t = Tensor::empty(std::move(shape), DType::f32, MemCategory::param);
-  init_normal(t, 7, name, 0, std);
+  init_normal(t, 7, name, global_offset, std);
   return t;
 }
 
-moe::ExpertWeights random_experts(int64_t E, int64_t F, int64_t D, const std::string& name, float std) {
-  return {random_param({E, F, D}, name + ".w1", std), random_param({E, F, D}, name + ".w3", std),
-          random_param({E, D, F}, name + ".w2", std)};
+// This rank's part of the expert weights `name` ([E, F, D] w1/w3, [E, D, F]
+// w2): experts [e0, e0 + El), F rows [f0, f0 + Fl). Each element is drawn by
+// its global index, so the layer's math does not depend on the layout.
+moe::ExpertWeights expert_slice(int64_t e0, int64_t El, int64_t F, int64_t f0, int64_t Fl, int64_t D,
+                                const std::string& name, float std) {
+  auto efd = [&](const std::string& n) {
+    Tensor t = Tensor::empty({El, Fl, D}, DType::f32, MemCategory::param);
+    for (int64_t e = 0; e < El; ++e) {
+      Tensor part = t.flat_view(e * Fl * D, Fl * D, {Fl * D});
+      init_normal(part, 7, n, ((e0 + e) * F + f0) * D, std);
+    }
+    return t;
+  };
+  Tensor w2 = Tensor::empty({El, D, Fl}, DType::f32, MemCategory::param);
+  for (int64_t e = 0; e < El; ++e)
+    for (int64_t d = 0; d < D; ++d) {
+      Tensor part = w2.flat_view((e * D + d) * Fl, Fl, {Fl});
+      init_normal(part, 7, name + ".w2", ((e0 + e) * D + d) * F + f0, std);
+    }
+  return {efd(name + ".w1"), efd(name + ".w3"), std::move(w2)};
 }
 
 moe::ExpertWeights zero_like(const moe::ExpertWeights& w) {
@@ -46,14 +91,146 @@ moe::ExpertWeights zero_like(const moe::ExpertWeights& w) {
           Tensor::zeros(w.w2_EDF.shape(), DType::f32, MemCategory::grad)};
 }
 
-struct Split {
-  double router = 0, permute = 0, experts = 0;
+std::span<const float> cspan(const Tensor& t) { return {t.f32(), static_cast<size_t>(t.numel())}; }
+std::span<float> mspan(const Tensor& t) { return {t.f32(), static_cast<size_t>(t.numel())}; }
+
+std::vector<int64_t> times(const std::vector<int64_t>& rows, int64_t D) {
+  std::vector<int64_t> out(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) out[i] = rows[i] * D;
+  return out;
+}
+
+// Σ_{p ≠ me} rows[p] · D · 4: what all_to_all_v sends (the self block stays).
+int64_t sent_bytes(const std::vector<int64_t>& rows, int me, int64_t D) {
+  int64_t n = 0;
+  for (size_t p = 0; p < rows.size(); ++p) n += static_cast<int>(p) == me ? 0 : rows[p];
+  return n * D * static_cast<int64_t>(sizeof(float));
+}
+
+// The communicators of the expert exchange. `sync` is the ep × etp group
+// (every rank one dispatch involves); each timed exchange starts from a
+// barrier on it. On one rank everything has size 1 and nothing synchronizes.
+struct Exchange {
+  Communicator* ep = nullptr;
+  Communicator* etp = nullptr;
+  Communicator* sync = nullptr;
+  bool active() const { return sync->size() > 1; }
+  void enter_together() const {
+    if (active()) sync->barrier();
+  }
 };
 
-// The layer's steps one by one, in the layer's order, timed per category.
-Split time_components(const moe::MoeLayerOptions& opt, const moe::MoeLayerWeights& w, moe::MoeLayerWeights& g,
-                      const Tensor& x_TD, int64_t seq_len, const Tensor& dy_TD) {
-  Split s;
+// Runs f with the clock on after the ranks have met; adds the time to `acc`.
+template <class F>
+auto timed(const Exchange& x, double& acc, F&& f) {
+  x.enter_together();
+  const auto t0 = Clock::now();
+  auto r = f();
+  acc += seconds_since(t0);
+  return r;
+}
+
+// The four exchange steps, in the layer's order.
+enum Step : int { kDispatch, kCombine, kCombineBackward, kDispatchBackward, kNumSteps };
+
+// The exchange steps through the dispatcher.
+struct DispatcherSteps {
+  const moe::AllToAllDispatcher& d;
+  moe::Dispatched dispatch(const Tensor& x_ND, const std::vector<int64_t>& rows_per_expert) {
+    return d.dispatch(x_ND, rows_per_expert);
+  }
+  Tensor combine(const moe::DispatchHandle& h, const Tensor& y_MD) { return d.combine(h, y_MD); }
+  Tensor combine_backward(const moe::DispatchHandle& h, const Tensor& dy_ND) { return d.combine_backward(h, dy_ND); }
+  Tensor dispatch_backward(const moe::DispatchHandle& h, const Tensor& dx_MD) {
+    return d.dispatch_backward(h, dx_MD);
+  }
+};
+
+// The same steps as bare collectives: the counts of a handle the dispatcher
+// returned for the same tokens (no counts exchange), the dispatcher's
+// collectives in its order, outputs in buffers allocated once per step.
+class BareSteps {
+ public:
+  BareSteps(const Exchange& x, moe::DispatchHandle h, int64_t D) : x_(x), h_(std::move(h)) {
+    send_ = times(h_.send_rows_per_ep, D);
+    recv_ = times(h_.recv_rows_per_ep, D);
+    etp_ = times(h_.recv_rows_per_etp, D);
+    const int64_t received = std::accumulate(h_.recv_rows_per_ep.begin(), h_.recv_rows_per_ep.end(), int64_t{0});
+    for (Buffers* b : {&steps_[kDispatch], &steps_[kCombineBackward]}) {  // rows to the experts
+      if (ep() > 1) b->mid = buffer(received, D);
+      if (etp() > 1) b->out = buffer(h_.num_rows_out, D);
+    }
+    for (Buffers* b : {&steps_[kCombine], &steps_[kDispatchBackward]}) {  // rows back home
+      if (etp() > 1) b->mid = buffer(received, D);
+      if (ep() > 1) b->out = buffer(h_.num_rows_in, D);
+    }
+  }
+  const moe::DispatchHandle& handle() const { return h_; }
+
+  moe::Dispatched dispatch(const Tensor& x_ND, const std::vector<int64_t>&) {
+    return {h_, forward(x_ND, steps_[kDispatch])};
+  }
+  Tensor combine(const moe::DispatchHandle&, const Tensor& y_MD) { return reverse(y_MD, steps_[kCombine]); }
+  Tensor combine_backward(const moe::DispatchHandle&, const Tensor& dy_ND) {
+    return forward(dy_ND, steps_[kCombineBackward]);
+  }
+  Tensor dispatch_backward(const moe::DispatchHandle&, const Tensor& dx_MD) {
+    return reverse(dx_MD, steps_[kDispatchBackward]);
+  }
+
+ private:
+  struct Buffers {
+    Tensor mid, out;
+  };
+  static Tensor buffer(int64_t rows, int64_t D) { return Tensor::empty({rows, D}, DType::f32, MemCategory::comm); }
+  int ep() const { return x_.ep->size(); }
+  int etp() const { return x_.etp->size(); }
+
+  Tensor forward(const Tensor& rows_ND, Buffers& b) {  // all_to_all_v over ep, all_gather_v over etp
+    Tensor received = rows_ND;
+    if (ep() > 1) {
+      x_.ep->all_to_all_v(cspan(rows_ND), send_, mspan(b.mid), recv_);
+      received = b.mid;
+    }
+    if (etp() == 1) return received;
+    x_.etp->all_gather_v(cspan(received), mspan(b.out), etp_);
+    return b.out;
+  }
+  Tensor reverse(const Tensor& rows_MD, Buffers& b) {  // reduce_scatter_v over etp, all_to_all_v over ep
+    Tensor mine = rows_MD;
+    if (etp() > 1) {
+      x_.etp->reduce_scatter_v(cspan(rows_MD), mspan(b.mid), etp_);
+      mine = b.mid;
+    }
+    if (ep() == 1) return mine;
+    x_.ep->all_to_all_v(cspan(mine), recv_, mspan(b.out), send_);
+    return b.out;
+  }
+
+  Exchange x_;
+  moe::DispatchHandle h_;
+  std::vector<int64_t> send_, recv_, etp_;  // elements
+  std::array<Buffers, kNumSteps> steps_;
+};
+
+struct Split {
+  double router = 0, permute = 0, experts = 0;
+  std::array<double, kNumSteps> exchange{};
+};
+
+struct Pass {
+  Split split;
+  moe::DispatchHandle handle;
+  Tensor y_TD, dx_TD;  // outputs, for the data check
+};
+
+// The layer's steps one by one, in the layer's order, timed per category;
+// `steps` does the exchange.
+template <class Steps>
+Pass time_components(const moe::MoeLayerOptions& opt, const moe::MoeLayerWeights& w, moe::MoeLayerWeights& g,
+                     const Tensor& x_TD, int64_t seq_len, const Tensor& dy_TD, Steps& steps, const Exchange& xch) {
+  Pass pass;
+  Split& s = pass.split;
   const int64_t T = x_TD.rows(), E = opt.router.num_experts;
   auto t0 = Clock::now();
   moe::RouterSaved rs;
@@ -65,45 +242,94 @@ Split time_components(const moe::MoeLayerOptions& opt, const moe::MoeLayerWeight
   const int64_t C = moe::expert_capacity(opt.capacity, T, opt.router.top_k, E);
   Tensor kept = moe::apply_capacity(opt.capacity, routing.expert_TK, routing.weight_TK, E, C);
   moe::Permutation perm = moe::make_permutation(routing.expert_TK, kept, E, C, opt.capacity.pad_to_capacity);
-  Tensor x_ND = moe::permute_rows(x_TD, perm);
+  Tensor x_ND = moe::permute_rows(x_TD, perm);  // (N, D)
   s.permute += seconds_since(t0);
+
+  moe::Dispatched d = timed(xch, s.exchange[kDispatch], [&] { return steps.dispatch(x_ND, perm.rows_per_expert); });
+  const moe::DispatchHandle& h = d.handle;
 
   t0 = Clock::now();
   moe::ExpertsSaved es;
-  Tensor y_ND = moe::experts_forward(w.experts, x_ND, perm.rows_per_expert, es);
+  Tensor y_MD = moe::experts_forward(w.experts, d.x_MD, h.segments, es);  // (M, D)
   s.experts += seconds_since(t0);
 
+  Tensor y_ND = timed(xch, s.exchange[kCombine], [&] { return steps.combine(h, y_MD); });  // (N, D)
+
   t0 = Clock::now();
-  Tensor y_TD = moe::unpermute_rows(y_ND, perm, routing.weight_TK, T);
-  Tensor dy_ND = Tensor::empty(y_ND.shape(), DType::f32, MemCategory::activation);
-  Tensor dweight = Tensor::empty(routing.weight_TK.shape(), DType::f32, MemCategory::activation);
+  pass.y_TD = moe::unpermute_rows(y_ND, perm, routing.weight_TK, T);  // (T, D)
+  Tensor dy_ND, dweight;                                              // (N, D), (T, k)
   moe::unpermute_rows_backward(dy_TD, y_ND, perm, routing.weight_TK, dy_ND, dweight);
   s.permute += seconds_since(t0);
 
-  t0 = Clock::now();
-  Tensor dx_ND = moe::experts_backward(w.experts, es, dy_ND, g.experts);
-  s.experts += seconds_since(t0);
+  Tensor dy_MD =  // (M, D)
+      timed(xch, s.exchange[kCombineBackward], [&] { return steps.combine_backward(h, dy_ND); });
 
   t0 = Clock::now();
-  Tensor dx_TD = Tensor::zeros(x_TD.shape(), DType::f32, MemCategory::activation);
-  moe::permute_rows_backward(dx_ND, perm, dx_TD);
+  Tensor dx_MD = moe::experts_backward(w.experts, es, dy_MD, g.experts);  // (M, D)
+  s.experts += seconds_since(t0);
+
+  Tensor dx_ND =  // (N, D)
+      timed(xch, s.exchange[kDispatchBackward], [&] { return steps.dispatch_backward(h, dx_MD); });
+
+  t0 = Clock::now();
+  pass.dx_TD = Tensor::zeros(x_TD.shape(), DType::f32, MemCategory::activation);  // (T, D)
+  moe::permute_rows_backward(dx_ND, perm, pass.dx_TD);
   s.permute += seconds_since(t0);
 
   t0 = Clock::now();
   moe::router_backward(opt.router, rs, w.gate_ED, dweight, 1.0f, g.gate_ED);
   s.router += seconds_since(t0);
-  return s;
+  pass.handle = h;
+  return pass;
 }
 
-void run_bench_moe_layer(const std::string& config_path, const std::vector<std::string>& overrides, int steps,
-                         int warmup, bool json) {
-  Config cfg = load_config(config_path, overrides);
+int64_t count_different(const Tensor& a, const Tensor& b) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) n += std::memcmp(a.f32() + i, b.f32() + i, sizeof(float)) != 0;
+  return n;
+}
+
+struct MoeBenchArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  int64_t ep = 0, etp = 0;  // 0: the config's
+  int steps = 5, warmup = 2;
+  bool json = false;
+};
+
+void run_bench_moe_layer(const MoeBenchArgs& a) {
+  std::vector<std::string> overrides = a.overrides;
+  if (a.ep > 0) overrides.push_back("parallel.ep=" + std::to_string(a.ep));
+  if (a.etp > 0) overrides.push_back("parallel.etp=" + std::to_string(a.etp));
+  Config cfg = load_config(a.config, overrides);
   const MoeConfig& m = cfg.moe;
-  if (m.num_experts == 0) ORIGAMI_USER_ERROR(config_path, ": moe.num_experts = 0: bench moe-layer needs MoE layers");
+  const ParallelConfig& par = cfg.parallel;
+  if (m.num_experts == 0) ORIGAMI_USER_ERROR(a.config, ": moe.num_experts = 0: bench moe-layer needs MoE layers");
+  if (par.tp != 1 || par.cp != 1 || par.pp != 1)
+    ORIGAMI_USER_ERROR(a.config, ": parallel.tp = ", par.tp, ", cp = ", par.cp, ", pp = ", par.pp,
+                       ": bench moe-layer runs expert parallelism only (parallel.ep, parallel.etp); set tp = cp = "
+                       "pp = 1");
+  int world = 1, rank = 0;
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   set_num_threads(cfg.runtime.threads > 0 ? static_cast<int>(cfg.runtime.threads) : default_threads_per_rank());
   const int64_t D = cfg.model.hidden_size, E = m.num_experts, F = m.expert_ffn(cfg.model.ffn_hidden_size);
   const int64_t S = cfg.training.seq_len, T = cfg.training.micro_batch * S;
   const float std = static_cast<float>(cfg.model.init_std);
+
+  std::optional<comm::Layout> layout;
+  try {
+    layout.emplace(world, comm::LayoutOptions{1, 1, 1, par.ep, par.etp, par.order, E});
+  } catch (const UserError& e) {
+    ORIGAMI_USER_ERROR(a.config, ": ", e.what());
+  }
+  if (F % par.etp != 0)
+    ORIGAMI_USER_ERROR(a.config, ": expert ffn width ", F, " does not divide over parallel.etp = ", par.etp);
+  comm::Groups groups = comm::Groups::create(*layout, MPI_COMM_WORLD, comm::Backend::mpi,
+                                             comm::CommOptions{cfg.runtime.collective_timeout_s});
+  const Exchange xch{&groups[comm::GroupKind::ep], &groups[comm::GroupKind::etp], &groups[comm::GroupKind::tp_ep]};
+  const moe::AllToAllDispatcher disp(E, xch.ep, xch.etp);
+  const int64_t El = disp.num_local_experts(), Fl = F / par.etp;
 
   moe::MoeLayerOptions opt;
   opt.router = {E, m.top_k, m.score_function, m.normalize_topk, static_cast<float>(m.topk_scaling), m.num_groups,
@@ -113,76 +339,187 @@ void run_bench_moe_layer(const std::string& config_path, const std::vector<std::
   moe::MoeLayerWeights w;
   w.gate_ED = random_param({E, D}, "bench.gate", std);
   if (m.expert_bias) w.bias_E = Tensor::zeros({E}, DType::f32, MemCategory::param);
-  w.experts = random_experts(E, F, D, "bench.experts", std);
-  if (m.shared_expert_hidden_size > 0) w.shared = random_experts(1, m.shared_expert_hidden_size, D, "bench.shared", std);
+  w.experts = expert_slice(disp.first_local_expert(), El, F, disp.etp_rank() * Fl, Fl, D, "bench.experts", std);
+  if (m.shared_expert_hidden_size > 0) {
+    const int64_t Fs = m.shared_expert_hidden_size;
+    w.shared = expert_slice(0, 1, Fs, 0, Fs, D, "bench.shared", std);
+  }
   moe::MoeLayerWeights g;
   g.gate_ED = Tensor::zeros({E, D}, DType::f32, MemCategory::grad);
   g.experts = zero_like(w.experts);
   if (w.has_shared()) g.shared = zero_like(w.shared);
 
-  Tensor x = random_param({T, D}, "bench.x", 1.0f), dy = random_param({T, D}, "bench.dy", 1.0f);
-  std::vector<double> layer_times, router_t, permute_t, expert_t;
-  for (int i = 0; i < warmup + steps; ++i) {
-    auto t0 = Clock::now();
+  // Each rank's own tokens: this rank's rows of a global [world · T, D] tensor.
+  Tensor x = random_param({T, D}, "bench.x", 1.0f, rank * T * D);    // (T, D)
+  Tensor dy = random_param({T, D}, "bench.dy", 1.0f, rank * T * D);  // (T, D)
+  const bool ep_run = xch.active();
+  std::vector<double> layer_t;
+  std::vector<Split> splits, bare_splits;
+  std::optional<BareSteps> bare;
+  int64_t bytes_fwd = 0, bytes_rev = 0, wrong = 0;  // this rank's ep bytes per exchange; data check
+  for (int i = 0; i < a.warmup + a.steps; ++i) {
     moe::MoeLayerSaved saved;
     moe::MoeLayerStats stats;
-    moe::moe_layer_forward(opt, w, x, S, saved, stats);
-    moe::moe_layer_backward(opt, w, saved, dy, 1.0f, g);
-    const double layer_s = seconds_since(t0);
-    Split s = time_components(opt, w, g, x, S, dy);
-    if (i < warmup) continue;
-    layer_times.push_back(layer_s);
-    router_t.push_back(s.router);
-    permute_t.push_back(s.permute);
-    expert_t.push_back(s.experts);
+    double layer_s = 0;
+    timed(xch, layer_s, [&] {
+      moe::moe_layer_forward(opt, w, x, S, saved, stats, nullptr, &disp);
+      return moe::moe_layer_backward(opt, w, saved, dy, 1.0f, g, &disp);
+    });
+    DispatcherSteps through{disp};
+    const Pass p = time_components(opt, w, g, x, S, dy, through, xch);
+    if (ep_run) {
+      // Same tokens and weights every repeat, so the counts never change.
+      if (!bare) {
+        bare.emplace(xch, p.handle, D);
+        bytes_fwd = sent_bytes(p.handle.send_rows_per_ep, xch.ep->rank(), D);
+        bytes_rev = sent_bytes(p.handle.recv_rows_per_ep, xch.ep->rank(), D);
+      }
+      ORIGAMI_CHECK(p.handle.send_rows_per_ep == bare->handle().send_rows_per_ep &&
+                        p.handle.recv_rows_per_ep == bare->handle().recv_rows_per_ep,
+                    "bench: the dispatch counts changed between repeats");
+      xch.ep->reset_stats();
+      const Pass b = time_components(opt, w, g, x, S, dy, *bare, xch);
+      const int64_t counted = xch.ep->stats(comm::CommOp::all_to_all_v).bytes;
+      ORIGAMI_CHECK(counted == 2 * (bytes_fwd + bytes_rev), "bench: ep counted ", counted, " bytes, the counts say ",
+                    2 * (bytes_fwd + bytes_rev));
+      wrong += count_different(p.y_TD, b.y_TD) + count_different(p.dx_TD, b.dx_TD);
+      if (i >= a.warmup) bare_splits.push_back(b.split);
+    }
+    if (i < a.warmup) continue;
+    layer_t.push_back(layer_s);
+    splits.push_back(p.split);
   }
-  const double layer_s = median(layer_times), router_s = median(router_t), permute_s = median(permute_t),
-               experts_s = median(expert_t);
-  const double rest_s = std::max(0.0, layer_s - router_s - permute_s - experts_s);
+
+  // Each rank's medians, then the slowest rank's: [layer, router, permute,
+  // experts, 4 steps, 4 bare steps].
+  auto med = [](const std::vector<Split>& v, auto&& field) {
+    std::vector<double> x;
+    for (const Split& s : v) x.push_back(field(s));
+    return x.empty() ? 0.0 : median(x);
+  };
+  std::vector<double> r = {median(layer_t), med(splits, [](const Split& s) { return s.router; }),
+                           med(splits, [](const Split& s) { return s.permute; }),
+                           med(splits, [](const Split& s) { return s.experts; })};
+  for (int k = 0; k < kNumSteps; ++k) r.push_back(med(splits, [k](const Split& s) { return s.exchange[k]; }));
+  for (int k = 0; k < kNumSteps; ++k) r.push_back(med(bare_splits, [k](const Split& s) { return s.exchange[k]; }));
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, r.data(), static_cast<int>(r.size()), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  const double layer_s = r[0], router_s = r[1], permute_s = r[2], experts_s = r[3];
+  const double* step_s = &r[4];
+  const double* bare_s = &r[4 + kNumSteps];
+  // Bytes per rank and exchange, the mean over ranks (bandwidth = it / the slowest rank's time).
+  std::array<int64_t, 3> sums = {bytes_fwd, bytes_rev, wrong};
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums.data(), 3, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
+  const double mean_fwd = static_cast<double>(sums[0]) / world, mean_rev = static_cast<double>(sums[1]) / world;
+  wrong = sums[2];
+
+  const double exchange_s = step_s[kDispatch] + step_s[kCombine] + step_s[kCombineBackward] +
+                            step_s[kDispatchBackward];
+  const double rest_s = std::max(0.0, layer_s - router_s - permute_s - experts_s - exchange_s);
   const double tokens_per_s = static_cast<double>(T) / layer_s;
   const double routing_fraction = (router_s + permute_s) / layer_s;
-  if (json) {
-    nlohmann::ordered_json j = {{"config", config_path},       {"threads", num_threads()},
-                                {"tokens", T},                 {"experts", E},
-                                {"top_k", m.top_k},            {"layer_time_s", layer_s},
-                                {"tokens_per_s", tokens_per_s}, {"router_s", router_s},
-                                {"permute_s", permute_s},      {"experts_s", experts_s},
-                                {"rest_s", rest_s},            {"router_permute_fraction", routing_fraction},
-                                {"repeats", steps}};
-    std::printf("%s\n", j.dump().c_str());
-    return;
+  if (rank == 0) {
+    struct Row {
+      const char *name, *key;
+      double time_s, bare_s, bytes;
+    };
+    const Row rows[] = {
+        {"dispatch", "dispatch", step_s[kDispatch], bare_s[kDispatch], mean_fwd},
+        {"combine", "combine", step_s[kCombine], bare_s[kCombine], mean_rev},
+        {"combine backward", "combine_backward", step_s[kCombineBackward], bare_s[kCombineBackward], mean_fwd},
+        {"dispatch backward", "dispatch_backward", step_s[kDispatchBackward], bare_s[kDispatchBackward], mean_rev},
+        {"dispatch + combine", "dispatch_combine", step_s[kDispatch] + step_s[kCombine],
+         bare_s[kDispatch] + bare_s[kCombine], mean_fwd + mean_rev}};
+    auto gbs = [](double bytes, double t) { return t > 0 ? bytes / t / 1e9 : 0.0; };
+    if (a.json) {
+      nlohmann::ordered_json j = {{"config", a.config},
+                                  {"ranks", world},
+                                  {"ep", par.ep},
+                                  {"etp", par.etp},
+                                  {"edp", layout->edp()},
+                                  {"threads", num_threads()},
+                                  {"tokens", T},
+                                  {"experts", E},
+                                  {"top_k", m.top_k},
+                                  {"layer_time_s", layer_s},
+                                  {"tokens_per_s", tokens_per_s},
+                                  {"tokens_per_s_all_ranks", tokens_per_s * world},
+                                  {"router_s", router_s},
+                                  {"permute_s", permute_s},
+                                  {"experts_s", experts_s},
+                                  {"exchange_s", exchange_s},
+                                  {"rest_s", rest_s},
+                                  {"router_permute_fraction", routing_fraction},
+                                  {"repeats", a.steps}};
+      if (ep_run) {
+        j["ep_sent_bytes_dispatch"] = mean_fwd;
+        j["ep_sent_bytes_combine"] = mean_rev;
+        for (const Row& row : rows) {
+          const std::string k = row.key;
+          j[k + "_s"] = row.time_s;
+          j[k + "_gbs"] = gbs(row.bytes, row.time_s);
+          j[k + "_bare_s"] = row.bare_s;
+          j[k + "_bare_gbs"] = gbs(row.bytes, row.bare_s);
+          j[k + "_ratio"] = row.bare_s / row.time_s;
+        }
+        j["wrong"] = wrong;
+      }
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf(
+          "bench moe-layer: %s, %lld tokens x %lld, %lld experts top-%lld (ffn %lld), %d thread(s), median of %d\n",
+          a.config.c_str(), static_cast<long long>(T), static_cast<long long>(D), static_cast<long long>(E),
+          static_cast<long long>(m.top_k), static_cast<long long>(F), num_threads(), a.steps);
+      if (world > 1)
+        std::printf("  %d ranks: ep %lld, etp %lld, edp %lld; per rank %lld tokens, %lld experts x ffn %lld; "
+                    "slowest rank's median\n",
+                    world, static_cast<long long>(par.ep), static_cast<long long>(par.etp),
+                    static_cast<long long>(layout->edp()), static_cast<long long>(T), static_cast<long long>(El),
+                    static_cast<long long>(Fl));
+      std::printf("  layer fwd+bwd    %10.4f s   %10.0f tokens/s", layer_s, tokens_per_s);
+      if (world > 1) std::printf(" per rank, %.0f all ranks", tokens_per_s * world);
+      std::printf("\n");
+      auto line = [&](const char* what, double t) {
+        std::printf("  %-16s %10.4f s   %5.1f%%\n", what, t, 100.0 * t / layer_s);
+      };
+      line("router", router_s);
+      line("permute/unperm.", permute_s);
+      line("expert GEMMs", experts_s);
+      if (ep_run) line("dispatch/combine", exchange_s);
+      line("rest", rest_s);
+      std::printf("  router + permute/un-permute: %.1f%% of the layer\n", 100.0 * routing_fraction);
+      if (ep_run) {
+        std::printf("  exchange (bytes sent over ep per rank: %.0f dispatch direction, %.0f combine direction;\n"
+                    "  bare: the same collectives and counts in the same place, no counts exchange):\n",
+                    mean_fwd, mean_rev);
+        std::printf("    %-19s %10s %9s %10s %9s %7s\n", "step", "time(ms)", "GB/s", "bare(ms)", "GB/s", "ratio");
+        for (const Row& row : rows)
+          std::printf("    %-19s %10.3f %9.3f %10.3f %9.3f %7.2f\n", row.name, row.time_s * 1e3,
+                      gbs(row.bytes, row.time_s), row.bare_s * 1e3, gbs(row.bytes, row.bare_s),
+                      row.bare_s / row.time_s);
+        std::printf("  data check (dispatcher vs bare layer outputs): %s\n",
+                    wrong == 0 ? "bitwise equal" : "DIFFERENT");
+      }
+    }
   }
-  std::printf("bench moe-layer: %s, %lld tokens x %lld, %lld experts top-%lld (ffn %lld), %d thread(s), median of %d\n",
-              config_path.c_str(), static_cast<long long>(T), static_cast<long long>(D), static_cast<long long>(E),
-              static_cast<long long>(m.top_k), static_cast<long long>(F), num_threads(), steps);
-  std::printf("  layer fwd+bwd    %10.4f s   %10.0f tokens/s\n", layer_s, tokens_per_s);
-  auto line = [&](const char* what, double t) {
-    std::printf("  %-16s %10.4f s   %5.1f%%\n", what, t, 100.0 * t / layer_s);
-  };
-  line("router", router_s);
-  line("permute/unperm.", permute_s);
-  line("expert GEMMs", experts_s);
-  line("rest", rest_s);
-  std::printf("  router + permute/un-permute: %.1f%% of the layer\n", 100.0 * routing_fraction);
+  if (wrong != 0)
+    throw CLI::RuntimeError("bench moe-layer: " + std::to_string(wrong) + " output element(s) differ between the "
+                            "dispatcher and the bare exchange", 1);
 }
 
 }  // namespace
 
 void add_bench_moe_layer_command(CLI::App& bench) {
-  struct Args {
-    std::string config;
-    std::vector<std::string> overrides;
-    int steps = 5, warmup = 2;
-    bool json = false;
-  };
-  auto args = std::make_shared<Args>();
+  auto args = std::make_shared<MoeBenchArgs>();
   CLI::App* cmd = bench.add_subcommand("moe-layer", "One MoE layer forward+backward, with the split of its time");
   cmd->add_option("--config", args->config, "TOML config with MoE layers")->required();
   cmd->add_option("--set", args->overrides, "Override a config value: section.key=value");
+  cmd->add_option("--ep", args->ep, "Expert parallel size (overrides parallel.ep)")->check(CLI::PositiveNumber);
+  cmd->add_option("--etp", args->etp, "Expert tensor parallel size (overrides parallel.etp)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--steps", args->steps, "Timed repeats (median reported)")->check(CLI::Range(1, 1000));
   cmd->add_option("--warmup", args->warmup, "Untimed warm-up repeats")->check(CLI::Range(0, 1000));
   cmd->add_flag("--json", args->json, "Print one JSON object");
-  cmd->callback([args] { run_bench_moe_layer(args->config, args->overrides, args->steps, args->warmup, args->json); });
+  cmd->callback([args] { run_bench_moe_layer(*args); });
 }
 
 }  // namespace origami::tools
