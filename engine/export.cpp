@@ -17,11 +17,16 @@ std::string bias_name(int64_t l) {
 const char* score_name(moe::ScoreFunction f) { return f == moe::ScoreFunction::softmax ? "softmax" : "sigmoid"; }
 }  // namespace
 
-void export_hf(const Model& model, const std::string& dir) {
-  std::filesystem::create_directories(dir);
+void export_hf(const Model& model, const std::string& dir, const comm::Groups* groups) {
+  const bool spread = groups && groups->get(comm::GroupKind::tp_ep).size() > 1;
   std::vector<NamedTensor> tensors;
+  if (spread)
+    for (auto& [name, t] : model.gather_experts(*groups)) tensors.push_back({name, t});
+  if (groups && groups->world_rank() != 0) return;
+  std::filesystem::create_directories(dir);
   for (const ParamUnit& u : model.params().units())
-    for (size_t i = 0; i < u.params.size(); ++i) tensors.push_back({u.params[i].name, u.param_view(i)});
+    if (!(spread && u.expert))
+      for (size_t i = 0; i < u.params.size(); ++i) tensors.push_back({u.params[i].name, u.param_view(i)});
   for (size_t l = 0; l < model.expert_bias().size(); ++l)
     if (model.expert_bias()[l].defined()) tensors.push_back({bias_name(static_cast<int64_t>(l)), model.expert_bias()[l]});
   write_safetensors(dir + "/model.safetensors", tensors);

@@ -1,6 +1,9 @@
 // Model assembly (see model.h).
 #include "engine/model.h"
 
+#include <algorithm>
+#include <map>
+
 #include "dense/embedding.h"
 #include "kernels/elementwise.h"
 
@@ -164,6 +167,43 @@ Model::LayerWeights Model::layer_views(int64_t l, bool grads) const {
                     get("block_sparse_moe.shared_expert.down_proj.weight").view({1, D, Fs})};
   }
   return w;
+}
+
+std::vector<std::pair<std::string, Tensor>> Model::gather_experts(const comm::Groups& groups) const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  comm::Communicator& shards = groups.get(comm::GroupKind::tp_ep);
+  if (shards.members().front() != 0) return out;  // another replica of the experts
+  const int64_t El = local_experts_, D = cfg_.hidden_size, Fe = moe_cfg_.expert_ffn(cfg_.ffn_hidden_size);
+  const int64_t Fl = Fe / (dispatcher_ ? dispatcher_->etp_size() : 1);
+  std::map<std::string, Tensor> full;  // every slice lands in its whole tensor
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    if (!moe_cfg_.is_moe_layer(l)) continue;
+    const ParamUnit& u = params_.units()[params_.find(expert_name(l, first_expert_, "w1")).first];
+    const int64_t n = shards.size();
+    Tensor all = Tensor::empty({n * u.numel}, DType::f32, MemCategory::comm);
+    shards.all_gather(std::span<const float>(u.param.f32(), u.numel), std::span<float>(all.f32(), n * u.numel));
+    if (groups.world_rank() != 0) continue;
+    // Member m's unit: w1 of its El experts ([Fl, D] each), then w3, then w2 ([D, Fl]).
+    for (int64_t m = 0; m < n; ++m) {
+      const comm::RankCoords c = groups.layout().coords(shards.members()[m]);
+      const float* base = all.f32() + m * u.numel;
+      for (int64_t j = 0; j < El; ++j) {
+        const int64_t e = c.ep * El + j, f0 = c.etp * Fl;
+        auto whole = [&](const char* w, Shape shape) -> Tensor& {
+          Tensor& t = full[expert_name(l, e, w)];
+          if (!t.defined()) t = Tensor::empty(std::move(shape), DType::f32, MemCategory::comm);
+          return t;
+        };
+        Tensor &w1 = whole("w1", {Fe, D}), &w3 = whole("w3", {Fe, D}), &w2 = whole("w2", {D, Fe});
+        std::copy_n(base + j * Fl * D, Fl * D, w1.f32() + f0 * D);  // rows [f0, f0 + Fl)
+        std::copy_n(base + (El + j) * Fl * D, Fl * D, w3.f32() + f0 * D);
+        const float* w2_slice = base + 2 * El * Fl * D + j * D * Fl;  // columns [f0, f0 + Fl)
+        for (int64_t d = 0; d < D; ++d) std::copy_n(w2_slice + d * Fl, Fl, w2.f32() + d * Fe + f0);
+      }
+    }
+  }
+  for (auto& [name, t] : full) out.emplace_back(name, t);
+  return out;
 }
 
 int64_t Model::active_matmul_params() const {

@@ -78,6 +78,11 @@ class Model {
   // [etp_rank · F/ETP, + F/ETP).
   int64_t first_local_expert() const { return first_expert_; }
   int64_t num_local_experts() const { return local_experts_; }
+
+  // Every expert weight of the global model, whole, by HF name — on world
+  // rank 0; empty elsewhere. Collective over world rank 0's tp-ep group
+  // (which holds each expert slice once); the other ranks return at once.
+  std::vector<std::pair<std::string, Tensor>> gather_experts(const comm::Groups& groups) const;
   int64_t active_matmul_params() const;
   StepFlops training_flops(int64_t batch, int64_t seq_len) const;
 

@@ -167,9 +167,10 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
     if (opts.on_step) opts.on_step(m);
   }
   summary.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
-  if (!cfg.exp.dir.empty() && rank == 0) {
-    export_hf(model, cfg.exp.dir);
-    if (opts.print_steps && !opts.json_lines) std::printf("exported Hugging Face weights to %s\n", cfg.exp.dir.c_str());
+  if (!cfg.exp.dir.empty()) {
+    export_hf(model, cfg.exp.dir, &groups);  // collective: rank 0 writes the consolidated model
+    if (rank == 0 && opts.print_steps && !opts.json_lines)
+      std::printf("exported Hugging Face weights to %s\n", cfg.exp.dir.c_str());
   }
   return summary;
 }

@@ -14,10 +14,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <tuple>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli_util.h"
+#include "engine/safetensors.h"
 
 namespace origami {
 namespace {
@@ -116,6 +119,30 @@ TEST_F(ExpertParallel, EveryLayoutMatchesOneRank) {
   for (const auto& l : layouts) {
     SCOPED_TRACE(std::string(l.tag) + " on " + std::to_string(l.np) + " ranks");
     expect_parity(l.shared ? base_shared : base, train(l.tag, l.np, l.args), l.ep);
+  }
+}
+
+// Init is a function of (seed, name, global index) and export gathers every
+// expert slice: the consolidated export of an untrained EP=2 × ETP=2 model
+// (each rank holding 4 experts' F-halves) equals the one-rank model bit for bit.
+TEST_F(ExpertParallel, ConsolidatedExportEqualsOneRankModel) {
+  const std::string zero = "--set training.steps=0 --set export.dir=";
+  for (const auto& [np, tag, args] : {std::tuple{1, "one", std::string()},
+                                      std::tuple{4, "spread", std::string("--set parallel.ep=2 --set parallel.etp=2")}}) {
+    auto r = run_command((np == 1 ? std::string() : std::string(ORIGAMI_MPIEXEC) +
+                                                        " --allow-run-as-root --oversubscribe --bind-to none -np 4 ") +
+                         ORIGAMI_BINARY + " train " + ORIGAMI_SOURCE_DIR + "/configs/tiny-moe.toml --set data.path=" +
+                         (*dir_ / "fortunes") + " --set logging.dir= " + zero + (*dir_ / tag) + " " + args);
+    ASSERT_EQ(r.status, 0) << r.output;
+  }
+  const auto one = read_safetensors(*dir_ / "one/model.safetensors");
+  const auto spread = read_safetensors(*dir_ / "spread/model.safetensors");
+  ASSERT_EQ(one.size(), spread.size());
+  for (const auto& [name, t] : one) {
+    auto it = spread.find(name);
+    ASSERT_NE(it, spread.end()) << name << " missing from the consolidated export";
+    ASSERT_EQ(it->second.shape(), t.shape()) << name;
+    EXPECT_EQ(std::memcmp(it->second.f32(), t.f32(), t.numel() * sizeof(float)), 0) << name << " differs";
   }
 }
 
