@@ -64,7 +64,8 @@ double ForwardStats::z_loss() const {
   return s;
 }
 
-Model::Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe_cfg, const comm::Groups* groups)
+Model::Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe_cfg, const comm::Groups* groups,
+             int zero_stage)
     : cfg_(cfg), moe_cfg_(moe_cfg) {
   const int64_t D = cfg.hidden_size, V = cfg.vocab_size, F = cfg.ffn_hidden_size, hd = cfg.head_dim();
   const int64_t Hq = cfg.num_heads, Hkv = cfg.num_kv_heads;
@@ -129,8 +130,19 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe_cfg, co
   ParamUnit& fin = params_.add_unit("final");
   params_.add_param(fin, "model.norm.weight", {D}, InitKind::ones);
   params_.add_param(fin, "lm_head.weight", {V, D}, InitKind::normal);
-  params_.allocate();
+  params_.allocate(zero_shard_plan(zero_stage, groups));
   params_.initialize(seed, static_cast<float>(cfg.init_std), cfg.num_layers);
+  layer_unit_.assign(cfg.num_layers, 0);
+  expert_unit_.assign(cfg.num_layers, 0);
+  for (size_t i = 0; i < params_.units().size(); ++i) {
+    const std::string& n = params_.units()[i].name;
+    if (n == "embedding") embedding_unit_ = i;
+    if (n == "final") final_unit_ = i;
+    if (n.rfind("layers.", 0) == 0) {
+      const int64_t l = std::stoll(n.substr(7));
+      (params_.units()[i].expert ? expert_unit_ : layer_unit_)[l] = i;
+    }
+  }
 
   expert_bias_.resize(cfg.num_layers);
   if (moe_cfg.expert_bias)
@@ -234,7 +246,20 @@ void Model::update_expert_bias(const std::vector<MoeLayerRecord>& loads) {
     moe::update_expert_bias(expert_bias_[r.layer], r.routed_per_expert, static_cast<float>(moe_cfg_.bias_update_rate));
 }
 
-double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_T, ForwardStats* stats) const {
+namespace {
+// Hook calls that are no-ops without hooks.
+struct Hooks {
+  UnitHooks* h;
+  void before_forward(size_t u) const { if (h) h->before_forward(u); }
+  void after_forward(size_t u) const { if (h) h->after_forward(u); }
+  void before_backward(size_t u) const { if (h) h->before_backward(u); }
+  void after_backward(size_t u) const { if (h) h->after_backward(u); }
+};
+}  // namespace
+
+double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_T, ForwardStats* stats,
+                      UnitHooks* unit_hooks) const {
+  const Hooks hooks{unit_hooks};
   const int64_t B = tokens_BS1.size(0), S = tokens_BS1.size(1) - 1, T = B * S;
   const float eps = static_cast<float>(cfg_.norm_eps);
   // Split each window into inputs [0, S) and targets [1, S].
@@ -250,9 +275,14 @@ double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_
   for (int64_t s = 0; s < S; ++s) saved.pos_S.i32()[s] = static_cast<int32_t>(s);
 
   std::vector<MoeLayerRecord> records;
+  hooks.before_forward(embedding_unit_);
   Tensor h = dense::embedding_module_forward(saved.ids_T, params_.param("model.embed_tokens.weight"));  // (T, D)
+  hooks.after_forward(embedding_unit_);
   saved.layers.assign(cfg_.num_layers, LayerSaved{});
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    const bool is_moe = moe_cfg_.is_moe_layer(l);
+    hooks.before_forward(layer_unit_[l]);
+    if (is_moe) hooks.before_forward(expert_unit_[l]);
     LayerWeights w = layer_views(l, /*grads=*/false);
     LayerSaved& ls = saved.layers[l];
     Tensor a = dense::rmsnorm_module_forward(h, w.attn_norm, eps, ls.attn_norm);
@@ -261,7 +291,7 @@ double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_
     h = y;
     Tensor m = dense::rmsnorm_module_forward(h, w.mlp_norm, eps, ls.mlp_norm);
     Tensor z;
-    if (moe_cfg_.is_moe_layer(l)) {
+    if (is_moe) {
       moe::MoeLayerStats st;
       z = moe::moe_layer_forward(moe_opt_, w.moe, m, S, ls.moe, st, reduce_stats_, dispatcher_.get());
       records.push_back({l, st.routed_per_expert, st.kept_per_expert, st.tokens_per_ep_rank, st.losses.aux_loss,
@@ -271,29 +301,51 @@ double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_
     }
     add_inplace(z, h);
     h = z;
+    w = LayerWeights{};  // drop the views before the units may be freed
+    hooks.after_forward(layer_unit_[l]);
+    if (is_moe) hooks.after_forward(expert_unit_[l]);
   }
   if (stats) stats->accumulate(records);
+  hooks.before_forward(final_unit_);
   Tensor y = dense::rmsnorm_module_forward(h, params_.param("model.norm.weight"), eps, saved.final_norm);
-  return dense::lm_head_forward(params_.param("lm_head.weight"), y, targets, saved.head, loss_T);
+  const double loss = dense::lm_head_forward(params_.param("lm_head.weight"), y, targets, saved.head, loss_T);
+  hooks.after_forward(final_unit_);
+  return loss;
 }
 
-void Model::backward(ModelSaved& saved, float lm_grad_scale, float aux_scale) {
-  Tensor dnorm_w = params_.grad("model.norm.weight"), dhead_w = params_.grad("lm_head.weight");
-  Tensor dy = dense::lm_head_backward(params_.param("lm_head.weight"), saved.head, lm_grad_scale, dhead_w);
-  Tensor dh = dense::rmsnorm_module_backward(dy, params_.param("model.norm.weight"), saved.final_norm, dnorm_w);
+void Model::backward(ModelSaved& saved, float lm_grad_scale, float aux_scale, UnitHooks* unit_hooks) {
+  const Hooks hooks{unit_hooks};
+  hooks.before_backward(final_unit_);
+  Tensor dh;
+  {
+    Tensor dnorm_w = params_.grad("model.norm.weight"), dhead_w = params_.grad("lm_head.weight");
+    Tensor dy = dense::lm_head_backward(params_.param("lm_head.weight"), saved.head, lm_grad_scale, dhead_w);
+    dh = dense::rmsnorm_module_backward(dy, params_.param("model.norm.weight"), saved.final_norm, dnorm_w);
+  }
+  hooks.after_backward(final_unit_);
   for (int64_t l = cfg_.num_layers - 1; l >= 0; --l) {
+    const bool is_moe = moe_cfg_.is_moe_layer(l);
+    if (is_moe) hooks.before_backward(expert_unit_[l]);
+    hooks.before_backward(layer_unit_[l]);
     LayerWeights w = layer_views(l, /*grads=*/false), g = layer_views(l, /*grads=*/true);
     LayerSaved& ls = saved.layers[l];
-    Tensor dm = moe_cfg_.is_moe_layer(l)
+    Tensor dm = is_moe
                     ? moe::moe_layer_backward(moe_opt_, w.moe, ls.moe, dh, aux_scale, g.moe, dispatcher_.get())
                     : dense::mlp_module_backward(w.mlp, ls.mlp, dh, g.mlp);
     add_inplace(dh, dense::rmsnorm_module_backward(dm, w.mlp_norm, ls.mlp_norm, g.mlp_norm));
     Tensor da = dense::attention_module_backward(attn_opt_, w.attn, ls.attn, dh, g.attn);
     add_inplace(dh, dense::rmsnorm_module_backward(da, w.attn_norm, ls.attn_norm, g.attn_norm));
     ls = LayerSaved{};  // free this layer's activations as soon as they are consumed
+    w = g = LayerWeights{};
+    if (is_moe) hooks.after_backward(expert_unit_[l]);
+    hooks.after_backward(layer_unit_[l]);
   }
-  Tensor demb = params_.grad("model.embed_tokens.weight");
-  dense::embedding_module_backward(saved.ids_T, dh, demb);
+  hooks.before_backward(embedding_unit_);
+  {
+    Tensor demb = params_.grad("model.embed_tokens.weight");
+    dense::embedding_module_backward(saved.ids_T, dh, demb);
+  }
+  hooks.after_backward(embedding_unit_);
   saved = ModelSaved{};
 }
 

@@ -14,6 +14,7 @@
 #include "dense/norm.h"
 #include "engine/config.h"
 #include "engine/params.h"
+#include "engine/zero.h"
 #include "moe/moe_layer.h"
 
 namespace origami {
@@ -68,7 +69,10 @@ struct StepFlops {
 // backward calls in the same order. Without groups: one rank, all experts.
 class Model {
  public:
-  Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe = {}, const comm::Groups* groups = nullptr);
+  // zero_stage: how ParamStore shards the units over their groups (§6;
+  // engine/zero.h runs the gathers and reductions).
+  Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe = {}, const comm::Groups* groups = nullptr,
+        int zero_stage = 0);
 
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
@@ -93,12 +97,13 @@ class Model {
   void update_expert_bias(const std::vector<MoeLayerRecord>& global_batch_loads);
 
   // tokens: i32 [B, S+1] windows. Returns Σ token LM loss; fills saved for
-  // backward and, if given, per-layer MoE statistics.
+  // backward and, if given, per-layer MoE statistics. hooks (ZeRO) are told
+  // before and after each unit's use.
   double forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_T = nullptr,
-                 ForwardStats* stats = nullptr) const;
+                 ForwardStats* stats = nullptr, UnitHooks* hooks = nullptr) const;
   // Accumulates d(lm_grad_scale · Σ loss + aux_scale · Σ_layers (aux + z))/dθ
   // into the grad buffers; consumes saved.
-  void backward(ModelSaved& saved, float lm_grad_scale, float aux_scale = 1.0f);
+  void backward(ModelSaved& saved, float lm_grad_scale, float aux_scale = 1.0f, UnitHooks* hooks = nullptr);
 
  private:
   struct LayerWeights {
@@ -117,6 +122,8 @@ class Model {
   ParamStore params_;
   std::vector<Tensor> expert_bias_;
   int64_t first_expert_ = 0, local_experts_ = 0;
+  size_t embedding_unit_ = 0, final_unit_ = 0;
+  std::vector<size_t> layer_unit_, expert_unit_;  // per layer (expert_unit_: MoE layers only)
   std::unique_ptr<moe::AllToAllDispatcher> dispatcher_;  // null without MoE layers
   moe::StatsReducer reduce_stats_;                        // null when the group is one rank
 };

@@ -19,19 +19,41 @@ double learning_rate(const OptimizerConfig& opt, const LrScheduleConfig& sched, 
   return sched.min_lr + (opt.lr - sched.min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * p));
 }
 
-StepStats AdamW::step(ParamStore& params, comm::Communicator* expert_shards) {
+namespace {
+
+// The owned elements of a unit: [lo, hi) of its flat index space (padding excluded).
+std::pair<int64_t, int64_t> owned(const ParamUnit& u) {
+  return {u.shard.begin, std::min(u.shard.begin + u.shard.size, u.numel)};
+}
+// The reduced gradient of the owned elements.
+Tensor owned_grad(const ParamUnit& u) {
+  auto [lo, hi] = owned(u);
+  const int64_t n = std::max<int64_t>(0, hi - lo);
+  return u.shard.grads ? u.grad_shard.flat_view(0, n, {n}) : u.grad.flat_view(lo, n, {n});
+}
+
+}  // namespace
+
+StepStats AdamW::step(ParamStore& params, const GradNormGroups& groups) {
   ++step_;
   StepStats st;
-  double dense_sq = 0, expert_sq = 0;
-  for (const ParamUnit& u : params.units()) (u.expert ? expert_sq : dense_sq) += sum_squares(u.grad);
-  if (expert_shards) expert_shards->all_reduce(std::span<double>(&expert_sq, 1));
-  st.grad_norm = std::sqrt(dense_sq + expert_sq);
+  double sq[2] = {0, 0};  // dense, expert
+  bool sharded[2] = {false, false};
+  for (const ParamUnit& u : params.units()) {
+    sq[u.expert] += sum_squares(owned_grad(u));
+    sharded[u.expert] = sharded[u.expert] || u.shard.optim;
+  }
+  if (sharded[0] && groups.dense_shards) groups.dense_shards->all_reduce(std::span<double>(&sq[0], 1));
+  if (sharded[1] && groups.expert_shards) groups.expert_shards->all_reduce(std::span<double>(&sq[1], 1));
+  if (groups.expert_model) groups.expert_model->all_reduce(std::span<double>(&sq[1], 1));
+  st.grad_norm = std::sqrt(sq[0] + sq[1]);
   // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1.
+  float clip = 1.0f;
   if (opt_.clip_grad > 0) {
     const double coef = opt_.clip_grad / (st.grad_norm + 1e-6);
     if (coef < 1.0) {
       st.clipped = true;
-      for (ParamUnit& u : params.units()) scale_inplace(u.grad, static_cast<float>(coef));
+      clip = static_cast<float>(coef);
     }
   }
   st.lr = learning_rate(opt_, sched_, total_steps_, step_);
@@ -42,10 +64,20 @@ StepStats AdamW::step(ParamStore& params, comm::Communicator* expert_shards) {
   s.eps = static_cast<float>(opt_.eps);
   s.step = step_;
   for (ParamUnit& u : params.units()) {
+    auto [lo, hi] = owned(u);
+    Tensor g_all = owned_grad(u);
+    if (st.clipped) scale_inplace(g_all, clip);
+    // Slices of the owned range, relative to `lo` (shards) or absolute (whole buffers).
+    const int64_t pbase = u.shard.params ? lo : 0, mbase = u.shard.optim ? lo : 0;
+    const Tensor& pbuf = u.shard.params ? u.param_shard : u.param;
     for (size_t i = 0; i < u.params.size(); ++i) {
+      const int64_t a = std::max(lo, u.params[i].offset), b = std::min(hi, u.params[i].offset + u.params[i].numel());
+      if (a >= b) continue;
       s.weight_decay = u.params[i].weight_decay() ? static_cast<float>(opt_.weight_decay) : 0.0f;
-      Tensor p = u.view_of(u.param, i), g = u.view_of(u.grad, i);
-      Tensor m = u.view_of(u.exp_avg, i), v = u.view_of(u.exp_avg_sq, i);
+      Tensor p = pbuf.flat_view(a - pbase, b - a, {b - a});
+      Tensor g = g_all.flat_view(a - lo, b - a, {b - a});
+      Tensor m = u.exp_avg.flat_view(a - mbase, b - a, {b - a});
+      Tensor v = u.exp_avg_sq.flat_view(a - mbase, b - a, {b - a});
       adamw_update(p, g, m, v, s);
     }
   }

@@ -20,16 +20,24 @@ struct StepStats {
   bool clipped = false;
 };
 
+// Where the squared gradient norm is summed (AdamW::step); null: not needed.
+struct GradNormGroups {
+  comm::Communicator* dense_shards = nullptr;   // dp-cp
+  comm::Communicator* expert_shards = nullptr;  // edp
+  comm::Communicator* expert_model = nullptr;   // tp-ep
+};
+
 class AdamW {
  public:
   AdamW(const OptimizerConfig& opt, const LrScheduleConfig& sched, int64_t total_steps)
       : opt_(opt), sched_(sched), total_steps_(total_steps) {}
-  // One step on the accumulated (already reduced) gradients. Does not zero
-  // them. expert_shards: the group whose ranks hold different experts or
-  // expert slices (expert view tp-ep); the expert units' squared norms sum
-  // over it so each element of the global model counts once. Dense units are
-  // identical on every rank and count once as they are.
-  StepStats step(ParamStore& params, comm::Communicator* expert_shards = nullptr);
+  // One step on the accumulated, reduced gradients, over each unit's owned
+  // slice (UnitShard: the whole unit unless ZeRO shards it). Does not zero
+  // them. The squared grad norm is summed so every element of the global
+  // model counts once: over `groups.dense_shards` (dp-cp) and
+  // `groups.expert_shards` (edp) for ZeRO-sharded units, then the expert part
+  // over `groups.expert_model` (tp-ep: ranks holding different experts).
+  StepStats step(ParamStore& params, const GradNormGroups& groups = {});
   int64_t steps_taken() const { return step_; }
 
  private:

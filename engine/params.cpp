@@ -1,6 +1,7 @@
 // Parameter store (see params.h).
 #include "engine/params.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/init.h"
@@ -52,12 +53,34 @@ void ParamStore::add_param(ParamUnit& unit, const std::string& name, Shape shape
   unit.params.push_back(std::move(info));
 }
 
-void ParamStore::allocate() {
+void ParamStore::allocate(const std::function<UnitShard(const ParamUnit&)>& shard_of) {
   for (ParamUnit& u : units_) {
-    u.param = Tensor::empty({u.numel}, DType::f32, MemCategory::param);
-    u.grad = Tensor::zeros({u.numel}, DType::f32, MemCategory::grad);
-    u.exp_avg = Tensor::zeros({u.numel}, DType::f32, MemCategory::optim);
-    u.exp_avg_sq = Tensor::zeros({u.numel}, DType::f32, MemCategory::optim);
+    UnitShard& s = u.shard;
+    s = shard_of ? shard_of(u) : UnitShard{};
+    ORIGAMI_CHECK(s.group_size >= 1 && s.group_rank >= 0 && s.group_rank < s.group_size, "unit ", u.name,
+                  ": bad shard group ", s.group_rank, " of ", s.group_size);
+    ORIGAMI_CHECK(s.optim || (!s.grads && !s.params), "unit ", u.name, ": ZeRO stages shard moments first");
+    if (s.optim) {  // sharded: pad to divide the group, own one slice
+      s.padded = (u.numel + s.group_size - 1) / s.group_size * s.group_size;
+      s.size = s.padded / s.group_size;
+      s.begin = s.group_rank * s.size;
+    } else {  // whole: this rank "owns" all of it
+      s.padded = s.size = u.numel;
+      s.begin = 0;
+    }
+    // Padding elements are zero in every buffer and stay zero (no gradient
+    // reaches them, and AdamW leaves a zero param with zero moments at zero).
+    if (s.params)
+      u.param_shard = Tensor::zeros({s.size}, DType::f32, MemCategory::param);
+    else
+      u.param = Tensor::zeros({s.padded}, DType::f32, MemCategory::param);
+    if (s.grads)
+      u.grad_shard = Tensor::zeros({s.size}, DType::f32, MemCategory::grad);
+    else
+      u.grad = Tensor::zeros({s.padded}, DType::f32, MemCategory::grad);
+    const int64_t m = s.optim ? s.size : s.padded;
+    u.exp_avg = Tensor::zeros({m}, DType::f32, MemCategory::optim);
+    u.exp_avg_sq = Tensor::zeros({m}, DType::f32, MemCategory::optim);
   }
 }
 
@@ -66,6 +89,9 @@ void ParamStore::initialize(uint64_t seed, float init_std, int64_t num_layers) {
   // them by 1/sqrt(2L) keeps the residual variance flat in depth.
   const float out_std = init_std / std::sqrt(2.0f * static_cast<float>(num_layers));
   for (ParamUnit& u : units_) {
+    // A ZeRO-3 unit is drawn whole, one unit at a time, and keeps its slice.
+    const bool sharded = u.shard.params;
+    if (sharded) u.param = Tensor::zeros({u.shard.padded}, DType::f32, MemCategory::workspace);
     for (size_t i = 0; i < u.params.size(); ++i) {
       Tensor t = u.param_view(i);
       const ParamInfo& p = u.params[i];
@@ -74,6 +100,10 @@ void ParamStore::initialize(uint64_t seed, float init_std, int64_t num_layers) {
         case InitKind::normal_scaled_output: init_normal_shard(t, seed, p, out_std); break;
         case InitKind::ones: init_constant(t, 1.0f); break;
       }
+    }
+    if (sharded) {
+      std::copy_n(u.param.f32() + u.shard.begin, u.shard.size, u.param_shard.f32());
+      u.param = Tensor();
     }
   }
 }
@@ -101,7 +131,10 @@ Tensor ParamStore::grad(const std::string& name) const {
 }
 
 void ParamStore::zero_grads() {
-  for (ParamUnit& u : units_) u.grad.fill_zero();
+  for (ParamUnit& u : units_) {
+    if (u.grad.defined()) u.grad.fill_zero();
+    if (u.grad_shard.defined()) u.grad_shard.fill_zero();
+  }
 }
 
 }  // namespace origami

@@ -1,10 +1,14 @@
 // Parameter store: the model's state in units (ARCHITECTURE.md §6). A unit is
 // one flat buffer each for params, grads and the two AdamW moments; named
 // tensors are views into it at fixed offsets. Units are the grain ZeRO shards
-// and gathers; on one rank every unit is whole.
+// and gathers: a unit sharded over N ranks is padded to a multiple of N and
+// each rank owns one contiguous 1/N of it (UnitShard). Which buffers are
+// whole and which are shards follows the ZeRO stage; engine/zero.h gathers,
+// frees and reduces them.
 // Invariant: tensors of a unit are laid out in registration order, contiguous.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -34,12 +38,29 @@ struct ParamInfo {
   const Shape& global_shape() const { return shard.dim < 0 ? shape : shard.global_shape; }
 };
 
+// ZeRO layout of one unit over its shard group (dense units: dp-cp; expert
+// units: edp). Stage 0, or a group of one rank: nothing sharded.
+struct UnitShard {
+  int64_t group_size = 1, group_rank = 0;
+  int64_t padded = 0;  // numel rounded up to a multiple of group_size (sharded), else numel
+  int64_t begin = 0;   // this rank's slice of the padded buffer: [begin, begin + size)
+  int64_t size = 0;    // (the whole unit when nothing is sharded)
+  bool optim = false;   // stages 1-3: moments hold the slice only
+  bool grads = false;   // stages 2-3: only grad_shard persists; grad is whole only during backward
+  bool params = false;  // stage 3: only param_shard persists; param is whole only while gathered
+};
+
 struct ParamUnit {
   std::string name;  // "embedding", "layers.3", "layers.3.experts", "final"
   bool expert = false;  // expert weights: gradients reduce over edp, not dp-cp
   std::vector<ParamInfo> params;
   int64_t numel = 0;
-  Tensor param, grad, exp_avg, exp_avg_sq;  // flat [numel] each
+  UnitShard shard;
+  // Whole-unit buffers, [shard.padded] (undefined while a ZeRO-3 unit is not
+  // gathered, or a ZeRO-2/3 unit is outside its backward).
+  Tensor param, grad;
+  Tensor param_shard, grad_shard;  // [shard.size], stage 3 / stages 2-3
+  Tensor exp_avg, exp_avg_sq;      // [shard.size] when shard.optim, else [padded]
 
   Tensor param_view(size_t i) const { return view_of(param, i); }
   Tensor grad_view(size_t i) const { return view_of(grad, i); }
@@ -53,7 +74,9 @@ class ParamStore {
   // Registration phase: declare units and their tensors, then allocate().
   ParamUnit& add_unit(const std::string& name, bool expert = false);
   void add_param(ParamUnit& unit, const std::string& name, Shape shape, InitKind init, ShardSpec shard = {});
-  void allocate();  // param/grad/moments buffers, moments and grads zeroed
+  // Buffers by each unit's UnitShard (shard_of(unit); null: nothing sharded),
+  // moments and grads zeroed.
+  void allocate(const std::function<UnitShard(const ParamUnit&)>& shard_of = nullptr);
   // Layout-independent init (§4): element i of tensor `name` from (seed, name,
   // i), i the element's index in the global tensor, so a shard holds exactly
   // the values of its slice of the whole.

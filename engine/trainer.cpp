@@ -12,6 +12,7 @@
 #include "engine/indexed_dataset.h"
 #include "engine/model.h"
 #include "engine/optimizer.h"
+#include "engine/zero.h"
 #include "kernels/threads.h"
 
 namespace origami {
@@ -43,16 +44,6 @@ comm::Layout make_layout(const Config& cfg, int world) {
 // The group of kind k when it has more than one rank (nothing to do otherwise).
 comm::Communicator* multi(const comm::Groups& g, comm::GroupKind k) {
   return g.get(k).size() > 1 ? &g.get(k) : nullptr;
-}
-
-// Gradient reductions are SUMs (ARCHITECTURE.md §6): dense units over dp-cp,
-// expert units over edp (ranks holding the same experts and F-slice).
-void reduce_gradients(ParamStore& params, const comm::Groups& g) {
-  comm::Communicator* dense = multi(g, comm::GroupKind::dp_cp);
-  comm::Communicator* expert = multi(g, comm::GroupKind::edp);
-  for (ParamUnit& u : params.units())
-    if (comm::Communicator* c = u.expert ? expert : dense)
-      c->all_reduce(std::span<float>(u.grad.f32(), static_cast<size_t>(u.numel)));
 }
 
 // Sums a step's per-rank statistics into the global batch's. Routing counts
@@ -94,7 +85,12 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
   const int64_t dp = groups.layout().dp(), dp_rank = groups.coords().dp;
   const int64_t accum = tc.global_batch / (tc.micro_batch * dp);
 
-  Model model(cfg.model, tc.seed, cfg.moe, &groups);
+  Model model(cfg.model, tc.seed, cfg.moe, &groups, static_cast<int>(cfg.parallel.zero_stage));
+  // Gradient reductions (SUMs, §6) and ZeRO sharding: dense units over dp-cp,
+  // expert units over edp.
+  ZeroStore zero(model.params(), groups);
+  const GradNormGroups norm_groups{multi(groups, comm::GroupKind::dp_cp), multi(groups, comm::GroupKind::edp),
+                                   multi(groups, comm::GroupKind::tp_ep)};
   AdamW optimizer(cfg.optimizer, cfg.lr_schedule, tc.steps);
   MetricsWriter metrics(rank == 0 ? cfg.logging.dir : std::string());
   TrainSummary summary;
@@ -122,7 +118,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
   for (int64_t step = 1; step <= tc.steps; ++step) {
     const auto t0 = Clock::now();
     TrackedAllocator::host().reset_peaks();
-    model.params().zero_grads();
+    zero.begin_step();
     double loss_sum = 0;
     ForwardStats fstats;
     for (int64_t a = 0; a < accum; ++a) {
@@ -132,13 +128,14 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
                        },
                        tokens);
       ModelSaved saved;
-      loss_sum += model.forward(tokens, saved, nullptr, &fstats);
-      model.backward(saved, grad_scale, aux_scale);
+      loss_sum += model.forward(tokens, saved, nullptr, &fstats, &zero);
+      model.backward(saved, grad_scale, aux_scale, &zero);
     }
-    reduce_gradients(model.params(), groups);
+    zero.finish_gradients();
     if (comm::Communicator* c = multi(groups, comm::GroupKind::dp_cp)) c->all_reduce(std::span<double>(&loss_sum, 1));
     reduce_moe_records(fstats.moe, groups);
-    StepStats st = optimizer.step(model.params(), multi(groups, comm::GroupKind::tp_ep));
+    StepStats st = optimizer.step(model.params(), norm_groups);
+    zero.finish_step();
     model.update_expert_bias(fstats.moe);  // the global batch's loads
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
 
@@ -168,7 +165,9 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
   }
   summary.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
   if (!cfg.exp.dir.empty()) {
+    zero.gather_all();
     export_hf(model, cfg.exp.dir, &groups);  // collective: rank 0 writes the consolidated model
+    zero.release_all();
     if (rank == 0 && opts.print_steps && !opts.json_lines)
       std::printf("exported Hugging Face weights to %s\n", cfg.exp.dir.c_str());
   }

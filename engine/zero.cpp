@@ -1,0 +1,182 @@
+// ZeRO over the parameter store (see zero.h). Every collective here is on the
+// unit's shard group, issued in the model's execution order, which is the
+// same on every rank of the group.
+#include "engine/zero.h"
+
+#include <algorithm>
+
+#include "kernels/elementwise.h"
+
+namespace origami {
+
+namespace {
+
+std::span<float> span_of(const Tensor& t, int64_t begin, int64_t n) { return {t.f32() + begin, static_cast<size_t>(n)}; }
+
+}  // namespace
+
+std::function<UnitShard(const ParamUnit&)> zero_shard_plan(int stage, const comm::Groups* groups) {
+  ORIGAMI_CHECK(stage >= 0 && stage <= 3, "ZeRO stage ", stage, " outside 0-3");
+  return [stage, groups](const ParamUnit& u) {
+    UnitShard s;
+    if (!groups) return s;
+    const comm::Communicator& c = groups->get(u.expert ? comm::GroupKind::edp : comm::GroupKind::dp_cp);
+    s.group_size = c.size();
+    s.group_rank = c.rank();
+    if (c.size() == 1) return s;
+    s.optim = stage >= 1;
+    s.grads = stage >= 2;
+    s.params = stage >= 3;
+    return s;
+  };
+}
+
+ZeroStore::ZeroStore(ParamStore& params, const comm::Groups& groups)
+    : params_(params), gathers_(params.units().size()) {
+  auto multi = [&](comm::GroupKind k) { return groups.get(k).size() > 1 ? &groups.get(k) : nullptr; };
+  dense_ = multi(comm::GroupKind::dp_cp);
+  expert_ = multi(comm::GroupKind::edp);
+}
+
+ZeroStore::~ZeroStore() {
+  for (Gather& g : gathers_)
+    if (g.request) g.request->wait();
+}
+
+comm::Communicator* ZeroStore::group_of(const ParamUnit& u) const {
+  if (u.shard.group_size == 1) return nullptr;
+  comm::Communicator* c = u.expert ? expert_ : dense_;
+  ORIGAMI_CHECK(c && c->size() == u.shard.group_size, "unit ", u.name, ": shard group of ", u.shard.group_size,
+                " ranks, but the layout's group differs");
+  return c;
+}
+
+void ZeroStore::begin_step() { params_.zero_grads(); }
+
+void ZeroStore::finish_gradients() {
+  for (ParamUnit& u : params_.units()) {
+    comm::Communicator* c = group_of(u);
+    if (!c || u.shard.grads) continue;  // one rank, or reduced per unit in backward
+    const UnitShard& s = u.shard;
+    if (!s.optim) {  // stage 0: every rank keeps the whole sum
+      c->all_reduce(span_of(u.grad, 0, u.numel));
+      continue;
+    }
+    // Stage 1: each rank needs only its slice of the sum.
+    Tensor mine = Tensor::empty({s.size}, DType::f32, MemCategory::comm);
+    c->reduce_scatter(std::span<const float>(span_of(u.grad, 0, s.padded)), span_of(mine, 0, s.size));
+    std::copy_n(mine.f32(), s.size, u.grad.f32() + s.begin);
+  }
+}
+
+void ZeroStore::finish_step() {
+  for (ParamUnit& u : params_.units()) {
+    comm::Communicator* c = group_of(u);
+    if (!c || !u.shard.optim || u.shard.params) continue;
+    // In place: this rank's slice already sits at its block of the whole.
+    c->all_gather(std::span<const float>(span_of(u.param, u.shard.begin, u.shard.size)),
+                  span_of(u.param, 0, u.shard.padded));
+  }
+}
+
+void ZeroStore::gather_all() {
+  for (size_t i = 0; i < params_.units().size(); ++i)
+    if (params_.units()[i].shard.params) ensure_gathered(i);
+}
+
+void ZeroStore::release_all() {
+  for (size_t i = 0; i < params_.units().size(); ++i)
+    if (gathers_[i].live) release(i);
+}
+
+// ---- stage 3 gathers ------------------------------------------------------------------------------
+
+int ZeroStore::live_units() const {
+  return static_cast<int>(std::count_if(gathers_.begin(), gathers_.end(), [](const Gather& g) { return g.live; }));
+}
+
+void ZeroStore::start_gather(size_t i) {
+  ParamUnit& u = params_.units()[i];
+  Gather& g = gathers_[i];
+  u.param = Tensor::empty({u.shard.padded}, DType::f32, MemCategory::param);
+  g.request.emplace(group_of(u)->all_gather_async(std::span<const float>(span_of(u.param_shard, 0, u.shard.size)),
+                                                  span_of(u.param, 0, u.shard.padded)));
+  g.live = true;
+  gathered_bytes_ += u.shard.padded * static_cast<int64_t>(sizeof(float));
+  peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
+}
+
+void ZeroStore::ensure_gathered(size_t i) {
+  Gather& g = gathers_[i];
+  if (!g.live) start_gather(i);
+  if (g.request) {
+    g.request->wait();
+    g.request.reset();
+  }
+}
+
+void ZeroStore::release(size_t i) {
+  ParamUnit& u = params_.units()[i];
+  Gather& g = gathers_[i];
+  if (g.request) {
+    g.request->wait();
+    g.request.reset();
+  }
+  u.param = Tensor();
+  g.live = false;
+  gathered_bytes_ -= u.shard.padded * static_cast<int64_t>(sizeof(float));
+}
+
+// The next sharded unit in execution order after `i` that is not whole yet,
+// if fewer than two units are whole.
+void ZeroStore::prefetch_after(size_t i, bool forward) {
+  if (live_units() >= 2) return;
+  const auto& units = params_.units();
+  for (size_t k = 1; k < units.size(); ++k) {
+    if (!forward && k > i) return;
+    const size_t j = forward ? i + k : i - k;
+    if (j >= units.size()) return;
+    if (!units[j].shard.params || gathers_[j].live) continue;
+    start_gather(j);
+    return;
+  }
+}
+
+// ---- hooks ------------------------------------------------------------------------------------------
+
+void ZeroStore::before_forward(size_t i) {
+  if (!params_.units()[i].shard.params) return;
+  ensure_gathered(i);
+  prefetch_after(i, /*forward=*/true);
+}
+
+void ZeroStore::after_forward(size_t i) {
+  if (!params_.units()[i].shard.params) return;
+  release(i);
+  prefetch_after(i, /*forward=*/true);
+}
+
+void ZeroStore::before_backward(size_t i) {
+  ParamUnit& u = params_.units()[i];
+  if (u.shard.grads) u.grad = Tensor::zeros({u.shard.padded}, DType::f32, MemCategory::grad);
+  if (!u.shard.params) return;
+  ensure_gathered(i);
+  prefetch_after(i, /*forward=*/false);
+}
+
+void ZeroStore::after_backward(size_t i) {
+  ParamUnit& u = params_.units()[i];
+  if (u.shard.grads) {
+    // This micro-batch's whole gradient → the owners' slices, accumulated.
+    Tensor mine = Tensor::empty({u.shard.size}, DType::f32, MemCategory::comm);
+    group_of(u)->reduce_scatter(std::span<const float>(span_of(u.grad, 0, u.shard.padded)),
+                                span_of(mine, 0, u.shard.size));
+    add_inplace(u.grad_shard, mine);
+    u.grad = Tensor();
+  }
+  if (!u.shard.params) return;
+  release(i);
+  prefetch_after(i, /*forward=*/false);
+}
+
+}  // namespace origami

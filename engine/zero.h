@@ -1,0 +1,91 @@
+// ZeRO over the parameter store (ARCHITECTURE.md §6). Units shard over their
+// group — dense units over dp-cp, expert units over edp — by stage:
+//   0  everything whole; gradients all-reduced once per step.
+//   1  moments sharded; gradients reduce-scattered once per step, each rank
+//      updates its slice, then parameters all-gathered.
+//   2  + gradients sharded: each unit's whole gradient exists only during its
+//      backward and is reduce-scattered into the owned slice right after it
+//      (once per micro-batch when accumulating), then the step as in 1.
+//   3  + parameters sharded: a unit is all-gathered just before its forward
+//      and again before its backward and freed after each; the next unit in
+//      execution order is gathered asynchronously meanwhile, never keeping
+//      more than two units whole at once (the one computing and the one in
+//      flight).
+// Per step and unit, stages 0-2 move 2·(N−1)/N of the unit's bytes per rank
+// and stage 3 (one micro-batch) 3·(N−1)/N: the 1.5× of the ZeRO paper.
+//
+// The model calls the UnitHooks around each unit's use; the trainer calls
+// begin_step / finish_gradients / the optimizer / finish_step. A unit whose
+// group has one rank is never sharded, so one rank pays nothing.
+#pragma once
+#include <optional>
+#include <vector>
+
+#include "comm/groups.h"
+#include "engine/params.h"
+
+namespace origami {
+
+// Called by the model around each unit's use, in execution order: forward
+// visits units in registration order, backward in reverse. A unit may be
+// live together with the one before it (a MoE layer uses its dense unit's
+// router and norm around its experts).
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void before_forward(size_t unit) = 0;
+  virtual void after_forward(size_t unit) = 0;
+  virtual void before_backward(size_t unit) = 0;
+  virtual void after_backward(size_t unit) = 0;
+};
+
+// The shard layout ParamStore::allocate should use for `stage` and groups
+// (null groups: nothing sharded).
+std::function<UnitShard(const ParamUnit&)> zero_shard_plan(int stage, const comm::Groups* groups);
+
+class ZeroStore final : public UnitHooks {
+ public:
+  ZeroStore(ParamStore& params, const comm::Groups& groups);
+  ~ZeroStore() override;
+
+  // Zero the gradient accumulators for a new step.
+  void begin_step();
+  // After the last micro-batch: stage 0 all-reduces whole gradients, stage 1
+  // reduce-scatters them into each rank's slice (stages 2-3 did it per unit).
+  void finish_gradients();
+  // After the optimizer: stages 1-2 all-gather the updated slices.
+  void finish_step();
+  // Gathers every unit whole (stage 3), e.g. for export; release_all() undoes it.
+  void gather_all();
+  void release_all();
+
+  void before_forward(size_t unit) override;
+  void after_forward(size_t unit) override;
+  void before_backward(size_t unit) override;
+  void after_backward(size_t unit) override;
+
+  // Bytes of ZeRO-3 parameters whole at once: now, and the peak since reset.
+  int64_t gathered_bytes() const { return gathered_bytes_; }
+  int64_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
+  void reset_peak_gathered() { peak_gathered_bytes_ = gathered_bytes_; }
+
+ private:
+  comm::Communicator* group_of(const ParamUnit& u) const;
+  void ensure_gathered(size_t unit);
+  void start_gather(size_t unit);
+  void release(size_t unit);
+  void prefetch_after(size_t unit, bool forward);
+  int live_units() const;
+
+  ParamStore& params_;
+  comm::Communicator* dense_ = nullptr;   // dp-cp
+  comm::Communicator* expert_ = nullptr;  // edp
+  struct Gather {
+    bool live = false;          // param buffer allocated (gathered or in flight)
+    std::optional<comm::Request> request;  // in flight
+  };
+  std::vector<Gather> gathers_;
+  int64_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;
+};
+
+}  // namespace origami
