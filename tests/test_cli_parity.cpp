@@ -1,10 +1,13 @@
-// Expert-parallel parity, end to end (the central claim of ARCHITECTURE.md §9
-// for the MoE folding): 10 training steps of configs/tiny-moe.toml, dropless,
-// same global batch (16) and micro-batch (2), under mpirun with EP and ETP
-// give per-step LM losses within 1e-4 relative of the one-rank run.
-// Layouts (dense DP = world size, TP = CP = PP = 1):
+// Parity across layouts, end to end (the central claim of ARCHITECTURE.md
+// §9): 10 training steps of configs/tiny-moe.toml, dropless, same global
+// batch (16) and micro-batch (2), under mpirun give per-step LM losses within
+// 1e-4 relative of the one-rank run. Layouts (dense DP = world size,
+// TP = CP = PP = 1; ZeRO stage 3, the config's, unless named):
 //   EP=2 (np 2), EP=4 (np 4), EP=8 (np 8), ETP=2 × EP=2 (np 4),
-//   EP=4 with two experts per rank and a shared expert (np 4).
+//   EP=4 with two experts per rank and a shared expert (np 4),
+//   ZeRO stages 0, 1, 2, 3 at DP = 4 (np 4, EP = 1, experts sharded over edp 4).
+// Gradient clipping (clip_grad 1.0) is active in these steps: the baseline's
+// grad norm exceeds 1 (asserted), so the norm must count every element once.
 // Why 1e-4 holds with room: the layouts compute the same sums in another
 // order (gradient all-reduce, grouped GEMM segments), ~1e-7 relative per
 // step in fp32; measured differences are ~1e-9..1e-7. A routing flip of a
@@ -38,7 +41,7 @@ std::vector<nlohmann::json> read_jsonl(const std::string& path) {
   return out;
 }
 
-class ExpertParallel : public ::testing::Test {
+class Parity : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new testing::ScratchDir("ep");
@@ -97,10 +100,10 @@ class ExpertParallel : public ::testing::Test {
   static testing::ScratchDir* dir_;
 };
 
-testing::ScratchDir* ExpertParallel::dir_ = nullptr;
+testing::ScratchDir* Parity::dir_ = nullptr;
 
 // One test (one process) for all layouts, so the one-rank baselines run once.
-TEST_F(ExpertParallel, EveryLayoutMatchesOneRank) {
+TEST_F(Parity, EveryLayoutMatchesOneRank) {
   const std::string shared = "--set moe.shared_expert_hidden_size=64";
   const auto base = train("base", 1, ""), base_shared = train("base-shared", 1, shared);
   const struct {
@@ -115,7 +118,14 @@ TEST_F(ExpertParallel, EveryLayoutMatchesOneRank) {
       {"ep8", 8, "--set parallel.ep=8", 8, false},
       {"etp2-ep2", 4, "--set parallel.ep=2 --set parallel.etp=2", 2, false},
       {"ep4-shared", 4, "--set parallel.ep=4 " + shared, 4, true},  // 8 experts: two per rank
+      {"zero0", 4, "--set parallel.zero_stage=0", 1, false},
+      {"zero1", 4, "--set parallel.zero_stage=1", 1, false},
+      {"zero2", 4, "--set parallel.zero_stage=2", 1, false},
+      {"zero3", 4, "--set parallel.zero_stage=3", 1, false},
   };
+  int clipped = 0;
+  for (const auto& step : base) clipped += step.at("grad_norm").get<double>() > 1.0;
+  EXPECT_GE(clipped, 3) << "the parity runs should exercise gradient clipping";
   for (const auto& l : layouts) {
     SCOPED_TRACE(std::string(l.tag) + " on " + std::to_string(l.np) + " ranks");
     expect_parity(l.shared ? base_shared : base, train(l.tag, l.np, l.args), l.ep);
@@ -125,7 +135,7 @@ TEST_F(ExpertParallel, EveryLayoutMatchesOneRank) {
 // Init is a function of (seed, name, global index) and export gathers every
 // expert slice: the consolidated export of an untrained EP=2 × ETP=2 model
 // (each rank holding 4 experts' F-halves) equals the one-rank model bit for bit.
-TEST_F(ExpertParallel, ConsolidatedExportEqualsOneRankModel) {
+TEST_F(Parity, ConsolidatedExportEqualsOneRankModel) {
   const std::string zero = "--set training.steps=0 --set export.dir=";
   for (const auto& [np, tag, args] : {std::tuple{1, "one", std::string()},
                                       std::tuple{4, "spread", std::string("--set parallel.ep=2 --set parallel.etp=2")}}) {
@@ -148,7 +158,7 @@ TEST_F(ExpertParallel, ConsolidatedExportEqualsOneRankModel) {
 
 // The shipped EP=8 config: a falling loss over 30 steps (the full 300-step
 // run is in the README) and one tokens_per_ep_rank entry per rank.
-TEST_F(ExpertParallel, TinyMoeEp8ConfigTrains) {
+TEST_F(Parity, TinyMoeEp8ConfigTrains) {
   auto run = train("ep8-config", 8, "", "tiny-moe-ep8.toml", 30);
   ASSERT_EQ(run.size(), 30u);
   double first = run[0].at("lm_loss").get<double>(), last5 = 0;

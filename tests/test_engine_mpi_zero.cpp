@@ -1,0 +1,256 @@
+// ZeRO stages 0-3 at dp-cp = 4 (run under `mpirun -np 4`), on a 4-layer
+// model with one dense and three MoE layers (EP = 1, so expert units shard
+// over edp = 4 too):
+//  - the measured persistent param / grad / optim bytes per rank equal
+//    ARCHITECTURE.md §6's CPU fp32 formula per stage (16; 8 + 8/N; 4 + 12/N;
+//    16/N bytes per parameter) exactly, counting each unit padded to a
+//    multiple of N = 4 (padding < N elements per unit), at construction and
+//    again at a step boundary;
+//  - one step moves exactly 1.5× the bytes at stage 3 of stages 1 and 2 on
+//    both shard groups (with one micro-batch), and stage 0 the same as 1 and 2
+//    up to the padding;
+//  - at stage 3 no more than two units are ever whole at once;
+//  - every stage gives the same losses and parameters after two steps
+//    (fp32 sums in another order: relative 1e-6).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+
+#include "engine/model.h"
+#include "engine/optimizer.h"
+#include "engine/zero.h"
+#include "grad_check.h"
+#include "kernels/threads.h"
+
+namespace origami {
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+constexpr int64_t kN = 4;  // dp-cp = edp = 4
+
+ModelConfig model_config() {
+  ModelConfig m;
+  m.vocab_size = 67;  // odd sizes, so units need padding
+  m.hidden_size = 24;
+  m.num_layers = 4;
+  m.num_heads = 4;
+  m.num_kv_heads = 2;
+  m.ffn_hidden_size = 40;
+  m.init_std = 0.1;
+  return m;
+}
+
+MoeConfig moe_config() {
+  MoeConfig m;
+  m.num_experts = 4;
+  m.top_k = 2;
+  m.ffn_hidden_size = 18;
+  m.first_dense_layers = 1;
+  m.aux_loss_coeff = 0.01;
+  return m;
+}
+
+comm::Groups& groups() {
+  static std::unique_ptr<comm::Groups> g;
+  if (!g) {
+    comm::LayoutOptions o;
+    o.num_experts = moe_config().num_experts;
+    g = std::make_unique<comm::Groups>(
+        comm::Groups::create(comm::Layout(kN, o), MPI_COMM_WORLD, comm::Backend::mpi, comm::CommOptions{60.0}));
+  }
+  return *g;
+}
+
+struct Ledger {
+  int64_t param = 0, grad = 0, optim = 0;
+};
+Ledger ledger_now() {
+  const LedgerSnapshot s = TrackedAllocator::host().snapshot();
+  return {s.current[static_cast<int>(MemCategory::param)], s.current[static_cast<int>(MemCategory::grad)],
+          s.current[static_cast<int>(MemCategory::optim)]};
+}
+
+// §6 per stage, in bytes, for a unit of n elements padded to p (p = n at stage 0).
+Ledger expected(const ParamStore& params, int stage) {
+  Ledger e;
+  for (const ParamUnit& u : params.units()) {
+    const int64_t n = u.numel, p = (n + kN - 1) / kN * kN;
+    switch (stage) {
+      case 0: e.param += 4 * n, e.grad += 4 * n, e.optim += 8 * n; break;
+      case 1: e.param += 4 * p, e.grad += 4 * p, e.optim += 8 * p / kN; break;
+      case 2: e.param += 4 * p, e.grad += 4 * p / kN, e.optim += 8 * p / kN; break;
+      default: e.param += 4 * p / kN, e.grad += 4 * p / kN, e.optim += 8 * p / kN; break;
+    }
+  }
+  return e;
+}
+
+// One training step on this rank's random micro-batch; returns the loss and,
+// through *bytes, what the step moved on dp-cp and edp before the optimizer.
+struct StepResult {
+  double loss = 0;
+  int64_t dense_bytes = 0, expert_bytes = 0;
+};
+StepResult train_step(Model& model, ZeroStore& zero, AdamW& opt, uint32_t seed) {
+  comm::Communicator& dense = groups()[comm::GroupKind::dp_cp];
+  comm::Communicator& expert = groups()[comm::GroupKind::edp];
+  const int64_t d0 = dense.total_bytes(), e0 = expert.total_bytes();
+  std::mt19937 rng(seed * 131 + static_cast<uint32_t>(world_rank()));
+  const Tensor tokens = testing::random_tokens(2, 17, model.config().vocab_size, rng);
+  zero.begin_step();
+  ModelSaved saved;
+  StepResult r;
+  r.loss = model.forward(tokens, saved, nullptr, nullptr, &zero);
+  model.backward(saved, 1.0f / (2 * 16 * kN), 1.0f / kN, &zero);
+  zero.finish_gradients();
+  const int64_t d1 = dense.total_bytes(), e1 = expert.total_bytes();
+  opt.step(model.params(), {&dense, &expert, nullptr});
+  const int64_t d2 = dense.total_bytes(), e2 = expert.total_bytes();
+  zero.finish_step();
+  // The optimizer's own grad-norm reduction (one double) is not ZeRO traffic.
+  r.dense_bytes = (d1 - d0) + (dense.total_bytes() - d2);
+  r.expert_bytes = (e1 - e0) + (expert.total_bytes() - e2);
+  dense.all_reduce(std::span<double>(&r.loss, 1));
+  return r;
+}
+
+OptimizerConfig optimizer_config() {
+  OptimizerConfig o;
+  o.clip_grad = 0.05;  // small enough to clip: the norm must count every element once
+  return o;
+}
+
+TEST(ZeroMpi, PersistentBytesFollowTheStageFormulas) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const Ledger before = ledger_now();
+    Model model(model_config(), 7, moe_config(), &groups(), stage);
+    ZeroStore zero(model.params(), groups());
+    const Ledger e = expected(model.params(), stage);
+    auto check = [&](const char* when) {
+      const Ledger now = ledger_now();
+      EXPECT_EQ(now.param - before.param, e.param) << when;
+      EXPECT_EQ(now.grad - before.grad, e.grad) << when;
+      EXPECT_EQ(now.optim - before.optim, e.optim) << when;
+    };
+    check("after construction");
+    AdamW opt(optimizer_config(), {}, 10);
+    train_step(model, zero, opt, 1);
+    check("at the step boundary");
+    // Per parameter, against §6 with Ψ unpadded: the padding is all the difference.
+    const double psi = static_cast<double>(model.params().total_params());
+    const double formula[] = {16.0, 8.0 + 8.0 / kN, 4.0 + 12.0 / kN, 16.0 / kN};
+    const double per_param = static_cast<double>(e.param + e.grad + e.optim) / psi;
+    const double padding = 16.0 * static_cast<double>(kN * model.params().units().size()) / psi;
+    EXPECT_NEAR(per_param, formula[stage], padding);
+    if (world_rank() == 0)
+      std::printf("stage %d: %.4f bytes/param measured, %.4f by the formula (Ψ = %.0f, %zu units)\n", stage, per_param,
+                  formula[stage], psi, model.params().units().size());
+  }
+}
+
+TEST(ZeroMpi, Stage3MovesOneAndAHalfTimesTheBytes) {
+  StepResult r[4];
+  for (int stage = 0; stage <= 3; ++stage) {
+    Model model(model_config(), 7, moe_config(), &groups(), stage);
+    ZeroStore zero(model.params(), groups());
+    AdamW opt(optimizer_config(), {}, 10);
+    r[stage] = train_step(model, zero, opt, 3);
+  }
+  EXPECT_EQ(2 * r[3].dense_bytes, 3 * r[1].dense_bytes);
+  EXPECT_EQ(2 * r[3].expert_bytes, 3 * r[1].expert_bytes);
+  EXPECT_EQ(r[2].dense_bytes, r[1].dense_bytes);
+  EXPECT_EQ(r[2].expert_bytes, r[1].expert_bytes);
+  // Stage 0 all-reduces the unpadded units: the same ring volume up to padding.
+  EXPECT_NEAR(static_cast<double>(r[0].dense_bytes), static_cast<double>(r[1].dense_bytes),
+              0.01 * static_cast<double>(r[1].dense_bytes));
+  if (world_rank() == 0)
+    std::printf("dp-cp bytes per step: stage 0 %lld, 1 %lld, 2 %lld, 3 %lld (ratio 3/1 = %.4f)\n",
+                static_cast<long long>(r[0].dense_bytes), static_cast<long long>(r[1].dense_bytes),
+                static_cast<long long>(r[2].dense_bytes), static_cast<long long>(r[3].dense_bytes),
+                static_cast<double>(r[3].dense_bytes) / static_cast<double>(r[1].dense_bytes));
+}
+
+TEST(ZeroMpi, Stage3KeepsAtMostTwoUnitsWhole) {
+  Model model(model_config(), 7, moe_config(), &groups(), 3);
+  ZeroStore zero(model.params(), groups());
+  std::vector<int64_t> unit_bytes;
+  for (const ParamUnit& u : model.params().units()) unit_bytes.push_back(4 * u.shard.padded);
+  std::sort(unit_bytes.rbegin(), unit_bytes.rend());
+  AdamW opt(optimizer_config(), {}, 10);
+  TrackedAllocator::host().reset_peaks();
+  const int64_t persistent = ledger_now().param;
+  train_step(model, zero, opt, 5);
+  const int64_t peak_param = TrackedAllocator::host().snapshot().peak[static_cast<int>(MemCategory::param)];
+  EXPECT_LE(zero.peak_gathered_bytes(), unit_bytes[0] + unit_bytes[1]);
+  EXPECT_GE(zero.peak_gathered_bytes(), unit_bytes[0]) << "the largest unit was gathered at some point";
+  EXPECT_LE(peak_param - persistent, unit_bytes[0] + unit_bytes[1]) << "the ledger agrees";
+  EXPECT_EQ(zero.gathered_bytes(), 0) << "everything freed after the step";
+  if (world_rank() == 0)
+    std::printf("stage 3: peak gathered %lld bytes; two largest units %lld + %lld\n",
+                static_cast<long long>(zero.peak_gathered_bytes()), static_cast<long long>(unit_bytes[0]),
+                static_cast<long long>(unit_bytes[1]));
+}
+
+TEST(ZeroMpi, EveryStageTrainsTheSameModel) {
+  std::vector<std::vector<float>> finals;
+  std::vector<double> losses;
+  for (int stage = 0; stage <= 3; ++stage) {
+    Model model(model_config(), 7, moe_config(), &groups(), stage);
+    ZeroStore zero(model.params(), groups());
+    AdamW opt(optimizer_config(), {}, 10);
+    train_step(model, zero, opt, 11);
+    losses.push_back(train_step(model, zero, opt, 12).loss);
+    zero.gather_all();
+    std::vector<float> all;
+    for (const ParamUnit& u : model.params().units()) all.insert(all.end(), u.param.f32(), u.param.f32() + u.numel);
+    zero.release_all();
+    finals.push_back(std::move(all));
+  }
+  for (int stage = 1; stage <= 3; ++stage) {
+    EXPECT_NEAR(losses[stage], losses[0], 1e-6 * std::abs(losses[0])) << "stage " << stage;
+    ASSERT_EQ(finals[stage].size(), finals[0].size());
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < finals[0].size(); ++i) {
+      worst = std::max(worst, static_cast<double>(std::abs(finals[stage][i] - finals[0][i])));
+      scale = std::max(scale, static_cast<double>(std::abs(finals[0][i])));
+    }
+    EXPECT_LE(worst, 1e-6 * scale) << "stage " << stage << " parameters after two steps";
+  }
+}
+
+}  // namespace
+}  // namespace origami
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  origami::set_num_threads(1);
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  int rc = 0;
+  if (world != origami::kN) {
+    if (origami::world_rank() == 0) std::fprintf(stderr, "run under mpirun -np %lld\n", (long long)origami::kN);
+    rc = 1;
+  } else {
+    if (origami::world_rank() != 0) {
+      auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+      delete listeners.Release(listeners.default_result_printer());
+    }
+    rc = RUN_ALL_TESTS();
+    // Failures on other ranks show in the exit status.
+    MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  }
+  MPI_Finalize();
+  return rc;
+}
