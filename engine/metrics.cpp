@@ -31,9 +31,18 @@ nlohmann::ordered_json to_json(const StepMetrics& m) {
     mem[std::string(to_string(static_cast<MemCategory>(c)))] = m.mem.peak[c];
   }
   mem["total"] = m.mem.peak_total;
+  // State that outlives the step (ZeRO shards or whole units), ARCHITECTURE.md §6.
+  mem["persistent"] = {{"param", m.mem.current[static_cast<int>(MemCategory::param)]},
+                       {"grad", m.mem.current[static_cast<int>(MemCategory::grad)]},
+                       {"optim", m.mem.current[static_cast<int>(MemCategory::optim)]}};
   nlohmann::ordered_json j = {{"step", m.step},         {"lm_loss", m.lm_loss},   {"grad_norm", m.grad_norm},
                               {"lr", m.lr},             {"tokens", m.tokens},     {"step_time_s", m.step_time_s},
                               {"tokens_per_s", m.tokens_per_s}, {"gflops", m.gflops}, {"mem", mem}};
+  if (!m.comm_bytes.empty()) {
+    nlohmann::ordered_json comm = nlohmann::ordered_json::object();
+    for (const auto& [group, bytes] : m.comm_bytes) comm[group] = bytes;
+    j["comm_bytes"] = comm;
+  }
   if (!m.moe.empty()) {
     j["aux_loss"] = m.aux_loss;
     j["z_loss"] = m.z_loss;

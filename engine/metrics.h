@@ -5,6 +5,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/model.h"
 #include "kernels/allocator.h"
@@ -18,7 +20,10 @@ struct StepMetrics {
   std::vector<MoeLayerRecord> moe;    // per MoE layer, summed over the step's micro-batches
   double step_time_s = 0, tokens_per_s = 0, gflops = 0;  // achieved GFLOP/s on this rank
   int64_t tokens = 0;
-  LedgerSnapshot mem;  // peaks over the step
+  LedgerSnapshot mem;  // peaks over the step; `current` at its end (the persistent state)
+  // Bytes this rank sent per group during the step (comm/communicator.h's
+  // ring convention), for groups of more than one rank, by group name.
+  std::vector<std::pair<std::string, int64_t>> comm_bytes;
 };
 
 nlohmann::ordered_json to_json(const StepMetrics& m);

@@ -84,6 +84,10 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
                                                    comm::CommOptions{cfg.runtime.collective_timeout_s});
   const int64_t dp = groups.layout().dp(), dp_rank = groups.coords().dp;
   const int64_t accum = tc.global_batch / (tc.micro_batch * dp);
+  // Every group of more than one rank, for the per-step comm volume.
+  std::vector<comm::Communicator*> counted;
+  for (comm::GroupKind k : comm::kAllGroupKinds)
+    if (groups.has(k) && groups.get(k).size() > 1) counted.push_back(&groups.get(k));
 
   Model model(cfg.model, tc.seed, cfg.moe, &groups, static_cast<int>(cfg.parallel.zero_stage));
   // Gradient reductions (SUMs, §6) and ZeRO sharding: dense units over dp-cp,
@@ -94,7 +98,9 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
   AdamW optimizer(cfg.optimizer, cfg.lr_schedule, tc.steps);
   MetricsWriter metrics(rank == 0 ? cfg.logging.dir : std::string());
   TrainSummary summary;
-  summary.params = model.params().total_params();
+  // Parameters of the whole model: this rank holds 1/(EP·ETP) of the experts.
+  for (const ParamUnit& u : model.params().units())
+    summary.params += u.expert ? u.numel * groups.layout().ep() * groups.layout().etp() : u.numel;
 
   std::unique_ptr<IndexedDataset> indexed;
   std::unique_ptr<GptDataset> data;
@@ -106,6 +112,14 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
     std::printf("origami: %lld parameters, %lld steps of %lld samples x %lld tokens, %d rank(s), %d thread(s)\n",
                 static_cast<long long>(summary.params), static_cast<long long>(tc.steps),
                 static_cast<long long>(tc.global_batch), static_cast<long long>(tc.seq_len), world, num_threads());
+  if (rank == 0 && opts.print_steps && !opts.json_lines) {
+    const LedgerSnapshot s = TrackedAllocator::host().snapshot();
+    std::printf("origami: persistent state per rank (ZeRO stage %lld): param %s grad %s optim %s\n",
+                static_cast<long long>(cfg.parallel.zero_stage),
+                format_bytes(s.current[static_cast<int>(MemCategory::param)]).c_str(),
+                format_bytes(s.current[static_cast<int>(MemCategory::grad)]).c_str(),
+                format_bytes(s.current[static_cast<int>(MemCategory::optim)]).c_str());
+  }
 
   const float grad_scale = 1.0f / static_cast<float>(tc.global_batch * tc.seq_len);
   // Each micro-batch's aux and z losses enter the objective divided by the
@@ -118,6 +132,8 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
   for (int64_t step = 1; step <= tc.steps; ++step) {
     const auto t0 = Clock::now();
     TrackedAllocator::host().reset_peaks();
+    std::vector<int64_t> bytes_before;
+    for (comm::Communicator* c : counted) bytes_before.push_back(c->total_bytes());
     zero.begin_step();
     double loss_sum = 0;
     ForwardStats fstats;
@@ -153,6 +169,8 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
     m.tokens_per_s = static_cast<double>(m.tokens) / dt;
     m.gflops = flops.total() / dt / 1e9;
     m.mem = TrackedAllocator::host().snapshot();
+    for (size_t g = 0; g < counted.size(); ++g)
+      m.comm_bytes.emplace_back(counted[g]->name(), counted[g]->total_bytes() - bytes_before[g]);
     summary.losses.push_back(m.lm_loss);
     if (rank == 0) {
       metrics.write(m);
