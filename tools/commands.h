@@ -11,6 +11,7 @@ void add_eval_command(CLI::App& app);
 void add_preprocess_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_groups_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
 // Subcommands of `bench` (tools/bench_*.cpp).
 void add_bench_moe_layer_command(CLI::App& bench);
 void add_bench_comm_command(CLI::App& bench);

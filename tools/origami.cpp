@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   origami::tools::add_preprocess_command(app);
   origami::tools::add_bench_command(app);
   origami::tools::add_groups_command(app);
+  origami::tools::add_plan_command(app);
   int status = 0;
   try {
     app.parse(argc, argv);

@@ -1,0 +1,590 @@
+// Memory and communication planner (see plan.h for the conventions). Every
+// formula sits next to its code. Notation, per rank and micro-batch:
+//   mb = training.micro_batch, s = training.seq_len, m = micro-batches per
+//   step = global_batch / (mb·dp), D = hidden, hd = head_dim, Hq/Hkv heads,
+//   F dense ffn, E experts, k = top_k, Fe expert ffn, Fs shared expert ffn,
+//   V vocab, Vl = ceil(V/tp);
+//   T = mb·s/cp   tokens of this rank's cp shard (the width after the tp all-gather)
+//   t = T/tp      tokens of the sequence-parallel residual stream [mb, s/(cp·tp), D]
+//   R             MoE rows this rank permutes: t·k dropless; with a capacity
+//                 C = ceil(t·k/E · cf): E·C padded, else min(t·k, E·C)
+//                 (uniform routing: each expert gets t·k/E).
+#include "engine/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <optional>
+
+#include "kernels/check.h"
+#include "moe/dispatch.h"
+
+namespace origami::plan {
+
+namespace {
+
+using comm::CommOp;
+using comm::GroupKind;
+using detail::concat;
+namespace ring = comm::ring_bytes;
+
+constexpr size_t kF32 = 4, kI64 = 8, kF64 = 8;
+constexpr int64_t kI32 = 4;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+bool is_sharded(int64_t N, int stage) { return stage >= 1 && N > 1; }
+
+int64_t moe_layers_in(const MoeConfig& e, int64_t first, int64_t count) {
+  int64_t n = 0;
+  for (int64_t l = first; l < first + count; ++l) n += e.is_moe_layer(l);
+  return n;
+}
+
+// MoE rows this rank permutes per layer and micro-batch (R above).
+int64_t moe_rows(const MoeConfig& e, int64_t t) {
+  const int64_t tk = t * e.top_k;
+  moe::CapacityOptions c;
+  c.capacity_factor = e.capacity_factor;
+  c.pad_to_capacity = e.pad_to_capacity;
+  const int64_t C = moe::expert_capacity(c, t, e.top_k, e.num_experts);
+  if (C < 0) return tk;
+  return e.pad_to_capacity ? e.num_experts * C : std::min(tk, e.num_experts * C);
+}
+
+// The axes (in the kind's view) that a group kind spans.
+std::vector<comm::Axis> axes_of(GroupKind k) {
+  using comm::Axis;
+  switch (k) {
+    case GroupKind::tp: return {Axis::tp};
+    case GroupKind::cp: return {Axis::cp};
+    case GroupKind::dp: return {Axis::dp};
+    case GroupKind::dp_cp: return {Axis::dp, Axis::cp};
+    case GroupKind::tp_cp: return {Axis::tp, Axis::cp};
+    case GroupKind::tp_dp_cp: return {Axis::tp, Axis::dp, Axis::cp};
+    case GroupKind::pp: return {Axis::pp};
+    case GroupKind::tp_pp: return {Axis::tp, Axis::pp};
+    case GroupKind::embedding: return {Axis::pp};  // first and last stage only; carries nothing here
+    case GroupKind::ep: return {Axis::ep};
+    case GroupKind::etp: return {Axis::tp};
+    case GroupKind::edp: return {Axis::dp};
+    case GroupKind::tp_ep: return {Axis::tp, Axis::ep};
+    case GroupKind::tp_ep_pp: return {Axis::tp, Axis::ep, Axis::pp};
+  }
+  return {};
+}
+
+// Size of a group kind, and the lowest and highest world rank of the group
+// holding `rank` (rank = Σ coord·stride over the order string, Megatron's
+// RankGenerator), so a group lies in one node iff both ends do.
+struct GroupSpan {
+  int64_t size = 1, lo = 0, hi = 0;
+};
+GroupSpan span_of(const comm::Layout& layout, GroupKind k, int64_t rank) {
+  const comm::View view = comm::group_view(k);
+  const auto& sizes = layout.sizes(view);
+  std::array<int64_t, comm::kNumAxes> stride{};
+  int64_t s = 1;
+  for (comm::Axis a : layout.full_order()) {
+    stride[static_cast<size_t>(a)] = s;
+    s *= sizes[static_cast<size_t>(a)];
+  }
+  GroupSpan g{1, rank, rank};
+  for (comm::Axis a : axes_of(k)) {
+    const auto i = static_cast<size_t>(a);
+    const int64_t coord = (rank / stride[i]) % sizes[i];
+    g.size *= sizes[i];
+    g.lo -= coord * stride[i];
+    g.hi += (sizes[i] - 1 - coord) * stride[i];
+  }
+  return g;
+}
+
+}  // namespace
+
+std::string_view recipe_name(Recipe r) { return r == Recipe::bf16 ? "bf16" : "fp32"; }
+
+Recipe parse_recipe(const std::string& text, const std::string& what) {
+  if (text == "fp32") return Recipe::fp32;
+  if (text == "bf16") return Recipe::bf16;
+  ORIGAMI_USER_ERROR(what, " = \"", text, "\": must be \"fp32\" (CPU: 4 param + 4 grad + 8 moments) or \"bf16\" ",
+                     "(GPU: 2 param + 2 grad + 4 master + 8 moments)");
+}
+
+RecipeBytes recipe_bytes(Recipe r) { return r == Recipe::bf16 ? RecipeBytes{2, 2, 12} : RecipeBytes{4, 4, 8}; }
+
+int64_t padded_numel(int64_t numel, int64_t N, int stage) {
+  return is_sharded(N, stage) ? ceil_div(numel, N) * N : numel;
+}
+
+StateBytes zero_state_bytes(int64_t numel, int64_t N, int stage, Recipe recipe) {
+  ORIGAMI_CHECK(stage >= 0 && stage <= 3 && N >= 1 && numel >= 0, "zero_state_bytes(", numel, ", ", N, ", ", stage,
+                ")");
+  const RecipeBytes b = recipe_bytes(recipe);
+  const int64_t whole = padded_numel(numel, N, stage);
+  const int64_t shard = is_sharded(N, stage) ? whole / N : whole;
+  return {(stage >= 3 ? shard : whole) * b.param, (stage >= 2 ? shard : whole) * b.grad,
+          (stage >= 1 ? shard : whole) * b.optim};
+}
+
+PlanInput plan_input(const Config& cfg) {
+  PlanInput in;
+  in.model = cfg.model;
+  in.moe = cfg.moe;
+  in.training = cfg.training;
+  in.zero_stage = static_cast<int>(cfg.parallel.zero_stage);
+  return in;
+}
+
+ParamCounts param_counts(const ModelConfig& m, const MoeConfig& e) {
+  const int64_t D = m.hidden_size, V = m.vocab_size, F = m.ffn_hidden_size, hd = m.head_dim();
+  const int64_t E = e.num_experts, Fe = e.expert_ffn(F), Fs = e.shared_expert_hidden_size;
+  const int64_t attn = D * hd * (2 * m.num_heads + 2 * m.num_kv_heads);  // q, o [Hq·hd, D]; k, v [Hkv·hd, D]
+  ParamCounts c;
+  c.total = 2 * V * D + D;  // embedding, lm_head [V, D]; final norm [D]
+  c.active = c.total;
+  c.matmul_active = V * D;  // the head multiplies activations, the embedding is a lookup
+  for (int64_t l = 0; l < m.num_layers; ++l) {
+    const int64_t dense = 2 * D + attn;  // two norms, attention
+    if (!e.is_moe_layer(l)) {
+      c.total += dense + 3 * D * F;
+      c.active += dense + 3 * D * F;
+      c.matmul_active += attn + 3 * D * F;
+      continue;
+    }
+    const int64_t router_shared = E * D + 3 * D * Fs;
+    c.total += dense + router_shared + 3 * E * Fe * D;
+    c.expert += 3 * E * Fe * D;
+    c.active += dense + router_shared + 3 * e.top_k * Fe * D;
+    c.matmul_active += attn + router_shared + 3 * e.top_k * Fe * D;
+  }
+  return c;
+}
+
+std::vector<int64_t> stage_layers(int64_t num_layers, int64_t pp, const std::vector<int64_t>& explicit_layers) {
+  if (!explicit_layers.empty()) {
+    const int64_t sum = std::accumulate(explicit_layers.begin(), explicit_layers.end(), int64_t{0});
+    const bool non_negative =
+        std::all_of(explicit_layers.begin(), explicit_layers.end(), [](int64_t n) { return n >= 0; });
+    if (static_cast<int64_t>(explicit_layers.size()) != pp || sum != num_layers || !non_negative)
+      ORIGAMI_USER_ERROR("pp_layers: ", explicit_layers.size(), " stages summing to ", sum,
+                         ": must list parallel.pp = ", pp,
+                         " non-negative layer counts summing to model.num_layers = ", num_layers);
+    return explicit_layers;
+  }
+  // Even split; the first num_layers % pp stages take one layer more.
+  std::vector<int64_t> n(pp, num_layers / pp);
+  for (int64_t s = 0; s < num_layers % pp; ++s) ++n[s];
+  return n;
+}
+
+std::vector<UnitPlan> plan_units(const PlanInput& in, const comm::Layout& layout) {
+  const ModelConfig& m = in.model;
+  const MoeConfig& e = in.moe;
+  const int64_t D = m.hidden_size, V = m.vocab_size, F = m.ffn_hidden_size, hd = m.head_dim();
+  const int64_t E = e.num_experts, Fe = e.expert_ffn(F), Fs = e.shared_expert_hidden_size;
+  const int64_t tp = layout.tp(), Vl = ceil_div(V, tp);
+  const int64_t dense_group = layout.dp() * layout.cp(), expert_group = layout.edp();
+  const std::vector<int64_t> per_stage = stage_layers(m.num_layers, layout.pp(), in.pp_layers);
+  std::vector<int64_t> stage_of(m.num_layers);
+  for (int64_t s = 0, l = 0; s < layout.pp(); ++s)
+    for (int64_t i = 0; i < per_stage[s]; ++i) stage_of[l++] = s;
+
+  std::vector<UnitPlan> units;
+  auto add = [&](std::string name, bool expert, int64_t layer, int64_t numel, int64_t local, int64_t replicated,
+                 int64_t stage) {
+    UnitPlan u;
+    u.name = std::move(name);
+    u.expert = expert;
+    u.layer = layer;
+    u.numel = numel;
+    u.local = local;
+    u.tp_replicated = replicated;
+    u.group = expert ? expert_group : dense_group;
+    u.padded = padded_numel(local, u.group, in.zero_stage);
+    u.stage = stage;
+    u.state = zero_state_bytes(local, u.group, in.zero_stage, in.recipe);
+    units.push_back(std::move(u));
+  };
+  // Vocab-parallel embedding: [V/tp, D] rows per rank.
+  add("embedding", false, -1, V * D, Vl * D, 0, 0);
+  const int64_t attn = D * hd * (2 * m.num_heads + 2 * m.num_kv_heads);
+  for (int64_t l = 0; l < m.num_layers; ++l) {
+    const std::string name = "layers." + std::to_string(l);
+    // Norms [D] ×2 replicated over tp; q/k/v column- and o row-parallel (heads / tp).
+    const int64_t norms = 2 * D;
+    if (!e.is_moe_layer(l)) {
+      // gate/up column-, down row-parallel: [F/tp, D] ×2 + [D, F/tp].
+      add(name, false, l, norms + attn + 3 * D * F, norms + attn / tp + 3 * D * F / tp, norms, stage_of[l]);
+      continue;
+    }
+    // Router [E, D] replicated over tp; shared expert tensor-parallel like the dense MLP.
+    add(name, false, l, norms + attn + E * D + 3 * D * Fs, norms + attn / tp + E * D + 3 * D * Fs / tp, norms + E * D,
+        stage_of[l]);
+    // E/EP experts, each its F/ETP slice: w1, w3 [Fe/etp, D], w2 [D, Fe/etp].
+    add(name + ".experts", true, l, 3 * E * Fe * D, 3 * (E / layout.ep()) * (Fe / layout.etp()) * D, 0, stage_of[l]);
+  }
+  // Final norm [D] replicated; vocab-parallel head [V/tp, D].
+  add("final", false, -1, D + V * D, D + Vl * D, D, layout.pp() - 1);
+  return units;
+}
+
+// Saved-for-backward bytes, tensor by tensor from the modules' Saved structs
+// (dense/norm.h, dense/attention.h, dense/mlp.h, moe/router.h, moe/dispatch.h,
+// moe/experts.h, moe/moe_layer.h, dense/lm_head.h, engine/model.h), fp32 or
+// i32, 4 bytes per element. Under TP+SP a module saves its tp-gathered input
+// (so backward needs no second gather); under CP attention saves the
+// cp-gathered K and V.
+ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout) {
+  const ModelConfig& m = in.model;
+  const MoeConfig& e = in.moe;
+  const int64_t tp = layout.tp(), cp = layout.cp(), etp = layout.etp();
+  const int64_t D = m.hidden_size, hd = m.head_dim(), Hq = m.num_heads / tp, Hkv = m.num_kv_heads / tp;
+  const int64_t F = m.ffn_hidden_size / tp, E = e.num_experts, k = e.top_k;
+  const int64_t Fe = e.expert_ffn(m.ffn_hidden_size) / etp, Fs = e.shared_expert_hidden_size / tp;
+  const int64_t s = in.training.seq_len, T = in.training.micro_batch * s / cp, t = T / tp;
+  const int64_t f = kF32;
+
+  ActivationBytes a;
+  // RmsNormSaved: x [t, D], rstd [t].
+  const int64_t norm = t * (D + 1) * f;
+  // AttentionSaved: x [T, D] (tp-gathered), q and o [T, Hq/tp·hd], k and v
+  // [T·cp, Hkv/tp·hd] (cp-gathered), lse [Hq/tp, T]; pos is shared per micro-batch.
+  const int64_t attention = (T * D + 2 * T * Hq * hd + 2 * T * cp * Hkv * hd + T * Hq) * f;
+  // MlpSaved: x [T, D] (tp-gathered), gate, up, h [T, F/tp].
+  const int64_t mlp = (T * D + 3 * T * F) * f;
+  a.dense_layer = 2 * norm + attention + mlp;
+  if (E > 0) {
+    const int64_t R = moe_rows(e, t), M = R * etp;  // M: rows the local experts compute (etp-gathered)
+    a.rows = R;
+    // RouterSaved: x [t, D], logits and scores [t, E], expert i32 [t, k]; Routing: weight [t, k].
+    const int64_t router = (t * D + 2 * t * E + t * k) * f + t * k * kI32;
+    // Permutation: row_token, row_slot i32 [R], row_of i32 [t, k].
+    const int64_t perm = (2 * R + t * k) * kI32;
+    // ExpertsSaved: x [M, D], gate, up, h [M, Fe/etp]; expert_out [R, D].
+    const int64_t experts = (M * D + 3 * M * Fe + R * D) * f;
+    // Shared expert (tensor-parallel): x [T, D] gathered (the router's x when tp = 1), gate, up, h [T, Fs/tp].
+    const int64_t shared = Fs > 0 ? ((tp > 1 ? T * D : 0) + 3 * T * Fs) * f : 0;
+    a.moe_layer = 2 * norm + attention + router + perm + experts + shared;
+  }
+  a.every_stage = (s / cp) * kI32;  // positions i32 [s/cp]
+  a.first_stage = T * kI32;         // token ids i32 [T] (vocab-parallel lookup of the cp shard)
+  // Final norm; LmHeadSaved: y [T, D] (tp-gathered), targets i32 [T], logits [T, Vl], lse [T].
+  a.last_stage = norm + (T * D + T * ceil_div(m.vocab_size, tp) + T) * f + T * kI32;
+  return a;
+}
+
+double StageComm::bytes(GroupKind g) const {
+  double b = 0;
+  for (const CommItem& i : items)
+    if (i.group == g) b += i.bytes;
+  return b;
+}
+
+double StageComm::total() const {
+  double b = 0;
+  for (const CommItem& i : items) b += i.bytes;
+  return b;
+}
+
+namespace {
+
+// One step's communication for the first rank of stage `st`.
+StageComm stage_comm(const PlanInput& in, const comm::Layout& layout, const std::vector<UnitPlan>& units,
+                     const StageMemory& st, const ActivationBytes& act, int64_t micro_batches) {
+  const ModelConfig& m = in.model;
+  const MoeConfig& e = in.moe;
+  const int64_t tp = layout.tp(), cp = layout.cp(), pp = layout.pp(), ep = layout.ep(), etp = layout.etp();
+  const int64_t D = m.hidden_size, hd = m.head_dim(), E = e.num_experts, mb = in.training.micro_batch;
+  const int64_t T = mb * in.training.seq_len / cp, t = T / tp, R = act.rows, mm = micro_batches;
+  const int64_t L = st.num_layers, Lmoe = st.num_moe_layers, Ldense = L - Lmoe;
+  const int zs = in.zero_stage;
+  const bool first = st.stage == 0, last = st.stage == pp - 1;
+  StageComm c;
+  c.stage = st.stage;
+  int64_t stride_pp = 1;  // the stage's first rank: pp coordinate st.stage, every other 0
+  for (comm::Axis a : layout.full_order()) {
+    if (a == comm::Axis::pp) break;
+    stride_pp *= layout.sizes(comm::View::dense)[static_cast<size_t>(a)];
+  }
+  c.rank = st.stage * stride_pp;
+  auto n_of = [&](GroupKind g) { return static_cast<int>(span_of(layout, g, c.rank).size); };
+  auto add = [&](GroupKind g, CommOp op, std::string what, int64_t calls, double bytes_per_call) {
+    if (calls > 0 && bytes_per_call > 0) c.items.push_back({g, op, std::move(what), calls, calls * bytes_per_call});
+  };
+
+  // TP with SP: every sublayer all-gathers its input [mb, s/(cp·tp), D] on
+  // entry and reduce-scatters its output on exit (send/recv t·D each), and
+  // backward runs the adjoints (reduce-scatter, all-gather): per sublayer
+  // and micro-batch 2 all-gathers + 2 reduce-scatters of (tp−1)·t·D·4.
+  if (tp > 1) {
+    const double ag = ring::all_gather(t * D, kF32, tp), rs = ring::reduce_scatter(t * D, kF32, tp);
+    const int64_t sublayers = L + Ldense + (e.shared_expert_hidden_size > 0 ? Lmoe : 0);
+    add(GroupKind::tp, CommOp::all_gather, "sublayer input (fwd) + output grad (bwd)", 2 * mm * sublayers, ag);
+    add(GroupKind::tp, CommOp::reduce_scatter, "sublayer output (fwd) + input grad (bwd)", 2 * mm * sublayers, rs);
+    if (first) {  // vocab-parallel embedding: reduce-scatter of partial rows (fwd), all-gather of the grad (bwd)
+      add(GroupKind::tp, CommOp::reduce_scatter, "embedding output (fwd)", mm, rs);
+      add(GroupKind::tp, CommOp::all_gather, "embedding grad (bwd)", mm, ag);
+    }
+    // Head: all-gather its input (fwd), reduce-scatter the grad (bwd); vocab-parallel
+    // cross-entropy: all-reduce the max, then [sum-exp | target logit].
+    if (last) {
+      add(GroupKind::tp, CommOp::all_gather, "head input (fwd)", mm, ag);
+      add(GroupKind::tp, CommOp::reduce_scatter, "head input grad (bwd)", mm, rs);
+      add(GroupKind::tp, CommOp::all_reduce, "cross-entropy max [T]", mm, ring::all_reduce(T, kF32, 0, tp));
+      add(GroupKind::tp, CommOp::all_reduce, "cross-entropy sum-exp + target logit [2T]", mm,
+          ring::all_reduce(2 * T, kF32, 0, tp));
+    }
+    // Grads of params replicated over tp (norms, router): all-reduced over
+    // tp before their unit's dp-cp reduction, at its cadence (per step at
+    // stages 0-1, per micro-batch at 2-3).
+    for (const UnitPlan& u : units)
+      if (u.stage == st.stage && u.tp_replicated > 0)
+        add(GroupKind::tp, CommOp::all_reduce, "replicated grads (norms, router)", zs >= 2 ? mm : 1,
+            ring::all_reduce(u.tp_replicated, kF32, 0, tp));
+  }
+  // CP: K and V [T, Hkv/tp·hd] all-gathered per attention (fwd), dK and dV
+  // reduce-scattered (bwd): (cp−1)·2·T·Hkv/tp·hd·4 each.
+  if (cp > 1) {
+    const int64_t kv = 2 * T * (m.num_kv_heads / tp) * hd;
+    add(GroupKind::cp, CommOp::all_gather, "attention K, V (fwd)", mm * L, ring::all_gather(kv, kF32, cp));
+    add(GroupKind::cp, CommOp::reduce_scatter, "attention dK, dV (bwd)", mm * L, ring::reduce_scatter(kv, kF32, cp));
+  }
+  // Router statistics: one all-reduce of 2·S·E + 2 doubles per MoE layer and
+  // micro-batch over tp-cp (tp-dp-cp for global_aux_loss), when an aux loss
+  // or the z-loss is on; S = mb for seq_aux_loss, else 1 (moe/router.h).
+  const bool aux = e.load_balancing != moe::LoadBalancing::none && e.aux_loss_coeff != 0;
+  if (Lmoe > 0 && (aux || e.z_loss_coeff != 0)) {
+    const GroupKind g =
+        e.load_balancing == moe::LoadBalancing::global_aux_loss ? GroupKind::tp_dp_cp : GroupKind::tp_cp;
+    const int64_t S = !aux ? 0 : e.load_balancing == moe::LoadBalancing::seq_aux_loss ? mb : 1;
+    if (n_of(g) > 1)
+      add(g, CommOp::all_reduce, "router statistics", mm * Lmoe, ring::all_reduce(2 * S * E + 2, kF64, 0, n_of(g)));
+  }
+  // ZeRO (§6, engine/zero.h), per unit of `padded` elements over its N ranks:
+  //   stage 0: all-reduce of the gradient once per step: 2·(N−1)/N·padded·4
+  //   stage 1: reduce-scatter of the gradient + all-gather of the updated
+  //            params, once per step: the same bytes
+  //   stage 2: the reduce-scatter once per micro-batch (m) when accumulating
+  //            (a unit's whole gradient lives only during its backward), the
+  //            all-gather once
+  //   stage 3: param all-gather before each forward and each backward (2m) +
+  //            gradient reduce-scatter per micro-batch (m): 1.5× stage 0 at m = 1
+  for (const UnitPlan& u : units) {
+    if (u.stage != st.stage || u.group <= 1) continue;
+    const GroupKind g = u.expert ? GroupKind::edp : GroupKind::dp_cp;
+    const int n = static_cast<int>(u.group);
+    const std::string what = u.expert ? "expert units" : "dense units";
+    const double rs = ring::reduce_scatter(u.padded / n, kF32, n), ag = ring::all_gather(u.padded / n, kF32, n);
+    switch (zs) {
+      case 0: add(g, CommOp::all_reduce, what + ": grads", 1, ring::all_reduce(u.padded, kF32, 0, n)); break;
+      case 1:
+      case 2:
+        add(g, CommOp::reduce_scatter, what + ": grads", zs == 1 ? 1 : mm, rs);
+        add(g, CommOp::all_gather, what + ": updated params", 1, ag);
+        break;
+      default:
+        add(g, CommOp::all_gather, what + ": params before fwd and bwd", 2 * mm, ag);
+        add(g, CommOp::reduce_scatter, what + ": grads", mm, rs);
+    }
+  }
+  // EP (moe/token_dispatcher.h), per MoE layer and micro-batch: counts
+  // all_to_all_v of E/EP int64 per peer (dispatch only; backward reuses
+  // them); rows: dispatch and combine forward, their adjoints backward, each
+  // R·D·4·(EP−1)/EP expected under uniform routing.
+  if (Lmoe > 0 && ep > 1) {
+    add(GroupKind::ep, CommOp::all_to_all_v, "per-expert counts", mm * Lmoe,
+        static_cast<double>((ep - 1) * (E / ep)) * kI64);
+    add(GroupKind::ep, CommOp::all_to_all_v, "token rows: dispatch, combine (fwd + bwd)", 4 * mm * Lmoe,
+        static_cast<double>(R * D * kF32) * static_cast<double>(ep - 1) / static_cast<double>(ep));
+  }
+  // ETP: counts all-gather (ETP−1)·E·8; rows all-gathered (dispatch fwd,
+  // combine bwd) and reduce-scattered (combine fwd, dispatch bwd), each
+  // (ETP−1)·R·D·4 (every etp peer received R rows).
+  if (Lmoe > 0 && etp > 1) {
+    add(GroupKind::etp, CommOp::all_gather, "per-expert counts", mm * Lmoe, ring::all_gather(E, kI64, etp));
+    add(GroupKind::etp, CommOp::all_gather, "token rows: dispatch (fwd), combine grad (bwd)", 2 * mm * Lmoe,
+        ring::all_gather(R * D, kF32, etp));
+    add(GroupKind::etp, CommOp::reduce_scatter, "token rows: combine (fwd), dispatch grad (bwd)", 2 * mm * Lmoe,
+        ring::reduce_scatter(R * D, kF32, etp));
+  }
+  // PP (§7): [mb, s/(cp·tp), D] activations to the next stage per
+  // micro-batch, their gradients to the previous one.
+  if (pp > 1) {
+    if (!last) add(GroupKind::pp, CommOp::send, "activations (fwd)", mm, static_cast<double>(t * D * kF32));
+    if (!first) add(GroupKind::pp, CommOp::send, "activation grads (bwd)", mm, static_cast<double>(t * D * kF32));
+  }
+  // Bookkeeping once per step (engine/trainer.cpp): loss sum over dp-cp;
+  // per MoE layer, routed/kept counts (E each) and tokens per EP rank over
+  // tp-dp-cp, aux/z losses (2 doubles) over dp. One-element all-reduces
+  // (loss, grad-norm partial sums) send nothing from group rank 0.
+  if (n_of(GroupKind::dp_cp) > 1)
+    add(GroupKind::dp_cp, CommOp::all_reduce, "loss sum", 1, ring::all_reduce(1, kF64, 0, n_of(GroupKind::dp_cp)));
+  if (Lmoe > 0 && n_of(GroupKind::tp_dp_cp) > 1) {
+    const int n = n_of(GroupKind::tp_dp_cp);
+    add(GroupKind::tp_dp_cp, CommOp::all_reduce, "routing counts", Lmoe,
+        2.0 * ring::all_reduce(E, kI64, 0, n) + ring::all_reduce(ep, kI64, 0, n));
+  }
+  if (Lmoe > 0 && n_of(GroupKind::dp) > 1)
+    add(GroupKind::dp, CommOp::all_reduce, "aux and z loss", Lmoe, ring::all_reduce(2, kF64, 0, n_of(GroupKind::dp)));
+  return c;
+}
+
+// The model's rules on the sizes (layout_problem); EP's is comm::Layout's.
+std::string size_problem(const PlanInput& in, int64_t tp, int64_t cp, int64_t pp, int64_t etp, int64_t dp) {
+  const ModelConfig& m = in.model;
+  const MoeConfig& e = in.moe;
+  const TrainingConfig& tr = in.training;
+  bool any_dense = false, any_moe = false;
+  for (int64_t l = 0; l < m.num_layers; ++l) (e.is_moe_layer(l) ? any_moe : any_dense) = true;
+  auto divides = [&](std::string_view key, int64_t size, std::string_view what, int64_t value, std::string_view why) {
+    return value % size == 0 ? std::string()
+                             : concat(key, " = ", size, " must divide ", what, " = ", value, " (", why, ")");
+  };
+  std::string p;
+  if (p.empty()) p = divides("parallel.tp", tp, "model.num_heads", m.num_heads, "heads split over tp");
+  if (p.empty()) p = divides("parallel.tp", tp, "model.num_kv_heads", m.num_kv_heads, "kv heads split over tp");
+  if (p.empty() && any_dense)
+    p = divides("parallel.tp", tp, "model.ffn_hidden_size", m.ffn_hidden_size, "dense MLP columns split over tp");
+  if (p.empty() && any_moe && e.shared_expert_hidden_size > 0)
+    p = divides("parallel.tp", tp, "moe.shared_expert_hidden_size", e.shared_expert_hidden_size,
+                "shared expert split over tp");
+  if (p.empty()) {
+    const int64_t chunks = cp > 1 ? 2 * cp * tp : tp;
+    if (tr.seq_len % chunks != 0)
+      p = concat("training.seq_len = ", tr.seq_len, " must be divisible by ", cp > 1 ? "2·cp·tp = " : "tp = ", chunks,
+                 cp > 1 ? " (2·cp causal chunks, each split over tp)" : " (sequence parallelism splits it over tp)");
+  }
+  if (p.empty() && pp > m.num_layers)
+    p = concat("parallel.pp = ", pp, " must be <= model.num_layers = ", m.num_layers, " (layers per stage)");
+  if (p.empty() && any_moe)
+    p = divides("parallel.etp", etp, "the expert ffn size", e.expert_ffn(m.ffn_hidden_size),
+                "w1/w3 rows and w2 columns split over etp");
+  if (p.empty() && tr.global_batch % (tr.micro_batch * dp) != 0)
+    p = concat("training.global_batch = ", tr.global_batch,
+               " must be a multiple of training.micro_batch · DP = ", tr.micro_batch, " · ", dp, " = ",
+               tr.micro_batch * dp, " (DP = world size / (tp·cp·pp))");
+  return p;
+}
+
+}  // namespace
+
+std::string layout_problem(const PlanInput& in, const comm::Layout& layout) {
+  return size_problem(in, layout.tp(), layout.cp(), layout.pp(), layout.etp(), layout.dp());
+}
+
+LayoutPlan plan_layout(const PlanInput& in, const comm::Layout& layout, const Machine& machine) {
+  if (std::string p = layout_problem(in, layout); !p.empty()) ORIGAMI_USER_ERROR(p);
+  LayoutPlan lp;
+  lp.world = layout.world();
+  lp.tp = layout.tp(), lp.cp = layout.cp(), lp.pp = layout.pp(), lp.ep = layout.ep(), lp.etp = layout.etp();
+  lp.dp = layout.dp(), lp.edp = layout.edp();
+  lp.order = layout.order();
+  const TrainingConfig& tr = in.training;
+  lp.micro_batches = tr.global_batch / (tr.micro_batch * lp.dp);
+  lp.units = plan_units(in, layout);
+  lp.act = activation_bytes(in, layout);
+  const RecipeBytes rb = recipe_bytes(in.recipe);
+
+  const std::vector<int64_t> per_stage = stage_layers(in.model.num_layers, lp.pp, in.pp_layers);
+  for (int64_t s = 0, first = 0; s < lp.pp; first += per_stage[s++]) {
+    StageMemory st;
+    st.stage = s;
+    st.first_layer = first;
+    st.num_layers = per_stage[s];
+    st.num_moe_layers = moe_layers_in(in.moe, first, per_stage[s]);
+    // ZeRO working buffers: stage 2 keeps a unit's whole gradient during its
+    // backward; stage 3 also keeps at most two units' whole params (the one
+    // computing and the one prefetched). Largest units of the stage.
+    std::vector<int64_t> gathered;
+    int64_t whole_grad = 0;
+    for (const UnitPlan& u : lp.units) {
+      if (u.stage != s) continue;
+      st.state += u.state;
+      if (u.group <= 1) continue;
+      gathered.push_back(u.padded * rb.param);
+      whole_grad = std::max(whole_grad, u.padded * rb.grad);
+    }
+    std::sort(gathered.rbegin(), gathered.rend());
+    if (in.zero_stage >= 2) st.transient += whole_grad;
+    if (in.zero_stage >= 3)
+      for (size_t i = 0; i < std::min<size_t>(2, gathered.size()); ++i) st.transient += gathered[i];
+    // 1F1B: stage s holds min(pp − s, m) micro-batches' activations.
+    st.in_flight = std::min(lp.pp - s, lp.micro_batches);
+    const int64_t per_mb = (st.num_layers - st.num_moe_layers) * lp.act.dense_layer +
+                           st.num_moe_layers * lp.act.moe_layer + lp.act.every_stage +
+                           (s == 0 ? lp.act.first_stage : 0) + (s == lp.pp - 1 ? lp.act.last_stage : 0);
+    st.activations = st.in_flight * per_mb;
+    lp.stages.push_back(st);
+  }
+  for (const StageMemory& st : lp.stages)
+    if (st.total() > lp.stages[lp.worst_memory_stage].total()) lp.worst_memory_stage = st.stage;
+
+  // Step time: compute = step FLOPs / W / flops_per_rank / (1 − bubble),
+  // bubble = (pp−1)/(m+pp−1); comm = Σ_group bytes / bandwidth (intra-node
+  // when the group lies in one node of ranks_per_node ranks), no overlap;
+  // the slowest stage's comm counts.
+  const ParamCounts pc = param_counts(in.model, in.moe);
+  const double B = static_cast<double>(tr.global_batch), S = static_cast<double>(tr.seq_len);
+  lp.flops = 6.0 * static_cast<double>(pc.matmul_active) * B * S +
+             12.0 * B * static_cast<double>(in.model.num_heads * in.model.head_dim()) * S * (S + 1) / 2.0 *
+                 static_cast<double>(in.model.num_layers);
+  lp.bubble = static_cast<double>(lp.pp - 1) / static_cast<double>(lp.micro_batches + lp.pp - 1);
+  lp.compute_s = lp.flops / static_cast<double>(lp.world) / machine.flops_per_rank / (1.0 - lp.bubble);
+  for (const StageMemory& st : lp.stages) {
+    StageComm c = stage_comm(in, layout, lp.units, st, lp.act, lp.micro_batches);
+    for (const CommItem& i : c.items) {
+      const GroupSpan g = span_of(layout, i.group, c.rank);
+      const bool intra = g.lo / machine.ranks_per_node == g.hi / machine.ranks_per_node;
+      c.seconds += i.bytes / ((intra ? machine.intra_gbs : machine.inter_gbs) * 1e9);
+    }
+    lp.comm.push_back(std::move(c));
+  }
+  for (const StageComm& c : lp.comm)
+    if (c.seconds > lp.comm[lp.worst_comm_stage].seconds) lp.worst_comm_stage = c.stage;
+  lp.comm_s = lp.comm[lp.worst_comm_stage].seconds;
+  lp.comm_bytes = lp.comm[lp.worst_comm_stage].total();
+  lp.step_s = lp.compute_s + lp.comm_s;
+  lp.fits = static_cast<double>(lp.peak_bytes()) <= machine.memory_gb * 1e9;
+  return lp;
+}
+
+std::vector<LayoutPlan> rank_layouts(const PlanInput& in, int64_t world, const std::string& order,
+                                     const Machine& machine) {
+  std::vector<int64_t> div;
+  for (int64_t d = 1; d <= world; ++d)
+    if (world % d == 0) div.push_back(d);
+  const bool moe = in.moe.num_experts > 0;
+  PlanInput even = in;
+  even.pp_layers.clear();  // candidates split layers evenly
+  std::vector<LayoutPlan> out;
+  for (int64_t tp : div)
+    for (int64_t cp : div)
+      for (int64_t pp : div) {
+        if (world % (tp * cp * pp) != 0) continue;
+        for (int64_t ep : div)
+          for (int64_t etp : div) {
+            if (world % (etp * ep * pp) != 0 || (!moe && (ep > 1 || etp > 1))) continue;
+            if (moe && in.moe.num_experts % ep != 0) continue;
+            // The model's rules first: they are cheaper than building a Layout.
+            if (!size_problem(even, tp, cp, pp, etp, world / (tp * cp * pp)).empty()) continue;
+            std::optional<comm::Layout> layout;
+            try {
+              layout.emplace(world, comm::LayoutOptions{tp, cp, pp, ep, etp, order, in.moe.num_experts});
+            } catch (const UserError&) {
+              continue;  // comm::Layout's rules (§3)
+            }
+            LayoutPlan p = plan_layout(even, *layout, machine);
+            p.units = {};
+            p.comm = {};
+            out.push_back(std::move(p));
+          }
+      }
+  std::stable_sort(out.begin(), out.end(), [](const LayoutPlan& a, const LayoutPlan& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.step_s < b.step_s;
+  });
+  return out;
+}
+
+}  // namespace origami::plan

@@ -1,0 +1,206 @@
+// Memory and communication planner (`origami plan`): per-rank state,
+// activations and communication volume of a config on a layout, predicted
+// from the design (ARCHITECTURE.md §3, §5, §6, §7) without running anything,
+// and a ranked list of candidate layouts for a world size.
+//
+// Conventions (every figure is per rank):
+//  - Bytes; GB = 1e9 bytes.
+//  - Units are the ParamStore's: "embedding", "layers.l" (attention, norms,
+//    dense MLP or router + shared expert), "layers.l.experts", "final" (final
+//    norm + LM head). A rank's part of a unit ("local") is the unit after the
+//    TP split (column/row-parallel matmuls and the vocab-parallel
+//    embedding/head split over tp; norms and the router replicated over tp)
+//    and, for expert units, after EP (E/EP experts) and ETP (F/ETP each).
+//    The vocab split gives the worst rank ceil(V/tp) rows.
+//  - ZeRO (§6): N = the unit's shard group, dp·cp for dense units, edp for
+//    expert units. A sharded unit (stage ≥ 1 and N > 1) is padded to
+//    padded = ceil(local/N)·N elements and each rank owns padded/N; at stage 0
+//    (or N = 1) padded = local. Whole buffers hold `padded` elements, shards
+//    padded/N. Recipes (bytes per element): fp32 = 4 param + 4 grad + 8
+//    moments (CPU, no master copy); bf16 = 2 param + 2 grad + 12 optimizer
+//    (4 fp32 master + 8 moments). Stage 0 keeps all whole; 1 shards the
+//    optimizer bytes; 2 also the gradient; 3 also the parameter. Per
+//    parameter: fp32 16, 8 + 8/N, 4 + 12/N, 16/N; bf16 16, 4 + 12/N,
+//    2 + 14/N, 16/N.
+//  - Pipeline (§7): layers split evenly over pp stages, the first L % pp
+//    stages taking one layer more (or an explicit list); stage 0 holds the
+//    embedding, the last stage the final unit. The ledger reports the stage
+//    with the largest total.
+//  - Activations and the wire are fp32 (4 bytes; i32 indices 4, i64 counts
+//    and f64 statistics 8), as the engine runs today, for either recipe: the
+//    recipe changes the persistent state only.
+//  - Communication: bytes this rank SENDS per optimizer step, by the
+//    Communicator's ring convention (comm/communicator.h) and comm::ring_bytes,
+//    for the first rank of a pipeline stage (every coordinate 0 but pp), so
+//    its index is 0 in every group but pp. All-to-all volumes are expectations
+//    under uniform routing. ZeRO per unit and step, at one micro-batch:
+//    stages 0-2 move 2·(N−1)/N of the unit's bytes, stage 3 3·(N−1)/N (1.5×);
+//    when accumulating m micro-batches, stages 2 and 3 reduce-scatter the
+//    gradient once per micro-batch and stage 3 gathers the params twice per
+//    micro-batch. The formulas are in plan.cpp next to their code.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/layout.h"
+#include "engine/config.h"
+
+namespace origami::plan {
+
+enum class Recipe { fp32, bf16 };
+std::string_view recipe_name(Recipe r);
+// "fp32" | "bf16"; throws UserError naming `what` otherwise.
+Recipe parse_recipe(const std::string& text, const std::string& what);
+
+// Bytes per element of each ledger category (optim includes the master copy).
+struct RecipeBytes {
+  int64_t param = 4, grad = 4, optim = 8;
+};
+RecipeBytes recipe_bytes(Recipe r);
+
+// Persistent bytes of one unit on one rank, by ledger category.
+struct StateBytes {
+  int64_t param = 0, grad = 0, optim = 0;
+  int64_t total() const { return param + grad + optim; }
+  StateBytes& operator+=(const StateBytes& o) {
+    param += o.param, grad += o.grad, optim += o.optim;
+    return *this;
+  }
+};
+
+// The padding rule: ceil(numel/N)·N when the unit is sharded (stage ≥ 1 and
+// N > 1), else numel.
+int64_t padded_numel(int64_t numel, int64_t N, int stage);
+// §6 for `numel` elements sharded over N ranks at ZeRO `stage` (0–3):
+// stage 0: all whole; 1: optim/N; 2: + grad/N; 3: + param/N, of the padded
+// count. E.g. 7e9 params, N = 8, bf16: 112e9, 38.5e9, 26.25e9, 14e9 bytes.
+StateBytes zero_state_bytes(int64_t numel, int64_t N, int stage, Recipe recipe);
+
+// What the planner needs besides the layout.
+struct PlanInput {
+  ModelConfig model;
+  MoeConfig moe;
+  TrainingConfig training;
+  int zero_stage = 3;
+  Recipe recipe = Recipe::fp32;
+  std::vector<int64_t> pp_layers;  // layers per stage (Σ = num_layers); empty: even split
+};
+PlanInput plan_input(const Config& cfg);
+
+// One parameter unit, whole and on this rank.
+struct UnitPlan {
+  std::string name;
+  bool expert = false;
+  int64_t layer = -1;         // -1: embedding / final
+  int64_t numel = 0;          // whole model: equals Model(...).params() unit numel on one rank
+  int64_t local = 0;          // this rank's part (after TP, or EP·ETP for experts)
+  int64_t tp_replicated = 0;  // elements of `local` replicated over tp (norms, router)
+  int64_t group = 1;          // N: dp·cp (dense) or edp (experts)
+  int64_t padded = 0;         // padded_numel(local, group, zero_stage)
+  int64_t stage = 0;          // pipeline stage
+  StateBytes state;           // zero_state_bytes(local, group, zero_stage, recipe)
+};
+
+// Parameter counts of the whole model (tp = ep = etp = 1).
+struct ParamCounts {
+  int64_t total = 0;
+  int64_t active = 0;         // per token: all non-expert params + top_k/E of the routed experts
+  int64_t expert = 0;         // routed experts
+  int64_t matmul_active = 0;  // Model::active_matmul_params(): what 6·N·tokens counts
+};
+ParamCounts param_counts(const ModelConfig& m, const MoeConfig& e);
+
+// Layers per stage: `explicit_layers` if given (validated), else even with
+// the remainder on the first stages.
+std::vector<int64_t> stage_layers(int64_t num_layers, int64_t pp, const std::vector<int64_t>& explicit_layers = {});
+
+// Every unit of the model with its per-rank figures on this layout.
+std::vector<UnitPlan> plan_units(const PlanInput& in, const comm::Layout& layout);
+
+// Saved-for-backward activation bytes of one micro-batch on one rank
+// (plan.cpp derives them tensor by tensor from the modules' Saved structs).
+struct ActivationBytes {
+  int64_t dense_layer = 0;  // one dense layer
+  int64_t moe_layer = 0;    // one MoE layer (expected rows under uniform routing)
+  int64_t first_stage = 0;  // + stage 0: token ids
+  int64_t last_stage = 0;   // + last stage: final norm, LM head, loss
+  int64_t every_stage = 0;  // positions
+  int64_t rows = 0;         // MoE rows this rank permutes (T_local·k dropless)
+};
+ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout);
+
+// One stage's ledger.
+struct StageMemory {
+  int64_t stage = 0, first_layer = 0, num_layers = 0, num_moe_layers = 0;
+  StateBytes state;
+  int64_t transient = 0;    // ZeRO working buffers: stage 2 the largest whole grad, stage 3 + two gathered units
+  int64_t in_flight = 1;    // micro-batches whose activations are held (1F1B: min(pp − stage, m))
+  int64_t activations = 0;  // in_flight × (layers + stage extras)
+  int64_t total() const { return state.total() + transient + activations; }
+};
+
+// One communication item of a step: `calls` calls of one op on one group.
+struct CommItem {
+  comm::GroupKind group;
+  comm::CommOp op;
+  std::string what;
+  int64_t calls = 0;
+  double bytes = 0;  // all calls together
+};
+struct StageComm {
+  int64_t stage = 0, rank = 0;  // the stage's first rank
+  std::vector<CommItem> items;
+  double bytes(comm::GroupKind g) const;
+  double total() const;
+  double seconds = 0;  // under the Machine's bandwidths
+};
+
+// The step-time model's machine.
+struct Machine {
+  double flops_per_rank = 400e12;  // sustained FLOP/s per rank
+  double intra_gbs = 150;          // GB/s per rank inside a node
+  double inter_gbs = 25;           // GB/s per rank across nodes
+  int64_t ranks_per_node = 8;      // world ranks r and r' share a node iff r / n == r' / n
+  double memory_gb = 80;           // per-rank memory limit
+};
+
+// A planned layout. Step time is a simple model, no overlap assumed:
+//   compute = step FLOPs / W / flops_per_rank / (1 − bubble),
+//             bubble = (pp − 1) / (m + pp − 1) (1F1B)
+//   comm    = Σ over groups of bytes / bandwidth (intra-node when the
+//             group's ranks share a node), the slowest stage's
+//   step    = compute + comm
+struct LayoutPlan {
+  int64_t world = 0, tp = 1, cp = 1, pp = 1, ep = 1, etp = 1, dp = 1, edp = 1;
+  std::string order;
+  int64_t micro_batches = 0;  // per step per DP rank: global_batch / (micro_batch · dp)
+  std::vector<UnitPlan> units;
+  ActivationBytes act;
+  std::vector<StageMemory> stages;
+  std::vector<StageComm> comm;
+  int64_t worst_memory_stage = 0, worst_comm_stage = 0;
+  double flops = 0;       // per step, whole model (Model::training_flops)
+  double comm_bytes = 0;  // the worst comm stage's total
+  double bubble = 0, compute_s = 0, comm_s = 0, step_s = 0;
+  int64_t peak_bytes() const { return stages[worst_memory_stage].total(); }
+  bool fits = true;
+};
+
+// Validates the layout against the model (UserError naming the key and rule:
+// tp divides heads and kv heads, dense / shared ffn; seq_len splits over cp,
+// tp; pp ≤ layers; etp divides the expert ffn; global_batch divides by
+// micro_batch·dp) and plans it. `layout` already passed comm::Layout's rules.
+LayoutPlan plan_layout(const PlanInput& in, const comm::Layout& layout, const Machine& machine);
+// The model rule a layout breaks, or "" (the checks of plan_layout).
+std::string layout_problem(const PlanInput& in, const comm::Layout& layout);
+
+// Every (tp, cp, pp, ep, etp) that comm::Layout and the model accept for
+// `world` (the order string is `order`), planned: those that fit in memory by
+// step time, then those that do not, by step time. To stay small for large
+// worlds the entries keep their stages and totals, not units or comm items.
+std::vector<LayoutPlan> rank_layouts(const PlanInput& in, int64_t world, const std::string& order,
+                                     const Machine& machine);
+
+}  // namespace origami::plan

@@ -1,0 +1,279 @@
+// The planner (engine/plan.h): parameter counts against the Model itself,
+// the §6 state formulas (the 7B example of the documents exactly, fp32 at
+// N = 4, the padding rule), saved activations against the measured ledger
+// of a real forward, communication volumes on hand-worked layouts, the
+// shipped Mixtral / DeepSeek configs, and the layout enumeration.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <climits>
+#include <map>
+#include <memory>
+#include <random>
+
+#include "engine/model.h"
+#include "engine/plan.h"
+#include "grad_check.h"
+#include "kernels/allocator.h"
+
+namespace origami {
+namespace {
+
+using comm::GroupKind;
+
+Config load(const std::string& name, const std::vector<std::string>& overrides = {}) {
+  return load_config(std::string(ORIGAMI_SOURCE_DIR) + "/configs/" + name, overrides);
+}
+
+comm::Layout layout_of(const Config& cfg, int64_t world) {
+  const ParallelConfig& p = cfg.parallel;
+  return comm::Layout(world, comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, cfg.moe.num_experts});
+}
+
+// tiny-dense, tiny-moe, and tiny-moe with a shared expert.
+std::vector<Config> tiny_configs() {
+  return {load("tiny-dense.toml"), load("tiny-moe.toml"), load("tiny-moe.toml", {"moe.shared_expert_hidden_size=96"})};
+}
+
+// One model per config for the whole binary (initialization is the slow part).
+const Model& model_of(const Config& cfg) {
+  static TrackedAllocator& allocator = TrackedAllocator::host();  // first built, so destroyed after the models
+  static std::map<std::string, std::unique_ptr<Model>> models;
+  (void)allocator;
+  const std::string key = cfg.source + "/" + std::to_string(cfg.moe.shared_expert_hidden_size) + "/" +
+                          std::to_string(cfg.moe.capacity_factor.value_or(0)) + "/" +
+                          std::to_string(cfg.moe.pad_to_capacity);
+  auto& m = models[key];
+  if (!m) m = std::make_unique<Model>(cfg.model, 3, cfg.moe);
+  return *m;
+}
+
+TEST(Plan, UnitCountsEqualTheModelsOnOneRank) {
+  for (const Config& cfg : tiny_configs()) {
+    SCOPED_TRACE(cfg.source + (cfg.moe.shared_expert_hidden_size ? " + shared expert" : ""));
+    const Model& model = model_of(cfg);
+    const std::vector<ParamUnit>& units = model.params().units();
+    const std::vector<plan::UnitPlan> planned = plan::plan_units(plan::plan_input(cfg), layout_of(cfg, 1));
+    ASSERT_EQ(planned.size(), units.size());
+    for (size_t i = 0; i < units.size(); ++i) {
+      EXPECT_EQ(planned[i].name, units[i].name);
+      EXPECT_EQ(planned[i].expert, units[i].expert) << units[i].name;
+      EXPECT_EQ(planned[i].numel, units[i].numel) << units[i].name;
+      EXPECT_EQ(planned[i].local, units[i].numel) << units[i].name;  // one rank holds everything
+    }
+    const plan::ParamCounts c = plan::param_counts(cfg.model, cfg.moe);
+    EXPECT_EQ(c.total, model.params().total_params());
+    EXPECT_EQ(c.matmul_active, model.active_matmul_params());
+    const plan::LayoutPlan lp = plan::plan_layout(plan::plan_input(cfg), layout_of(cfg, 1), plan::Machine{});
+    EXPECT_DOUBLE_EQ(lp.flops, model.training_flops(cfg.training.global_batch, cfg.training.seq_len).total());
+  }
+}
+
+TEST(Plan, SevenBillionDenseExampleExactly) {
+  // ARCHITECTURE.md §6: 16 bytes/param; stages 0-3 on 8 ranks with bf16.
+  const int64_t P = 7'000'000'000;
+  const int64_t expected[4] = {112'000'000'000, 38'500'000'000, 26'250'000'000, 14'000'000'000};
+  for (int s = 0; s < 4; ++s) EXPECT_EQ(plan::zero_state_bytes(P, 8, s, plan::Recipe::bf16).total(), expected[s]) << s;
+  // bf16 by category at stage 2: 2 param whole, 2 grad + 12 optim sharded.
+  const plan::StateBytes s2 = plan::zero_state_bytes(P, 8, 2, plan::Recipe::bf16);
+  EXPECT_EQ(s2.param, 2 * P);
+  EXPECT_EQ(s2.grad, 2 * P / 8);
+  EXPECT_EQ(s2.optim, 12 * P / 8);
+}
+
+TEST(Plan, Fp32StageFormulasAtFourRanksWithPadding) {
+  const int64_t n = 1001, padded = 1004;  // ceil(1001/4)·4
+  auto total = [&](int s) { return plan::zero_state_bytes(n, 4, s, plan::Recipe::fp32).total(); };
+  EXPECT_EQ(total(0), 16 * n);  // stage 0 shards nothing, so nothing is padded
+  EXPECT_EQ(total(1), 8 * padded + 8 * padded / 4);
+  EXPECT_EQ(total(2), 4 * padded + 12 * padded / 4);
+  EXPECT_EQ(total(3), 16 * padded / 4);
+  const plan::StateBytes s1 = plan::zero_state_bytes(n, 4, 1, plan::Recipe::fp32);
+  EXPECT_EQ(s1.param, 4 * padded);
+  EXPECT_EQ(s1.grad, 4 * padded);
+  EXPECT_EQ(s1.optim, 8 * padded / 4);
+  // One rank: whole at every stage.
+  for (int s = 0; s < 4; ++s) EXPECT_EQ(plan::zero_state_bytes(n, 1, s, plan::Recipe::fp32).total(), 16 * n);
+}
+
+TEST(Plan, PaddingRule) {
+  EXPECT_EQ(plan::padded_numel(10, 4, 1), 12);
+  EXPECT_EQ(plan::padded_numel(12, 4, 3), 12);
+  EXPECT_EQ(plan::padded_numel(10, 4, 0), 10);
+  EXPECT_EQ(plan::padded_numel(10, 1, 3), 10);
+  // Every unit of a TP 2 / EP 2 layout of tiny-moe (vocab 257 splits unevenly).
+  const Config cfg = load("tiny-moe.toml", {"parallel.tp=2", "parallel.ep=2"});
+  const comm::Layout layout = layout_of(cfg, 6);  // DP 3, EDP 3
+  for (const plan::UnitPlan& u : plan::plan_units(plan::plan_input(cfg), layout)) {
+    EXPECT_EQ(u.group, 3) << u.name;
+    EXPECT_EQ(u.padded, (u.local + 2) / 3 * 3) << u.name;
+    EXPECT_EQ(u.state.total(), 16 * u.padded / 3) << u.name;  // stage 3
+  }
+  const plan::UnitPlan emb = plan::plan_units(plan::plan_input(cfg), layout).front();
+  EXPECT_EQ(emb.local, 129 * 128);  // ceil(257/2) vocab rows
+}
+
+// Saved activations after one forward = the plan's per-micro-batch figure,
+// through the tracked allocator's activation ledger (one rank: tp = cp = 1).
+TEST(Plan, ActivationsEqualTheMeasuredLedgerOfAForward) {
+  std::vector<Config> configs = tiny_configs();
+  configs.push_back(load("tiny-moe.toml", {"moe.capacity_factor=1.25", "moe.pad_to_capacity=true"}));
+  for (Config& cfg : configs) {
+    cfg.training.micro_batch = 2;  // a small forward (the weights do not depend on it)
+    cfg.training.seq_len = 64;
+    SCOPED_TRACE(cfg.source);
+    const Model& model = model_of(cfg);
+    const plan::ActivationBytes a = plan::activation_bytes(plan::plan_input(cfg), layout_of(cfg, 1));
+    int64_t dense = 0, moe = 0;
+    for (int64_t l = 0; l < cfg.model.num_layers; ++l) (cfg.moe.is_moe_layer(l) ? moe : dense) += 1;
+    const int64_t expected = dense * a.dense_layer + moe * a.moe_layer + a.every_stage + a.first_stage + a.last_stage;
+    std::mt19937 rng(4);
+    Tensor tokens =
+        testing::random_tokens(cfg.training.micro_batch, cfg.training.seq_len + 1, cfg.model.vocab_size, rng);
+    const auto act = static_cast<size_t>(MemCategory::activation);
+    const int64_t before = TrackedAllocator::host().snapshot().current[act];
+    {
+      ModelSaved saved;
+      model.forward(tokens, saved);
+      EXPECT_EQ(TrackedAllocator::host().snapshot().current[act] - before, expected);
+    }
+    EXPECT_GT(expected, 0);
+  }
+}
+
+double group_bytes(const plan::LayoutPlan& p, int64_t stage, GroupKind g) { return p.comm[stage].bytes(g); }
+
+// tiny-moe on 4 ranks, EP 2, ZeRO-3: DP 4, EDP 2, m = 16 / (2·4) = 2.
+TEST(Plan, CommOfAnExpertParallelLayoutByHand) {
+  const Config cfg = load("tiny-moe.toml", {"parallel.ep=2"});
+  const plan::LayoutPlan p = plan::plan_layout(plan::plan_input(cfg), layout_of(cfg, 4), plan::Machine{});
+  ASSERT_EQ(p.micro_batches, 2);
+  ASSERT_EQ(p.comm.size(), 1u);
+  // edp: expert units of 4 experts · 3 · 128 · 128 = 196608 elements, N = 2:
+  // 2m all-gathers + m reduce-scatters of (N−1)·98304·4 bytes, 3 MoE layers.
+  EXPECT_EQ(group_bytes(p, 0, GroupKind::edp), 3.0 * 3 * 2 * 98304 * 4);
+  // ep: R = 2·128·2 = 512 rows of 128 floats, half leave: 4 directions · m · 3 layers;
+  // counts: 4 int64 to the one peer per dispatch.
+  EXPECT_EQ(group_bytes(p, 0, GroupKind::ep), 4.0 * 2 * 3 * 512 * 128 * 4 / 2 + 2 * 3 * 4 * 8);
+  // dp-cp, N = 4: dense units 32896 (embedding), 184576 (dense layer),
+  // 50432 ×3 (MoE layers' attention + router), 33024 (final); shards of a
+  // quarter; 3m passes of (N−1)·shard·4. The loss all-reduce sends nothing from rank 0.
+  const double shards = (32896 + 184576 + 3 * 50432 + 33024) / 4.0;
+  EXPECT_EQ(group_bytes(p, 0, GroupKind::dp_cp), 3.0 * 2 * 3 * shards * 4);
+  // Bookkeeping: routing counts over tp-dp-cp (n = 4): 2 · all_reduce(8 × i64)
+  // (rank 0 owns 2) + all_reduce(2 × i64) (owns 1); aux/z over dp: all_reduce(2 × f64).
+  EXPECT_EQ(group_bytes(p, 0, GroupKind::tp_dp_cp), 3.0 * (2 * 2 * 6 * 8 + 2 * 1 * 8));
+  EXPECT_EQ(group_bytes(p, 0, GroupKind::dp), 3.0 * 2 * 1 * 8);
+  EXPECT_EQ(group_bytes(p, 0, GroupKind::tp), 0.0);
+  EXPECT_EQ(group_bytes(p, 0, GroupKind::pp), 0.0);
+}
+
+// tiny-dense on 8 ranks as TP 2 × CP 2 × PP 2 (DP 1), ZeRO-3: m = 16 / 8 = 2,
+// T = 8·128/2 = 512 tokens per cp rank, t = 256 per tp rank.
+TEST(Plan, CommOfATensorContextPipelineLayoutByHand) {
+  const Config cfg = load("tiny-dense.toml", {"parallel.tp=2", "parallel.cp=2", "parallel.pp=2"});
+  const comm::Layout layout = layout_of(cfg, 8);
+  const plan::LayoutPlan p = plan::plan_layout(plan::plan_input(cfg), layout, plan::Machine{});
+  ASSERT_EQ(p.comm.size(), 2u);
+  EXPECT_EQ(p.comm[1].rank, 4);  // the first rank of stage 1
+  const comm::RankCoords c = layout.coords(4);
+  EXPECT_EQ(c.pp, 1);
+  EXPECT_EQ(c.tp + c.cp + c.dp, 0);
+  const double ag = 256 * 128 * 4;  // (tp−1)·t·D·4 per all-gather or reduce-scatter
+  // Stage 0 (layers 0-1): 4 sublayers · 2m each of AG and RS; embedding RS + AG per
+  // micro-batch; replicated norm grads all_reduce(256) (rank 0 sends 2·128·4) per unit and micro-batch.
+  EXPECT_EQ(group_bytes(p, 0, GroupKind::tp), 2 * 4 * 2 * 2 * ag + 2 * 2 * ag + 2 * 2 * 1024);
+  // Stage 1 (layers 2-3, final): the same sublayers; head AG + RS; cross-entropy
+  // all_reduce(512) and all_reduce(1024); replicated grads 2·all_reduce(256) + all_reduce(128).
+  EXPECT_EQ(group_bytes(p, 1, GroupKind::tp),
+            2 * 4 * 2 * 2 * ag + 2 * 2 * ag + 2 * (2 * 256 * 4 + 2 * 512 * 4) + 2 * (2 * 1024 + 2 * 64 * 4));
+  // CP: K and V [512, 1 kv head · 32] all-gathered and reduce-scattered, per layer and micro-batch.
+  const double kv = 2 * 512 * 32 * 4;
+  EXPECT_EQ(group_bytes(p, 0, GroupKind::cp), 2 * 2 * 2 * kv);
+  // PP: [8, 128/(2·2), 128] per micro-batch, forward from stage 0, backward from stage 1.
+  EXPECT_EQ(group_bytes(p, 0, GroupKind::pp), 2 * ag);
+  EXPECT_EQ(group_bytes(p, 1, GroupKind::pp), 2 * ag);
+  // dp-cp = cp (DP 1), N = 2: embedding 129·128, layers 256 + 49152/2 + 135168/2 each.
+  EXPECT_EQ(group_bytes(p, 0, GroupKind::dp_cp), 3.0 * 2 * (129 * 128 + 2 * 92416) / 2 * 4);
+  // 1F1B: stage 0 holds 2 micro-batches, stage 1 one.
+  EXPECT_EQ(p.stages[0].in_flight, 2);
+  EXPECT_EQ(p.stages[1].in_flight, 1);
+}
+
+TEST(Plan, ZeroStagesMoveTheSameBytesExceptStageThree) {
+  // One micro-batch per step: stages 0-2 move 2·(N−1)/N, stage 3 1.5× that.
+  Config cfg = load("tiny-dense.toml", {"training.micro_batch=4", "training.global_batch=16"});
+  double bytes[4];
+  for (int s = 0; s < 4; ++s) {
+    plan::PlanInput in = plan::plan_input(cfg);
+    in.zero_stage = s;
+    bytes[s] = plan::plan_layout(in, layout_of(cfg, 4), plan::Machine{}).comm[0].bytes(GroupKind::dp_cp);
+  }
+  EXPECT_NEAR(bytes[1], bytes[0], 64);  // stage 0 all-reduces the unpadded unit
+  EXPECT_EQ(bytes[2], bytes[1]);
+  EXPECT_EQ(bytes[3], 1.5 * bytes[1]);
+}
+
+TEST(Plan, ShippedLargeConfigsLoadAndCountAsPublished) {
+  const Config mixtral = load("mixtral-8x7b.toml");
+  const double n = static_cast<double>(plan::param_counts(mixtral.model, mixtral.moe).total);
+  EXPECT_NEAR(n, 46.7e9, 0.01 * 46.7e9);
+  const Config ds = load("deepseek-v3.toml");
+  const double d = static_cast<double>(plan::param_counts(ds.model, ds.moe).total);
+  EXPECT_NEAR(d, 671e9, 0.05 * 671e9);
+  // Both configured layouts are valid for the world sizes their headers name.
+  EXPECT_NO_THROW(plan::plan_layout(plan::plan_input(mixtral), layout_of(mixtral, 64), plan::Machine{}));
+  const plan::LayoutPlan p = plan::plan_layout(plan::plan_input(ds), layout_of(ds, 2048), plan::Machine{});
+  EXPECT_EQ(p.stages.size(), 16u);
+  EXPECT_EQ(p.stages[0].num_layers, 4);  // 61 = 13·4 + 3·3
+  EXPECT_EQ(p.stages[15].num_layers, 3);
+}
+
+TEST(Plan, StageLayers) {
+  EXPECT_EQ(plan::stage_layers(10, 4), (std::vector<int64_t>{3, 3, 2, 2}));
+  EXPECT_EQ(plan::stage_layers(10, 2, {7, 3}), (std::vector<int64_t>{7, 3}));
+  EXPECT_THROW(plan::stage_layers(10, 2, {7, 2}), UserError);
+  EXPECT_THROW(plan::stage_layers(10, 3, {5, 5}), UserError);
+}
+
+TEST(Plan, LayoutProblemsNameTheKeyAndRule) {
+  const Config cfg = load("tiny-moe.toml", {"parallel.tp=4"});
+  const std::string p = plan::layout_problem(plan::plan_input(cfg), layout_of(cfg, 4));
+  EXPECT_NE(p.find("parallel.tp = 4 must divide model.num_kv_heads = 2"), std::string::npos) << p;
+  EXPECT_THROW(plan::plan_layout(plan::plan_input(cfg), layout_of(cfg, 4), plan::Machine{}), UserError);
+}
+
+TEST(Plan, RankedLayoutsAreValidAndSorted) {
+  const Config cfg = load("tiny-moe.toml");
+  plan::Machine m;
+  // A memory limit between the smallest and the largest peak, so some layouts do not fit.
+  int64_t lo = INT64_MAX, hi = 0;
+  for (const plan::LayoutPlan& p : plan::rank_layouts(plan::plan_input(cfg), 8, cfg.parallel.order, m))
+    lo = std::min(lo, p.peak_bytes()), hi = std::max(hi, p.peak_bytes());
+  ASSERT_LT(lo, hi);
+  m.memory_gb = static_cast<double>(lo + hi) / 2 / 1e9;
+  const std::vector<plan::LayoutPlan> ranked = plan::rank_layouts(plan::plan_input(cfg), 8, cfg.parallel.order, m);
+  ASSERT_FALSE(ranked.empty());
+  bool seen_unfit = false, has_ep8 = false;
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    const plan::LayoutPlan& p = ranked[i];
+    SCOPED_TRACE(::testing::Message() << "tp " << p.tp << " cp " << p.cp << " pp " << p.pp << " ep " << p.ep << " etp "
+                                      << p.etp);
+    const comm::Layout layout(8, comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, cfg.moe.num_experts});
+    EXPECT_EQ(plan::layout_problem(plan::plan_input(cfg), layout), "");
+    EXPECT_LE(p.tp, 2);  // 2 kv heads
+    EXPECT_LE(p.etp, 8);
+    if (i > 0 && ranked[i - 1].fits == p.fits) {
+      EXPECT_LE(ranked[i - 1].step_s, p.step_s);
+    }
+    if (!p.fits) seen_unfit = true;
+    EXPECT_FALSE(seen_unfit && p.fits);  // every fitting layout first
+    EXPECT_EQ(p.fits, static_cast<double>(p.peak_bytes()) <= m.memory_gb * 1e9);
+    has_ep8 = has_ep8 || (p.ep == 8 && p.tp == 1 && p.cp == 1 && p.pp == 1);
+  }
+  EXPECT_TRUE(has_ep8);
+  EXPECT_TRUE(seen_unfit);
+}
+
+}  // namespace
+}  // namespace origami
