@@ -1,0 +1,185 @@
+// Context-parallel attention (see attention_cp.h). The call sequence is
+// attention.cpp's, with the K, V gather between RoPE and the kernel, and the
+// dK, dV reduce-scatter between the kernel's backward and RoPE's.
+#include "dense/attention_cp.h"
+
+#include <cmath>
+#include <cstring>
+#include <span>
+
+#include "kernels/gemm.h"
+#include "kernels/rope.h"
+
+namespace origami::dense {
+
+namespace {
+
+Tensor activation(Shape shape) { return Tensor::empty(std::move(shape), DType::f32, MemCategory::activation); }
+Tensor comm_buffer(int64_t n) { return Tensor::empty({n}, DType::f32, MemCategory::comm); }
+
+// The wire layout of K and V (and of dK, dV) is packed per rank:
+//   [cp rank r][part: 0 = K, 1 = V][b][local row i][Hkv·hd]
+// — one all_gather block per rank, one reduce_scatter block per owner. The
+// saved layout is [b][global position][Hkv·hd] per part. Visits every run of
+// C = S/(2·cp) consecutive rows that the two share: f(wire offset, part,
+// offset in the part's global buffer), both in floats, C·E floats long.
+template <class F>
+void for_each_chunk(int64_t cp, int64_t B, int64_t S, int64_t E, F&& f) {
+  const int64_t Sl = S / cp, C = Sl / 2;
+  for (int64_t r = 0; r < cp; ++r)
+    for (int64_t part = 0; part < 2; ++part)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t half = 0; half < 2; ++half) {
+          const int64_t chunk = half == 0 ? r : 2 * cp - 1 - r;
+          f((((r * 2 + part) * B + b) * Sl + half * C) * E, part, (b * S + chunk * C) * E);
+        }
+}
+
+}  // namespace
+
+Tensor cp_positions(int64_t seq_len, int64_t cp, int64_t rank) {
+  ORIGAMI_CHECK(cp >= 1 && rank >= 0 && rank < cp, "cp_positions: rank ", rank, " of cp ", cp);
+  ORIGAMI_CHECK(seq_len > 0 && seq_len % (2 * cp) == 0, "cp_positions: seq_len ", seq_len,
+                " must be a positive multiple of 2·cp = ", 2 * cp);
+  const int64_t C = seq_len / (2 * cp);
+  Tensor pos = Tensor::empty({2 * C}, DType::i32, MemCategory::activation);
+  int32_t* p = pos.i32();
+  for (int64_t i = 0; i < C; ++i) {
+    p[i] = static_cast<int32_t>(rank * C + i);
+    p[C + i] = static_cast<int32_t>((2 * cp - 1 - rank) * C + i);
+  }
+  return pos;
+}
+
+CpTokens cp_shard_tokens(const Tensor& tokens_BS1, int64_t cp, int64_t rank) {
+  ORIGAMI_CHECK(tokens_BS1.dtype() == DType::i32 && tokens_BS1.dim() == 2 && tokens_BS1.size(1) >= 2,
+                "cp_shard_tokens: windows must be i32 [B, S+1], got ", shape_string(tokens_BS1.shape()));
+  const int64_t B = tokens_BS1.size(0), S = tokens_BS1.size(1) - 1;
+  CpTokens out;
+  out.pos_S = cp_positions(S, cp, rank);
+  const int64_t Sl = out.pos_S.numel();
+  out.ids_T = Tensor::empty({B * Sl}, DType::i32, MemCategory::activation);
+  out.targets_T = Tensor::empty({B * Sl}, DType::i32, MemCategory::activation);
+  const int32_t* tok = tokens_BS1.i32();
+  const int32_t* pos = out.pos_S.i32();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < Sl; ++i) {
+      out.ids_T.i32()[b * Sl + i] = tok[b * (S + 1) + pos[i]];
+      out.targets_T.i32()[b * Sl + i] = tok[b * (S + 1) + pos[i] + 1];
+    }
+  return out;
+}
+
+Tensor cp_attention_forward(const AttentionOptions& opt, const AttentionWeights& w, const Tensor& x_TD,
+                            int64_t batch, const Tensor& pos_local_S, comm::Communicator* cp,
+                            CpAttentionSaved& saved) {
+  const int n = cp ? cp->size() : 1;
+  const int64_t T = x_TD.rows(), D = x_TD.cols(), Sl = T / batch, S = Sl * n;
+  const int64_t Hq = opt.num_heads, Hkv = opt.num_kv_heads, hd = opt.head_dim;
+  ORIGAMI_CHECK(Sl * batch == T && pos_local_S.numel() == Sl, "cp attention: T=", T, " batch=", batch,
+                " positions=", pos_local_S.numel());
+  if (n > 1) {  // the gathered keys' positions are implied by the layout, so the layout must hold
+    const Tensor want = cp_positions(S, n, cp->rank());
+    ORIGAMI_CHECK(std::memcmp(want.raw(), pos_local_S.raw(), want.nbytes()) == 0, "cp attention: cp rank ",
+                  cp->rank(), " of ", n, " was given positions that are not its zigzag shard of S=", S);
+  }
+  saved.dims = AttentionDims{batch, Sl, n > 1 ? S : Sl, Hq, Hkv, hd};
+  saved.cp_size = n;
+  saved.x_TD = x_TD;
+  saved.q_pos_S = pos_local_S;
+  saved.q_BSHd = activation({batch, Sl, Hq, hd});
+  // Local K and V: with a group they are computed straight into the send buffer.
+  const int64_t n_kv = batch * Sl * Hkv * hd;
+  Tensor kv_send = n > 1 ? comm_buffer(2 * n_kv) : Tensor();
+  Tensor k_local = n > 1 ? kv_send.flat_view(0, n_kv, {batch, Sl, Hkv, hd}) : activation({batch, Sl, Hkv, hd});
+  Tensor v_local = n > 1 ? kv_send.flat_view(n_kv, n_kv, {batch, Sl, Hkv, hd}) : activation({batch, Sl, Hkv, hd});
+  Tensor q_TE = saved.q_BSHd.view({T, Hq * hd}), k_TE = k_local.view({T, Hkv * hd}),
+         v_TE = v_local.view({T, Hkv * hd});
+  gemm(x_TD, Trans::no, w.wq, Trans::yes, q_TE);  // (T, Hq·hd)
+  gemm(x_TD, Trans::no, w.wk, Trans::yes, k_TE);  // (T, Hkv·hd)
+  gemm(x_TD, Trans::no, w.wv, Trans::yes, v_TE);  // (T, Hkv·hd)
+  rope_forward(saved.q_BSHd, pos_local_S, opt.rope_theta);
+  rope_forward(k_local, pos_local_S, opt.rope_theta);  // before the gather: global positions
+
+  if (n == 1) {
+    saved.k_BSHd = k_local;
+    saved.v_BSHd = v_local;
+    saved.kv_pos_S = pos_local_S;
+  } else {
+    Tensor kv_recv = comm_buffer(n * 2 * n_kv);  // (cp, 2, B, S/cp, Hkv·hd)
+    cp->all_gather(std::span<const float>(kv_send.f32(), 2 * n_kv), std::span<float>(kv_recv.f32(), n * 2 * n_kv));
+    saved.k_BSHd = activation({batch, S, Hkv, hd});
+    saved.v_BSHd = activation({batch, S, Hkv, hd});
+    float* part[2] = {saved.k_BSHd.f32(), saved.v_BSHd.f32()};
+    const float* wire = kv_recv.f32();
+    const int64_t run = (S / (2 * n)) * Hkv * hd;
+    for_each_chunk(n, batch, S, Hkv * hd, [&](int64_t wire_off, int64_t p, int64_t full_off) {
+      std::memcpy(part[p] + full_off, wire + wire_off, run * sizeof(float));
+    });
+    saved.kv_pos_S = Tensor::empty({S}, DType::i32, MemCategory::activation);
+    for (int64_t s = 0; s < S; ++s) saved.kv_pos_S.i32()[s] = static_cast<int32_t>(s);
+  }
+
+  saved.o_BSHd = activation({batch, Sl, Hq, hd});
+  saved.lse_BHS = activation({batch, Hq, Sl});
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  Tensor ws = Tensor::empty({attention_forward_workspace(saved.dims)}, DType::f32, MemCategory::workspace);
+  attention_forward(saved.dims, saved.q_BSHd, saved.k_BSHd, saved.v_BSHd, saved.q_pos_S, saved.kv_pos_S, scale,
+                    saved.o_BSHd, saved.lse_BHS, ws);
+
+  Tensor y = activation({T, D});
+  gemm(saved.o_BSHd.view({T, Hq * hd}), Trans::no, w.wo, Trans::yes, y);  // (T, D)
+  return y;
+}
+
+Tensor cp_attention_backward(const AttentionOptions& opt, const AttentionWeights& w, const CpAttentionSaved& saved,
+                             const Tensor& dy_TD, comm::Communicator* cp, AttentionWeights& grad) {
+  const AttentionDims& d = saved.dims;
+  const int n = cp ? cp->size() : 1;
+  ORIGAMI_CHECK(n == saved.cp_size, "cp attention backward over a group of ", n, " ranks, forward used ",
+                saved.cp_size);
+  const int64_t T = saved.x_TD.rows(), D = saved.x_TD.cols();
+  const int64_t Eq = d.num_heads * d.head_dim, Ekv = d.num_kv_heads * d.head_dim;
+  // y = o·Woᵀ
+  Tensor do_ = activation({d.batch, d.q_len, d.num_heads, d.head_dim});
+  Tensor do_TE = do_.view({T, Eq});
+  gemm(dy_TD, Trans::no, w.wo, Trans::no, do_TE);                                     // (T, Hq·hd)
+  gemm(dy_TD, Trans::yes, saved.o_BSHd.view({T, Eq}), Trans::no, grad.wo, 1.0f, 1.0f);  // (D, Hq·hd)
+
+  // dK, dV of every gathered key (this rank's queries' share only).
+  Tensor dq = activation({d.batch, d.q_len, d.num_heads, d.head_dim});
+  Tensor dk = activation({d.batch, d.kv_len, d.num_kv_heads, d.head_dim});
+  Tensor dv = activation({d.batch, d.kv_len, d.num_kv_heads, d.head_dim});
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
+  Tensor ws = Tensor::empty({attention_backward_workspace(d)}, DType::f32, MemCategory::workspace);
+  attention_backward(d, saved.q_BSHd, saved.k_BSHd, saved.v_BSHd, saved.o_BSHd, saved.lse_BHS, do_, saved.q_pos_S,
+                     saved.kv_pos_S, scale, dq, dk, dv, ws);
+
+  if (n > 1) {  // sum every rank's share onto the keys' owners
+    const int64_t n_kv = d.batch * d.q_len * Ekv;
+    Tensor send = comm_buffer(n * 2 * n_kv);  // (cp, 2, B, S/cp, Hkv·hd)
+    const float* part[2] = {dk.f32(), dv.f32()};
+    const int64_t run = (d.kv_len / (2 * n)) * Ekv;
+    for_each_chunk(n, d.batch, d.kv_len, Ekv, [&](int64_t wire_off, int64_t p, int64_t full_off) {
+      std::memcpy(send.f32() + wire_off, part[p] + full_off, run * sizeof(float));
+    });
+    Tensor recv = comm_buffer(2 * n_kv);  // (2, B, S/cp, Hkv·hd)
+    cp->reduce_scatter(std::span<const float>(send.f32(), n * 2 * n_kv), std::span<float>(recv.f32(), 2 * n_kv));
+    dk = recv.flat_view(0, n_kv, {d.batch, d.q_len, d.num_kv_heads, d.head_dim});
+    dv = recv.flat_view(n_kv, n_kv, {d.batch, d.q_len, d.num_kv_heads, d.head_dim});
+  }
+  rope_backward(dq, saved.q_pos_S, opt.rope_theta);
+  rope_backward(dk, saved.q_pos_S, opt.rope_theta);  // local keys sit at the local positions
+
+  const Tensor dq_TE = dq.view({T, Eq}), dk_TE = dk.view({T, Ekv}), dv_TE = dv.view({T, Ekv});
+  gemm(dq_TE, Trans::yes, saved.x_TD, Trans::no, grad.wq, 1.0f, 1.0f);  // (Hq·hd, D)
+  gemm(dk_TE, Trans::yes, saved.x_TD, Trans::no, grad.wk, 1.0f, 1.0f);  // (Hkv·hd, D)
+  gemm(dv_TE, Trans::yes, saved.x_TD, Trans::no, grad.wv, 1.0f, 1.0f);  // (Hkv·hd, D)
+  Tensor dx = activation({T, D});
+  gemm(dq_TE, Trans::no, w.wq, Trans::no, dx);
+  gemm(dk_TE, Trans::no, w.wk, Trans::no, dx, 1.0f, 1.0f);
+  gemm(dv_TE, Trans::no, w.wv, Trans::no, dx, 1.0f, 1.0f);
+  return dx;
+}
+
+}  // namespace origami::dense

@@ -1,0 +1,84 @@
+// Context-parallel self-attention (ARCHITECTURE.md §5): the zigzag sequence
+// layout and the attention block over a `cp` group, Llama-3 style — K and V
+// are all-gathered in forward, dK and dV reduce-scattered in backward.
+//
+// Zigzag layout. A sequence of S tokens is cut into 2·cp chunks of
+// C = S/(2·cp) tokens; cp rank c owns chunks c and 2·cp−1−c, stored in that
+// order: local row i < C is global position c·C + i, local row C + i is
+// (2·cp−1−c)·C + i. Local positions therefore ascend, and every rank does the
+// same causal work (Σ over its queries of the keys each sees is equal).
+// The cp rank is the communicator's rank, which for comm::Groups' cp group is
+// the rank's cp coordinate (members ascend with it).
+//
+// Math is exactly dense::attention_module_forward's (attention.h) on the rows
+// this rank owns; RoPE uses the global positions. After the gather, K and V
+// are put in global position order, so the kernel sees keys at positions
+// 0..S−1 in order (causal tile skipping stays exact) and local queries at
+// their zigzag positions.
+//
+// Gradients. dx is complete for the local rows. Weight gradients are partial:
+// each rank adds the terms of its own tokens (q, o for its queries; k, v for
+// the keys it owns, whose dK, dV already hold every rank's queries' share), so
+// the caller sums them over cp — in training over dp-cp together with the
+// data-parallel reduction, which the ZeRO reduce-scatter does anyway.
+//
+// Host (CPU) tensors only, like the rest of dense/ today.
+#pragma once
+#include <cstdint>
+
+#include "comm/communicator.h"
+#include "dense/attention.h"
+#include "kernels/tensor.h"
+
+namespace origami::dense {
+
+// Global positions of cp rank `rank`'s tokens, i32 [S/cp]: chunk `rank`, then
+// chunk 2·cp−1−rank (see above). Checks S % (2·cp) == 0 (a config rule that
+// engine/plan.cpp validates at load) and 0 <= rank < cp. cp = 1: 0..S−1.
+Tensor cp_positions(int64_t seq_len, int64_t cp, int64_t rank);
+
+// One rank's share of a micro-batch of windows.
+struct CpTokens {
+  Tensor ids_T;      // i32 [B·S/cp]: ids_T[b·S/cp + i]     = window[b][pos_S[i]]
+  Tensor targets_T;  // i32 [B·S/cp]: targets_T[b·S/cp + i] = window[b][pos_S[i] + 1]
+  Tensor pos_S;      // i32 [S/cp] = cp_positions(S, cp, rank)
+};
+// tokens_BS1: i32 [B, S+1] windows (inputs window[0, S), targets window[1, S]).
+// Rows are batch-major, as every [T, ·] activation: the cp = 1 result is
+// exactly the unsharded split of engine::Model::forward.
+CpTokens cp_shard_tokens(const Tensor& tokens_BS1, int64_t cp, int64_t rank);
+
+struct CpAttentionSaved {
+  AttentionDims dims;  // q_len = S/cp (local), kv_len = S (gathered)
+  int cp_size = 1;     // size of the group forward ran over (backward checks it)
+  Tensor x_TD;         // block input, [B·S/cp, D]
+  Tensor q_pos_S;      // global positions of the local rows, i32 [S/cp]
+  Tensor kv_pos_S;     // positions of the gathered keys, i32 [S]: 0..S−1 (cp = 1: q_pos_S)
+  Tensor q_BSHd;       // local, after RoPE, [B, S/cp, Hq, hd]
+  Tensor k_BSHd;       // gathered, after RoPE, global order, [B, S, Hkv, hd]
+  Tensor v_BSHd;       // gathered, global order, [B, S, Hkv, hd]
+  Tensor o_BSHd;       // attention output before Wo, [B, S/cp, Hq, hd]
+  Tensor lse_BHS;      // [B, Hq, S/cp]
+};
+
+// x_TD: [B·S/cp, D], this rank's rows (batch-major); pos_local_S: i32 [S/cp].
+// cp: the cp group, or null. With cp of size > 1, pos_local_S must be
+// cp_positions(S, cp->size(), cp->rank()) (checked), every rank of the group
+// calls this with the same B, and it runs one all_gather of
+// 2·B·(S/cp)·Hkv·hd floats (K and V packed). Null or size 1: no
+// communication, any positions, and the result is bitwise that of
+// attention_module_forward(opt, w, x_TD, batch, pos_local_S, ·).
+// Returns y_TD [B·S/cp, D]. Saves the gathered K and V (2·B·S·Hkv·hd floats,
+// the Llama-3 choice: no second gather in backward).
+Tensor cp_attention_forward(const AttentionOptions& opt, const AttentionWeights& w, const Tensor& x_TD,
+                            int64_t batch, const Tensor& pos_local_S, comm::Communicator* cp,
+                            CpAttentionSaved& saved);
+// dy_TD: [B·S/cp, D]. Returns dx_TD [B·S/cp, D] (complete); accumulates this
+// rank's partial weight gradients into `grad` (sum them over cp, see above).
+// cp must be the group forward used; size > 1 runs one reduce_scatter of the
+// packed dK, dV (recv 2·B·(S/cp)·Hkv·hd floats). Null or size 1: bitwise
+// attention_module_backward.
+Tensor cp_attention_backward(const AttentionOptions& opt, const AttentionWeights& w, const CpAttentionSaved& saved,
+                             const Tensor& dy_TD, comm::Communicator* cp, AttentionWeights& grad);
+
+}  // namespace origami::dense

@@ -1,0 +1,248 @@
+// Tensor + sequence parallel dense modules (see tensor_parallel.h). Each pass
+// is gather → the single-rank module on the local slices → reduce-scatter;
+// only the vocab-parallel cross-entropy has math of its own.
+#include "dense/tensor_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "kernels/cross_entropy.h"
+#include "kernels/elementwise.h"
+#include "kernels/embedding.h"
+#include "kernels/gemm.h"
+
+namespace origami::dense {
+
+namespace {
+
+Tensor activation(Shape shape) { return Tensor::empty(std::move(shape), DType::f32, MemCategory::activation); }
+
+bool single(const comm::Communicator* tp) { return tp == nullptr || tp->size() == 1; }
+
+std::span<float> span_of(const Tensor& t) { return {t.f32(), static_cast<size_t>(t.numel())}; }
+
+TpRange even_range(int64_t n, const comm::Communicator* tp, const char* what) {
+  const int64_t size = tp_size(tp), rank = tp_rank(tp);
+  ORIGAMI_CHECK(n % size == 0, what, " (", n, ") is not divisible by the tp size ", size);
+  return {rank * (n / size), n / size};
+}
+
+void check_matrix(const Tensor& t, int64_t rows, int64_t cols, const char* name) {
+  ORIGAMI_CHECK(t.defined() && t.dtype() == DType::f32, name, " must be a defined f32 tensor");
+  check_shape(t, {rows, cols}, name);
+}
+
+}  // namespace
+
+int tp_size(const comm::Communicator* tp) { return tp ? tp->size() : 1; }
+int tp_rank(const comm::Communicator* tp) { return tp ? tp->rank() : 0; }
+
+TpRange tp_token_range(int64_t tokens, const comm::Communicator* tp) {
+  return even_range(tokens, tp, "sequence parallelism: the micro-batch's token count B·S");
+}
+
+TpRange tp_mlp_range(int64_t ffn_hidden, const comm::Communicator* tp) {
+  return even_range(ffn_hidden, tp, "tensor parallelism: the MLP hidden size F");
+}
+
+TpRange tp_vocab_range(int64_t vocab, const comm::Communicator* tp) {
+  return tp_vocab_range(vocab, tp_rank(tp), tp_size(tp));
+}
+
+TpRange tp_vocab_range(int64_t vocab, int rank_, int size_) {
+  const int64_t size = size_, rank = rank_;
+  ORIGAMI_CHECK(size >= 1 && rank >= 0 && rank < size, "vocab-parallel: rank ", rank, " of ", size);
+  ORIGAMI_CHECK(vocab > 0, "vocab-parallel: vocabulary size ", vocab, " must be positive");
+  const int64_t per = (vocab + size - 1) / size;  // ceil(V / n)
+  const int64_t start = std::min(rank * per, vocab), end = std::min((rank + 1) * per, vocab);
+  return {start, end - start};
+}
+
+TpAttentionShard tp_attention_shard(const AttentionOptions& opt, const comm::Communicator* tp) {
+  const TpRange heads = even_range(opt.num_heads, tp, "tensor parallelism: the query head count Hq");
+  const TpRange kv = even_range(opt.num_kv_heads, tp, "tensor parallelism: the kv head count Hkv");
+  TpAttentionShard s;
+  s.local = opt;
+  s.local.num_heads = heads.count;
+  s.local.num_kv_heads = kv.count;
+  s.q_rows = {heads.start * opt.head_dim, heads.count * opt.head_dim};
+  s.kv_rows = {kv.start * opt.head_dim, kv.count * opt.head_dim};
+  return s;
+}
+
+Tensor tp_all_gather_tokens(const Tensor& shard_TD, comm::Communicator* tp) {
+  if (single(tp)) return shard_TD;
+  const int64_t n = tp->size();
+  Tensor full = activation({shard_TD.rows() * n, shard_TD.cols()});  // (T, D)
+  tp->all_gather(std::span<const float>(shard_TD.f32(), static_cast<size_t>(shard_TD.numel())), span_of(full));
+  return full;
+}
+
+Tensor tp_reduce_scatter_tokens(const Tensor& partial_TD, comm::Communicator* tp) {
+  if (single(tp)) return partial_TD;
+  const TpRange rows = tp_token_range(partial_TD.rows(), tp);
+  Tensor shard = activation({rows.count, partial_TD.cols()});  // (T/n, D)
+  tp->reduce_scatter(std::span<const float>(partial_TD.f32(), static_cast<size_t>(partial_TD.numel())),
+                     span_of(shard));
+  return shard;
+}
+
+void tp_all_reduce_replicated_grad(Tensor& grad, comm::Communicator* tp) {
+  if (!single(tp)) tp->all_reduce(span_of(grad));
+}
+
+// ---- attention ----------------------------------------------------------------------------------
+
+Tensor tp_attention_forward(const AttentionOptions& opt, const AttentionWeights& w_local, const Tensor& x_shard_TD,
+                            int64_t batch, const Tensor& pos_S, comm::Communicator* tp, AttentionSaved& saved) {
+  if (single(tp)) return attention_module_forward(opt, w_local, x_shard_TD, batch, pos_S, saved);
+  const TpAttentionShard s = tp_attention_shard(opt, tp);
+  const int64_t D = x_shard_TD.cols();
+  check_matrix(w_local.wq, s.q_rows.count, D, "tp attention: local wq");
+  check_matrix(w_local.wk, s.kv_rows.count, D, "tp attention: local wk");
+  check_matrix(w_local.wv, s.kv_rows.count, D, "tp attention: local wv");
+  check_matrix(w_local.wo, D, s.q_rows.count, "tp attention: local wo");
+  const Tensor x_TD = tp_all_gather_tokens(x_shard_TD, tp);                                  // (T, D), saved
+  const Tensor y_partial = attention_module_forward(s.local, w_local, x_TD, batch, pos_S, saved);  // (T, D)
+  return tp_reduce_scatter_tokens(y_partial, tp);                                            // (T/n, D)
+}
+
+Tensor tp_attention_backward(const AttentionOptions& opt, const AttentionWeights& w_local,
+                             const AttentionSaved& saved, const Tensor& dy_shard_TD, comm::Communicator* tp,
+                             AttentionWeights& grad_local) {
+  if (single(tp)) return attention_module_backward(opt, w_local, saved, dy_shard_TD, grad_local);
+  const TpAttentionShard s = tp_attention_shard(opt, tp);
+  const Tensor dy_TD = tp_all_gather_tokens(dy_shard_TD, tp);                                   // (T, D)
+  const Tensor dx_partial = attention_module_backward(s.local, w_local, saved, dy_TD, grad_local);  // (T, D)
+  return tp_reduce_scatter_tokens(dx_partial, tp);                                              // (T/n, D)
+}
+
+// ---- dense SwiGLU MLP ---------------------------------------------------------------------------
+
+Tensor tp_mlp_forward(const MlpWeights& w_local, const Tensor& x_shard_TD, comm::Communicator* tp, MlpSaved& saved) {
+  if (single(tp)) return mlp_module_forward(w_local, x_shard_TD, saved);
+  const int64_t D = x_shard_TD.cols(), F_local = w_local.gate.rows();
+  check_matrix(w_local.gate, F_local, D, "tp mlp: local gate");
+  check_matrix(w_local.up, F_local, D, "tp mlp: local up");
+  check_matrix(w_local.down, D, F_local, "tp mlp: local down");
+  const Tensor x_TD = tp_all_gather_tokens(x_shard_TD, tp);             // (T, D), saved
+  const Tensor y_partial = mlp_module_forward(w_local, x_TD, saved);    // (T, D)
+  return tp_reduce_scatter_tokens(y_partial, tp);                       // (T/n, D)
+}
+
+Tensor tp_mlp_backward(const MlpWeights& w_local, const MlpSaved& saved, const Tensor& dy_shard_TD,
+                       comm::Communicator* tp, MlpWeights& grad_local) {
+  if (single(tp)) return mlp_module_backward(w_local, saved, dy_shard_TD, grad_local);
+  const Tensor dy_TD = tp_all_gather_tokens(dy_shard_TD, tp);                       // (T, D)
+  const Tensor dx_partial = mlp_module_backward(w_local, saved, dy_TD, grad_local);  // (T, D)
+  return tp_reduce_scatter_tokens(dx_partial, tp);                                  // (T/n, D)
+}
+
+// ---- vocab-parallel embedding -------------------------------------------------------------------
+
+Tensor tp_embedding_forward(const Tensor& ids_T, const Tensor& table_local, int64_t vocab, comm::Communicator* tp) {
+  const TpRange v = tp_vocab_range(vocab, tp);
+  ORIGAMI_CHECK(table_local.dim() == 2 && table_local.rows() == v.count, "tp embedding: local table ",
+                shape_string(table_local.shape()), " should hold ", v.count, " rows (vocab ", vocab, ", tp rank ",
+                tp_rank(tp), " of ", tp_size(tp), ")");
+  tp_token_range(ids_T.numel(), tp);  // checks T % n
+  Tensor partial = activation({ids_T.numel(), table_local.cols()});  // (T, D): zero rows for ids not owned
+  embedding_forward(ids_T, table_local, v.start, partial);
+  return tp_reduce_scatter_tokens(partial, tp);  // (T/n, D)
+}
+
+void tp_embedding_backward(const Tensor& ids_T, const Tensor& dx_shard_TD, int64_t vocab, comm::Communicator* tp,
+                           Tensor& dtable_local) {
+  const TpRange v = tp_vocab_range(vocab, tp);
+  ORIGAMI_CHECK(dtable_local.dim() == 2 && dtable_local.rows() == v.count, "tp embedding: local table gradient ",
+                shape_string(dtable_local.shape()), " should hold ", v.count, " rows");
+  const Tensor dx_TD = tp_all_gather_tokens(dx_shard_TD, tp);  // (T, D)
+  embedding_backward(ids_T, dx_TD, v.start, dtable_local);
+}
+
+// ---- vocab-parallel LM head + cross-entropy -----------------------------------------------------
+
+double tp_lm_head_forward(const Tensor& w_local, int64_t vocab, const Tensor& y_shard_TD, const Tensor& targets_T,
+                          comm::Communicator* tp, TpLmHeadSaved& saved, Tensor* loss_T) {
+  const TpRange v = tp_vocab_range(vocab, tp);
+  check_matrix(w_local, v.count, y_shard_TD.cols(), "tp lm head: local head weight");
+  saved.y_TD = tp_all_gather_tokens(y_shard_TD, tp);  // (T, D)
+  const int64_t T = saved.y_TD.rows(), Vr = v.count;
+  ORIGAMI_CHECK(targets_T.dtype() == DType::i32 && targets_T.numel() == T, "tp lm head: targets ",
+                shape_string(targets_T.shape()), " should be i32 [", T, "] (all tokens of the micro-batch)");
+  saved.targets_T = targets_T;
+  saved.vocab_start = v.start;
+  saved.logits_TV = activation({T, Vr});
+  saved.lse_T = activation({T});
+  gemm(saved.y_TD, Trans::no, w_local, Trans::yes, saved.logits_TV);  // (T, V_r)
+  Tensor losses = activation({T});
+
+  if (single(tp)) {
+    // The whole vocabulary is here: the single-rank kernel, bitwise as lm_head_forward.
+    cross_entropy_forward(saved.logits_TV, targets_T, losses, saved.lse_T);
+  } else {
+    const float* logits = saved.logits_TV.f32();
+    const int32_t* targets = targets_T.i32();
+    // Per-token max over the local columns (−inf on a rank without vocab rows), then MAX over tp.
+    std::vector<float> mx(static_cast<size_t>(T), -std::numeric_limits<float>::infinity());
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < Vr; ++i) mx[t] = std::max(mx[t], logits[t * Vr + i]);
+    tp->all_reduce(std::span<float>(mx), comm::ReduceOp::max);
+    // [Σ_i exp(logit − max) over local columns | target logit or 0], SUM over tp in fp64.
+    std::vector<double> sums(static_cast<size_t>(2 * T), 0.0);
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t y = targets[t];
+      ORIGAMI_CHECK(y >= 0 && y < vocab, "cross-entropy target ", y, " of token ", t, " is outside [0, ", vocab, ")");
+      const float* x = logits + t * Vr;
+      double se = 0.0;
+      for (int64_t i = 0; i < Vr; ++i) se += std::exp(static_cast<double>(x[i] - mx[t]));
+      sums[t] = se;
+      const int64_t local = y - v.start;
+      if (local >= 0 && local < Vr) sums[T + t] = x[local];
+    }
+    tp->all_reduce(std::span<double>(sums));
+    float* lse = saved.lse_T.f32();
+    float* loss = losses.f32();
+    for (int64_t t = 0; t < T; ++t) {
+      const double l = static_cast<double>(mx[t]) + std::log(sums[t]);
+      lse[t] = static_cast<float>(l);
+      loss[t] = static_cast<float>(l - sums[T + t]);
+    }
+  }
+  if (loss_T) *loss_T = losses;
+  return sum(losses);
+}
+
+Tensor tp_lm_head_backward(const Tensor& w_local, TpLmHeadSaved& saved, float grad_scale, comm::Communicator* tp,
+                           Tensor& dw_local) {
+  const int64_t T = saved.y_TD.rows(), D = saved.y_TD.cols(), Vr = saved.logits_TV.cols();
+  Tensor& dlogits = saved.logits_TV;  // in place: the logits are not needed again
+  if (single(tp)) {
+    cross_entropy_backward(saved.logits_TV, saved.targets_T, saved.lse_T, grad_scale, dlogits);
+  } else {
+    // dlogits = (softmax − onehot(target)) · scale on the local columns; the
+    // one-hot lands only on the rank that owns the target.
+    float* d = dlogits.f32();
+    const float* lse = saved.lse_T.f32();
+    const int32_t* targets = saved.targets_T.i32();
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      float* row = d + t * Vr;
+      for (int64_t i = 0; i < Vr; ++i) row[i] = std::exp(row[i] - lse[t]) * grad_scale;
+      const int64_t local = targets[t] - saved.vocab_start;
+      if (local >= 0 && local < Vr) row[local] -= grad_scale;
+    }
+  }
+  gemm(dlogits, Trans::yes, saved.y_TD, Trans::no, dw_local, 1.0f, 1.0f);  // (V_r, D)
+  Tensor dy_partial = activation({T, D});
+  gemm(dlogits, Trans::no, w_local, Trans::no, dy_partial);  // (T, D): this rank's vocab columns only
+  saved.logits_TV = Tensor();
+  return tp_reduce_scatter_tokens(dy_partial, tp);  // (T/n, D)
+}
+
+}  // namespace origami::dense
