@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Installs dependencies, builds, turns Debian's fortunes into the demo corpus
-# and trains the default tiny model with mpirun on CPU ranks.
-# Usage: tools/quickstart.sh [CONFIG] [extra `origami train` arguments]
+# and trains the default tiny MoE with mpirun on CPU ranks: configs/tiny-moe.toml
+# on ORIGAMI_RANKS ranks (default 2) with its 8 experts split over them
+# (expert parallelism = rank count, so use 1, 2, 4 or 8 ranks).
+# Usage: tools/quickstart.sh [CONFIG [extra `origami train` arguments]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-config=${1:-configs/tiny-dense.toml}
-shift || true
-ranks=${ORIGAMI_RANKS:-1}
+ranks=${ORIGAMI_RANKS:-2}
+if [ $# -gt 0 ]; then
+  config=$1
+  shift
+else
+  config=configs/tiny-moe.toml
+  set -- --set parallel.ep="$ranks"
+fi
 
 tools/setup.sh
 tools/build.sh
