@@ -13,20 +13,13 @@
 
 #include "comm/groups.h"
 #include "comm/mpi_communicator.h"
+#include "mpi_test_main.h"
 
 namespace origami::comm {
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using testing::world_rank;
+using testing::world_size;
 
 // Folded layouts per world size: dense and expert groups differ wherever the
 // sizes allow. W = 8 is the tp=2, cp=1, pp=2, ep=2, etp=1, plus one
@@ -340,28 +333,8 @@ TEST(CommMpi, MeasuredBytesEqualRingVolume) {
   });
 }
 
-// Failures on ranks other than 0 print with their rank; rank 0 keeps gtest's
-// usual output, so a multi-rank log reads like a single-rank one.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (r.failed())
-      std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", world_rank(), r.file_name() ? r.file_name() : "?",
-                   r.line_number(), r.message());
-  }
-};
 
 }  // namespace
 }  // namespace origami::comm
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  if (origami::comm::world_rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new origami::comm::RankFailurePrinter);
-  }
-  const int rc = RUN_ALL_TESTS();
-  MPI_Finalize();
-  return rc;
-}
+int main(int argc, char** argv) { return origami::testing::run_mpi_tests(argc, argv); }

@@ -29,6 +29,7 @@
 #include "dense/attention_cp.h"
 #include "grad_check.h"
 #include "kernels/threads.h"
+#include "mpi_test_main.h"
 
 namespace origami {
 namespace {
@@ -36,16 +37,8 @@ namespace {
 using comm::GroupKind;
 using testing::random_tensor;
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using testing::world_rank;
+using testing::world_size;
 
 constexpr comm::CommOptions kOptions{30.0};  // generous: 4 ranks share 2 cores in CI
 constexpr int64_t kHq = 4, kHkv = 2, kHd = 8, kD = kHq * kHd;
@@ -318,31 +311,10 @@ TEST(ContextParallel, NullOrSizeOneGroupIsTheDenseModuleBitwise) {
   }
 }
 
-// Failures on ranks other than 0 print with their rank; rank 0 keeps gtest's
-// usual output, so a multi-rank log reads like a single-rank one.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (r.failed())
-      std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", world_rank(), r.file_name() ? r.file_name() : "?",
-                   r.line_number(), r.message());
-  }
-};
 
 }  // namespace
 }  // namespace origami
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  // Tiny GEMMs and up to 4 ranks on 2 cores: one thread per rank.
-  origami::set_num_threads(origami::default_threads_per_rank());
-  if (origami::world_rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new origami::RankFailurePrinter);
-  }
-  const int rc = RUN_ALL_TESTS();
-  origami::setups().reset();  // communicators are freed before MPI_Finalize
-  MPI_Finalize();
-  return rc;
+  return origami::testing::run_mpi_tests(argc, argv, 0, [] { origami::setups().reset(); });
 }

@@ -36,6 +36,7 @@
 #include "grad_check.h"
 #include "kernels/elementwise.h"
 #include "kernels/threads.h"
+#include "mpi_test_main.h"
 
 namespace origami {
 namespace {
@@ -44,16 +45,8 @@ using comm::GroupKind;
 using dense::TpRange;
 using testing::random_tensor;
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using testing::world_rank;
+using testing::world_size;
 
 // Hq, Hkv, hd, D, F, V, B, S of the brief: V = 67 is not divisible by 2 or 4.
 constexpr int64_t kHq = 8, kHkv = 4, kHd = 8, kD = 32, kF = 48, kV = 67, kB = 2, kS = 8, kT = kB * kS;
@@ -364,29 +357,10 @@ TEST(TensorParallel, PreNormBlockWithReplicatedNormGrads) {
   expect_close(got.dhead, rows_of(ref.dhead, v), "dhead slice");
 }
 
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (r.failed())
-      std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", world_rank(), r.file_name() ? r.file_name() : "?",
-                   r.line_number(), r.message());
-  }
-};
 
 }  // namespace
 }  // namespace origami
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  // Tiny GEMMs and up to 4 ranks on 2 cores: one thread per rank.
-  origami::set_num_threads(origami::default_threads_per_rank());
-  if (origami::world_rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new origami::RankFailurePrinter);
-  }
-  const int rc = RUN_ALL_TESTS();
-  origami::groups().reset();  // communicators are freed before MPI_Finalize
-  MPI_Finalize();
-  return rc;
+  return origami::testing::run_mpi_tests(argc, argv, 0, [] { origami::groups().reset(); });
 }

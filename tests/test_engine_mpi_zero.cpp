@@ -26,15 +26,12 @@
 #include "engine/zero.h"
 #include "grad_check.h"
 #include "kernels/threads.h"
+#include "mpi_test_main.h"
 
 namespace origami {
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
+using testing::world_rank;
 
 constexpr int64_t kN = 4;  // dp-cp = edp = 4
 
@@ -60,8 +57,13 @@ MoeConfig moe_config() {
   return m;
 }
 
-comm::Groups& groups() {
+std::unique_ptr<comm::Groups>& groups_holder() {
   static std::unique_ptr<comm::Groups> g;
+  return g;
+}
+
+comm::Groups& groups() {
+  std::unique_ptr<comm::Groups>& g = groups_holder();
   if (!g) {
     comm::LayoutOptions o;
     o.num_experts = moe_config().num_experts;
@@ -232,25 +234,8 @@ TEST(ZeroMpi, EveryStageTrainsTheSameModel) {
 }  // namespace
 }  // namespace origami
 
+// Groups are built for exactly kN ranks; another world size fails every test
+// at Groups::create with the layout's message.
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  origami::set_num_threads(1);
-  int world = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  int rc = 0;
-  if (world != origami::kN) {
-    if (origami::world_rank() == 0) std::fprintf(stderr, "run under mpirun -np %lld\n", (long long)origami::kN);
-    rc = 1;
-  } else {
-    if (origami::world_rank() != 0) {
-      auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-      delete listeners.Release(listeners.default_result_printer());
-    }
-    rc = RUN_ALL_TESTS();
-    // Failures on other ranks show in the exit status.
-    MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  }
-  MPI_Finalize();
-  return rc;
+  return origami::testing::run_mpi_tests(argc, argv, 1, [] { origami::groups_holder().reset(); });
 }

@@ -31,6 +31,7 @@
 #include "kernels/threads.h"
 #include "moe/moe_layer.h"
 #include "moe/token_dispatcher.h"
+#include "mpi_test_main.h"
 
 namespace origami {
 namespace {
@@ -42,16 +43,8 @@ using moe::MoeLayerOptions;
 using moe::MoeLayerWeights;
 using testing::random_tensor;
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using testing::world_rank;
+using testing::world_size;
 
 constexpr comm::CommOptions kOptions{30.0};  // generous: 8 ranks share 2 cores in CI
 constexpr int64_t kD = 8, kF = 12, kK = 2, kSeq = 16, kT = 2 * kSeq;  // tiny: np 8 runs in seconds
@@ -618,31 +611,10 @@ TEST(MoeMpiDispatcher, LayerWithAnEmptyRankAndAReducedAuxLoss) {
   check_empty_rank_with_reduced_losses(moe::LoadBalancing::global_aux_loss, 0.5f, 0.01f);
 }
 
-// Failures on ranks other than 0 print with their rank; rank 0 keeps gtest's
-// usual output, so a multi-rank log reads like a single-rank one.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (r.failed())
-      std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", world_rank(), r.file_name() ? r.file_name() : "?",
-                   r.line_number(), r.message());
-  }
-};
 
 }  // namespace
 }  // namespace origami
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  // Tiny GEMMs and up to 8 ranks on 2 cores: one thread per rank.
-  origami::set_num_threads(origami::default_threads_per_rank());
-  if (origami::world_rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new origami::RankFailurePrinter);
-  }
-  const int rc = RUN_ALL_TESTS();
-  origami::setups().clear();  // communicators are freed before MPI_Finalize
-  MPI_Finalize();
-  return rc;
+  return origami::testing::run_mpi_tests(argc, argv, 0, [] { origami::setups().clear(); });
 }
