@@ -607,15 +607,28 @@ void validate_for_world(const Config& cfg, int world_size) {
     ORIGAMI_USER_ERROR(src, ": ", e.what());
   }
 
-  const struct {
-    std::string_view key;
-    int64_t size;
-    std::string_view feature;
-  } axes[] = {{"parallel.tp", p.tp, "tensor parallelism"},
-              {"parallel.cp", p.cp, "context parallelism"},
-              {"parallel.pp", p.pp, "pipeline parallelism"}};
-  for (const auto& a : axes)
-    if (a.size != 1) ORIGAMI_USER_ERROR(src, ": ", a.key, " = ", a.size, ": only 1 is supported until ", a.feature, " lands");
+  if (p.pp != 1) ORIGAMI_USER_ERROR(src, ": parallel.pp = ", p.pp, ": only 1 is supported until pipeline parallelism lands");
+  const ModelConfig& m = cfg.model;
+  const TrainingConfig& t = cfg.training;
+  if (p.tp > 1) {
+    if (m.num_heads % p.tp != 0 || m.num_kv_heads % p.tp != 0)
+      ORIGAMI_USER_ERROR(src, ": parallel.tp = ", p.tp, " must divide model.num_heads = ", m.num_heads,
+                         " and model.num_kv_heads = ", m.num_kv_heads, " (heads split over tp)");
+    if (m.ffn_hidden_size % p.tp != 0)
+      ORIGAMI_USER_ERROR(src, ": parallel.tp = ", p.tp, " must divide model.ffn_hidden_size = ", m.ffn_hidden_size);
+    if (!cfg.exp.dir.empty())
+      ORIGAMI_USER_ERROR(src, ": export.dir with parallel.tp = ", p.tp,
+                         ": consolidated export of tensor-parallel weights is not implemented yet (set export.dir = \"\")");
+  }
+  if (t.seq_len % (2 * p.cp) != 0)
+    ORIGAMI_USER_ERROR(src, ": training.seq_len = ", t.seq_len, " must be a multiple of 2·parallel.cp = ", 2 * p.cp,
+                       " (context parallelism cuts each sample into 2·cp chunks)");
+  if ((t.micro_batch * t.seq_len / p.cp) % p.tp != 0)
+    ORIGAMI_USER_ERROR(src, ": training.micro_batch · seq_len / cp = ", t.micro_batch * t.seq_len / p.cp,
+                       " tokens must split evenly over parallel.tp = ", p.tp, " (sequence parallelism)");
+  if (p.tp * p.cp > 1 && cfg.moe.num_experts > 0 && cfg.moe.load_balancing == moe::LoadBalancing::seq_aux_loss)
+    ORIGAMI_USER_ERROR(src, ": moe.load_balancing = \"seq_aux_loss\" needs whole sequences per rank; with parallel.tp·cp = ",
+                       p.tp * p.cp, " use aux_loss or global_aux_loss");
   if (cfg.moe.num_experts > 0 && p.etp > 1) {
     const int64_t F = cfg.moe.expert_ffn(cfg.model.ffn_hidden_size);
     if (F % p.etp != 0)

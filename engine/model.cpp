@@ -91,29 +91,50 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe_cfg, co
   const int64_t etp = dispatcher_ ? dispatcher_->etp_size() : 1, Fl = Fe / etp;
   const int64_t f0 = dispatcher_ ? dispatcher_->etp_rank() * Fl : 0;
 
+  // Tensor and context parallel slices (dense/tensor_parallel.h rules).
+  tp_ = group(comm::GroupKind::tp);
+  cp_ = group(comm::GroupKind::cp);
+  const dense::TpAttentionShard heads = dense::tp_attention_shard(attn_opt_, tp_);
+  local_attn_opt_ = heads.local;
+  const dense::TpRange vocab = dense::tp_vocab_range(V, tp_), ffn = dense::tp_mlp_range(F, tp_);
+  const bool split = tp_ != nullptr;
+  auto rows_of = [&](dense::TpRange r, Shape global) {
+    return split ? ShardSpec{0, r.start, std::move(global)} : ShardSpec{};
+  };
+  auto cols_of = [&](dense::TpRange r, Shape global) {
+    return split ? ShardSpec{1, r.start, std::move(global)} : ShardSpec{};
+  };
+  const bool rep = true;  // tp-replicated
+
   ParamUnit& emb = params_.add_unit("embedding");
-  params_.add_param(emb, "model.embed_tokens.weight", {V, D}, InitKind::normal);
+  params_.add_param(emb, "model.embed_tokens.weight", {vocab.count, D}, InitKind::normal, rows_of(vocab, {V, D}));
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
     const std::string p = layer_prefix(l);
     ParamUnit& u = params_.add_unit("layers." + std::to_string(l));
-    params_.add_param(u, p + "input_layernorm.weight", {D}, InitKind::ones);
-    params_.add_param(u, p + "self_attn.q_proj.weight", {Hq * hd, D}, InitKind::normal);
-    params_.add_param(u, p + "self_attn.k_proj.weight", {Hkv * hd, D}, InitKind::normal);
-    params_.add_param(u, p + "self_attn.v_proj.weight", {Hkv * hd, D}, InitKind::normal);
-    params_.add_param(u, p + "self_attn.o_proj.weight", {D, Hq * hd}, InitKind::normal_scaled_output);
-    params_.add_param(u, p + "post_attention_layernorm.weight", {D}, InitKind::ones);
+    params_.add_param(u, p + "input_layernorm.weight", {D}, InitKind::ones, {}, rep);
+    params_.add_param(u, p + "self_attn.q_proj.weight", {heads.q_rows.count, D}, InitKind::normal,
+                      rows_of(heads.q_rows, {Hq * hd, D}));
+    params_.add_param(u, p + "self_attn.k_proj.weight", {heads.kv_rows.count, D}, InitKind::normal,
+                      rows_of(heads.kv_rows, {Hkv * hd, D}));
+    params_.add_param(u, p + "self_attn.v_proj.weight", {heads.kv_rows.count, D}, InitKind::normal,
+                      rows_of(heads.kv_rows, {Hkv * hd, D}));
+    params_.add_param(u, p + "self_attn.o_proj.weight", {D, heads.q_rows.count}, InitKind::normal_scaled_output,
+                      cols_of(heads.q_rows, {D, Hq * hd}));
+    params_.add_param(u, p + "post_attention_layernorm.weight", {D}, InitKind::ones, {}, rep);
     if (!moe_cfg.is_moe_layer(l)) {
-      params_.add_param(u, p + "mlp.gate_proj.weight", {F, D}, InitKind::normal);
-      params_.add_param(u, p + "mlp.up_proj.weight", {F, D}, InitKind::normal);
-      params_.add_param(u, p + "mlp.down_proj.weight", {D, F}, InitKind::normal_scaled_output);
+      params_.add_param(u, p + "mlp.gate_proj.weight", {ffn.count, D}, InitKind::normal, rows_of(ffn, {F, D}));
+      params_.add_param(u, p + "mlp.up_proj.weight", {ffn.count, D}, InitKind::normal, rows_of(ffn, {F, D}));
+      params_.add_param(u, p + "mlp.down_proj.weight", {D, ffn.count}, InitKind::normal_scaled_output,
+                        cols_of(ffn, {D, F}));
       continue;
     }
-    params_.add_param(u, p + "block_sparse_moe.gate.weight", {E, D}, InitKind::normal);
+    // The router and the shared expert run whole on each tp rank's own tokens.
+    params_.add_param(u, p + "block_sparse_moe.gate.weight", {E, D}, InitKind::normal, {}, rep);
     if (Fs > 0) {
-      params_.add_param(u, p + "block_sparse_moe.shared_expert.gate_proj.weight", {Fs, D}, InitKind::normal);
-      params_.add_param(u, p + "block_sparse_moe.shared_expert.up_proj.weight", {Fs, D}, InitKind::normal);
+      params_.add_param(u, p + "block_sparse_moe.shared_expert.gate_proj.weight", {Fs, D}, InitKind::normal, {}, rep);
+      params_.add_param(u, p + "block_sparse_moe.shared_expert.up_proj.weight", {Fs, D}, InitKind::normal, {}, rep);
       params_.add_param(u, p + "block_sparse_moe.shared_expert.down_proj.weight", {D, Fs},
-                        InitKind::normal_scaled_output);
+                        InitKind::normal_scaled_output, {}, rep);
     }
     // Experts get their own unit (reduced and sharded over edp, not dp-cp):
     // this rank's experts only, each its F-slice (w1/w3 rows, w2 columns).
@@ -128,8 +149,8 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe_cfg, co
       params_.add_param(x, expert_name(l, e, "w2"), {D, Fl}, InitKind::normal_scaled_output, cols);
   }
   ParamUnit& fin = params_.add_unit("final");
-  params_.add_param(fin, "model.norm.weight", {D}, InitKind::ones);
-  params_.add_param(fin, "lm_head.weight", {V, D}, InitKind::normal);
+  params_.add_param(fin, "model.norm.weight", {D}, InitKind::ones, {}, rep);
+  params_.add_param(fin, "lm_head.weight", {vocab.count, D}, InitKind::normal, rows_of(vocab, {V, D}));
   params_.allocate(zero_shard_plan(zero_stage, groups));
   params_.initialize(seed, static_cast<float>(cfg.init_std), cfg.num_layers);
   layer_unit_.assign(cfg.num_layers, 0);
@@ -260,23 +281,19 @@ struct Hooks {
 double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_T, ForwardStats* stats,
                       UnitHooks* unit_hooks) const {
   const Hooks hooks{unit_hooks};
-  const int64_t B = tokens_BS1.size(0), S = tokens_BS1.size(1) - 1, T = B * S;
+  const int64_t B = tokens_BS1.size(0), S = tokens_BS1.size(1) - 1, V = cfg_.vocab_size;
   const float eps = static_cast<float>(cfg_.norm_eps);
-  // Split each window into inputs [0, S) and targets [1, S].
-  saved.ids_T = Tensor::empty({T}, DType::i32, MemCategory::activation);
-  Tensor targets = Tensor::empty({T}, DType::i32, MemCategory::activation);
-  const int32_t* tok = tokens_BS1.i32();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t s = 0; s < S; ++s) {
-      saved.ids_T.i32()[b * S + s] = tok[b * (S + 1) + s];
-      targets.i32()[b * S + s] = tok[b * (S + 1) + s + 1];
-    }
-  saved.pos_S = Tensor::empty({S}, DType::i32, MemCategory::activation);
-  for (int64_t s = 0; s < S; ++s) saved.pos_S.i32()[s] = static_cast<int32_t>(s);
+  // This cp rank's tokens of each window (all of them when cp = 1): inputs,
+  // shifted targets and their global positions. Replicated over tp; the
+  // residual stream below is the tp rank's shard of these rows.
+  dense::CpTokens own = dense::cp_shard_tokens(tokens_BS1, cp_ ? cp_->size() : 1, cp_ ? cp_->rank() : 0);
+  saved.ids_T = own.ids_T;
+  saved.pos_S = own.pos_S;
+  const Tensor targets = own.targets_T;
 
   std::vector<MoeLayerRecord> records;
   hooks.before_forward(embedding_unit_);
-  Tensor h = dense::embedding_module_forward(saved.ids_T, params_.param("model.embed_tokens.weight"));  // (T, D)
+  Tensor h = dense::tp_embedding_forward(saved.ids_T, params_.param("model.embed_tokens.weight"), V, tp_);  // (T/tp, D)
   hooks.after_forward(embedding_unit_);
   saved.layers.assign(cfg_.num_layers, LayerSaved{});
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
@@ -286,7 +303,11 @@ double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_
     LayerWeights w = layer_views(l, /*grads=*/false);
     LayerSaved& ls = saved.layers[l];
     Tensor a = dense::rmsnorm_module_forward(h, w.attn_norm, eps, ls.attn_norm);
-    Tensor y = dense::attention_module_forward(attn_opt_, w.attn, a, B, saved.pos_S, ls.attn);
+    // Sequence parallel: gather the tp shards, attend over the local heads
+    // (K/V gathered over cp inside), sum the head partials back onto shards.
+    const Tensor a_all = dense::tp_all_gather_tokens(a, tp_);  // (T, D)
+    Tensor y = dense::tp_reduce_scatter_tokens(
+        dense::cp_attention_forward(local_attn_opt_, w.attn, a_all, B, saved.pos_S, cp_, ls.attn), tp_);  // (T/tp, D)
     add_inplace(y, h);  // residual: y is fresh, h stays saved by the norm
     h = y;
     Tensor m = dense::rmsnorm_module_forward(h, w.mlp_norm, eps, ls.mlp_norm);
@@ -297,7 +318,7 @@ double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_
       records.push_back({l, st.routed_per_expert, st.kept_per_expert, st.tokens_per_ep_rank, st.losses.aux_loss,
                          st.losses.z_loss});
     } else {
-      z = dense::mlp_module_forward(w.mlp, m, ls.mlp);
+      z = dense::tp_mlp_forward(w.mlp, m, tp_, ls.mlp);
     }
     add_inplace(z, h);
     h = z;
@@ -308,7 +329,7 @@ double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_
   if (stats) stats->accumulate(records);
   hooks.before_forward(final_unit_);
   Tensor y = dense::rmsnorm_module_forward(h, params_.param("model.norm.weight"), eps, saved.final_norm);
-  const double loss = dense::lm_head_forward(params_.param("lm_head.weight"), y, targets, saved.head, loss_T);
+  const double loss = dense::tp_lm_head_forward(params_.param("lm_head.weight"), V, y, targets, tp_, saved.head, loss_T);
   hooks.after_forward(final_unit_);
   return loss;
 }
@@ -319,7 +340,7 @@ void Model::backward(ModelSaved& saved, float lm_grad_scale, float aux_scale, Un
   Tensor dh;
   {
     Tensor dnorm_w = params_.grad("model.norm.weight"), dhead_w = params_.grad("lm_head.weight");
-    Tensor dy = dense::lm_head_backward(params_.param("lm_head.weight"), saved.head, lm_grad_scale, dhead_w);
+    Tensor dy = dense::tp_lm_head_backward(params_.param("lm_head.weight"), saved.head, lm_grad_scale, tp_, dhead_w);
     dh = dense::rmsnorm_module_backward(dy, params_.param("model.norm.weight"), saved.final_norm, dnorm_w);
   }
   hooks.after_backward(final_unit_);
@@ -331,9 +352,11 @@ void Model::backward(ModelSaved& saved, float lm_grad_scale, float aux_scale, Un
     LayerSaved& ls = saved.layers[l];
     Tensor dm = is_moe
                     ? moe::moe_layer_backward(moe_opt_, w.moe, ls.moe, dh, aux_scale, g.moe, dispatcher_.get())
-                    : dense::mlp_module_backward(w.mlp, ls.mlp, dh, g.mlp);
+                    : dense::tp_mlp_backward(w.mlp, ls.mlp, dh, tp_, g.mlp);
     add_inplace(dh, dense::rmsnorm_module_backward(dm, w.mlp_norm, ls.mlp_norm, g.mlp_norm));
-    Tensor da = dense::attention_module_backward(attn_opt_, w.attn, ls.attn, dh, g.attn);
+    Tensor da = dense::tp_reduce_scatter_tokens(
+        dense::cp_attention_backward(local_attn_opt_, w.attn, ls.attn, dense::tp_all_gather_tokens(dh, tp_), cp_, g.attn),
+        tp_);
     add_inplace(dh, dense::rmsnorm_module_backward(da, w.attn_norm, ls.attn_norm, g.attn_norm));
     ls = LayerSaved{};  // free this layer's activations as soon as they are consumed
     w = g = LayerWeights{};
@@ -343,7 +366,7 @@ void Model::backward(ModelSaved& saved, float lm_grad_scale, float aux_scale, Un
   hooks.before_backward(embedding_unit_);
   {
     Tensor demb = params_.grad("model.embed_tokens.weight");
-    dense::embedding_module_backward(saved.ids_T, dh, demb);
+    dense::tp_embedding_backward(saved.ids_T, dh, cfg_.vocab_size, tp_, demb);
   }
   hooks.after_backward(embedding_unit_);
   saved = ModelSaved{};

@@ -9,6 +9,8 @@
 
 #include "comm/groups.h"
 #include "dense/attention.h"
+#include "dense/attention_cp.h"
+#include "dense/tensor_parallel.h"
 #include "dense/lm_head.h"
 #include "dense/mlp.h"
 #include "dense/norm.h"
@@ -21,7 +23,7 @@ namespace origami {
 
 struct LayerSaved {
   dense::RmsNormSaved attn_norm;
-  dense::AttentionSaved attn;
+  dense::CpAttentionSaved attn;
   dense::RmsNormSaved mlp_norm;
   dense::MlpSaved mlp;       // dense layers
   moe::MoeLayerSaved moe;    // MoE layers
@@ -31,7 +33,7 @@ struct ModelSaved {
   Tensor ids_T, pos_S;
   std::vector<LayerSaved> layers;
   dense::RmsNormSaved final_norm;
-  dense::LmHeadSaved head;
+  dense::TpLmHeadSaved head;
 };
 
 // Routing statistics of one MoE layer, summed over the micro-batches seen
@@ -61,6 +63,14 @@ struct StepFlops {
   double total() const { return matmul + attention; }
 };
 
+// Under tensor parallelism (tp > 1) each rank holds its slice of every
+// matmul weight (heads of q/k/v/o, F of the dense MLP, vocab rows of the
+// embedding and head; dense/tensor_parallel.h), the residual stream is the
+// rank's sequence-parallel shard of the micro-batch's tokens, and norms,
+// router and shared expert are replicated. Under context parallelism
+// (cp > 1) the rank's tokens are its zigzag chunks of each sample
+// (dense/attention_cp.h). The returned loss is the sum over this rank's cp
+// shard (the same on every tp rank).
 // Under expert parallelism (groups given, EP·ETP > 1) the model holds only
 // this rank's experts — E/EP of them, each its F/ETP slice — and its MoE
 // layers exchange tokens over the `ep` and `etp` groups; routing statistics
@@ -117,7 +127,10 @@ class Model {
 
   ModelConfig cfg_;
   MoeConfig moe_cfg_;
-  dense::AttentionOptions attn_opt_;
+  dense::AttentionOptions attn_opt_;        // global head counts
+  dense::AttentionOptions local_attn_opt_;  // this tp rank's heads
+  comm::Communicator* tp_ = nullptr;        // null when tp = 1
+  comm::Communicator* cp_ = nullptr;        // null when cp = 1
   moe::MoeLayerOptions moe_opt_;
   ParamStore params_;
   std::vector<Tensor> expert_bias_;

@@ -39,11 +39,19 @@ StepStats AdamW::step(ParamStore& params, const GradNormGroups& groups) {
   StepStats st;
   double sq[2] = {0, 0};  // dense, expert
   bool sharded[2] = {false, false};
+  const bool skip_replicated = groups.tp && groups.tp->rank() != 0;
   for (const ParamUnit& u : params.units()) {
-    sq[u.expert] += sum_squares(owned_grad(u));
     sharded[u.expert] = sharded[u.expert] || u.shard.optim;
+    auto [lo, hi] = owned(u);
+    const Tensor g = owned_grad(u);
+    for (const ParamInfo& p : u.params) {
+      const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel());
+      if (a >= b || (skip_replicated && p.tp_replicated)) continue;
+      sq[u.expert] += sum_squares(g.flat_view(a - lo, b - a, {b - a}));
+    }
   }
   if (sharded[0] && groups.dense_shards) groups.dense_shards->all_reduce(std::span<double>(&sq[0], 1));
+  if (groups.tp) groups.tp->all_reduce(std::span<double>(&sq[0], 1));
   if (sharded[1] && groups.expert_shards) groups.expert_shards->all_reduce(std::span<double>(&sq[1], 1));
   if (groups.expert_model) groups.expert_model->all_reduce(std::span<double>(&sq[1], 1));
   st.grad_norm = std::sqrt(sq[0] + sq[1]);

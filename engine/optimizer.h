@@ -25,6 +25,7 @@ struct GradNormGroups {
   comm::Communicator* dense_shards = nullptr;   // dp-cp
   comm::Communicator* expert_shards = nullptr;  // edp
   comm::Communicator* expert_model = nullptr;   // tp-ep
+  comm::Communicator* tp = nullptr;             // dense slices; tp-replicated params count on tp rank 0
 };
 
 class AdamW {

@@ -36,7 +36,8 @@ ParamUnit& ParamStore::add_unit(const std::string& name, bool expert) {
   return units_.back();
 }
 
-void ParamStore::add_param(ParamUnit& unit, const std::string& name, Shape shape, InitKind init, ShardSpec shard) {
+void ParamStore::add_param(ParamUnit& unit, const std::string& name, Shape shape, InitKind init, ShardSpec shard,
+                           bool tp_replicated) {
   ORIGAMI_CHECK(!index_.count(name), "parameter ", name, " registered twice");
   if (shard.dim >= 0) {
     ORIGAMI_CHECK(shard.global_shape.size() == shape.size() && shard.dim < static_cast<int>(shape.size()) &&
@@ -47,7 +48,7 @@ void ParamStore::add_param(ParamUnit& unit, const std::string& name, Shape shape
       ORIGAMI_CHECK(static_cast<int>(d) == shard.dim || shape[d] == shard.global_shape[d], "parameter ", name,
                     ": shard and global shape differ outside dim ", shard.dim);
   }
-  ParamInfo info{name, std::move(shape), unit.numel, init, std::move(shard)};
+  ParamInfo info{name, std::move(shape), unit.numel, init, std::move(shard), tp_replicated};
   unit.numel += info.numel();
   index_[name] = {static_cast<size_t>(&unit - units_.data()), unit.params.size()};
   unit.params.push_back(std::move(info));

@@ -33,6 +33,10 @@ struct ParamInfo {
   int64_t offset = 0;  // elements into the unit's flat buffer
   InitKind init = InitKind::normal;
   ShardSpec shard;
+  // Whole on every tp rank (norms, router, shared expert): each tp rank's
+  // gradient covers only its tokens, so it is summed over tp (engine/zero.h)
+  // and counted once in the grad norm.
+  bool tp_replicated = false;
   bool weight_decay() const { return shape.size() >= 2; }
   int64_t numel() const { return shape_numel(shape); }
   const Shape& global_shape() const { return shard.dim < 0 ? shape : shard.global_shape; }
@@ -73,7 +77,8 @@ class ParamStore {
  public:
   // Registration phase: declare units and their tensors, then allocate().
   ParamUnit& add_unit(const std::string& name, bool expert = false);
-  void add_param(ParamUnit& unit, const std::string& name, Shape shape, InitKind init, ShardSpec shard = {});
+  void add_param(ParamUnit& unit, const std::string& name, Shape shape, InitKind init, ShardSpec shard = {},
+                 bool tp_replicated = false);
   // Buffers by each unit's UnitShard (shard_of(unit); null: nothing sharded),
   // moments and grads zeroed.
   void allocate(const std::function<UnitShard(const ParamUnit&)>& shard_of = nullptr);

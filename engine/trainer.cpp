@@ -94,7 +94,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
   // expert units over edp.
   ZeroStore zero(model.params(), groups);
   const GradNormGroups norm_groups{multi(groups, comm::GroupKind::dp_cp), multi(groups, comm::GroupKind::edp),
-                                   multi(groups, comm::GroupKind::tp_ep)};
+                                   multi(groups, comm::GroupKind::tp_ep), multi(groups, comm::GroupKind::tp)};
   AdamW optimizer(cfg.optimizer, cfg.lr_schedule, tc.steps);
   MetricsWriter metrics(rank == 0 ? cfg.logging.dir : std::string());
   TrainSummary summary;
@@ -126,7 +126,11 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
   // number of micro-batches in the global batch (ARCHITECTURE.md §6).
   const int64_t micro_batches = accum * dp;
   const float aux_scale = 1.0f / static_cast<float>(micro_batches);
-  const StepFlops flops = model.training_flops(tc.global_batch / dp, tc.seq_len);
+  // Per rank: tp and cp ranks share each DP rank's tokens.
+  StepFlops flops = model.training_flops(tc.global_batch / dp, tc.seq_len);
+  const double split = static_cast<double>(groups.layout().tp() * groups.layout().cp());
+  flops.matmul /= split;
+  flops.attention /= split;
   Tensor tokens = Tensor::empty({tc.micro_batch, tc.seq_len + 1}, DType::i32, MemCategory::activation);
   const auto t_start = Clock::now();
   for (int64_t step = 1; step <= tc.steps; ++step) {

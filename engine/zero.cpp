@@ -36,6 +36,13 @@ ZeroStore::ZeroStore(ParamStore& params, const comm::Groups& groups)
   auto multi = [&](comm::GroupKind k) { return groups.get(k).size() > 1 ? &groups.get(k) : nullptr; };
   dense_ = multi(comm::GroupKind::dp_cp);
   expert_ = multi(comm::GroupKind::edp);
+  tp_ = multi(comm::GroupKind::tp);
+}
+
+void ZeroStore::reduce_replicated(ParamUnit& u) {
+  if (!tp_) return;
+  for (const ParamInfo& p : u.params)
+    if (p.tp_replicated) tp_->all_reduce(span_of(u.grad, p.offset, p.numel()));
 }
 
 ZeroStore::~ZeroStore() {
@@ -55,8 +62,10 @@ void ZeroStore::begin_step() { params_.zero_grads(); }
 
 void ZeroStore::finish_gradients() {
   for (ParamUnit& u : params_.units()) {
+    if (u.shard.grads) continue;  // reduced per unit in backward
+    reduce_replicated(u);
     comm::Communicator* c = group_of(u);
-    if (!c || u.shard.grads) continue;  // one rank, or reduced per unit in backward
+    if (!c) continue;
     const UnitShard& s = u.shard;
     if (!s.optim) {  // stage 0: every rank keeps the whole sum
       c->all_reduce(span_of(u.grad, 0, u.numel));
@@ -168,6 +177,7 @@ void ZeroStore::after_backward(size_t i) {
   ParamUnit& u = params_.units()[i];
   if (u.shard.grads) {
     // This micro-batch's whole gradient → the owners' slices, accumulated.
+    reduce_replicated(u);
     Tensor mine = Tensor::empty({u.shard.size}, DType::f32, MemCategory::comm);
     group_of(u)->reduce_scatter(std::span<const float>(span_of(u.grad, 0, u.shard.padded)),
                                 span_of(mine, 0, u.shard.size));

@@ -14,6 +14,10 @@
 // Per step and unit, stages 0-2 move 2·(N−1)/N of the unit's bytes per rank
 // and stage 3 (one micro-batch) 3·(N−1)/N: the 1.5× of the ZeRO paper.
 //
+// Gradients of tp-replicated parameters (norms, router, shared expert) are
+// first summed over tp (each tp rank saw only its sequence shard): once per
+// step at stages 0-1, per unit and micro-batch at stages 2-3.
+//
 // The model calls the UnitHooks around each unit's use; the trainer calls
 // begin_step / finish_gradients / the optimizer / finish_step. A unit whose
 // group has one rank is never sharded, so one rank pays nothing.
@@ -80,6 +84,8 @@ class ZeroStore final : public UnitHooks {
   ParamStore& params_;
   comm::Communicator* dense_ = nullptr;   // dp-cp
   comm::Communicator* expert_ = nullptr;  // edp
+  comm::Communicator* tp_ = nullptr;      // sums the tp-replicated params' gradients
+  void reduce_replicated(ParamUnit& u);
   struct Gather {
     bool live = false;          // param buffer allocated (gathered or in flight)
     std::optional<comm::Request> request;  // in flight

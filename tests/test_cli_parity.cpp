@@ -5,7 +5,9 @@
 // TP = CP = PP = 1; ZeRO stage 3, the config's, unless named):
 //   EP=2 (np 2), EP=4 (np 4), EP=8 (np 8), ETP=2 × EP=2 (np 4),
 //   EP=4 with two experts per rank and a shared expert (np 4),
-//   ZeRO stages 0, 1, 2, 3 at DP = 4 (np 4, EP = 1, experts sharded over edp 4).
+//   ZeRO stages 0, 1, 2, 3 at DP = 4 (np 4, EP = 1, experts sharded over edp 4),
+//   TP=2 (np 2), CP=2 (np 2), TP=2 × CP=2 (np 4), and the folded layout
+//   TP=2 CP=2 DP=2 with ETP=1 EP=4 EDP=2 (np 8).
 // Gradient clipping (clip_grad 1.0) is active in these steps: the baseline's
 // grad norm exceeds 1 (asserted), so the norm must count every element once.
 // Why 1e-4 holds with room: the layouts compute the same sums in another
@@ -122,6 +124,11 @@ TEST_F(Parity, EveryLayoutMatchesOneRank) {
       {"zero1", 4, "--set parallel.zero_stage=1", 1, false},
       {"zero2", 4, "--set parallel.zero_stage=2", 1, false},
       {"zero3", 4, "--set parallel.zero_stage=3", 1, false},
+      {"tp2", 2, "--set parallel.tp=2", 1, false},
+      {"cp2", 2, "--set parallel.cp=2", 1, false},
+      {"tp2-cp2", 4, "--set parallel.tp=2 --set parallel.cp=2", 1, false},
+      // The folded layout: attention TP 2 × CP 2 × DP 2, experts ETP 1 × EP 4 × EDP 2.
+      {"folded8", 8, "--set parallel.tp=2 --set parallel.cp=2 --set parallel.ep=4", 4, false},
   };
   int clipped = 0;
   for (const auto& step : base) clipped += step.at("grad_norm").get<double>() > 1.0;

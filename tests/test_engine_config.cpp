@@ -603,15 +603,41 @@ TEST(Config, ValidateForWorld) {
   moe.parallel.ep = 2;
   moe.training.global_batch = 16;
   EXPECT_NO_THROW(validate_for_world(moe, 4));
-  c.parallel.tp = 2;
-  try {
-    validate_for_world(c, 2);
-    FAIL() << "no UserError";
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("test.toml: parallel.tp = 2: only 1 is supported until tensor parallelism"),
-              std::string::npos)
-        << e.what();
-  }
+  // Tensor / context parallel rules, each naming its key and the rule.
+  auto expect_error = [&](Config cfg, int world, const std::string& text) {
+    try {
+      validate_for_world(cfg, world);
+      ADD_FAILURE() << "no UserError for: " << text;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  moe.parallel = ParallelConfig{};
+  moe.exp.dir = "";
+  Config tp3 = moe;
+  tp3.parallel.tp = 3;
+  tp3.training.global_batch = 6;
+  expect_error(tp3, 3, "tiny-moe.toml: parallel.tp = 3 must divide model.num_heads = 4 and model.num_kv_heads = 2");
+  Config cp3 = moe;
+  cp3.parallel.cp = 3;
+  cp3.training.global_batch = 6;
+  expect_error(cp3, 3, "tiny-moe.toml: training.seq_len = 128 must be a multiple of 2·parallel.cp = 6");
+  Config seq = moe;
+  seq.parallel.tp = 2;
+  seq.moe.load_balancing = moe::LoadBalancing::seq_aux_loss;
+  expect_error(seq, 2, "moe.load_balancing = \"seq_aux_loss\" needs whole sequences per rank");
+  Config exported = moe;
+  exported.parallel.tp = 2;
+  exported.exp.dir = "out";
+  expect_error(exported, 2, "export.dir with parallel.tp = 2");
+  Config pp = moe;
+  pp.parallel.pp = 2;
+  expect_error(pp, 2, "parallel.pp = 2: only 1 is supported until pipeline parallelism lands");
+  Config folded = moe;
+  folded.parallel.tp = 2;
+  folded.parallel.cp = 2;
+  folded.parallel.ep = 4;
+  EXPECT_NO_THROW(validate_for_world(folded, 8));
 }
 
 TEST(Config, ShippedConfigsLoad) {
