@@ -163,6 +163,32 @@ TEST_F(Parity, ConsolidatedExportEqualsOneRankModel) {
   }
 }
 
+// The planner's per-group communication volume (origami plan --json) against
+// the bytes the folded np-8 layout measured on world rank 0 in its second
+// step (JSONL comm_bytes), within 1% per group. With pad_to_capacity every
+// exchange has a fixed size, so the EP all-to-all is predictable too; a
+// dropless run's all-to-all follows the routing (the plan assumes uniform).
+TEST_F(Parity, MeasuredCommBytesMatchThePlan) {
+  const std::string layout =
+      "--set parallel.tp=2 --set parallel.cp=2 --set parallel.ep=4 --set moe.capacity_factor=1.0 "
+      "--set moe.pad_to_capacity=true";
+  const auto run = train("plan-folded8", 8, layout, "tiny-moe.toml", 2);
+  ASSERT_EQ(run.size(), 2u);
+  auto r = run_command(std::string(ORIGAMI_BINARY) + " plan " + ORIGAMI_SOURCE_DIR +
+                       "/configs/tiny-moe.toml --world 8 --json --set export.dir= " + layout);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto plan = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  const auto& predicted = plan.at("comm").at("stages").at(0).at("groups");
+  const auto& measured = run[1].at("comm_bytes");
+  for (const auto& [group, bytes] : measured.items()) {
+    const double m = bytes.get<double>();
+    const double p = predicted.contains(group) ? predicted.at(group).get<double>() : 0.0;
+    EXPECT_LE(std::abs(m - p), 0.01 * std::max(p, 1.0)) << group << ": measured " << m << ", planned " << p;
+  }
+  for (const auto& [group, bytes] : predicted.items())
+    EXPECT_TRUE(measured.contains(group)) << group << " planned (" << bytes << " bytes) but not measured";
+}
+
 // The shipped EP=8 config: a falling loss over 30 steps (the full 300-step
 // run is in the README) and one tokens_per_ep_rank entry per rank.
 TEST_F(Parity, TinyMoeEp8ConfigTrains) {
