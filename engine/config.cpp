@@ -32,7 +32,7 @@ using detail::concat;
 // Enum keys are strings from a fixed set (enum_names); an optional float is
 // absent unless the file sets it.
 using FieldPtr = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::optional<double>*,
-                              moe::ScoreFunction*, moe::LoadBalancing*, moe::DropPolicy*>;
+                              moe::ScoreFunction*, moe::LoadBalancing*, moe::DropPolicy*, Recompute*>;
 struct Field {
   std::string_view key;
   FieldPtr ptr;
@@ -54,6 +54,11 @@ const EnumNames<moe::LoadBalancing>& enum_names(const moe::LoadBalancing*) {
                                                   {"seq_aux_loss", moe::LoadBalancing::seq_aux_loss},
                                                   {"global_aux_loss", moe::LoadBalancing::global_aux_loss},
                                                   {"none", moe::LoadBalancing::none}};
+  return n;
+}
+const EnumNames<Recompute>& enum_names(const Recompute*) {
+  static const EnumNames<Recompute> n = {
+      {"none", Recompute::none}, {"full", Recompute::full}, {"moe", Recompute::moe}};
   return n;
 }
 const EnumNames<moe::DropPolicy>& enum_names(const moe::DropPolicy*) {
@@ -90,7 +95,7 @@ std::vector<Section> schema(Config& c) {
         {"zero_stage", &p.zero_stage}}},
       {"training",
        {{"steps", &t.steps}, {"seq_len", &t.seq_len}, {"global_batch", &t.global_batch},
-        {"micro_batch", &t.micro_batch}, {"seed", &t.seed}}},
+        {"micro_batch", &t.micro_batch}, {"seed", &t.seed}, {"recompute", &t.recompute}}},
       {"optimizer",
        {{"lr", &o.lr}, {"beta1", &o.beta1}, {"beta2", &o.beta2}, {"eps", &o.eps},
         {"weight_decay", &o.weight_decay}, {"clip_grad", &o.clip_grad}}},

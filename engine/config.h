@@ -61,12 +61,19 @@ struct ParallelConfig {
   int64_t zero_stage = 3;
 };
 
+// training.recompute: activations backward recomputes instead of keeping.
+// none: keep all; full: keep each layer's input only and re-run the layer's
+// forward in its backward; moe: recompute only the MoE layers' expert
+// activations (the [rows, F] SwiGLU tensors of routed and shared experts).
+enum class Recompute { none, full, moe };
+
 struct TrainingConfig {
   int64_t steps = 100;
   int64_t seq_len = 64;
   int64_t global_batch = 8;  // samples per optimizer step
   int64_t micro_batch = 8;   // samples per forward/backward; global_batch % (micro_batch·DP) == 0
   uint64_t seed = 1234;
+  Recompute recompute = Recompute::none;
 };
 
 struct OptimizerConfig {

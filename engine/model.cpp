@@ -278,6 +278,32 @@ struct Hooks {
 };
 }  // namespace
 
+Tensor Model::layer_forward(int64_t l, const Tensor& h_in, int64_t B, int64_t S, const Tensor& pos_S, LayerSaved& ls,
+                            MoeLayerRecord* record) const {
+  const float eps = static_cast<float>(cfg_.norm_eps);
+  LayerWeights w = layer_views(l, /*grads=*/false);
+  Tensor a = dense::rmsnorm_module_forward(h_in, w.attn_norm, eps, ls.attn_norm);
+  // Sequence parallel: gather the tp shards, attend over the local heads
+  // (K/V gathered over cp inside), sum the head partials back onto shards.
+  const Tensor a_all = dense::tp_all_gather_tokens(a, tp_);  // (T, D)
+  Tensor h = dense::tp_reduce_scatter_tokens(
+      dense::cp_attention_forward(local_attn_opt_, w.attn, a_all, B, pos_S, cp_, ls.attn), tp_);  // (T/tp, D)
+  add_inplace(h, h_in);  // residual: h is fresh, h_in stays saved by the norm
+  Tensor m = dense::rmsnorm_module_forward(h, w.mlp_norm, eps, ls.mlp_norm);
+  Tensor z;
+  if (moe_cfg_.is_moe_layer(l)) {
+    moe::MoeLayerStats st;
+    z = moe::moe_layer_forward(moe_opt_, w.moe, m, S, ls.moe, st, reduce_stats_, dispatcher_.get());
+    if (record)
+      *record = {l, st.routed_per_expert, st.kept_per_expert, st.tokens_per_ep_rank, st.losses.aux_loss,
+                 st.losses.z_loss};
+  } else {
+    z = dense::tp_mlp_forward(w.mlp, m, tp_, ls.mlp);
+  }
+  add_inplace(z, h);
+  return z;  // the views in w die here, before the caller may free the units
+}
+
 double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_T, ForwardStats* stats,
                       UnitHooks* unit_hooks) const {
   const Hooks hooks{unit_hooks};
@@ -289,6 +315,8 @@ double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_
   dense::CpTokens own = dense::cp_shard_tokens(tokens_BS1, cp_ ? cp_->size() : 1, cp_ ? cp_->rank() : 0);
   saved.ids_T = own.ids_T;
   saved.pos_S = own.pos_S;
+  saved.batch = B;
+  saved.seq_len = S;
   const Tensor targets = own.targets_T;
 
   std::vector<MoeLayerRecord> records;
@@ -300,29 +328,16 @@ double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_
     const bool is_moe = moe_cfg_.is_moe_layer(l);
     hooks.before_forward(layer_unit_[l]);
     if (is_moe) hooks.before_forward(expert_unit_[l]);
-    LayerWeights w = layer_views(l, /*grads=*/false);
     LayerSaved& ls = saved.layers[l];
-    Tensor a = dense::rmsnorm_module_forward(h, w.attn_norm, eps, ls.attn_norm);
-    // Sequence parallel: gather the tp shards, attend over the local heads
-    // (K/V gathered over cp inside), sum the head partials back onto shards.
-    const Tensor a_all = dense::tp_all_gather_tokens(a, tp_);  // (T, D)
-    Tensor y = dense::tp_reduce_scatter_tokens(
-        dense::cp_attention_forward(local_attn_opt_, w.attn, a_all, B, saved.pos_S, cp_, ls.attn), tp_);  // (T/tp, D)
-    add_inplace(y, h);  // residual: y is fresh, h stays saved by the norm
-    h = y;
-    Tensor m = dense::rmsnorm_module_forward(h, w.mlp_norm, eps, ls.mlp_norm);
-    Tensor z;
-    if (is_moe) {
-      moe::MoeLayerStats st;
-      z = moe::moe_layer_forward(moe_opt_, w.moe, m, S, ls.moe, st, reduce_stats_, dispatcher_.get());
-      records.push_back({l, st.routed_per_expert, st.kept_per_expert, st.tokens_per_ep_rank, st.losses.aux_loss,
-                         st.losses.z_loss});
+    MoeLayerRecord record;
+    if (recompute_ == Recompute::full) {
+      LayerSaved discarded;  // rebuilt by the layer's backward
+      ls.input = h;
+      h = layer_forward(l, h, B, S, saved.pos_S, discarded, &record);
     } else {
-      z = dense::tp_mlp_forward(w.mlp, m, tp_, ls.mlp);
+      h = layer_forward(l, h, B, S, saved.pos_S, ls, &record);
     }
-    add_inplace(z, h);
-    h = z;
-    w = LayerWeights{};  // drop the views before the units may be freed
+    if (is_moe) records.push_back(std::move(record));
     hooks.after_forward(layer_unit_[l]);
     if (is_moe) hooks.after_forward(expert_unit_[l]);
   }
@@ -348,8 +363,13 @@ void Model::backward(ModelSaved& saved, float lm_grad_scale, float aux_scale, Un
     const bool is_moe = moe_cfg_.is_moe_layer(l);
     if (is_moe) hooks.before_backward(expert_unit_[l]);
     hooks.before_backward(layer_unit_[l]);
-    LayerWeights w = layer_views(l, /*grads=*/false), g = layer_views(l, /*grads=*/true);
     LayerSaved& ls = saved.layers[l];
+    if (recompute_ == Recompute::full) {  // rebuild this layer's activations from its input
+      const Tensor input = ls.input;
+      ls = LayerSaved{};
+      layer_forward(l, input, saved.batch, saved.seq_len, saved.pos_S, ls, nullptr);
+    }
+    LayerWeights w = layer_views(l, /*grads=*/false), g = layer_views(l, /*grads=*/true);
     Tensor dm = is_moe
                     ? moe::moe_layer_backward(moe_opt_, w.moe, ls.moe, dh, aux_scale, g.moe, dispatcher_.get())
                     : dense::tp_mlp_backward(w.mlp, ls.mlp, dh, tp_, g.mlp);

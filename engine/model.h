@@ -22,6 +22,7 @@
 namespace origami {
 
 struct LayerSaved {
+  Tensor input;  // the layer's input, kept alone under training.recompute = "full"
   dense::RmsNormSaved attn_norm;
   dense::CpAttentionSaved attn;
   dense::RmsNormSaved mlp_norm;
@@ -31,6 +32,7 @@ struct LayerSaved {
 
 struct ModelSaved {
   Tensor ids_T, pos_S;
+  int64_t batch = 0, seq_len = 0;  // of the micro-batch's windows
   std::vector<LayerSaved> layers;
   dense::RmsNormSaved final_norm;
   dense::TpLmHeadSaved head;
@@ -90,6 +92,11 @@ class Model {
   const MoeConfig& moe_config() const { return moe_cfg_; }
   // This rank's experts: [first_local_expert, + num_local_experts), F-slice
   // [etp_rank · F/ETP, + F/ETP).
+  // training.recompute (engine/config.h): what backward recomputes.
+  void set_recompute(Recompute r) {
+    recompute_ = r;
+    moe_opt_.recompute_experts = r == Recompute::moe;
+  }
   int64_t first_local_expert() const { return first_expert_; }
   int64_t num_local_experts() const { return local_experts_; }
 
@@ -124,6 +131,9 @@ class Model {
     moe::MoeLayerWeights moe;
   };
   LayerWeights layer_views(int64_t l, bool grads) const;
+  // One decoder layer: h_in [T/tp, D] → output; fills ls and, for MoE layers, *record.
+  Tensor layer_forward(int64_t l, const Tensor& h_in, int64_t batch, int64_t seq_len, const Tensor& pos_S,
+                       LayerSaved& ls, MoeLayerRecord* record) const;
 
   ModelConfig cfg_;
   MoeConfig moe_cfg_;
@@ -134,6 +144,7 @@ class Model {
   moe::MoeLayerOptions moe_opt_;
   ParamStore params_;
   std::vector<Tensor> expert_bias_;
+  Recompute recompute_ = Recompute::none;
   int64_t first_expert_ = 0, local_experts_ = 0;
   size_t embedding_unit_ = 0, final_unit_ = 0;
   std::vector<size_t> layer_unit_, expert_unit_;  // per layer (expert_unit_: MoE layers only)

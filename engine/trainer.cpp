@@ -90,6 +90,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
     if (groups.has(k) && groups.get(k).size() > 1) counted.push_back(&groups.get(k));
 
   Model model(cfg.model, tc.seed, cfg.moe, &groups, static_cast<int>(cfg.parallel.zero_stage));
+  model.set_recompute(tc.recompute);
   // Gradient reductions (SUMs, §6) and ZeRO sharding: dense units over dp-cp,
   // expert units over edp.
   ZeroStore zero(model.params(), groups);

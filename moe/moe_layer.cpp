@@ -10,6 +10,15 @@ namespace origami::moe {
 
 namespace {
 
+// The saved experts' activations, recomputed from their kept input when
+// forward dropped them (recompute_experts).
+ExpertsSaved rebuilt(const ExpertWeights& w, const ExpertsSaved& saved) {
+  if (saved.h_NF.defined() || !saved.x_ND.defined()) return saved;
+  ExpertsSaved again;
+  experts_forward(w, saved.x_ND, saved.segments, again);
+  return again;
+}
+
 // Slots that survived capacity, per expert: the permutation's non-padding
 // rows, so the count is whatever make_permutation actually placed.
 std::vector<int64_t> count_kept(const Permutation& perm) {
@@ -72,6 +81,9 @@ Tensor moe_layer_forward(const MoeLayerOptions& opt, const MoeLayerWeights& w, c
     const Tensor y_shared = experts_forward(w.shared, x_TD, ExpertSegments{{0, T}}, saved.shared);  // (T, D)
     add_inplace(y_TD, y_shared);
   }
+  if (opt.recompute_experts) {
+    for (ExpertsSaved* e : {&saved.experts, &saved.shared}) e->gate_NF = e->up_NF = e->h_NF = Tensor();
+  }
   return y_TD;
 }
 
@@ -85,7 +97,7 @@ Tensor moe_layer_backward(const MoeLayerOptions& opt, const MoeLayerWeights& w, 
   check_shape(dy_TD, {T, D}, "moe dy_TD");
 
   // Shared expert first: its dx starts the accumulator (zeros otherwise).
-  Tensor dx_TD = w.has_shared() ? experts_backward(w.shared, saved.shared, dy_TD, grad.shared)
+  Tensor dx_TD = w.has_shared() ? experts_backward(w.shared, rebuilt(w.shared, saved.shared), dy_TD, grad.shared)
                                 : Tensor::zeros({T, D}, DType::f32, MemCategory::activation);
 
   // Combine backward: dy per permuted row (p-weighted) and dL/dp per slot,
@@ -96,7 +108,7 @@ Tensor moe_layer_backward(const MoeLayerOptions& opt, const MoeLayerWeights& w, 
   // Back to the experts' owners, through the experts, home again; then
   // scatter-add each row's dx onto its token.
   const Tensor dy_MD = disp.combine_backward(saved.dispatch, dy_ND);                      // (M, D)
-  const Tensor dx_MD = experts_backward(w.experts, saved.experts, dy_MD, grad.experts);  // (M, D)
+  const Tensor dx_MD = experts_backward(w.experts, rebuilt(w.experts, saved.experts), dy_MD, grad.experts);  // (M, D)
   const Tensor dx_ND = disp.dispatch_backward(saved.dispatch, dx_MD);                    // (N, D)
   permute_rows_backward(dx_ND, perm, dx_TD);
 

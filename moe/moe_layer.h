@@ -17,6 +17,9 @@ namespace origami::moe {
 struct MoeLayerOptions {
   RouterOptions router;
   CapacityOptions capacity;
+  // Keep only the experts' inputs; backward re-runs the grouped SwiGLU
+  // forward (no communication) to rebuild its [rows, F] activations.
+  bool recompute_experts = false;
 };
 
 struct MoeLayerWeights {

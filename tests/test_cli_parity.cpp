@@ -6,8 +6,9 @@
 //   EP=2 (np 2), EP=4 (np 4), EP=8 (np 8), ETP=2 × EP=2 (np 4),
 //   EP=4 with two experts per rank and a shared expert (np 4),
 //   ZeRO stages 0, 1, 2, 3 at DP = 4 (np 4, EP = 1, experts sharded over edp 4),
-//   TP=2 (np 2), CP=2 (np 2), TP=2 × CP=2 (np 4), and the folded layout
-//   TP=2 CP=2 DP=2 with ETP=1 EP=4 EDP=2 (np 8).
+//   TP=2 (np 2), CP=2 (np 2), TP=2 × CP=2 (np 4), the folded layout
+//   TP=2 CP=2 DP=2 with ETP=1 EP=4 EDP=2 (np 8), and activation recompute
+//   "full" (TP 2 × EP 2) and "moe" (EP 4 with a shared expert).
 // Gradient clipping (clip_grad 1.0) is active in these steps: the baseline's
 // grad norm exceeds 1 (asserted), so the norm must count every element once.
 // Why 1e-4 holds with room: the layouts compute the same sums in another
@@ -19,7 +20,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <map>
 #include <tuple>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -129,6 +132,8 @@ TEST_F(Parity, EveryLayoutMatchesOneRank) {
       {"tp2-cp2", 4, "--set parallel.tp=2 --set parallel.cp=2", 1, false},
       // The folded layout: attention TP 2 × CP 2 × DP 2, experts ETP 1 × EP 4 × EDP 2.
       {"folded8", 8, "--set parallel.tp=2 --set parallel.cp=2 --set parallel.ep=4", 4, false},
+      {"recompute-full", 4, "--set training.recompute=full --set parallel.tp=2 --set parallel.ep=2", 2, false},
+      {"recompute-moe", 4, "--set training.recompute=moe --set parallel.ep=4 " + shared, 4, true},
   };
   int clipped = 0;
   for (const auto& step : base) clipped += step.at("grad_norm").get<double>() > 1.0;
@@ -161,6 +166,27 @@ TEST_F(Parity, ConsolidatedExportEqualsOneRankModel) {
     ASSERT_EQ(it->second.shape(), t.shape()) << name;
     EXPECT_EQ(std::memcmp(it->second.f32(), t.f32(), t.numel() * sizeof(float)), 0) << name << " differs";
   }
+}
+
+// Recompute re-runs the same arithmetic, so one rank's losses and grad norms
+// stay the same to rounding, while the step's peak activation bytes fall.
+TEST_F(Parity, RecomputeKeepsLossesAndLowersPeakActivations) {
+  std::map<std::string, std::vector<nlohmann::json>> runs;
+  for (const char* mode : {"none", "full", "moe"})
+    runs[mode] = train(std::string("recompute-") + mode + "-1", 1, std::string("--set training.recompute=") + mode,
+                       "tiny-moe.toml", 3);
+  auto peak = [](const std::vector<nlohmann::json>& r) { return r.back().at("mem").at("activation").get<double>(); };
+  for (const char* mode : {"full", "moe"}) {
+    ASSERT_EQ(runs[mode].size(), 3u);
+    for (size_t s = 0; s < 3; ++s)
+      for (const char* key : {"lm_loss", "grad_norm"}) {
+        const double a = runs["none"][s].at(key).get<double>(), b = runs[mode][s].at(key).get<double>();
+        EXPECT_NEAR(b, a, 1e-12 * std::abs(a)) << mode << " " << key << " at step " << s + 1;
+      }
+    EXPECT_LT(peak(runs[mode]), peak(runs["none"])) << mode;
+  }
+  std::printf("peak activation bytes per step: none %.0f, full %.0f, moe %.0f\n", peak(runs["none"]),
+              peak(runs["full"]), peak(runs["moe"]));
 }
 
 // The planner's per-group communication volume (origami plan --json) against
