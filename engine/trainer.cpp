@@ -99,9 +99,11 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
   AdamW optimizer(cfg.optimizer, cfg.lr_schedule, tc.steps);
   MetricsWriter metrics(rank == 0 ? cfg.logging.dir : std::string());
   TrainSummary summary;
-  // Parameters of the whole model: this rank holds 1/(EP·ETP) of the experts.
+  // Parameters of the whole model: each tensor's global shape (tp and etp
+  // slices are parts of it), and this rank holds 1/EP of the experts.
   for (const ParamUnit& u : model.params().units())
-    summary.params += u.expert ? u.numel * groups.layout().ep() * groups.layout().etp() : u.numel;
+    for (const ParamInfo& p : u.params)
+      summary.params += shape_numel(p.global_shape()) * (u.expert ? groups.layout().ep() : 1);
 
   std::unique_ptr<IndexedDataset> indexed;
   std::unique_ptr<GptDataset> data;
