@@ -621,9 +621,6 @@ void validate_for_world(const Config& cfg, int world_size) {
                          " and model.num_kv_heads = ", m.num_kv_heads, " (heads split over tp)");
     if (m.ffn_hidden_size % p.tp != 0)
       ORIGAMI_USER_ERROR(src, ": parallel.tp = ", p.tp, " must divide model.ffn_hidden_size = ", m.ffn_hidden_size);
-    if (!cfg.exp.dir.empty())
-      ORIGAMI_USER_ERROR(src, ": export.dir with parallel.tp = ", p.tp,
-                         ": consolidated export of tensor-parallel weights is not implemented yet (set export.dir = \"\")");
   }
   if (t.seq_len % (2 * p.cp) != 0)
     ORIGAMI_USER_ERROR(src, ": training.seq_len = ", t.seq_len, " must be a multiple of 2·parallel.cp = ", 2 * p.cp,

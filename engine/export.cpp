@@ -1,6 +1,7 @@
 // Hugging Face export and import (see export.h).
 #include "engine/export.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,30 @@ std::string bias_name(int64_t l) {
 }
 
 const char* score_name(moe::ScoreFunction f) { return f == moe::ScoreFunction::softmax ? "softmax" : "sigmoid"; }
+// A tp-sliced dense tensor made whole on world rank 0 (undefined elsewhere):
+// the slices of rank 0's tp group are gathered in rank order; slices along
+// dim 0 then stand in place, slices along dim 1 are interleaved row by row.
+Tensor gather_tp_slices(const ParamInfo& p, const Tensor& local, comm::Communicator& tp, bool root) {
+  const int n = tp.size();
+  int64_t mine = local.numel();
+  std::vector<int64_t> counts(n);
+  tp.all_gather(std::span<const int64_t>(&mine, 1), std::span<int64_t>(counts));
+  const Shape& g = p.global_shape();
+  Tensor all = Tensor::empty(g, DType::f32, MemCategory::comm);
+  tp.all_gather_v(std::span<const float>(local.f32(), mine), std::span<float>(all.f32(), all.numel()), counts);
+  if (!root || p.shard.dim == 0) return root ? all : Tensor();
+  Tensor whole = Tensor::empty(g, DType::f32, MemCategory::comm);
+  const int64_t rows = g[0], cols = g[1];
+  int64_t col = 0, off = 0;
+  for (int r = 0; r < n; ++r) {
+    const int64_t w = counts[r] / rows;
+    for (int64_t i = 0; i < rows; ++i) std::copy_n(all.f32() + off + i * w, w, whole.f32() + i * cols + col);
+    col += w;
+    off += counts[r];
+  }
+  return whole;
+}
+
 }  // namespace
 
 void export_hf(const Model& model, const std::string& dir, const comm::Groups* groups) {
@@ -22,11 +47,24 @@ void export_hf(const Model& model, const std::string& dir, const comm::Groups* g
   std::vector<NamedTensor> tensors;
   if (spread)
     for (auto& [name, t] : model.gather_experts(*groups)) tensors.push_back({name, t});
-  if (groups && groups->world_rank() != 0) return;
+  // Tensor-parallel slices of the dense weights: rank 0's tp group gathers them.
+  comm::Communicator* tp = groups && groups->get(comm::GroupKind::tp).size() > 1 ? &groups->get(comm::GroupKind::tp)
+                                                                                 : nullptr;
+  const bool root = !groups || groups->world_rank() == 0;
+  if (tp && tp->members().front() == 0) {
+    for (const ParamUnit& u : model.params().units())
+      for (size_t i = 0; i < u.params.size(); ++i)
+        if (!u.expert && u.params[i].shard.dim >= 0)
+          if (Tensor t = gather_tp_slices(u.params[i], u.param_view(i), *tp, root); root)
+            tensors.push_back({u.params[i].name, t});
+  }
+  if (!root) return;
   std::filesystem::create_directories(dir);
   for (const ParamUnit& u : model.params().units())
     if (!(spread && u.expert))
-      for (size_t i = 0; i < u.params.size(); ++i) tensors.push_back({u.params[i].name, u.param_view(i)});
+      for (size_t i = 0; i < u.params.size(); ++i)
+        if (!(tp && !u.expert && u.params[i].shard.dim >= 0))
+          tensors.push_back({u.params[i].name, u.param_view(i)});
   for (size_t l = 0; l < model.expert_bias().size(); ++l)
     if (model.expert_bias()[l].defined()) tensors.push_back({bias_name(static_cast<int64_t>(l)), model.expert_bias()[l]});
   write_safetensors(dir + "/model.safetensors", tensors);

@@ -12,9 +12,9 @@
 
 namespace origami {
 
-// With `groups` and experts spread over ranks, a collective (see
-// Model::gather_experts): world rank 0 writes the consolidated model, the
-// other ranks write nothing. Without groups: this rank's model as it is.
+// With `groups` and experts or tensor-parallel slices spread over ranks, a
+// collective (Model::gather_experts; tp slices over rank 0's tp group): world
+// rank 0 writes the consolidated model, the other ranks write nothing. Without groups: this rank's model as it is.
 void export_hf(const Model& model, const std::string& dir, const comm::Groups* groups = nullptr);
 // Loads exported weights into `model` (names and shapes must match exactly).
 void load_hf_weights(Model& model, const std::string& dir);

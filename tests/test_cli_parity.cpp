@@ -149,22 +149,27 @@ TEST_F(Parity, EveryLayoutMatchesOneRank) {
 // (each rank holding 4 experts' F-halves) equals the one-rank model bit for bit.
 TEST_F(Parity, ConsolidatedExportEqualsOneRankModel) {
   const std::string zero = "--set training.steps=0 --set export.dir=";
-  for (const auto& [np, tag, args] : {std::tuple{1, "one", std::string()},
-                                      std::tuple{4, "spread", std::string("--set parallel.ep=2 --set parallel.etp=2")}}) {
-    auto r = run_command((np == 1 ? std::string() : std::string(ORIGAMI_MPIEXEC) +
-                                                        " --allow-run-as-root --oversubscribe --bind-to none -np 4 ") +
+  for (const auto& [np, tag, args] :
+       {std::tuple{1, "one", std::string()},
+        std::tuple{4, "spread", std::string("--set parallel.ep=2 --set parallel.etp=2")},
+        std::tuple{4, "tp", std::string("--set parallel.tp=2 --set parallel.ep=2 --set parallel.zero_stage=3")}}) {
+    auto r = run_command((np == 1 ? std::string()
+                                  : std::string(ORIGAMI_MPIEXEC) +
+                                        " --allow-run-as-root --oversubscribe --bind-to none -np " + std::to_string(np) + " ") +
                          ORIGAMI_BINARY + " train " + ORIGAMI_SOURCE_DIR + "/configs/tiny-moe.toml --set data.path=" +
                          (*dir_ / "fortunes") + " --set logging.dir= " + zero + (*dir_ / tag) + " " + args);
     ASSERT_EQ(r.status, 0) << r.output;
   }
   const auto one = read_safetensors(*dir_ / "one/model.safetensors");
-  const auto spread = read_safetensors(*dir_ / "spread/model.safetensors");
-  ASSERT_EQ(one.size(), spread.size());
-  for (const auto& [name, t] : one) {
-    auto it = spread.find(name);
-    ASSERT_NE(it, spread.end()) << name << " missing from the consolidated export";
-    ASSERT_EQ(it->second.shape(), t.shape()) << name;
-    EXPECT_EQ(std::memcmp(it->second.f32(), t.f32(), t.numel() * sizeof(float)), 0) << name << " differs";
+  for (const char* tag : {"spread", "tp"}) {
+    const auto spread = read_safetensors(*dir_ / (std::string(tag) + "/model.safetensors"));
+    ASSERT_EQ(one.size(), spread.size()) << tag;
+    for (const auto& [name, t] : one) {
+      auto it = spread.find(name);
+      ASSERT_NE(it, spread.end()) << name << " missing from the consolidated export (" << tag << ")";
+      ASSERT_EQ(it->second.shape(), t.shape()) << name;
+      EXPECT_EQ(std::memcmp(it->second.f32(), t.f32(), t.numel() * sizeof(float)), 0) << name << " differs (" << tag << ")";
+    }
   }
 }
 

@@ -626,10 +626,6 @@ TEST(Config, ValidateForWorld) {
   seq.parallel.tp = 2;
   seq.moe.load_balancing = moe::LoadBalancing::seq_aux_loss;
   expect_error(seq, 2, "moe.load_balancing = \"seq_aux_loss\" needs whole sequences per rank");
-  Config exported = moe;
-  exported.parallel.tp = 2;
-  exported.exp.dir = "out";
-  expect_error(exported, 2, "export.dir with parallel.tp = 2");
   Config pp = moe;
   pp.parallel.pp = 2;
   expect_error(pp, 2, "parallel.pp = 2: only 1 is supported until pipeline parallelism lands");
