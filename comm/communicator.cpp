@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include "kernels/check.h"
 
@@ -92,15 +93,18 @@ namespace {
 // MPI_Test (or cudaEventQuery) polling with a deadline. The first polls spin
 // for latency; after that each poll yields the core, because test jobs run
 // several ranks per core and a spinning rank would starve the peer it waits on.
-void Request::wait() {
+void Request::wait(bool sleep_when_idle) {
   if (!op_) return;
   using Clock = std::chrono::steady_clock;
   if (!op_->test()) {
     const auto t0 = Clock::now();
     const auto limit = std::chrono::duration<double>(op_->timeout_s);
     for (int polls = 0; !op_->test(); ++polls) {
-      if (polls >= 256) sched_yield();
       const auto waited = Clock::now() - t0;
+      if (sleep_when_idle && waited > std::chrono::milliseconds(1))
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      else if (polls >= 256)
+        sched_yield();
       if (waited > limit) abort_on_timeout(*op_, std::chrono::duration<double>(waited).count());
     }
   }

@@ -131,7 +131,10 @@ class Request {
   ~Request() { wait(); }
 
   // Blocks until complete, bounded by the group's timeout (then aborts).
-  void wait();
+  // Waits expected to be long (a pipeline stage waiting out the bubble) pass
+  // sleep_when_idle: after a millisecond of polling the thread sleeps
+  // between polls and leaves the core to ranks that compute.
+  void wait(bool sleep_when_idle = false);
   // True when complete (or empty); never blocks.
   bool test();
 

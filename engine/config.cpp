@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <sstream>
 #include <string_view>
 #include <variant>
@@ -30,9 +31,10 @@ using detail::concat;
 // ---- The schema: every section and key, bound to a Config's fields. ----------
 
 // Enum keys are strings from a fixed set (enum_names); an optional float is
-// absent unless the file sets it.
+// absent unless the file sets it; a list key is an array of integers.
 using FieldPtr = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::optional<double>*,
-                              moe::ScoreFunction*, moe::LoadBalancing*, moe::DropPolicy*, Recompute*>;
+                              std::vector<int64_t>*, moe::ScoreFunction*, moe::LoadBalancing*, moe::DropPolicy*,
+                              Recompute*>;
 struct Field {
   std::string_view key;
   FieldPtr ptr;
@@ -92,7 +94,8 @@ std::vector<Section> schema(Config& c) {
         {"drop_policy", &e.drop_policy}, {"pad_to_capacity", &e.pad_to_capacity}}},
       {"parallel",
        {{"tp", &p.tp}, {"cp", &p.cp}, {"pp", &p.pp}, {"ep", &p.ep}, {"etp", &p.etp}, {"order", &p.order},
-        {"zero_stage", &p.zero_stage}}},
+        {"zero_stage", &p.zero_stage}, {"pp_layers", &p.pp_layers},
+        {"reshard_after_forward", &p.reshard_after_forward}}},
       {"training",
        {{"steps", &t.steps}, {"seq_len", &t.seq_len}, {"global_batch", &t.global_batch},
         {"micro_batch", &t.micro_batch}, {"seed", &t.seed}, {"recompute", &t.recompute}}},
@@ -115,6 +118,11 @@ std::string fmt(double v) {
   char buf[64];
   auto r = std::to_chars(buf, buf + sizeof buf, v);  // shortest round-trip form
   return std::string(buf, r.ptr);
+}
+std::string fmt(const std::vector<int64_t>& v) {  // [2, 2]
+  std::string r = "[";
+  for (size_t i = 0; i < v.size(); ++i) r += concat(i ? ", " : "", v[i]);
+  return r + ']';
 }
 std::string fmt(const std::string& v) {  // a TOML basic string: "..." with escapes
   std::string r = "\"";
@@ -308,6 +316,18 @@ void assign(const Field& f, const toml::node& v, const std::string& key, const s
         } else if constexpr (std::is_same_v<T, bool>) {
           if (!v.is_boolean()) wrong("a boolean (true or false)");
           *p = v.as_boolean()->get();
+        } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+          const toml::array* items = v.as_array();
+          if (!items) wrong("an array of integers");
+          std::vector<int64_t> values;
+          for (size_t i = 0; i < items->size(); ++i) {
+            const toml::node& item = *items->get(i);
+            if (!item.is_integer())
+              ORIGAMI_USER_ERROR(origin, ": ", key, " = ", show(v), ": expected an array of integers, got ",
+                                 type_name(item), " at index ", i);
+            values.push_back(item.as_integer()->get());
+          }
+          *p = std::move(values);
         } else if constexpr (std::is_enum_v<T>) {
           const auto& names = enum_names(p);
           std::string allowed;
@@ -462,6 +482,30 @@ void check_order(const Rules& r, const std::string& order) {
          concat("must be a permutation of tp, cp, ep, dp, pp joined by '-' (e.g. \"tp-cp-ep-dp-pp\"): ", problem));
 }
 
+// Pipeline stages: an explicit parallel.pp_layers lists pp counts >= 0
+// summing to model.num_layers; the even split (plan::stage_layers) needs
+// num_layers >= pp so that no stage is left without a layer.
+void check_pipeline_stages(const Rules& r, const ModelConfig& m, const ParallelConfig& p) {
+  const std::vector<int64_t>& layers = p.pp_layers;
+  if (layers.empty()) {
+    r.need_all(m.num_layers >= p.pp, {"model.num_layers", "parallel.pp"},
+               concat("model.num_layers = ", m.num_layers, " must be >= parallel.pp = ", p.pp,
+                      " (the even split gives every pipeline stage a layer; parallel.pp_layers sets the split "
+                      "explicitly)"));
+    return;
+  }
+  const auto stages = static_cast<int64_t>(layers.size());
+  r.need_all(stages == p.pp, {"parallel.pp_layers", "parallel.pp"},
+             concat("parallel.pp_layers = ", fmt(layers), " lists ", stages,
+                    " stages: must list one layer count per pipeline stage, parallel.pp = ", p.pp));
+  r.need(std::all_of(layers.begin(), layers.end(), [](int64_t n) { return n >= 0; }), "parallel.pp_layers", layers,
+         "layer counts must be >= 0");
+  const int64_t sum = std::accumulate(layers.begin(), layers.end(), int64_t{0});
+  r.need_all(sum == m.num_layers, {"parallel.pp_layers", "model.num_layers"},
+             concat("parallel.pp_layers = ", fmt(layers), " sums to ", sum, ": must sum to model.num_layers = ",
+                    m.num_layers));
+}
+
 void validate(const Config& c, const Origins& o) {
   const Rules r(o);
   const ModelConfig& m = c.model;
@@ -550,6 +594,7 @@ void validate(const Config& c, const Origins& o) {
                         " (the experts in the kept groups)"));
     }
   }
+  check_pipeline_stages(r, m, c.parallel);
   r.need_all(!e.pad_to_capacity || e.capacity_factor.has_value(), {"moe.pad_to_capacity", "moe.capacity_factor"},
              "moe.pad_to_capacity = true requires moe.capacity_factor (dropless routing has no capacity to pad to)");
   r.need_all(s.min_lr <= op.lr, {"lr_schedule.min_lr", "optimizer.lr"},
@@ -612,7 +657,9 @@ void validate_for_world(const Config& cfg, int world_size) {
     ORIGAMI_USER_ERROR(src, ": ", e.what());
   }
 
-  if (p.pp != 1) ORIGAMI_USER_ERROR(src, ": parallel.pp = ", p.pp, ": only 1 is supported until pipeline parallelism lands");
+  // The stage rules again: callers may edit parallel.pp after loading.
+  const Origins origins(src);
+  check_pipeline_stages(Rules(origins), cfg.model, p);
   const ModelConfig& m = cfg.model;
   const TrainingConfig& t = cfg.training;
   if (p.tp > 1) {

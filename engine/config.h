@@ -59,6 +59,14 @@ struct ParallelConfig {
   int64_t tp = 1, cp = 1, pp = 1, ep = 1, etp = 1;
   std::string order = "tp-cp-ep-dp-pp";
   int64_t zero_stage = 3;
+  // Layers per pipeline stage: pp counts >= 0 summing to model.num_layers.
+  // Empty: even split, the first num_layers % pp stages one layer more.
+  std::vector<int64_t> pp_layers;
+  // ZeRO-3 only. true: free each gathered unit after its forward and regather
+  // it for backward (per micro-batch). false: keep it whole from its first
+  // gather until the step's gradients are done (one gather per unit per
+  // step, at the memory of the whole stage's params).
+  bool reshard_after_forward = true;
 };
 
 // training.recompute: activations backward recomputes instead of keeping.
@@ -140,8 +148,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config parse_config(const std::string& toml_text, const std::string& source,
                     const std::vector<std::string>& overrides = {});
 
-// Validation that needs the world size (layout divisibility, batch split).
-// Until the parallel issues land every parallel size must be 1.
+// Validation that needs the world size (layout divisibility, batch split,
+// tensor/context/expert split sizes); repeats the pipeline-stage rules for a
+// Config edited after loading.
 void validate_for_world(const Config& cfg, int world_size);
 
 }  // namespace origami

@@ -40,6 +40,54 @@ Tensor gather_tp_slices(const ParamInfo& p, const Tensor& local, comm::Communica
   return whole;
 }
 
+// Pipeline stages hand their consolidated tensors to stage 0 over the pp
+// group of world rank 0 (the stage roots): sizes, then a header of
+// (name length, rank, dims...) per tensor, the names' characters, the data.
+void send_stage_tensors(comm::Communicator& roots, const std::vector<NamedTensor>& tensors) {
+  std::vector<int64_t> header;
+  std::vector<int32_t> names;
+  std::vector<float> data;
+  for (const NamedTensor& t : tensors) {
+    header.push_back(static_cast<int64_t>(t.name.size()));
+    header.push_back(static_cast<int64_t>(t.tensor.shape().size()));
+    header.insert(header.end(), t.tensor.shape().begin(), t.tensor.shape().end());
+    names.insert(names.end(), t.name.begin(), t.name.end());
+    data.insert(data.end(), t.tensor.f32(), t.tensor.f32() + t.tensor.numel());
+  }
+  int64_t sizes[4] = {static_cast<int64_t>(tensors.size()), static_cast<int64_t>(header.size()),
+                      static_cast<int64_t>(names.size()), static_cast<int64_t>(data.size())};
+  roots.send(std::span<const int64_t>(sizes, 4), 0);
+  roots.send(std::span<const int64_t>(header), 0);
+  roots.send(std::span<const int32_t>(names), 0);
+  roots.send(std::span<const float>(data), 0);
+}
+
+void receive_stage_tensors(comm::Communicator& roots, int stage, std::vector<NamedTensor>& out) {
+  int64_t sizes[4];
+  roots.recv(std::span<int64_t>(sizes, 4), stage);
+  std::vector<int64_t> header(static_cast<size_t>(sizes[1]));
+  std::vector<int32_t> names(static_cast<size_t>(sizes[2]));
+  std::vector<float> data(static_cast<size_t>(sizes[3]));
+  roots.recv(std::span<int64_t>(header), stage);
+  roots.recv(std::span<int32_t>(names), stage);
+  roots.recv(std::span<float>(data), stage);
+  size_t h = 0, c = 0, d = 0;
+  for (int64_t i = 0; i < sizes[0]; ++i) {
+    const auto name_len = static_cast<size_t>(header[h++]);
+    const auto rank = static_cast<size_t>(header[h++]);
+    Shape shape(header.begin() + static_cast<std::ptrdiff_t>(h), header.begin() + static_cast<std::ptrdiff_t>(h + rank));
+    h += rank;
+    std::string name(names.begin() + static_cast<std::ptrdiff_t>(c), names.begin() + static_cast<std::ptrdiff_t>(c + name_len));
+    c += name_len;
+    Tensor t = Tensor::empty(shape, DType::f32, MemCategory::comm);
+    std::copy_n(data.data() + d, t.numel(), t.f32());
+    d += static_cast<size_t>(t.numel());
+    out.push_back({std::move(name), std::move(t)});
+  }
+  ORIGAMI_CHECK(h == header.size() && c == names.size() && d == data.size(), "export: stage ", stage,
+                " sent a malformed tensor list");
+}
+
 }  // namespace
 
 void export_hf(const Model& model, const std::string& dir, const comm::Groups* groups) {
@@ -50,8 +98,10 @@ void export_hf(const Model& model, const std::string& dir, const comm::Groups* g
   // Tensor-parallel slices of the dense weights: rank 0's tp group gathers them.
   comm::Communicator* tp = groups && groups->get(comm::GroupKind::tp).size() > 1 ? &groups->get(comm::GroupKind::tp)
                                                                                  : nullptr;
-  const bool root = !groups || groups->world_rank() == 0;
-  if (tp && tp->members().front() == 0) {
+  // Each pipeline stage's first rank consolidates its stage's tensors.
+  const int stage_root = groups ? stage_root_rank(*groups) : 0;
+  const bool root = !groups || groups->world_rank() == stage_root;
+  if (tp && tp->members().front() == stage_root) {
     for (const ParamUnit& u : model.params().units())
       for (size_t i = 0; i < u.params.size(); ++i)
         if (!u.expert && u.params[i].shard.dim >= 0)
@@ -59,7 +109,6 @@ void export_hf(const Model& model, const std::string& dir, const comm::Groups* g
             tensors.push_back({u.params[i].name, t});
   }
   if (!root) return;
-  std::filesystem::create_directories(dir);
   for (const ParamUnit& u : model.params().units())
     if (!(spread && u.expert))
       for (size_t i = 0; i < u.params.size(); ++i)
@@ -67,6 +116,12 @@ void export_hf(const Model& model, const std::string& dir, const comm::Groups* g
           tensors.push_back({u.params[i].name, u.param_view(i)});
   for (size_t l = 0; l < model.expert_bias().size(); ++l)
     if (model.expert_bias()[l].defined()) tensors.push_back({bias_name(static_cast<int64_t>(l)), model.expert_bias()[l]});
+  if (groups && groups->layout().pp() > 1) {
+    comm::Communicator& roots = groups->get(comm::GroupKind::pp);  // stage roots: world rank 0's pp group
+    if (roots.rank() != 0) return send_stage_tensors(roots, tensors);
+    for (int s = 1; s < roots.size(); ++s) receive_stage_tensors(roots, s, tensors);
+  }
+  std::filesystem::create_directories(dir);
   write_safetensors(dir + "/model.safetensors", tensors);
 
   const ModelConfig& c = model.config();

@@ -12,8 +12,9 @@
 
 namespace origami {
 
-// With `groups` and experts or tensor-parallel slices spread over ranks, a
-// collective (Model::gather_experts; tp slices over rank 0's tp group): world
+// With `groups` and experts, tensor-parallel slices or pipeline stages spread
+// over ranks, a collective (Model::gather_experts; tp slices over each stage
+// root's tp group; stage roots send to world rank 0 over its pp group): world
 // rank 0 writes the consolidated model, the other ranks write nothing. Without groups: this rank's model as it is.
 void export_hf(const Model& model, const std::string& dir, const comm::Groups* groups = nullptr);
 // Loads exported weights into `model` (names and shapes must match exactly).

@@ -43,6 +43,14 @@ nlohmann::ordered_json to_json(const StepMetrics& m) {
     for (const auto& [group, bytes] : m.comm_bytes) comm[group] = bytes;
     j["comm_bytes"] = comm;
   }
+  if (!m.stages.empty()) {
+    j["pipeline"] = nlohmann::ordered_json::array();
+    for (size_t s = 0; s < m.stages.size(); ++s)
+      j["pipeline"].push_back({{"stage", s},
+                               {"busy_s", m.stages[s].busy_s},
+                               {"idle_s", m.stages[s].idle_s},
+                               {"idle_fraction", m.stages[s].idle_fraction()}});
+  }
   if (!m.moe.empty()) {
     j["aux_loss"] = m.aux_loss;
     j["z_loss"] = m.z_loss;
@@ -62,8 +70,18 @@ std::string format_bytes(int64_t bytes) {
 }
 
 std::string format_step_line(const StepMetrics& m) {
-  char buf[640];
+  char buf[768];
   const auto& pk = m.mem.peak;
+  std::string pipe;  // idle share of each stage's schedule, e.g. " | pp idle 27/25/26/30%"
+  if (m.stages.size() > 1) {
+    pipe = " | pp idle ";
+    for (size_t s = 0; s < m.stages.size(); ++s) {
+      char pct[16];
+      std::snprintf(pct, sizeof pct, "%s%.0f", s ? "/" : "", 100 * m.stages[s].idle_fraction());
+      pipe += pct;
+    }
+    pipe += "%";
+  }
   char moe[96] = "";
   if (!m.moe.empty()) {
     double worst = 0;
@@ -72,10 +90,10 @@ std::string format_step_line(const StepMetrics& m) {
   }
   std::snprintf(buf, sizeof buf,
                 "step %5lld/%lld | lm loss %.4f%s | grad norm %.3f | lr %.3e | %.0f tok/s | %.1f GFLOP/s | "
-                "mem param %s grad %s optim %s act %s ws %s",
+                "mem param %s grad %s optim %s act %s ws %s%s",
                 static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.lm_loss, moe, m.grad_norm,
                 m.lr, m.tokens_per_s, m.gflops, format_bytes(pk[0]).c_str(), format_bytes(pk[1]).c_str(),
-                format_bytes(pk[2]).c_str(), format_bytes(pk[3]).c_str(), format_bytes(pk[5]).c_str());
+                format_bytes(pk[2]).c_str(), format_bytes(pk[3]).c_str(), format_bytes(pk[5]).c_str(), pipe.c_str());
   return buf;
 }
 

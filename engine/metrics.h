@@ -24,6 +24,10 @@ struct StepMetrics {
   // Bytes this rank sent per group during the step (comm/communicator.h's
   // ring convention), for groups of more than one rank, by group name.
   std::vector<std::pair<std::string, int64_t>> comm_bytes;
+  // Per pipeline stage (one entry without pipelining): seconds busy in
+  // forward and backward and idle on the pipeline's receives during the
+  // step's schedule, as measured on the stage's rank in rank 0's pp group.
+  std::vector<StageTiming> stages;
 };
 
 nlohmann::ordered_json to_json(const StepMetrics& m);

@@ -65,7 +65,7 @@ double ForwardStats::z_loss() const {
 }
 
 Model::Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe_cfg, const comm::Groups* groups,
-             int zero_stage)
+             int zero_stage, const std::vector<int64_t>& pp_layers)
     : cfg_(cfg), moe_cfg_(moe_cfg) {
   const int64_t D = cfg.hidden_size, V = cfg.vocab_size, F = cfg.ffn_hidden_size, hd = cfg.head_dim();
   const int64_t Hq = cfg.num_heads, Hkv = cfg.num_kv_heads;
@@ -105,10 +105,14 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe_cfg, co
     return split ? ShardSpec{1, r.start, std::move(global)} : ShardSpec{};
   };
   const bool rep = true;  // tp-replicated
+  stage_ = pipeline_stage(cfg.num_layers, groups ? groups->layout().pp() : 1, groups ? groups->coords().pp : 0,
+                          pp_layers);
 
-  ParamUnit& emb = params_.add_unit("embedding");
-  params_.add_param(emb, "model.embed_tokens.weight", {vocab.count, D}, InitKind::normal, rows_of(vocab, {V, D}));
-  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+  if (stage_.first()) {
+    ParamUnit& emb = params_.add_unit("embedding");
+    params_.add_param(emb, "model.embed_tokens.weight", {vocab.count, D}, InitKind::normal, rows_of(vocab, {V, D}));
+  }
+  for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l) {
     const std::string p = layer_prefix(l);
     ParamUnit& u = params_.add_unit("layers." + std::to_string(l));
     params_.add_param(u, p + "input_layernorm.weight", {D}, InitKind::ones, {}, rep);
@@ -148,9 +152,11 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe_cfg, co
     for (int64_t e = e0; e < e1; ++e)
       params_.add_param(x, expert_name(l, e, "w2"), {D, Fl}, InitKind::normal_scaled_output, cols);
   }
-  ParamUnit& fin = params_.add_unit("final");
-  params_.add_param(fin, "model.norm.weight", {D}, InitKind::ones, {}, rep);
-  params_.add_param(fin, "lm_head.weight", {vocab.count, D}, InitKind::normal, rows_of(vocab, {V, D}));
+  if (stage_.last()) {
+    ParamUnit& fin = params_.add_unit("final");
+    params_.add_param(fin, "model.norm.weight", {D}, InitKind::ones, {}, rep);
+    params_.add_param(fin, "lm_head.weight", {vocab.count, D}, InitKind::normal, rows_of(vocab, {V, D}));
+  }
   params_.allocate(zero_shard_plan(zero_stage, groups));
   params_.initialize(seed, static_cast<float>(cfg.init_std), cfg.num_layers);
   layer_unit_.assign(cfg.num_layers, 0);
@@ -167,7 +173,7 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe_cfg, co
 
   expert_bias_.resize(cfg.num_layers);
   if (moe_cfg.expert_bias)
-    for (int64_t l = 0; l < cfg.num_layers; ++l)
+    for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l)
       if (moe_cfg.is_moe_layer(l)) expert_bias_[l] = Tensor::zeros({E}, DType::f32, MemCategory::param);
 }
 
@@ -205,17 +211,18 @@ Model::LayerWeights Model::layer_views(int64_t l, bool grads) const {
 std::vector<std::pair<std::string, Tensor>> Model::gather_experts(const comm::Groups& groups) const {
   std::vector<std::pair<std::string, Tensor>> out;
   comm::Communicator& shards = groups.get(comm::GroupKind::tp_ep);
-  if (shards.members().front() != 0) return out;  // another replica of the experts
+  const int stage_root = stage_root_rank(groups);
+  if (shards.members().front() != stage_root) return out;  // another replica of the experts
   const int64_t El = local_experts_, D = cfg_.hidden_size, Fe = moe_cfg_.expert_ffn(cfg_.ffn_hidden_size);
   const int64_t Fl = Fe / (dispatcher_ ? dispatcher_->etp_size() : 1);
   std::map<std::string, Tensor> full;  // every slice lands in its whole tensor
-  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+  for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l) {
     if (!moe_cfg_.is_moe_layer(l)) continue;
     const ParamUnit& u = params_.units()[params_.find(expert_name(l, first_expert_, "w1")).first];
     const int64_t n = shards.size();
     Tensor all = Tensor::empty({n * u.numel}, DType::f32, MemCategory::comm);
     shards.all_gather(std::span<const float>(u.param.f32(), u.numel), std::span<float>(all.f32(), n * u.numel));
-    if (groups.world_rank() != 0) continue;
+    if (groups.world_rank() != stage_root) continue;
     // Member m's unit: w1 of its El experts ([Fl, D] each), then w3, then w2 ([D, Fl]).
     for (int64_t m = 0; m < n; ++m) {
       const comm::RankCoords c = groups.layout().coords(shards.members()[m]);
@@ -264,7 +271,8 @@ StepFlops Model::training_flops(int64_t batch, int64_t seq_len) const {
 void Model::update_expert_bias(const std::vector<MoeLayerRecord>& loads) {
   if (!moe_cfg_.expert_bias) return;
   for (const MoeLayerRecord& r : loads)
-    moe::update_expert_bias(expert_bias_[r.layer], r.routed_per_expert, static_cast<float>(moe_cfg_.bias_update_rate));
+    if (stage_.owns_layer(r.layer))
+      moe::update_expert_bias(expert_bias_[r.layer], r.routed_per_expert, static_cast<float>(moe_cfg_.bias_update_rate));
 }
 
 namespace {
@@ -304,8 +312,13 @@ Tensor Model::layer_forward(int64_t l, const Tensor& h_in, int64_t B, int64_t S,
   return z;  // the views in w die here, before the caller may free the units
 }
 
+Shape Model::boundary_shape(int64_t batch, int64_t seq_len) const {
+  const int64_t cp = cp_ ? cp_->size() : 1, tp = tp_ ? tp_->size() : 1;
+  return {batch * seq_len / cp / tp, cfg_.hidden_size};
+}
+
 double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_T, ForwardStats* stats,
-                      UnitHooks* unit_hooks) const {
+                      UnitHooks* unit_hooks, const Tensor& h_in, Tensor* h_out) const {
   const Hooks hooks{unit_hooks};
   const int64_t B = tokens_BS1.size(0), S = tokens_BS1.size(1) - 1, V = cfg_.vocab_size;
   const float eps = static_cast<float>(cfg_.norm_eps);
@@ -317,18 +330,25 @@ double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_
   saved.pos_S = own.pos_S;
   saved.batch = B;
   saved.seq_len = S;
-  const Tensor targets = own.targets_T;
 
+  Tensor h;  // (T/tp, D)
+  if (stage_.first()) {
+    hooks.before_forward(embedding_unit_);
+    h = dense::tp_embedding_forward(saved.ids_T, params_.param("model.embed_tokens.weight"), V, tp_);
+    hooks.after_forward(embedding_unit_);
+  } else {
+    ORIGAMI_CHECK(h_in.defined() && h_in.shape() == boundary_shape(B, S), "stage ", stage_.index,
+                  ": input of shape ", h_in.defined() ? shape_string(h_in.shape()) : "(none)", ", expected ",
+                  shape_string(boundary_shape(B, S)));
+    h = h_in;
+  }
   std::vector<MoeLayerRecord> records;
-  hooks.before_forward(embedding_unit_);
-  Tensor h = dense::tp_embedding_forward(saved.ids_T, params_.param("model.embed_tokens.weight"), V, tp_);  // (T/tp, D)
-  hooks.after_forward(embedding_unit_);
-  saved.layers.assign(cfg_.num_layers, LayerSaved{});
-  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+  saved.layers.assign(stage_.end_layer - stage_.first_layer, LayerSaved{});
+  for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l) {
     const bool is_moe = moe_cfg_.is_moe_layer(l);
     hooks.before_forward(layer_unit_[l]);
     if (is_moe) hooks.before_forward(expert_unit_[l]);
-    LayerSaved& ls = saved.layers[l];
+    LayerSaved& ls = saved.layers[l - stage_.first_layer];
     MoeLayerRecord record;
     if (recompute_ == Recompute::full) {
       LayerSaved discarded;  // rebuilt by the layer's backward
@@ -342,28 +362,39 @@ double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_
     if (is_moe) hooks.after_forward(expert_unit_[l]);
   }
   if (stats) stats->accumulate(records);
+  if (!stage_.last()) {
+    ORIGAMI_CHECK(h_out, "stage ", stage_.index, " of ", stage_.count, ": forward needs somewhere to put its output");
+    *h_out = h;
+    return 0.0;
+  }
   hooks.before_forward(final_unit_);
   Tensor y = dense::rmsnorm_module_forward(h, params_.param("model.norm.weight"), eps, saved.final_norm);
-  const double loss = dense::tp_lm_head_forward(params_.param("lm_head.weight"), V, y, targets, tp_, saved.head, loss_T);
+  const double loss =
+      dense::tp_lm_head_forward(params_.param("lm_head.weight"), V, y, own.targets_T, tp_, saved.head, loss_T);
   hooks.after_forward(final_unit_);
   return loss;
 }
 
-void Model::backward(ModelSaved& saved, float lm_grad_scale, float aux_scale, UnitHooks* unit_hooks) {
+Tensor Model::backward(ModelSaved& saved, float lm_grad_scale, float aux_scale, UnitHooks* unit_hooks,
+                       Tensor dh_out) {
   const Hooks hooks{unit_hooks};
-  hooks.before_backward(final_unit_);
   Tensor dh;
-  {
+  if (stage_.last()) {
+    hooks.before_backward(final_unit_);
     Tensor dnorm_w = params_.grad("model.norm.weight"), dhead_w = params_.grad("lm_head.weight");
     Tensor dy = dense::tp_lm_head_backward(params_.param("lm_head.weight"), saved.head, lm_grad_scale, tp_, dhead_w);
     dh = dense::rmsnorm_module_backward(dy, params_.param("model.norm.weight"), saved.final_norm, dnorm_w);
+    hooks.after_backward(final_unit_);
+  } else {
+    ORIGAMI_CHECK(dh_out.defined() && dh_out.shape() == boundary_shape(saved.batch, saved.seq_len), "stage ",
+                  stage_.index, ": output gradient of the wrong shape");
+    dh = std::move(dh_out);  // accumulated into below: the caller hands it over
   }
-  hooks.after_backward(final_unit_);
-  for (int64_t l = cfg_.num_layers - 1; l >= 0; --l) {
+  for (int64_t l = stage_.end_layer - 1; l >= stage_.first_layer; --l) {
     const bool is_moe = moe_cfg_.is_moe_layer(l);
     if (is_moe) hooks.before_backward(expert_unit_[l]);
     hooks.before_backward(layer_unit_[l]);
-    LayerSaved& ls = saved.layers[l];
+    LayerSaved& ls = saved.layers[l - stage_.first_layer];
     if (recompute_ == Recompute::full) {  // rebuild this layer's activations from its input
       const Tensor input = ls.input;
       ls = LayerSaved{};
@@ -383,13 +414,15 @@ void Model::backward(ModelSaved& saved, float lm_grad_scale, float aux_scale, Un
     if (is_moe) hooks.after_backward(expert_unit_[l]);
     hooks.after_backward(layer_unit_[l]);
   }
-  hooks.before_backward(embedding_unit_);
-  {
+  if (stage_.first()) {
+    hooks.before_backward(embedding_unit_);
     Tensor demb = params_.grad("model.embed_tokens.weight");
     dense::tp_embedding_backward(saved.ids_T, dh, cfg_.vocab_size, tp_, demb);
+    hooks.after_backward(embedding_unit_);
+    dh = Tensor();
   }
-  hooks.after_backward(embedding_unit_);
   saved = ModelSaved{};
+  return dh;
 }
 
 }  // namespace origami

@@ -16,6 +16,7 @@
 #include "dense/norm.h"
 #include "engine/config.h"
 #include "engine/params.h"
+#include "engine/pipeline.h"
 #include "engine/zero.h"
 #include "moe/moe_layer.h"
 
@@ -73,6 +74,11 @@ struct StepFlops {
 // (cp > 1) the rank's tokens are its zigzag chunks of each sample
 // (dense/attention_cp.h). The returned loss is the sum over this rank's cp
 // shard (the same on every tp rank).
+// Under pipeline parallelism (pp > 1) the model holds only its stage's
+// layers (engine/pipeline.h; the embedding on the first stage, final norm and
+// head on the last): forward takes the previous stage's output and hands its
+// own to the next, backward the reverse; parameter and layer names stay
+// global, so every stage initializes exactly its part of the one-rank model.
 // Under expert parallelism (groups given, EP·ETP > 1) the model holds only
 // this rank's experts — E/EP of them, each its F/ETP slice — and its MoE
 // layers exchange tokens over the `ep` and `etp` groups; routing statistics
@@ -83,8 +89,10 @@ class Model {
  public:
   // zero_stage: how ParamStore shards the units over their groups (§6;
   // engine/zero.h runs the gathers and reductions).
+  // pp_layers: layers per pipeline stage (empty: even split); the stage is
+  // this rank's pp coordinate.
   Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe = {}, const comm::Groups* groups = nullptr,
-        int zero_stage = 0);
+        int zero_stage = 0, const std::vector<int64_t>& pp_layers = {});
 
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
@@ -97,30 +105,44 @@ class Model {
     recompute_ = r;
     moe_opt_.recompute_experts = r == Recompute::moe;
   }
+  const PipelineStage& stage() const { return stage_; }
+  // The shape of a stage boundary tensor (this rank's residual stream of one
+  // micro-batch): [batch·seq_len / (cp·tp), hidden].
+  Shape boundary_shape(int64_t batch, int64_t seq_len) const;
   int64_t first_local_expert() const { return first_expert_; }
   int64_t num_local_experts() const { return local_experts_; }
 
-  // Every expert weight of the global model, whole, by HF name — on world
-  // rank 0; empty elsewhere. Collective over world rank 0's tp-ep group
-  // (which holds each expert slice once); the other ranks return at once.
+  // Every expert weight of this stage's layers, whole, by HF name — on the
+  // stage's first rank (every coordinate 0 but pp); empty elsewhere.
+  // Collective over that rank's tp-ep group (which holds each expert slice
+  // once); the other ranks return at once.
   std::vector<std::pair<std::string, Tensor>> gather_experts(const comm::Groups& groups) const;
   int64_t active_matmul_params() const;
   StepFlops training_flops(int64_t batch, int64_t seq_len) const;
 
-  // Expert bias per layer (undefined for dense layers or when disabled).
+  // Expert bias per layer (undefined for dense layers, other stages' layers
+  // or when disabled).
   // State, not a parameter: no gradient, no optimizer, updated by
   // update_expert_bias from a global batch's routed loads.
   const std::vector<Tensor>& expert_bias() const { return expert_bias_; }
   void update_expert_bias(const std::vector<MoeLayerRecord>& global_batch_loads);
 
-  // tokens: i32 [B, S+1] windows. Returns Σ token LM loss; fills saved for
-  // backward and, if given, per-layer MoE statistics. hooks (ZeRO) are told
-  // before and after each unit's use.
+  // tokens: i32 [B, S+1] windows (every stage reads them: the first embeds
+  // the ids, the last scores the targets, all use the positions). Returns
+  // Σ token LM loss on the last stage (0 on the others); fills saved for
+  // backward and, if given, per-layer MoE statistics of this stage's layers.
+  // hooks (ZeRO) are told before and after each unit's use. Pipeline: h_in
+  // is the previous stage's output (ignored on the first stage); the others
+  // but the last put their output in *h_out.
   double forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_T = nullptr,
-                 ForwardStats* stats = nullptr, UnitHooks* hooks = nullptr) const;
+                 ForwardStats* stats = nullptr, UnitHooks* hooks = nullptr, const Tensor& h_in = {},
+                 Tensor* h_out = nullptr) const;
   // Accumulates d(lm_grad_scale · Σ loss + aux_scale · Σ_layers (aux + z))/dθ
-  // into the grad buffers; consumes saved.
-  void backward(ModelSaved& saved, float lm_grad_scale, float aux_scale = 1.0f, UnitHooks* hooks = nullptr);
+  // into the grad buffers; consumes saved. Pipeline: dh_out is the gradient
+  // of this stage's output (ignored on the last stage); returns the gradient
+  // of its input (undefined on the first stage).
+  Tensor backward(ModelSaved& saved, float lm_grad_scale, float aux_scale = 1.0f, UnitHooks* hooks = nullptr,
+                  Tensor dh_out = {});
 
  private:
   struct LayerWeights {
@@ -145,9 +167,10 @@ class Model {
   ParamStore params_;
   std::vector<Tensor> expert_bias_;
   Recompute recompute_ = Recompute::none;
+  PipelineStage stage_;
   int64_t first_expert_ = 0, local_experts_ = 0;
-  size_t embedding_unit_ = 0, final_unit_ = 0;
-  std::vector<size_t> layer_unit_, expert_unit_;  // per layer (expert_unit_: MoE layers only)
+  size_t embedding_unit_ = 0, final_unit_ = 0;    // first / last stage only
+  std::vector<size_t> layer_unit_, expert_unit_;  // per layer of this stage (expert_unit_: MoE layers only)
   std::unique_ptr<moe::AllToAllDispatcher> dispatcher_;  // null without MoE layers
   moe::StatsReducer reduce_stats_;                        // null when the group is one rank
 };

@@ -54,6 +54,7 @@ StepStats AdamW::step(ParamStore& params, const GradNormGroups& groups) {
   if (groups.tp) groups.tp->all_reduce(std::span<double>(&sq[0], 1));
   if (sharded[1] && groups.expert_shards) groups.expert_shards->all_reduce(std::span<double>(&sq[1], 1));
   if (groups.expert_model) groups.expert_model->all_reduce(std::span<double>(&sq[1], 1));
+  if (groups.pp) groups.pp->all_reduce(std::span<double>(sq, 2));
   st.grad_norm = std::sqrt(sq[0] + sq[1]);
   // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1.
   float clip = 1.0f;

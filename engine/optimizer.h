@@ -26,6 +26,7 @@ struct GradNormGroups {
   comm::Communicator* expert_shards = nullptr;  // edp
   comm::Communicator* expert_model = nullptr;   // tp-ep
   comm::Communicator* tp = nullptr;             // dense slices; tp-replicated params count on tp rank 0
+  comm::Communicator* pp = nullptr;             // pipeline stages: each holds its own layers
 };
 
 class AdamW {

@@ -133,6 +133,8 @@ PlanInput plan_input(const Config& cfg) {
   in.moe = cfg.moe;
   in.training = cfg.training;
   in.zero_stage = static_cast<int>(cfg.parallel.zero_stage);
+  in.pp_layers = cfg.parallel.pp_layers;
+  in.reshard_after_forward = cfg.parallel.reshard_after_forward;
   return in;
 }
 
@@ -369,7 +371,8 @@ StageComm stage_comm(const PlanInput& in, const comm::Layout& layout, const std:
   //            (a unit's whole gradient lives only during its backward), the
   //            all-gather once
   //   stage 3: param all-gather before each forward and each backward (2m) +
-  //            gradient reduce-scatter per micro-batch (m): 1.5× stage 0 at m = 1
+  //            gradient reduce-scatter per micro-batch (m): 1.5× stage 0 at m = 1;
+  //            with reshard_after_forward = false one gather per step
   for (const UnitPlan& u : units) {
     if (u.stage != st.stage || u.group <= 1) continue;
     const GroupKind g = u.expert ? GroupKind::edp : GroupKind::dp_cp;
@@ -384,7 +387,10 @@ StageComm stage_comm(const PlanInput& in, const comm::Layout& layout, const std:
         add(g, CommOp::all_gather, what + ": updated params", 1, ag);
         break;
       default:
-        add(g, CommOp::all_gather, what + ": params before fwd and bwd", 2 * mm, ag);
+        if (in.reshard_after_forward)
+          add(g, CommOp::all_gather, what + ": params before fwd and bwd", 2 * mm, ag);
+        else
+          add(g, CommOp::all_gather, what + ": params, kept whole all step", 1, ag);
         add(g, CommOp::reduce_scatter, what + ": grads", mm, rs);
     }
   }
@@ -427,6 +433,22 @@ StageComm stage_comm(const PlanInput& in, const comm::Layout& layout, const std:
   }
   if (Lmoe > 0 && n_of(GroupKind::dp) > 1)
     add(GroupKind::dp, CommOp::all_reduce, "aux and z loss", Lmoe, ring::all_reduce(2, kF64, 0, n_of(GroupKind::dp)));
+  // Pipeline bookkeeping once per step: the loss from the last stage, the
+  // grad norm's dense and expert partial sums, every MoE layer's statistics
+  // (each stage adds its own layers', zeros for the rest), each stage's busy
+  // and idle seconds. The stage root is pp rank st.stage.
+  if (pp > 1) {
+    int64_t model_moe_layers = 0;
+    for (int64_t l = 0; l < m.num_layers; ++l) model_moe_layers += e.is_moe_layer(l);
+    const int r = static_cast<int>(st.stage), n = static_cast<int>(pp);
+    add(GroupKind::pp, CommOp::all_reduce, "loss sum", 1, ring::all_reduce(1, kF64, r, n));
+    add(GroupKind::pp, CommOp::all_reduce, "grad-norm partial sums", 1, ring::all_reduce(2, kF64, r, n));
+    add(GroupKind::pp, CommOp::all_reduce, "routing counts of every MoE layer", 1,
+        ring::all_reduce(model_moe_layers * (2 * E + ep), kI64, r, n));
+    add(GroupKind::pp, CommOp::all_reduce, "aux and z loss of every MoE layer", 1,
+        ring::all_reduce(2 * model_moe_layers, kF64, r, n));
+    add(GroupKind::pp, CommOp::all_gather, "stage busy and idle seconds", 1, ring::all_gather(2, kF64, n));
+  }
   return c;
 }
 
@@ -495,7 +517,8 @@ LayoutPlan plan_layout(const PlanInput& in, const comm::Layout& layout, const Ma
     st.num_moe_layers = moe_layers_in(in.moe, first, per_stage[s]);
     // ZeRO working buffers: stage 2 keeps a unit's whole gradient during its
     // backward; stage 3 also keeps at most two units' whole params (the one
-    // computing and the one prefetched). Largest units of the stage.
+    // computing and the one prefetched; largest units of the stage), or all
+    // of them with reshard_after_forward = false.
     std::vector<int64_t> gathered;
     int64_t whole_grad = 0;
     for (const UnitPlan& u : lp.units) {
@@ -508,7 +531,8 @@ LayoutPlan plan_layout(const PlanInput& in, const comm::Layout& layout, const Ma
     std::sort(gathered.rbegin(), gathered.rend());
     if (in.zero_stage >= 2) st.transient += whole_grad;
     if (in.zero_stage >= 3)
-      for (size_t i = 0; i < std::min<size_t>(2, gathered.size()); ++i) st.transient += gathered[i];
+      for (size_t i = 0; i < (in.reshard_after_forward ? std::min<size_t>(2, gathered.size()) : gathered.size()); ++i)
+        st.transient += gathered[i];
     // 1F1B: stage s holds min(pp − s, m) micro-batches' activations.
     st.in_flight = std::min(lp.pp - s, lp.micro_batches);
     const int64_t per_mb = (st.num_layers - st.num_moe_layers) * lp.act.dense_layer +

@@ -86,6 +86,7 @@ struct PlanInput {
   int zero_stage = 3;
   Recipe recipe = Recipe::fp32;
   std::vector<int64_t> pp_layers;  // layers per stage (Σ = num_layers); empty: even split
+  bool reshard_after_forward = true;  // false: ZeRO-3 units stay whole all step (one gather each)
 };
 PlanInput plan_input(const Config& cfg);
 

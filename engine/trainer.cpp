@@ -12,6 +12,7 @@
 #include "engine/indexed_dataset.h"
 #include "engine/model.h"
 #include "engine/optimizer.h"
+#include "engine/pipeline.h"
 #include "engine/zero.h"
 #include "kernels/threads.h"
 
@@ -67,6 +68,53 @@ void reduce_moe_records(std::vector<MoeLayerRecord>& records, const comm::Groups
   }
 }
 
+// Every MoE layer's record of the whole model, on every rank: each pipeline
+// stage holds its own layers' (already summed over its ranks), the others
+// add zeros over `pp`.
+std::vector<MoeLayerRecord> whole_model_records(const std::vector<MoeLayerRecord>& own, const Config& cfg,
+                                                int64_t ep, comm::Communicator* pp) {
+  if (!pp) return own;
+  const int64_t E = cfg.moe.num_experts;
+  std::vector<MoeLayerRecord> all;
+  for (int64_t l = 0; l < cfg.model.num_layers; ++l)
+    if (cfg.moe.is_moe_layer(l))
+      all.push_back({l, std::vector<int64_t>(E), std::vector<int64_t>(E), std::vector<int64_t>(ep), 0.0, 0.0});
+  for (const MoeLayerRecord& r : own)
+    for (MoeLayerRecord& a : all)
+      if (a.layer == r.layer) a = r;
+  std::vector<int64_t> counts;
+  std::vector<double> losses;
+  for (const MoeLayerRecord& r : all) {
+    for (auto* v : {&r.routed_per_expert, &r.kept_per_expert, &r.tokens_per_ep_rank})
+      counts.insert(counts.end(), v->begin(), v->end());
+    losses.insert(losses.end(), {r.aux_loss, r.z_loss});
+  }
+  pp->all_reduce(std::span<int64_t>(counts));
+  pp->all_reduce(std::span<double>(losses));
+  auto next = counts.begin();
+  auto li = losses.begin();
+  for (MoeLayerRecord& r : all) {
+    for (auto* v : {&r.routed_per_expert, &r.kept_per_expert, &r.tokens_per_ep_rank}) {
+      std::copy_n(next, v->size(), v->begin());
+      next += static_cast<std::ptrdiff_t>(v->size());
+    }
+    r.aux_loss = *li++;
+    r.z_loss = *li++;
+  }
+  return all;
+}
+
+// Every stage's timing (stage order), from its ranks in this rank's pp group.
+std::vector<StageTiming> every_stage(const StageTiming& mine, comm::Communicator* pp) {
+  if (!pp) return {mine};
+  double local[2] = {mine.busy_s, mine.idle_s};
+  std::vector<double> all(2 * static_cast<size_t>(pp->size()));
+  pp->all_gather(std::span<const double>(local, 2), std::span<double>(all));
+  std::vector<StageTiming> out(static_cast<size_t>(pp->size()));
+  for (size_t s = 0; s < out.size(); ++s) out[s] = {all[2 * s], all[2 * s + 1]};
+  return out;
+}
+
 // Fills tokens_BS1 [mb, S+1] with the samples given by `index_of(i)`.
 template <class IndexFn>
 void load_micro_batch(const GptDataset& data, int64_t mb, int64_t seq_len, IndexFn index_of, Tensor& tokens_BS1) {
@@ -89,21 +137,25 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
   for (comm::GroupKind k : comm::kAllGroupKinds)
     if (groups.has(k) && groups.get(k).size() > 1) counted.push_back(&groups.get(k));
 
-  Model model(cfg.model, tc.seed, cfg.moe, &groups, static_cast<int>(cfg.parallel.zero_stage));
+  Model model(cfg.model, tc.seed, cfg.moe, &groups, static_cast<int>(cfg.parallel.zero_stage),
+              cfg.parallel.pp_layers);
   model.set_recompute(tc.recompute);
+  comm::Communicator* pp = multi(groups, comm::GroupKind::pp);
   // Gradient reductions (SUMs, §6) and ZeRO sharding: dense units over dp-cp,
   // expert units over edp.
-  ZeroStore zero(model.params(), groups);
+  ZeroStore zero(model.params(), groups, cfg.parallel.reshard_after_forward);
   const GradNormGroups norm_groups{multi(groups, comm::GroupKind::dp_cp), multi(groups, comm::GroupKind::edp),
-                                   multi(groups, comm::GroupKind::tp_ep), multi(groups, comm::GroupKind::tp)};
+                                   multi(groups, comm::GroupKind::tp_ep), multi(groups, comm::GroupKind::tp), pp};
   AdamW optimizer(cfg.optimizer, cfg.lr_schedule, tc.steps);
   MetricsWriter metrics(rank == 0 ? cfg.logging.dir : std::string());
   TrainSummary summary;
   // Parameters of the whole model: each tensor's global shape (tp and etp
-  // slices are parts of it), and this rank holds 1/EP of the experts.
+  // slices are parts of it), this rank holds 1/EP of the experts and its
+  // stage's layers.
   for (const ParamUnit& u : model.params().units())
     for (const ParamInfo& p : u.params)
       summary.params += shape_numel(p.global_shape()) * (u.expert ? groups.layout().ep() : 1);
+  if (pp) pp->all_reduce(std::span<int64_t>(&summary.params, 1));
 
   std::unique_ptr<IndexedDataset> indexed;
   std::unique_ptr<GptDataset> data;
@@ -129,12 +181,13 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
   // number of micro-batches in the global batch (ARCHITECTURE.md §6).
   const int64_t micro_batches = accum * dp;
   const float aux_scale = 1.0f / static_cast<float>(micro_batches);
-  // Per rank: tp and cp ranks share each DP rank's tokens.
+  // Per rank: tp and cp ranks share each DP rank's tokens, pipeline stages
+  // its layers (taken as equal shares).
   StepFlops flops = model.training_flops(tc.global_batch / dp, tc.seq_len);
-  const double split = static_cast<double>(groups.layout().tp() * groups.layout().cp());
+  const double split = static_cast<double>(groups.layout().tp() * groups.layout().cp() * groups.layout().pp());
   flops.matmul /= split;
   flops.attention /= split;
-  Tensor tokens = Tensor::empty({tc.micro_batch, tc.seq_len + 1}, DType::i32, MemCategory::activation);
+  const Shape boundary = model.boundary_shape(tc.micro_batch, tc.seq_len);
   const auto t_start = Clock::now();
   for (int64_t step = 1; step <= tc.steps; ++step) {
     const auto t0 = Clock::now();
@@ -142,21 +195,32 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
     std::vector<int64_t> bytes_before;
     for (comm::Communicator* c : counted) bytes_before.push_back(c->total_bytes());
     zero.begin_step();
-    double loss_sum = 0;
+    double loss_sum = 0;  // last stage only
     ForwardStats fstats;
-    for (int64_t a = 0; a < accum; ++a) {
+    // One step's micro-batches through this stage's 1F1B schedule (one
+    // stage: forward and backward of each in turn). Every stage reads each
+    // micro-batch's tokens (§8 indices; positions and targets live there).
+    std::vector<ModelSaved> saved(static_cast<size_t>(accum));
+    auto forward = [&](int64_t a, Tensor h_in) {
+      Tensor tokens = Tensor::empty({tc.micro_batch, tc.seq_len + 1}, DType::i32, MemCategory::activation);
       load_micro_batch(*data, tc.micro_batch, tc.seq_len,
                        [&](int64_t i) {
                          return sample_index(step - 1, tc.global_batch, a, dp, dp_rank, tc.micro_batch, i);
                        },
                        tokens);
-      ModelSaved saved;
-      loss_sum += model.forward(tokens, saved, nullptr, &fstats, &zero);
-      model.backward(saved, grad_scale, aux_scale, &zero);
-    }
+      Tensor h_out;
+      loss_sum += model.forward(tokens, saved[a], nullptr, &fstats, &zero, h_in, &h_out);
+      return h_out;
+    };
+    auto backward = [&](int64_t a, Tensor dh_out) {
+      return model.backward(saved[a], grad_scale, aux_scale, &zero, std::move(dh_out));
+    };
+    const StageTiming timing = run_one_f_one_b(pp, accum, boundary, forward, backward);
     zero.finish_gradients();
     if (comm::Communicator* c = multi(groups, comm::GroupKind::dp_cp)) c->all_reduce(std::span<double>(&loss_sum, 1));
+    if (pp) pp->all_reduce(std::span<double>(&loss_sum, 1));  // from the last stage to all
     reduce_moe_records(fstats.moe, groups);
+    fstats.moe = whole_model_records(fstats.moe, cfg, groups.layout().ep(), pp);
     StepStats st = optimizer.step(model.params(), norm_groups);
     zero.finish_step();
     model.update_expert_bias(fstats.moe);  // the global batch's loads
@@ -176,6 +240,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
     m.tokens_per_s = static_cast<double>(m.tokens) / dt;
     m.gflops = flops.total() / dt / 1e9;
     m.mem = TrackedAllocator::host().snapshot();
+    m.stages = every_stage(timing, pp);
     for (size_t g = 0; g < counted.size(); ++g)
       m.comm_bytes.emplace_back(counted[g]->name(), counted[g]->total_bytes() - bytes_before[g]);
     summary.losses.push_back(m.lm_loss);

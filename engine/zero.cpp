@@ -31,8 +31,8 @@ std::function<UnitShard(const ParamUnit&)> zero_shard_plan(int stage, const comm
   };
 }
 
-ZeroStore::ZeroStore(ParamStore& params, const comm::Groups& groups)
-    : params_(params), gathers_(params.units().size()) {
+ZeroStore::ZeroStore(ParamStore& params, const comm::Groups& groups, bool reshard_after_forward)
+    : params_(params), reshard_after_forward_(reshard_after_forward), gathers_(params.units().size()) {
   auto multi = [&](comm::GroupKind k) { return groups.get(k).size() > 1 ? &groups.get(k) : nullptr; };
   dense_ = multi(comm::GroupKind::dp_cp);
   expert_ = multi(comm::GroupKind::edp);
@@ -61,6 +61,7 @@ comm::Communicator* ZeroStore::group_of(const ParamUnit& u) const {
 void ZeroStore::begin_step() { params_.zero_grads(); }
 
 void ZeroStore::finish_gradients() {
+  if (!reshard_after_forward_) release_all();  // the optimizer updates the shards next
   for (ParamUnit& u : params_.units()) {
     if (u.shard.grads) continue;  // reduced per unit in backward
     reduce_replicated(u);
@@ -137,9 +138,12 @@ void ZeroStore::release(size_t i) {
 }
 
 // The next sharded unit in execution order after `i` that is not whole yet,
-// if fewer than two units are whole.
+// if fewer than two units are whole (when units are kept whole, if none is
+// in flight).
 void ZeroStore::prefetch_after(size_t i, bool forward) {
-  if (live_units() >= 2) return;
+  if (reshard_after_forward_ ? live_units() >= 2
+                             : std::any_of(gathers_.begin(), gathers_.end(), [](const Gather& g) { return g.request.has_value(); }))
+    return;
   const auto& units = params_.units();
   for (size_t k = 1; k < units.size(); ++k) {
     if (!forward && k > i) return;
@@ -161,7 +165,7 @@ void ZeroStore::before_forward(size_t i) {
 
 void ZeroStore::after_forward(size_t i) {
   if (!params_.units()[i].shard.params) return;
-  release(i);
+  if (reshard_after_forward_) release(i);
   prefetch_after(i, /*forward=*/true);
 }
 
@@ -185,7 +189,7 @@ void ZeroStore::after_backward(size_t i) {
     u.grad = Tensor();
   }
   if (!u.shard.params) return;
-  release(i);
+  if (reshard_after_forward_) release(i);
   prefetch_after(i, /*forward=*/false);
 }
 

@@ -11,6 +11,10 @@
 //      execution order is gathered asynchronously meanwhile, never keeping
 //      more than two units whole at once (the one computing and the one in
 //      flight).
+// With reshard_after_forward = false (parallel.reshard_after_forward), a
+// stage-3 unit once gathered stays whole until finish_gradients: one gather
+// per unit and step instead of two per micro-batch, at the memory of every
+// unit of the rank (pipeline stage) whole.
 // Per step and unit, stages 0-2 move 2·(N−1)/N of the unit's bytes per rank
 // and stage 3 (one micro-batch) 3·(N−1)/N: the 1.5× of the ZeRO paper.
 //
@@ -49,13 +53,14 @@ std::function<UnitShard(const ParamUnit&)> zero_shard_plan(int stage, const comm
 
 class ZeroStore final : public UnitHooks {
  public:
-  ZeroStore(ParamStore& params, const comm::Groups& groups);
+  ZeroStore(ParamStore& params, const comm::Groups& groups, bool reshard_after_forward = true);
   ~ZeroStore() override;
 
   // Zero the gradient accumulators for a new step.
   void begin_step();
   // After the last micro-batch: stage 0 all-reduces whole gradients, stage 1
-  // reduce-scatters them into each rank's slice (stages 2-3 did it per unit).
+  // reduce-scatters them into each rank's slice (stages 2-3 did it per unit);
+  // units kept whole (reshard_after_forward = false) are freed.
   void finish_gradients();
   // After the optimizer: stages 1-2 all-gather the updated slices.
   void finish_step();
@@ -85,6 +90,7 @@ class ZeroStore final : public UnitHooks {
   comm::Communicator* dense_ = nullptr;   // dp-cp
   comm::Communicator* expert_ = nullptr;  // edp
   comm::Communicator* tp_ = nullptr;      // sums the tp-replicated params' gradients
+  bool reshard_after_forward_ = true;
   void reduce_replicated(ParamUnit& u);
   struct Gather {
     bool live = false;          // param buffer allocated (gathered or in flight)

@@ -58,6 +58,8 @@ TEST(Config, DefaultsLoad) {
   EXPECT_EQ(c.moe.shared_expert_hidden_size, 0);
   EXPECT_EQ(c.parallel.order, "tp-cp-ep-dp-pp");
   EXPECT_EQ(c.parallel.zero_stage, 3);
+  EXPECT_TRUE(c.parallel.pp_layers.empty());  // even split
+  EXPECT_TRUE(c.parallel.reshard_after_forward);
   EXPECT_EQ(c.training.steps, d.training.steps);
   EXPECT_EQ(c.training.seed, d.training.seed);
   EXPECT_EQ(c.optimizer.lr, d.optimizer.lr);
@@ -113,6 +115,8 @@ ep = 1
 etp = 1
 order = "tp-cp-dp-ep-pp"
 zero_stage = 1
+pp_layers = [3]
+reshard_after_forward = false
 [training]
 steps = 7
 seq_len = 32
@@ -183,6 +187,8 @@ collective_timeout_s = 30
   EXPECT_EQ(c.moe.expert_ffn(c.model.ffn_hidden_size), 64);
   EXPECT_EQ(c.parallel.order, "tp-cp-dp-ep-pp");
   EXPECT_EQ(c.parallel.zero_stage, 1);
+  EXPECT_EQ(c.parallel.pp_layers, (std::vector<int64_t>{3}));
+  EXPECT_FALSE(c.parallel.reshard_after_forward);
   EXPECT_EQ(c.training.steps, 7);
   EXPECT_EQ(c.training.seq_len, 32);
   EXPECT_EQ(c.training.global_batch, 12);
@@ -626,14 +632,66 @@ TEST(Config, ValidateForWorld) {
   seq.parallel.tp = 2;
   seq.moe.load_balancing = moe::LoadBalancing::seq_aux_loss;
   expect_error(seq, 2, "moe.load_balancing = \"seq_aux_loss\" needs whole sequences per rank");
+  // Pipeline parallelism: 2 stages x TP 2 on 4 ranks (DP 1), even or explicit split.
   Config pp = moe;
   pp.parallel.pp = 2;
-  expect_error(pp, 2, "parallel.pp = 2: only 1 is supported until pipeline parallelism lands");
+  pp.parallel.tp = 2;
+  EXPECT_NO_THROW(validate_for_world(pp, 4));
+  pp.parallel.pp_layers = {1, 3};
+  EXPECT_NO_THROW(validate_for_world(pp, 4));
+  // The stage rules hold for a Config edited after loading too.
+  pp.parallel.pp_layers = {1, 2};
+  expect_error(pp, 4, "tiny-moe.toml: parallel.pp_layers = [1, 2] sums to 3: must sum to model.num_layers = 4");
+  Config pp8 = moe;
+  pp8.parallel.pp = 8;
+  expect_error(pp8, 8, "tiny-moe.toml: model.num_layers = 4 must be >= parallel.pp = 8");
   Config folded = moe;
   folded.parallel.tp = 2;
   folded.parallel.cp = 2;
   folded.parallel.ep = 4;
   EXPECT_NO_THROW(validate_for_world(folded, 8));
+}
+
+TEST(Config, PipelineKeysParse) {
+  const std::string text = std::string(kMinimal) + "[model]\nnum_layers = 6\n[parallel]\npp = 3\n";
+  const Config even = parse_config(text, kFile);
+  EXPECT_TRUE(even.parallel.pp_layers.empty());
+  EXPECT_TRUE(even.parallel.reshard_after_forward);
+  EXPECT_EQ(parse_config(text + "pp_layers = [1, 0, 5]\n", kFile).parallel.pp_layers,
+            (std::vector<int64_t>{1, 0, 5}));  // an empty stage is allowed when listed
+  EXPECT_TRUE(parse_config(text + "pp_layers = []\n", kFile).parallel.pp_layers.empty());  // [] = even split
+  EXPECT_FALSE(parse_config(text + "reshard_after_forward = false\n", kFile).parallel.reshard_after_forward);
+  EXPECT_TRUE(parse_config(text + "reshard_after_forward = true\n", kFile).parallel.reshard_after_forward);
+  // --set takes the TOML array form.
+  const Config set = parse_config(text, kFile, {"parallel.pp_layers=[2,3,1]", "parallel.reshard_after_forward=false"});
+  EXPECT_EQ(set.parallel.pp_layers, (std::vector<int64_t>{2, 3, 1}));
+  EXPECT_FALSE(set.parallel.reshard_after_forward);
+}
+
+TEST(Config, PipelineLayersRules) {
+  const std::string text = std::string(kMinimal) + "[model]\nnum_layers = 6\n[parallel]\npp = 3\n";
+  expect_error(text + "pp_layers = [3, 3]\n",
+               {kFile, "parallel.pp_layers = [3, 3] lists 2 stages", "one layer count per pipeline stage",
+                "parallel.pp = 3"});
+  expect_error(text + "pp_layers = [2, 2, 1]\n",
+               {kFile, "parallel.pp_layers = [2, 2, 1] sums to 5", "must sum to model.num_layers = 6"});
+  expect_error(text + "pp_layers = [4, -1, 3]\n",
+               {kFile, "parallel.pp_layers = [4, -1, 3]", "layer counts must be >= 0"});
+  expect_error(text + "pp_layers = [2, 2.5, 1.5]\n",
+               {kFile, "parallel.pp_layers", "expected an array of integers, got a float at index 1"});
+  expect_error(text + "pp_layers = [\"2\", 2, 2]\n",
+               {kFile, "parallel.pp_layers", "expected an array of integers, got a string at index 0"});
+  expect_error(text + "pp_layers = 6\n", {kFile, "parallel.pp_layers = 6", "expected an array of integers",
+                                          "got an integer"});
+  expect_error(text + "reshard_after_forward = 1\n",
+               {kFile, "parallel.reshard_after_forward", "expected a boolean", "got an integer"});
+  // Without pp_layers the even split needs a layer per stage.
+  expect_error(std::string(kMinimal) + "[model]\nnum_layers = 2\n[parallel]\npp = 4\n",
+               {kFile, "model.num_layers = 2 must be >= parallel.pp = 4", "parallel.pp_layers"});
+  // An override is named as the source; one not parsing as an array is a string.
+  expect_error(text, {"--set parallel.pp_layers=[1,2]", "lists 2 stages"}, {"parallel.pp_layers=[1,2]"});
+  expect_error(text, {"--set parallel.pp_layers=1,2,3", "expected an array of integers, got a string"},
+               {"parallel.pp_layers=1,2,3"});
 }
 
 TEST(Config, ShippedConfigsLoad) {
@@ -655,6 +713,8 @@ TEST(Config, ShippedConfigsLoad) {
   EXPECT_EQ(tiny.data.path, "data/fortunes");
   EXPECT_EQ(tiny.logging.dir, "runs/tiny-dense");
   EXPECT_EQ(tiny.exp.dir, "runs/tiny-dense/export");
+  EXPECT_TRUE(tiny.parallel.pp_layers.empty());
+  EXPECT_TRUE(tiny.parallel.reshard_after_forward);
   EXPECT_NO_THROW(validate_for_world(tiny, 1));
 
   const Config bench = load_config(root + "/configs/bench-dense.toml");

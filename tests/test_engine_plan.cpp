@@ -190,9 +190,13 @@ TEST(Plan, CommOfATensorContextPipelineLayoutByHand) {
   // CP: K and V [512, 1 kv head · 32] all-gathered and reduce-scattered, per layer and micro-batch.
   const double kv = 2 * 512 * 32 * 4;
   EXPECT_EQ(group_bytes(p, 0, GroupKind::cp), 2 * 2 * 2 * kv);
-  // PP: [8, 128/(2·2), 128] per micro-batch, forward from stage 0, backward from stage 1.
-  EXPECT_EQ(group_bytes(p, 0, GroupKind::pp), 2 * ag);
-  EXPECT_EQ(group_bytes(p, 1, GroupKind::pp), 2 * ag);
+  // PP: [8, 128/(2·2), 128] per micro-batch, forward from stage 0, backward from
+  // stage 1; plus the step's bookkeeping over pp (2 ranks, ring all-reduce sends
+  // 2·(count − own)·8): the loss (1 double: pp rank 0 owns it, rank 1 sends 16),
+  // the grad norm's 2 partial sums (16 each) and the stages' busy/idle all-gather
+  // (2 doubles: 16). No MoE layers, so no routing statistics.
+  EXPECT_EQ(group_bytes(p, 0, GroupKind::pp), 2 * ag + 0 + 16 + 16);
+  EXPECT_EQ(group_bytes(p, 1, GroupKind::pp), 2 * ag + 16 + 16 + 16);
   // dp-cp = cp (DP 1), N = 2: embedding 129·128, layers 256 + 49152/2 + 135168/2 each.
   EXPECT_EQ(group_bytes(p, 0, GroupKind::dp_cp), 3.0 * 2 * (129 * 128 + 2 * 92416) / 2 * 4);
   // 1F1B: stage 0 holds 2 micro-batches, stage 1 one.

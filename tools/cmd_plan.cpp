@@ -325,7 +325,7 @@ void run_config(const PlanArgs& a, plan::Recipe recipe, const std::string& path,
   plan::PlanInput in = plan::plan_input(cfg);
   in.recipe = recipe;
   if (a.stage >= 0) in.zero_stage = a.stage;
-  in.pp_layers = a.pp_layers;
+  in.pp_layers = a.pp_layers.empty() ? cfg.parallel.pp_layers : a.pp_layers;  // the flag overrides the config
   const ParallelConfig& pc = cfg.parallel;
   std::optional<comm::Layout> layout;
   try {
@@ -398,7 +398,8 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--stage", a->stage, "ZeRO stage (default: parallel.zero_stage)")->check(CLI::Range(0, 3));
   cmd->add_option("--recipe", a->recipe, "fp32 (CPU: 4+4+8 bytes/param) or bf16 (GPU: 2+2+4+8)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
-  cmd->add_option("--pp-layers", a->pp_layers, "Layers per pipeline stage of the configured layout (default even)")
+  cmd->add_option("--pp-layers", a->pp_layers,
+                  "Layers per pipeline stage of the configured layout (default: parallel.pp_layers, else even)")
       ->delimiter(',');
   cmd->add_option("--params", a->params, "Without a config: ZeRO state of this many parameters over --world ranks")
       ->check(CLI::PositiveNumber);
