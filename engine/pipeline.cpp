@@ -55,9 +55,9 @@ struct Transfer {
 
 // Megatron's pattern: each op's outgoing send is posted together with the
 // next op's receive and both complete before the next compute. Waiting for
-// the send matters on MPI: a large message moves only while its sender is
-// inside MPI, so a send left in flight across a compute would stall the
-// receiving stage. Posting the pair first keeps it deadlock-free (the two
+// the send matters on MPI transports without single-copy: there a large
+// message moves only while its sender is inside MPI, so a send left in
+// flight across a compute would stall the receiving stage. Posting the pair first keeps it deadlock-free (the two
 // neighbours' matching operations are posted before either waits).
 StageTiming run_one_f_one_b(comm::Communicator* pp, int64_t micro_batches, const Shape& boundary,
                             const StageForward& forward, const StageBackward& backward) {
