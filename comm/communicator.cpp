@@ -76,16 +76,16 @@ int64_t broadcast(int64_t count, size_t elem, int rank, int root, int n) {
 namespace {
 
 [[noreturn]] void abort_on_timeout(detail::PendingOp& op, double waited_s) {
-  std::fprintf(stderr, "[rank %d] collective timeout: group %s op %s seq %lld bytes %lld after %.1f s\n",
-               world_rank_for_diagnostics(), op.group.c_str(), std::string(op_name(op.op)).c_str(),
-               static_cast<long long>(op.seq), static_cast<long long>(op.bytes), waited_s);
+  char msg[512];
+  std::snprintf(msg, sizeof msg, "[rank %d] collective timeout: group %s op %s seq %lld bytes %lld after %.1f s",
+                world_rank_for_diagnostics(), op.group.c_str(), std::string(op_name(op.op)).c_str(),
+                static_cast<long long>(op.seq), static_cast<long long>(op.bytes), waited_s);
+  // The message goes out first: a backend abort that itself stalls must not
+  // swallow it.
+  std::fprintf(stderr, "%s\n", msg);
   std::fflush(stderr);
   op.abort_backend();
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 5);
-  std::abort();
+  abort_job(kExitTimeout, "");
 }
 
 }  // namespace
@@ -109,6 +109,16 @@ void Request::wait(bool sleep_when_idle) {
     }
   }
   op_.reset();
+}
+
+bool Request::wait_for(double seconds) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
+  for (int polls = 0; !test(); ++polls) {
+    if (Clock::now() > deadline) return false;
+    if (polls >= 256) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  return true;
 }
 
 bool Request::test() {

@@ -137,6 +137,12 @@ class Request {
   void wait(bool sleep_when_idle = false);
   // True when complete (or empty); never blocks.
   bool test();
+  // Waits at most `seconds` (sleeping between polls): true when complete,
+  // false when still in flight, which leaves the request as it was.
+  bool wait_for(double seconds);
+  // Forgets an operation that will never complete, without waiting: only on
+  // the way to aborting the job (its buffers must outlive the process).
+  void abandon() { (void)op_.release(); }
 
  private:
   std::unique_ptr<detail::PendingOp> op_;

@@ -157,4 +157,12 @@ std::unique_ptr<MpiCommunicator> split_mpi(MPI_Comm parent, const RankGroups& gr
   return std::make_unique<MpiCommunicator>(comm, std::move(name), *mine, options);
 }
 
+std::unique_ptr<MpiCommunicator> whole_mpi(MPI_Comm parent, std::string name, CommOptions options) {
+  int size = 0;
+  MPI_CHECK(MPI_Comm_size(parent, &size));
+  RankGroup all(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) all[static_cast<size_t>(r)] = r;
+  return split_mpi(parent, RankGroups{all}, std::move(name), options);
+}
+
 }  // namespace origami::comm

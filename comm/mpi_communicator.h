@@ -26,6 +26,10 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
 };
 
+// Collective over `parent`: a communicator of all its ranks (a duplicate, so
+// its traffic never matches another communicator's).
+std::unique_ptr<MpiCommunicator> whole_mpi(MPI_Comm parent, std::string name, CommOptions options);
+
 // Collective over `parent`: every rank calls it with the same `groups` (a set of
 // disjoint groups of parent ranks, members ascending). Returns this rank's group
 // as a communicator, or null when no group holds it.

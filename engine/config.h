@@ -4,8 +4,10 @@
 // UserErrors naming the file, the key and the rule.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moe/options.h"
@@ -56,6 +58,8 @@ struct MoeConfig {
 };
 
 struct ParallelConfig {
+  // etp unset in the file: equals tp (Megatron's expert_tensor_parallel_size
+  // default), so layouts carry over; an explicit value is kept.
   int64_t tp = 1, cp = 1, pp = 1, ep = 1, etp = 1;
   std::string order = "tp-cp-ep-dp-pp";
   int64_t zero_stage = 3;
@@ -125,6 +129,13 @@ struct RuntimeConfig {
 
 struct Config {
   std::string source;  // file the config came from (for messages)
+  // Keys written by --set overrides: "optimizer.lr" -> "--set optimizer.lr=1e-3".
+  std::map<std::string, std::string> set_by;
+  // Where `key`'s value came from: its --set override, else the file.
+  const std::string& origin(std::string_view key) const {
+    auto it = set_by.find(std::string(key));
+    return it == set_by.end() ? source : it->second;
+  }
   ModelConfig model;
   MoeConfig moe;
   ParallelConfig parallel;
@@ -147,6 +158,18 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // Same, from TOML text (tests); `source` names it in messages.
 Config parse_config(const std::string& toml_text, const std::string& source,
                     const std::vector<std::string>& overrides = {});
+
+// Every key and its resolved value, one "section.key = value" line each (TOML
+// values, schema order; an absent optional key is left out): what ranks
+// compare to prove they run the same config, and what a run records.
+std::string canonical_text(const Config& cfg);
+
+// Validation that needs the machine: runtime.threads at most the logical
+// CPUs here, and a model whose training state could never fit in this
+// node's memory refused up front with the bytes it needs (a lower bound:
+// the §6 ledger of perfectly balanced shards for the layout of `world_size`
+// ranks, `ranks_per_node` of them sharing this node's memory).
+void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node);
 
 // Validation that needs the world size (layout divisibility, batch split,
 // tensor/context/expert split sizes); repeats the pipeline-stage rules for a

@@ -2,10 +2,11 @@
 #include "engine/export.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "engine/files.h"
 #include "engine/safetensors.h"
 
 namespace origami {
@@ -88,6 +89,16 @@ void receive_stage_tensors(comm::Communicator& roots, int stage, std::vector<Nam
                 " sent a malformed tensor list");
 }
 
+// Weights that are NaN or infinite would evaluate (or train) to a NaN loss
+// that looks like a number was computed.
+void check_finite(const std::string& path, const std::string& name, const Tensor& t) {
+  const float* v = t.f32();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (!std::isfinite(v[i]))
+      ORIGAMI_USER_ERROR(path, ": tensor '", name, "' element ", i, " of ", t.numel(), " is ", v[i],
+                         " (rule: weights are finite numbers)");
+}
+
 }  // namespace
 
 void export_hf(const Model& model, const std::string& dir, const comm::Groups* groups) {
@@ -123,9 +134,13 @@ void export_hf(const Model& model, const std::string& dir, const comm::Groups* g
   }
   std::filesystem::create_directories(dir);
   write_safetensors(dir + "/model.safetensors", tensors);
+  OutputFile out(dir + "/config.json", OutputFile::Mode::truncate);
+  out.write(hf_config(model.config(), model.moe_config()).dump(2) + "\n");
+  out.sync();
+  out.close();
+}
 
-  const ModelConfig& c = model.config();
-  const MoeConfig& m = model.moe_config();
+nlohmann::ordered_json hf_config(const ModelConfig& c, const MoeConfig& m) {
   const bool is_moe = m.num_experts > 0;
   nlohmann::ordered_json cfg = {
       {"architectures", {is_moe ? "MixtralForCausalLM" : "LlamaForCausalLM"}},
@@ -164,11 +179,61 @@ void export_hf(const Model& model, const std::string& dir, const comm::Groups* g
     cfg["topk_group"] = m.group_topk;
     cfg["shared_expert_intermediate_size"] = m.shared_expert_hidden_size;
     cfg["expert_bias"] = m.expert_bias;
-    if (m.capacity_factor) cfg["capacity_factor"] = *m.capacity_factor;
+    if (m.capacity_factor) {
+      cfg["capacity_factor"] = *m.capacity_factor;
+      cfg["drop_policy"] = m.drop_policy == moe::DropPolicy::probs ? "probs" : "position";
+    }
   }
-  std::ofstream out(dir + "/config.json");
-  out << cfg.dump(2) << "\n";
-  if (!out) ORIGAMI_USER_ERROR(dir, "/config.json: write failed");
+  return cfg;
+}
+
+void check_config_matches_export(const Config& cfg, const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  const InputFile in(path, "Hugging Face config.json");
+  nlohmann::json got;
+  try {
+    got = nlohmann::json::parse(in.read_all(int64_t{1} << 20));
+  } catch (const nlohmann::json::exception& e) {
+    ORIGAMI_USER_ERROR(path, ": not valid JSON: ", e.what());
+  }
+  if (!got.is_object()) ORIGAMI_USER_ERROR(path, ": must be a JSON object (an exported config.json)");
+  const nlohmann::ordered_json expected = hf_config(cfg.model, cfg.moe);
+  // The keys that change the forward pass, and the config key behind each.
+  static constexpr std::pair<const char*, const char*> kForward[] = {
+      {"model_type", "moe.num_experts"},
+      {"vocab_size", "model.vocab_size"},
+      {"hidden_size", "model.hidden_size"},
+      {"intermediate_size", "model.ffn_hidden_size"},
+      {"num_hidden_layers", "model.num_layers"},
+      {"num_attention_heads", "model.num_heads"},
+      {"num_key_value_heads", "model.num_kv_heads"},
+      {"rms_norm_eps", "model.norm_eps"},
+      {"rope_theta", "model.rope_theta"},
+      {"num_local_experts", "moe.num_experts"},
+      {"num_experts_per_tok", "moe.top_k"},
+      {"moe_intermediate_size", "moe.ffn_hidden_size"},
+      {"scoring_func", "moe.score_function"},
+      {"norm_topk_prob", "moe.normalize_topk"},
+      {"routed_scaling_factor", "moe.topk_scaling"},
+      {"first_k_dense_replace", "moe.first_dense_layers"},
+      {"moe_layer_freq", "moe.layer_freq"},
+      {"n_group", "moe.num_groups"},
+      {"topk_group", "moe.group_topk"},
+      {"shared_expert_intermediate_size", "moe.shared_expert_hidden_size"},
+      {"expert_bias", "moe.expert_bias"},
+      {"capacity_factor", "moe.capacity_factor"},
+      {"drop_policy", "moe.drop_policy"},
+  };
+  for (const auto& [json_key, config_key] : kForward) {
+    const nlohmann::json want = expected.contains(json_key) ? nlohmann::json(expected[json_key]) : nlohmann::json();
+    const nlohmann::json have = got.contains(json_key) ? got[json_key] : nlohmann::json();
+    if (want == have) continue;
+    ORIGAMI_USER_ERROR(cfg.origin(config_key), ": ", config_key, " gives \"", json_key, "\": ",
+                       want.is_null() ? "(absent)" : shorten(want.dump(), 60), ", but ", path, " has ",
+                       have.is_null() ? "none" : shorten(have.dump(), 60),
+                       " (rule: evaluation uses the model the weights were trained as; drop the contradicting "
+                       "setting or use the matching weights)");
+  }
 }
 
 void load_hf_weights(Model& model, const std::string& dir) {
@@ -182,6 +247,7 @@ void load_hf_weights(Model& model, const std::string& dir) {
       if (it->second.shape() != p.shape)
         ORIGAMI_USER_ERROR(path, ": tensor '", p.name, "' has shape ", shape_string(it->second.shape()),
                            ", the config needs ", shape_string(p.shape));
+      check_finite(path, p.name, it->second);
       Tensor dst = u.param_view(i);
       dst.copy_from(it->second);
       tensors.erase(it);
@@ -195,6 +261,7 @@ void load_hf_weights(Model& model, const std::string& dir) {
     if (it->second.shape() != bias.shape())
       ORIGAMI_USER_ERROR(path, ": tensor '", it->first, "' has shape ", shape_string(it->second.shape()),
                          ", the config needs ", shape_string(bias.shape()));
+    check_finite(path, it->first, it->second);
     bias.copy_from(it->second);
     tensors.erase(it);
   }

@@ -6,8 +6,10 @@
 // moe_layer_freq, n_group, topk_group, shared_expert_intermediate_size) and
 // the expert bias as model.layers.{l}.block_sparse_moe.expert_bias.
 #pragma once
+#include <nlohmann/json.hpp>
 #include <string>
 
+#include "engine/config.h"
 #include "engine/model.h"
 
 namespace origami {
@@ -17,7 +19,16 @@ namespace origami {
 // root's tp group; stage roots send to world rank 0 over its pp group): world
 // rank 0 writes the consolidated model, the other ranks write nothing. Without groups: this rank's model as it is.
 void export_hf(const Model& model, const std::string& dir, const comm::Groups* groups = nullptr);
-// Loads exported weights into `model` (names and shapes must match exactly).
+// Loads exported weights into `model` (names and shapes must match exactly,
+// every value finite; UserError naming the file and tensor otherwise).
 void load_hf_weights(Model& model, const std::string& dir);
+
+// The config.json written beside the weights.
+nlohmann::ordered_json hf_config(const ModelConfig& model, const MoeConfig& moe);
+// Every key of dir/config.json that changes the forward pass agrees with
+// `cfg` (its file and --set overrides): UserError naming the config key,
+// where it came from and the file's value otherwise, or when config.json is
+// missing or not an exported config.
+void check_config_matches_export(const Config& cfg, const std::string& dir);
 
 }  // namespace origami

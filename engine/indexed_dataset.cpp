@@ -16,6 +16,7 @@
 #include <limits>
 #include <utility>
 
+#include "engine/files.h"
 #include "kernels/check.h"
 
 namespace origami {
@@ -56,28 +57,16 @@ class MappedFile {
  public:
   MappedFile() = default;
   MappedFile(const std::string& path, const std::string& prefix) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      ORIGAMI_USER_ERROR(path, ": cannot open: ", std::strerror(errno),
-                         " (rule: an indexed dataset is the pair ", prefix, ".bin + ", prefix, ".idx)");
-    }
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      ORIGAMI_USER_ERROR(path, ": not a regular file (rule: an indexed dataset is the pair ", prefix,
-                         ".bin + ", prefix, ".idx)");
-    }
-    size_ = static_cast<size_t>(st.st_size);
+    // InputFile refuses a FIFO, device or directory before anything blocks.
+    const std::string p = shorten(prefix, 100);
+    const InputFile in(path, detail::concat("indexed dataset file (a dataset is the pair ", p, ".bin + ", p, ".idx)"));
+    size_ = static_cast<size_t>(in.size());
     if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
-      if (p == MAP_FAILED) {
-        int err = errno;
-        ::close(fd);
-        ORIGAMI_USER_ERROR(path, ": cannot mmap ", size_, " bytes: ", std::strerror(err));
-      }
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, in.fd(), 0);
+      if (p == MAP_FAILED) ORIGAMI_USER_ERROR(path, ": cannot mmap ", size_, " bytes: ", std::strerror(errno));
       data_ = static_cast<const uint8_t*>(p);
     }
-    ::close(fd);  // the mapping keeps the file alive
+    // The mapping keeps the file alive after `in` closes it.
   }
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
@@ -275,6 +264,13 @@ IndexedDataset IndexedDataset::open(const std::string& prefix, int64_t vocab_siz
   }
   ds.num_tokens_ = tokens;
 
+  // Megatron's IndexedDataset asserts document_indices[-1] == the sequence
+  // count, so an empty doc_idx, or one that stops short, is refused there too.
+  if (num_documents == 0) {
+    ORIGAMI_USER_ERROR(idx_path, ": byte offset ", kNumDocumentsOffset,
+                       ": num_documents = 0 (rule: doc_idx holds at least one entry, the last equal to num_sequences "
+                       "= ", n, "; Megatron refuses the file too)");
+  }
   ds.doc_idx_.resize(num_documents);
   int64_t prev = 0;
   for (uint64_t j = 0; j < num_documents; ++j) {
@@ -284,6 +280,12 @@ IndexedDataset IndexedDataset::open(const std::string& prefix, int64_t vocab_siz
                          " (rule: doc_idx is non-decreasing within [0, num_sequences = ", n, "])");
     }
     ds.doc_idx_[j] = prev = d;
+  }
+  if (prev != n) {
+    ORIGAMI_USER_ERROR(idx_path, ": byte offset ", doc_idx_off + 8 * (num_documents - 1), ": doc_idx[",
+                       num_documents - 1, "] = ", prev,
+                       " (rule: the last doc_idx entry equals num_sequences = ", n,
+                       ", so every sequence belongs to a document; Megatron refuses the file too)");
   }
 
   MappedFile bin(bin_path, prefix);

@@ -8,7 +8,8 @@
 //   [18, 26)  u64 num_sequences
 //   [26, 34)  u64 num_documents (length of doc_idx)
 //   i32 sizes[num_sequences]; i64 pointers[num_sequences] (byte offsets into
-//   .bin); i64 doc_idx[num_documents].
+//   .bin); i64 doc_idx[num_documents] (sequence indices where documents
+//   start, non-decreasing, at least one entry, the last = num_sequences).
 // .bin: the token arrays of every sequence, back to back.
 //
 // Invariants once open() returns (each one otherwise a UserError naming the
@@ -28,10 +29,11 @@
 
 namespace origami {
 
-// On-disk token dtype codes, as Megatron numbers them. Only u8, u16, i32 and
+// On-disk token dtype codes, as Megatron numbers them (megatron/core/datasets/
+// indexed_dataset.py DType: float64 = 6, float32 = 7). Only u8, u16, i32 and
 // i64 are token types we read or write; the others are recognised to name
 // them in errors.
-enum class IndexDType : uint8_t { u8 = 1, i8 = 2, i16 = 3, i32 = 4, i64 = 5, f32 = 6, f64 = 7, u16 = 8 };
+enum class IndexDType : uint8_t { u8 = 1, i8 = 2, i16 = 3, i32 = 4, i64 = 5, f64 = 6, f32 = 7, u16 = 8 };
 
 std::string_view to_string(IndexDType dt);
 // Bytes per token for a supported token dtype (u8, u16, i32, i64).

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "engine/files.h"
 #include "kernels/check.h"
 
 namespace origami {
@@ -99,16 +100,27 @@ std::string format_step_line(const StepMetrics& m) {
 
 MetricsWriter::MetricsWriter(const std::string& dir) {
   if (dir.empty()) return;
-  std::filesystem::create_directories(dir);
-  const std::string path = dir + "/metrics.jsonl";
-  out_.open(path, std::ios::trunc);
-  if (!out_) ORIGAMI_USER_ERROR(path, ": cannot open for writing (logging.dir)");
+  check_writable_dir(dir, "logging.dir");
+  out_ = std::make_unique<OutputFile>(dir + "/metrics.jsonl", OutputFile::Mode::truncate);
 }
 
 void MetricsWriter::write(const StepMetrics& m) {
-  if (!out_.is_open()) return;
-  out_ << to_json(m).dump() << "\n";
-  out_.flush();
+  if (!out_) return;
+  // Flushed per record: a run that dies keeps every step it finished, and a
+  // full disk shows at the step that hit it.
+  try {
+    out_->write(to_json(m).dump() + "\n");
+    out_->flush();
+  } catch (const UserError&) {
+    out_.reset();  // the file is closed; later records are dropped
+    throw;
+  }
+}
+
+void MetricsWriter::close() {
+  if (!out_) return;
+  std::unique_ptr<OutputFile> f = std::move(out_);
+  f->close();
 }
 
 }  // namespace origami

@@ -2,12 +2,13 @@
 // per step in <logging.dir>/metrics.jsonl.
 #pragma once
 #include <cstdint>
-#include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "engine/files.h"
 #include "engine/model.h"
 #include "kernels/allocator.h"
 
@@ -38,14 +39,20 @@ nlohmann::ordered_json to_json(const MoeLayerRecord& r);
 std::string format_step_line(const StepMetrics& m);
 std::string format_bytes(int64_t bytes);
 
+// <dir>/metrics.jsonl, one record per step, every write checked
+// (engine/files.h): a failure is a UserError naming the file.
 class MetricsWriter {
  public:
-  // Empty dir: no file is written.
+  // Empty dir: no file is written. Creates the directory and proves it
+  // writable (UserError naming logging.dir).
   explicit MetricsWriter(const std::string& dir);
   void write(const StepMetrics& m);
+  // Closes the file, reporting what the last writes did not; further
+  // writes are dropped.
+  void close();
 
  private:
-  std::ofstream out_;
+  std::unique_ptr<OutputFile> out_;
 };
 
 }  // namespace origami

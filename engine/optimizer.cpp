@@ -34,9 +34,7 @@ Tensor owned_grad(const ParamUnit& u) {
 
 }  // namespace
 
-StepStats AdamW::step(ParamStore& params, const GradNormGroups& groups) {
-  ++step_;
-  StepStats st;
+double AdamW::grad_norm(const ParamStore& params, const GradNormGroups& groups) const {
   double sq[2] = {0, 0};  // dense, expert
   bool sharded[2] = {false, false};
   const bool skip_replicated = groups.tp && groups.tp->rank() != 0;
@@ -55,7 +53,13 @@ StepStats AdamW::step(ParamStore& params, const GradNormGroups& groups) {
   if (sharded[1] && groups.expert_shards) groups.expert_shards->all_reduce(std::span<double>(&sq[1], 1));
   if (groups.expert_model) groups.expert_model->all_reduce(std::span<double>(&sq[1], 1));
   if (groups.pp) groups.pp->all_reduce(std::span<double>(sq, 2));
-  st.grad_norm = std::sqrt(sq[0] + sq[1]);
+  return std::sqrt(sq[0] + sq[1]);
+}
+
+StepStats AdamW::update(ParamStore& params, double grad_norm) {
+  ++step_;
+  StepStats st;
+  st.grad_norm = grad_norm;
   // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1.
   float clip = 1.0f;
   if (opt_.clip_grad > 0) {

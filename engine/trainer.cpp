@@ -4,15 +4,21 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <optional>
 
+#include "comm/agreement.h"
 #include "comm/groups.h"
+#include "comm/mpi_communicator.h"
 #include "engine/dataset.h"
 #include "engine/export.h"
+#include "engine/files.h"
 #include "engine/indexed_dataset.h"
 #include "engine/model.h"
 #include "engine/optimizer.h"
 #include "engine/pipeline.h"
+#include "engine/preflight.h"
 #include "engine/zero.h"
 #include "kernels/threads.h"
 
@@ -115,6 +121,44 @@ std::vector<StageTiming> every_stage(const StageTiming& mine, comm::Communicator
   return out;
 }
 
+// Empty when every value of the step is finite; else why the run stops (step,
+// which values, the settings that usually cause it).
+std::string divergence(const Config& cfg, int64_t step, double lm_loss, double aux_loss, double z_loss,
+                       double grad_norm) {
+  const std::pair<const char*, double> values[] = {
+      {"lm loss", lm_loss}, {"aux loss", aux_loss}, {"z loss", z_loss}, {"grad norm", grad_norm}};
+  std::string bad, shown;
+  for (const auto& [name, v] : values) {
+    const std::string text = std::isnan(v) ? "nan" : std::isinf(v) ? (v > 0 ? "inf" : "-inf") : detail::concat(v);
+    if (!std::isfinite(v)) bad += std::string(bad.empty() ? "" : ", ") + name;
+    shown += detail::concat(shown.empty() ? "" : ", ", name, " ", text);
+  }
+  if (bad.empty()) return {};
+  const auto& o = cfg.optimizer;
+  std::string causes = detail::concat("a learning rate too high for this model (optimizer.lr = ", o.lr,
+                                      "; lower it, or warm up longer: lr_schedule.warmup_steps = ",
+                                      cfg.lr_schedule.warmup_steps, "), too large an init scale (model.init_std = ",
+                                      cfg.model.init_std, ")");
+  if (cfg.moe.num_experts > 0)
+    causes += detail::concat(", too large a routed-output scale (moe.topk_scaling = ", cfg.moe.topk_scaling, ")");
+  if (o.clip_grad == 0) causes += ", no gradient clipping (optimizer.clip_grad = 0)";
+  return detail::concat("training diverged at step ", step, " of ", cfg.training.steps, ": ", bad,
+                        bad.find(',') == std::string::npos ? " is" : " are", " not finite (", shown,
+                        "); the run stopped before the optimizer applied this step (weights and metrics are ",
+                        step == 1 ? "untouched" : detail::concat("those of step ", step - 1),
+                        "). Likely causes: ", causes);
+}
+
+// A failure of work done on one rank only (rank 0's metrics file), kept until
+// the next meeting of every rank, where it stops them all.
+struct PendingFailure {
+  int status = 0;
+  std::string message;
+  void take(const UserError& e) {
+    if (status == 0) status = e.exit_status(), message = e.what();
+  }
+};
+
 // Fills tokens_BS1 [mb, S+1] with the samples given by `index_of(i)`.
 template <class IndexFn>
 void load_micro_batch(const GptDataset& data, int64_t mb, int64_t seq_len, IndexFn index_of, Tensor& tokens_BS1) {
@@ -125,9 +169,27 @@ void load_micro_batch(const GptDataset& data, int64_t mb, int64_t seq_len, Index
 
 TrainSummary train(const Config& cfg, const TrainOptions& opts) {
   const int rank = world_rank(), world = world_size();
-  validate_for_world(cfg, world);
-  apply_threads(cfg.runtime);
   const TrainingConfig& tc = cfg.training;
+  // The run's meetings of every rank (comm/agreement.h): first that all
+  // ranks run the same binary and config, then everything that can fail on
+  // some ranks only (a data file one node cannot read, an output directory
+  // rank 0 cannot write), before any rank commits to a collective of training.
+  const auto everyone = comm::whole_mpi(MPI_COMM_WORLD, "everyone", comm::CommOptions{cfg.runtime.collective_timeout_s});
+  check_same_run(*everyone, cfg);
+  std::unique_ptr<IndexedDataset> indexed;
+  std::unique_ptr<GptDataset> data;
+  std::optional<MetricsWriter> metrics;
+  comm::run_agreed(*everyone, [&] {
+    validate_for_world(cfg, world);
+    validate_for_machine(cfg, world, ranks_on_this_node());
+    if (tc.steps > 0) {
+      indexed = std::make_unique<IndexedDataset>(IndexedDataset::open(cfg.data.path, cfg.model.vocab_size));
+      data = std::make_unique<GptDataset>(*indexed, tc.seq_len, cfg.data.shuffle, tc.seed);
+    }
+    metrics.emplace(rank == 0 ? cfg.logging.dir : std::string());
+    if (rank == 0 && !cfg.exp.dir.empty()) check_writable_dir(cfg.exp.dir, "export.dir");
+  });
+  apply_threads(cfg.runtime);
   const comm::Groups groups = comm::Groups::create(make_layout(cfg, world), MPI_COMM_WORLD, comm::Backend::mpi,
                                                    comm::CommOptions{cfg.runtime.collective_timeout_s});
   const int64_t dp = groups.layout().dp(), dp_rank = groups.coords().dp;
@@ -147,7 +209,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
   const GradNormGroups norm_groups{multi(groups, comm::GroupKind::dp_cp), multi(groups, comm::GroupKind::edp),
                                    multi(groups, comm::GroupKind::tp_ep), multi(groups, comm::GroupKind::tp), pp};
   AdamW optimizer(cfg.optimizer, cfg.lr_schedule, tc.steps);
-  MetricsWriter metrics(rank == 0 ? cfg.logging.dir : std::string());
+  PendingFailure pending;
   TrainSummary summary;
   // Parameters of the whole model: each tensor's global shape (tp and etp
   // slices are parts of it), this rank holds 1/EP of the experts and its
@@ -157,12 +219,6 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
       summary.params += shape_numel(p.global_shape()) * (u.expert ? groups.layout().ep() : 1);
   if (pp) pp->all_reduce(std::span<int64_t>(&summary.params, 1));
 
-  std::unique_ptr<IndexedDataset> indexed;
-  std::unique_ptr<GptDataset> data;
-  if (tc.steps > 0) {
-    indexed = std::make_unique<IndexedDataset>(IndexedDataset::open(cfg.data.path, cfg.model.vocab_size));
-    data = std::make_unique<GptDataset>(*indexed, tc.seq_len, cfg.data.shuffle, tc.seed);
-  }
   if (rank == 0 && opts.print_steps && !opts.json_lines)
     std::printf("origami: %lld parameters, %lld steps of %lld samples x %lld tokens, %d rank(s), %d thread(s)\n",
                 static_cast<long long>(summary.params), static_cast<long long>(tc.steps),
@@ -221,7 +277,24 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
     if (pp) pp->all_reduce(std::span<double>(&loss_sum, 1));  // from the last stage to all
     reduce_moe_records(fstats.moe, groups);
     fstats.moe = whole_model_records(fstats.moe, cfg, groups.layout().ep(), pp);
-    StepStats st = optimizer.step(model.params(), norm_groups);
+    const double lm_loss = loss_sum / static_cast<double>(tc.global_batch * tc.seq_len);
+    const double aux_loss = fstats.aux_loss() / static_cast<double>(micro_batches);
+    const double z_loss = fstats.z_loss() / static_cast<double>(micro_batches);
+    const double grad_norm = optimizer.grad_norm(model.params(), norm_groups);
+    // Every rank's verdict on this step, and any failure left from the last,
+    // meet here before the weights change: a diverged step stops the run
+    // (kExitDiverged) with the weights of the step before.
+    {
+      const std::string diverged = divergence(cfg, step, lm_loss, aux_loss, z_loss, grad_norm);
+      int status = pending.status;
+      std::string message = pending.message;
+      if (!diverged.empty()) {
+        status = std::max(status, kExitDiverged);
+        message += (message.empty() ? "" : "; ") + diverged;
+      }
+      comm::agree(*everyone, status, message);
+    }
+    StepStats st = optimizer.update(model.params(), grad_norm);
     zero.finish_step();
     model.update_expert_bias(fstats.moe);  // the global batch's loads
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -229,9 +302,9 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
     StepMetrics m;
     m.step = step;
     m.total_steps = tc.steps;
-    m.lm_loss = loss_sum / static_cast<double>(tc.global_batch * tc.seq_len);
-    m.aux_loss = fstats.aux_loss() / static_cast<double>(micro_batches);
-    m.z_loss = fstats.z_loss() / static_cast<double>(micro_batches);
+    m.lm_loss = lm_loss;
+    m.aux_loss = aux_loss;
+    m.z_loss = z_loss;
     m.moe = fstats.moe;
     m.grad_norm = st.grad_norm;
     m.lr = st.lr;
@@ -245,7 +318,11 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
       m.comm_bytes.emplace_back(counted[g]->name(), counted[g]->total_bytes() - bytes_before[g]);
     summary.losses.push_back(m.lm_loss);
     if (rank == 0) {
-      metrics.write(m);
+      try {
+        metrics->write(m);
+      } catch (const UserError& e) {
+        pending.take(e);
+      }
       if (opts.print_steps && (step % cfg.logging.interval == 0 || step == 1 || step == tc.steps)) {
         std::printf("%s\n", opts.json_lines ? to_json(m).dump().c_str() : format_step_line(m).c_str());
         std::fflush(stdout);
@@ -254,9 +331,17 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
     if (opts.on_step) opts.on_step(m);
   }
   summary.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+  // The last meetings: a failure of the last step's metrics or of closing
+  // the file, then of rank 0's export write, stops every rank alike.
+  comm::run_agreed(*everyone, [&] {
+    if (pending.status != 0) throw UserError(pending.message, pending.status);
+    metrics->close();
+  });
   if (!cfg.exp.dir.empty()) {
     zero.gather_all();
-    export_hf(model, cfg.exp.dir, &groups);  // collective: rank 0 writes the consolidated model
+    // Collective, then rank 0 alone writes the consolidated model: its
+    // failure reaches every rank at this meeting.
+    comm::run_agreed(*everyone, [&] { export_hf(model, cfg.exp.dir, &groups); });
     zero.release_all();
     if (rank == 0 && opts.print_steps && !opts.json_lines)
       std::printf("exported Hugging Face weights to %s\n", cfg.exp.dir.c_str());
@@ -266,6 +351,12 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
 
 EvalResult evaluate(const Config& cfg, const std::string& weights_dir, const std::string& data_prefix,
                     int64_t samples) {
+  // Evaluation runs the whole model on each rank: the rules of a one-rank layout.
+  Config one = cfg;
+  one.parallel = ParallelConfig{};
+  validate_for_world(one, 1);
+  validate_for_machine(one, 1, ranks_on_this_node());
+  check_config_matches_export(cfg, weights_dir);
   apply_threads(cfg.runtime);
   Model model(cfg.model, cfg.training.seed, cfg.moe);
   load_hf_weights(model, weights_dir);

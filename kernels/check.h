@@ -1,26 +1,65 @@
 // One error family for the whole engine.
 //  - ORIGAMI_CHECK(cond, msg...): an internal invariant. On failure it prints
 //    "file:line [rank R] check failed: cond: msg" and aborts the whole job
-//    (MPI_Abort when MPI is up), so a broken rank never leaves others hanging.
-//  - UserError: bad config, data, checkpoint or CLI input. Thrown with a
-//    message naming the file, key or offset and the rule; the CLI prints it and
-//    exits with status 2.
+//    (MPI_Abort when MPI is up, exit status kExitInternal), so a broken rank
+//    never leaves others hanging. The abort path is single-entry: when several
+//    threads fail at once (a check inside an OpenMP region), one reports and
+//    aborts, the others wait for the process to go down.
+//  - UserError: bad config, data, checkpoint or CLI input, or a run the user's
+//    settings made diverge. Thrown with a message naming the file, key or
+//    offset and the rule; the CLI prints it and exits with its status
+//    (kExitUserError, or kExitDiverged).
+// Exit statuses of `origami` (README "Reliability"):
+//   0 success, 2 bad input, 3 training diverged, 4 internal check failed
+//   (a bug), 5 a collective timed out (a rank stopped answering).
 #pragma once
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace origami {
 
+inline constexpr int kExitUserError = 2;
+inline constexpr int kExitDiverged = 3;
+inline constexpr int kExitInternal = 4;
+inline constexpr int kExitTimeout = 5;
+
 class UserError : public std::runtime_error {
  public:
-  explicit UserError(const std::string& what) : std::runtime_error(what) {}
+  explicit UserError(const std::string& what, int exit_status = kExitUserError)
+      : std::runtime_error(what), exit_status_(exit_status) {}
+  int exit_status() const { return exit_status_; }
+
+ private:
+  int exit_status_;
+};
+
+// A failure every rank of the job already knows about (comm/agreement.h
+// shares it): what() is the report as the user reads it, one or more
+// "error: ..." lines, printed once by rank 0; every rank exits with
+// exit_status().
+class JobError : public UserError {
+ public:
+  using UserError::UserError;
 };
 
 // Rank of this process in MPI_COMM_WORLD, or 0 before MPI_Init / without MPI.
 int world_rank_for_diagnostics();
 
 [[noreturn]] void fail_check(const char* file, int line, const char* cond, const std::string& msg);
+
+// Prints `message` (one line, as given; nothing when empty) and ends the whole job with
+// `exit_status`: MPI_Abort when MPI is up, else exit. Single-entry: a second
+// caller (another thread) blocks until the process is gone, so concurrent
+// failures never race inside MPI's error path.
+[[noreturn]] void abort_job(int exit_status, const std::string& message);
+
+// A user-supplied value for a message: as is when short, else its first and
+// last characters around "...", with the full length, so a 10,000-character
+// value cannot bury the rule it broke.
+std::string shorten(std::string_view value, size_t max_chars = 80);
 
 namespace detail {
 template <class... Args>
@@ -30,6 +69,10 @@ std::string concat(const Args&... args) {
   return os.str();
 }
 }  // namespace detail
+
+// a · b and a + b for sizes, or false when the result leaves int64.
+inline bool checked_mul(int64_t a, int64_t b, int64_t* out) { return !__builtin_mul_overflow(a, b, out); }
+inline bool checked_add(int64_t a, int64_t b, int64_t* out) { return !__builtin_add_overflow(a, b, out); }
 
 }  // namespace origami
 

@@ -29,8 +29,10 @@ std::string_view to_string(DType dt) {
 }
 
 int64_t shape_numel(const Shape& s) {
+  // Config validation bounds every configured size; a product that still
+  // leaves int64 is a bug, never a silently small buffer.
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s) ORIGAMI_CHECK(d >= 0 && checked_mul(n, d, &n), "element count of ", shape_string(s), " overflows int64");
   return n;
 }
 
@@ -52,11 +54,13 @@ Storage::~Storage() { TrackedAllocator::host().release_host(data_, bytes_, categ
 
 Tensor Tensor::empty(Shape shape, DType dtype, MemCategory category, Device device) {
   for (int64_t d : shape) ORIGAMI_CHECK(d >= 0, "negative dimension in ", shape_string(shape));
+  int64_t bytes = 0;
+  ORIGAMI_CHECK(checked_mul(shape_numel(shape), static_cast<int64_t>(dtype_size(dtype)), &bytes), "bytes of ",
+                shape_string(shape), " ", to_string(dtype), " overflow int64");
   Tensor t;
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
-  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(shape_numel(t.shape_)) * dtype_size(dtype), category,
-                                         device);
+  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(bytes), category, device);
   return t;
 }
 

@@ -10,11 +10,14 @@
 
 namespace origami {
 
+int ranks_on_this_node() {
+  const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  return s ? std::max(1, std::atoi(s)) : 1;
+}
+
 int default_threads_per_rank() {
   int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  int local_ranks = 1;
-  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local_ranks = std::max(1, std::atoi(s));
-  int threads = std::max(1, cores / local_ranks);
+  int threads = std::max(1, cores / ranks_on_this_node());
   // mpirun binds each rank to a core by default at small rank counts: more
   // threads than the cores this process may run on only time-slice.
   cpu_set_t mask;

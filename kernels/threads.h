@@ -8,6 +8,8 @@ namespace origami {
 // Cores of this node divided by the ranks on it (OMPI_COMM_WORLD_LOCAL_SIZE),
 // at least 1.
 int default_threads_per_rank();
+// Ranks of this job on this node (OMPI_COMM_WORLD_LOCAL_SIZE), at least 1.
+int ranks_on_this_node();
 void set_num_threads(int threads);
 int num_threads();
 

@@ -37,7 +37,7 @@ TEST(CliGroups, JsonReproducesMegatronExample) {
 }
 
 TEST(CliGroups, TextListsEveryGroupAndTheRank) {
-  auto r = testing::run_command(kBin + " groups --world 8 --tp 2 --pp 2 --ep 2 --rank 6");
+  auto r = testing::run_command(kBin + " groups --world 8 --tp 2 --pp 2 --ep 2 --etp 1 --rank 6");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("dense tp (4 groups of 2): [0,1] [2,3] [4,5] [6,7]"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("expert edp (4 groups of 2): [0,2] [1,3] [4,6] [5,7]"), std::string::npos) << r.output;
@@ -70,7 +70,7 @@ TEST(CliGroups, InvalidLayoutsExit2WithTheNumbers) {
       {"--world 8 --ep 16", "world size 8 is not divisible by ETP·EP·PP = 1·16·1 = 16"},
       {"--world 8 --ep 2 --order tp-dp-pp", "omits axis 'ep' but EP = 2"},
       {"--world 8 --pp 2 --ep 2 --order tp-cp-ep-pp-dp", "EDP = W/(ETP·EP·PP) = 8/(1·2·2) = 2"},
-      {"--world 8 --tp 2 --pp 2 --ep 2 --order tp-pp-cp-ep-dp",
+      {"--world 8 --tp 2 --pp 2 --ep 2 --etp 1 --order tp-pp-cp-ep-dp",
        "dense pp group 0 is [0,2], expert pp group 0 is [0,1]"},
       {"--world 4 --order tp-qp-dp", "unknown axis 'qp'"},
   };

@@ -186,8 +186,11 @@ TEST_F(CorruptTest, WrongVersion) {
 }
 
 TEST_F(CorruptTest, BadDtypeCode) {
+  // Megatron's codes: float64 = 6, float32 = 7 (neither is a token type).
   patch<uint8_t>(idx_, 17, 6);
-  expect_open_error({idx_, "byte offset 17", "dtype code 6 (f32)", "1 (u8), 8 (u16)"});
+  expect_open_error({idx_, "byte offset 17", "dtype code 6 (f64)", "1 (u8), 8 (u16)"});
+  patch<uint8_t>(idx_, 17, 7);
+  expect_open_error({idx_, "byte offset 17", "dtype code 7 (f32)", "1 (u8), 8 (u16)"});
 }
 
 TEST_F(CorruptTest, UnknownDtypeCode) {
@@ -247,6 +250,19 @@ TEST_F(CorruptTest, NegativeSize) {
 TEST_F(CorruptTest, DocIdxOutOfRange) {
   patch<int64_t>(idx_, 94 + 8 * 3, 9);
   expect_open_error({idx_, "byte offset 118", "doc_idx[3] = 9", "non-decreasing within [0, num_sequences = 5]"});
+}
+
+// Megatron's IndexedDataset asserts document_indices[-1] == the sequence
+// count; these indexes fail there too.
+TEST_F(CorruptTest, DocIdxEmptyIsRefusedLikeMegatron) {
+  patch<uint64_t>(idx_, 26, 0);
+  truncate_to(idx_, 94);
+  expect_open_error({idx_, "byte offset 26", "num_documents = 0", "last equal to num_sequences = 5", "Megatron"});
+}
+
+TEST_F(CorruptTest, DocIdxNotEndingAtSequenceCountIsRefusedLikeMegatron) {
+  patch<int64_t>(idx_, 94 + 8 * 5, 4);  // doc_idx = 0, 1, 2, 3, 4, 4: sequence 4 in no document
+  expect_open_error({idx_, "byte offset 134", "doc_idx[5] = 4", "equals num_sequences = 5", "Megatron"});
 }
 
 TEST_F(CorruptTest, BinTooShort) {

@@ -273,7 +273,7 @@ void add_bench_comm_command(CLI::App& bench) {
   cmd->add_option("--iters", args->iters, "Timed iterations per size (median reported)")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", args->warmup, "Untimed iterations per size")->check(CLI::Range(0, 100000));
   cmd->add_flag("--check,!--no-check", args->check, "Verify received data (default on; wrong data exits non-zero)");
-  cmd->add_option("--timeout", args->timeout_s, "Collective timeout in seconds")->check(CLI::PositiveNumber);
+  cmd->add_option("--timeout", args->timeout_s, "Collective timeout in seconds")->check(finite_positive());
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->callback([args] { run_bench_comm(*args); });
 }

@@ -38,7 +38,9 @@
 #include <span>
 
 #include "comm/groups.h"
+#include "comm/mpi_communicator.h"
 #include "engine/config.h"
+#include "engine/preflight.h"
 #include "kernels/init.h"
 #include "kernels/threads.h"
 #include "moe/moe_layer.h"
@@ -291,6 +293,11 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
   if (a.ep > 0) overrides.push_back("parallel.ep=" + std::to_string(a.ep));
   if (a.etp > 0) overrides.push_back("parallel.etp=" + std::to_string(a.etp));
   Config cfg = load_config(a.config, overrides);
+  {
+    // Every rank benchmarks the same layer, or the exchange tables mean nothing.
+    const auto everyone = comm::whole_mpi(MPI_COMM_WORLD, "everyone", comm::CommOptions{cfg.runtime.collective_timeout_s});
+    check_same_run(*everyone, cfg);
+  }
   const MoeConfig& m = cfg.moe;
   const ParallelConfig& par = cfg.parallel;
   if (m.num_experts == 0) ORIGAMI_USER_ERROR(a.config, ": moe.num_experts = 0: bench moe-layer needs MoE layers");

@@ -28,6 +28,7 @@ struct GroupsArgs {
   comm::LayoutOptions layout;
   int64_t rank = -1;  // -1: no per-rank section
   bool json = false;
+  const CLI::Option* etp_flag = nullptr;  // --etp absent: etp = tp (Megatron's default, as in configs)
 };
 
 void print_text(const comm::Layout& l, int64_t rank) {
@@ -80,6 +81,7 @@ void run_groups(const GroupsArgs& a) {
   MPI_Comm_size(MPI_COMM_WORLD, &mpi_size);
   const int64_t world = a.world > 0 ? a.world : mpi_size;
   comm::LayoutOptions opts = a.layout;
+  if (a.etp_flag && a.etp_flag->count() == 0) opts.etp = opts.tp;
   std::string source;  // the config file, named in layout errors
   if (!a.config.empty()) {
     const Config cfg = load_config(a.config, a.overrides);
@@ -122,10 +124,11 @@ void add_groups_command(CLI::App& app) {
       cmd->add_option("--cp", args->layout.cp, "Context parallel size"),
       cmd->add_option("--pp", args->layout.pp, "Pipeline parallel size"),
       cmd->add_option("--ep", args->layout.ep, "Expert parallel size"),
-      cmd->add_option("--etp", args->layout.etp, "Expert tensor parallel size"),
+      cmd->add_option("--etp", args->layout.etp, "Expert tensor parallel size (default: --tp)"),
       cmd->add_option("--order", args->layout.order, "Axis order, fastest first (default tp-cp-ep-dp-pp)"),
       cmd->add_option("--experts", args->layout.num_experts, "Number of experts (checked against --ep)")};
   for (CLI::Option* o : sizes) o->excludes(config);
+  args->etp_flag = sizes[4];
   cmd->add_option("--rank", args->rank, "Also print this rank's coordinates and groups")->check(CLI::NonNegativeNumber);
   cmd->add_flag("--json", args->json, "Print one JSON object: {\"dense\": {\"tp\": [[...]], ...}, \"expert\": {...}}");
   cmd->callback([args] { run_groups(*args); });

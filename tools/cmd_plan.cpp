@@ -402,19 +402,19 @@ void add_plan_command(CLI::App& app) {
                   "Layers per pipeline stage of the configured layout (default: parallel.pp_layers, else even)")
       ->delimiter(',');
   cmd->add_option("--params", a->params, "Without a config: ZeRO state of this many parameters over --world ranks")
-      ->check(CLI::PositiveNumber);
+      ->check(finite_positive());
   cmd->add_option("--flops-per-rank", a->machine.flops_per_rank, "Sustained FLOP/s per rank (default 4e14)")
-      ->check(CLI::PositiveNumber);
+      ->check(finite_positive());
   cmd->add_option("--link-gbs", a->link_gbs, "One bandwidth for every group, GB/s per rank")
-      ->check(CLI::PositiveNumber);
+      ->check(finite_positive());
   cmd->add_option("--intra-gbs", a->machine.intra_gbs, "Intra-node bandwidth, GB/s per rank (default 150)")
-      ->check(CLI::PositiveNumber);
+      ->check(finite_positive());
   cmd->add_option("--inter-gbs", a->machine.inter_gbs, "Inter-node bandwidth, GB/s per rank (default 25)")
-      ->check(CLI::PositiveNumber);
+      ->check(finite_positive());
   cmd->add_option("--ranks-per-node", a->machine.ranks_per_node, "Ranks per node (default 8)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--memory-gb", a->machine.memory_gb, "Per-rank memory limit, GB (default 80)")
-      ->check(CLI::PositiveNumber);
+      ->check(finite_positive());
   cmd->add_option("--top", a->top, "Rows of the ranked layout table (default 10)")->check(CLI::PositiveNumber);
   cmd->add_flag("--json", a->json, "Print everything as one JSON object");
   cmd->callback([a] { run_plan(*a); });

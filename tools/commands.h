@@ -6,6 +6,10 @@
 
 namespace origami::tools {
 
+// For floating-point options: a finite number > 0 (CLI11's PositiveNumber
+// lets "nan" through, since NaN <= 0 is false).
+CLI::Validator finite_positive();
+
 void add_train_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_preprocess_command(CLI::App& app);

@@ -1,19 +1,98 @@
-// `origami`: one MPI program with subcommands (train, eval, preprocess, bench).
-// Plain `./origami ...` works as a one-rank job. User errors exit 2; internal
-// check failures abort the job through ORIGAMI_CHECK.
+// `origami`: one MPI program with subcommands (train, eval, preprocess, bench,
+// groups, plan). Plain `./origami ...` works as a one-rank job.
+//
+// Exit statuses (kernels/check.h): 0 success, 2 bad input, 3 training
+// diverged, 4 internal check failed, 5 collective timeout. Every rank leaves
+// through one meeting (comm::share_failures on a world communicator of its
+// own), failed or not, so an error raised on any subset of ranks reaches the
+// user once, tagged with its ranks, and every rank exits with the same
+// status. A rank that fails while others are stuck elsewhere waits a short
+// grace period, then prints its own error and aborts the job.
 #include <mpi.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
+#include <sstream>
 
+#include "comm/agreement.h"
+#include "comm/mpi_communicator.h"
 #include "kernels/check.h"
 #include "tools/commands.h"
+
+namespace {
+
+// How long a failed rank waits for the others at the exit meeting before it
+// aborts the job itself: ranks that failed alike arrive within moments
+// (start-up skew of oversubscribed ranks is a second or two).
+constexpr double kFailureGraceSeconds = 10.0;
+// How long a rank that finished waits for the rest: they run the same
+// collectives, so they finish close together; a rank still missing after
+// this is stuck, and the bounded wait must not become a hang.
+constexpr double kFinishWaitSeconds = 600.0;
+
+// The registered subcommands: "train", "eval", ...
+std::vector<std::string> subcommand_names(const CLI::App& app) {
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) names.push_back(sub->get_name());
+  return names;
+}
+
+// A word where a subcommand belongs that is none names itself and the valid
+// ones (CLI11 would only say it was not expected): `origami frobnicate`,
+// `origami bench frobnicate`.
+void check_subcommand(const CLI::App& app, int argc, char** argv) {
+  const CLI::App* level = &app;
+  std::string path = "origami";
+  for (int i = 1; i < argc && argv[i][0] != '-'; ++i) {
+    const std::vector<std::string> names = subcommand_names(*level);
+    if (names.empty()) return;  // past the subcommands: positional arguments
+    if (std::find(names.begin(), names.end(), argv[i]) == names.end()) {
+      std::string list;
+      for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+      ORIGAMI_USER_ERROR("unknown subcommand '", origami::shorten(argv[i]), "' of ", path, " (subcommands: ", list,
+                         "; ", path, " --help describes them)");
+    }
+    level = level->get_subcommand(argv[i]);
+    path += std::string(" ") + argv[i];
+  }
+}
+
+}  // namespace
+
+namespace origami::tools {
+
+CLI::Validator finite_positive() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        size_t used = 0;
+        double v = 0;
+        try {
+          v = std::stod(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used != text.size() || text.empty()) return "'" + shorten(text) + "' is not a number";
+        if (!std::isfinite(v) || v <= 0) return "must be a finite number > 0, got " + shorten(text);
+        return "";
+      },
+      "FINITE > 0");
+}
+
+}  // namespace origami::tools
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  // The exit meeting's own communicator: its traffic never matches the
+  // engine's collectives, whatever state a failing rank left them in.
+  auto exit_comm = origami::comm::whole_mpi(MPI_COMM_WORLD, "exit", origami::comm::CommOptions{kFinishWaitSeconds});
+
   CLI::App app{"Origami: Mixture-of-Experts pretraining with parallel folding"};
   app.require_subcommand(1);
   origami::tools::add_train_command(app);
@@ -22,25 +101,52 @@ int main(int argc, char** argv) {
   origami::tools::add_bench_command(app);
   origami::tools::add_groups_command(app);
   origami::tools::add_plan_command(app);
+
   int status = 0;
+  std::string message;
+  bool agreed = false;  // every rank already knows the outcome (a JobError, or the same command line)
   try {
+    check_subcommand(app, argc, argv);
     app.parse(argc, argv);
+    // Output that never reached its file is a failure too (stdout on a full disk).
+    if (std::fflush(stdout) != 0 || std::ferror(stdout))
+      ORIGAMI_USER_ERROR("writing standard output failed: ", std::strerror(errno));
   } catch (const CLI::ParseError& e) {
-    status = app.exit(e);
-    if (status != 0) status = 2;
+    // Every rank parses the same command line: only rank 0 prints.
+    std::ostringstream quiet;
+    const int code = rank == 0 ? app.exit(e) : app.exit(e, quiet, quiet);
+    status = code != 0 ? origami::kExitUserError : 0;
+    agreed = true;
+  } catch (const origami::JobError& e) {
+    if (rank == 0) std::fprintf(stderr, "%s\n", e.what());
+    status = e.exit_status();
+    agreed = true;
   } catch (const origami::UserError& e) {
-    if (rank == 0) std::fprintf(stderr, "error: %s\n", e.what());
-    status = 2;
+    status = e.exit_status();
+    message = e.what();
   } catch (const std::filesystem::filesystem_error& e) {
     // Paths come from the user (config dirs, CLI arguments).
-    if (rank == 0) std::fprintf(stderr, "error: %s\n", e.what());
-    status = 2;
+    status = origami::kExitUserError;
+    message = e.what();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "[rank %d] internal error: %s\n", rank, e.what());
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    origami::abort_job(origami::kExitInternal, origami::detail::concat("[rank ", rank, "] internal error: ", e.what()));
   }
-  // Every rank reads the same config and data, so a user error is raised on
-  // all ranks alike and they leave together.
+  if (!agreed) {
+    const double wait = status != 0 ? kFailureGraceSeconds : kFinishWaitSeconds;
+    const auto failures = origami::comm::share_failures(*exit_comm, status, message, wait);
+    if (!failures) {
+      if (status != 0)
+        origami::abort_job(status, origami::detail::concat("error [rank ", rank, "]: ", message));
+      origami::abort_job(origami::kExitTimeout,
+                         origami::detail::concat("[rank ", rank, "] finished, but not every rank finished within ",
+                                                 kFinishWaitSeconds, " s"));
+    }
+    if (!failures->empty()) {
+      status = origami::comm::failure_status(*failures);
+      if (rank == 0) std::fprintf(stderr, "%s\n", origami::comm::format_failures(*failures, exit_comm->size()).c_str());
+    }
+  }
+  exit_comm.reset();
   MPI_Finalize();
   return status;
 }

@@ -8,6 +8,7 @@ packages=(
   openmpi-bin libopenmpi-dev          # MPI: origami is an MPI program at any rank count
   libtomlplusplus-dev                 # config files
   libdnnl-dev                         # oneDNN: CPU GEMM
+  ocl-icd-opencl-dev                  # oneDNN's CMake config calls find_package(OpenCL); only a Recommends of libdnnl-dev
   nlohmann-json3-dev libcli11-dev     # JSON, command lines
   libgtest-dev libgmock-dev           # tests
   fortunes fortunes-min               # demo corpus (/usr/share/games/fortunes)

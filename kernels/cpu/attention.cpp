@@ -112,6 +112,14 @@ void check_inputs(const AttentionDims& d, const Tensor& q, const Tensor& k, cons
   ORIGAMI_CHECK(q.dtype() == DType::f32 && k.dtype() == DType::f32 && v.dtype() == DType::f32,
                 "CPU attention is fp32");
   ORIGAMI_CHECK(q_pos.dtype() == DType::i32 && kv_pos.dtype() == DType::i32, "attention positions are i32");
+  // Every query sees at least one key: a property of the positions alone, so
+  // it is checked here, never from the scores (non-finite scores of a
+  // diverged run flow through to the loss, where the trainer stops cleanly).
+  const int32_t* qp = q_pos.i32();
+  const int32_t* kp = kv_pos.i32();
+  const int32_t first_q = *std::min_element(qp, qp + d.q_len), first_k = *std::min_element(kp, kp + d.kv_len);
+  ORIGAMI_CHECK(first_k <= first_q, "attention query at position ", first_q, " sees no key (first key position ",
+                first_k, ")");
 }
 
 // Threads to use given the workspace the caller sized (for omp_get_max_threads()
@@ -268,8 +276,10 @@ void attention_forward(const AttentionDims& d, const Tensor& q, const Tensor& k,
       }
 
       for (int64_t r = 0; r < nq; ++r) {
-        const float denom = cpu::hsum(cpu::load(l + r * kLanes));
-        ORIGAMI_CHECK(denom > 0.0f, "attention query at position ", qpos[i0 + r], " sees no key");
+        // Every row sees a key (check_inputs), so denom > 0 unless the scores
+        // are not finite: then the row is NaN, which the loss reports.
+        float denom = cpu::hsum(cpu::load(l + r * kLanes));
+        if (!(denom > 0.0f)) denom = std::numeric_limits<float>::quiet_NaN();
         const float inv = 1.0f / denom;
         const float* __restrict a = acc + r * hd;
         float* __restrict out = od + ((b * Sq + i0 + r) * Hq + h) * hd;

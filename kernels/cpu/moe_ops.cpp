@@ -149,9 +149,22 @@ void moe_topk_forward(const Tensor& logits_TE, const Tensor& bias_E, const MoeTo
 
       reset_top(bv.data(), bi.data(), K);
       for (int64_t e = 0; e < E; ++e) insert_top(sel[e], static_cast<int32_t>(e), bv.data(), bi.data(), K);
-      ORIGAMI_CHECK(bi[K - 1] >= 0, "router: token ", t, " has non-finite scores (NaN/inf logits or bias); ",
-                    "cannot select ", K, " experts");
       float* __restrict w = weights + t * K;
+      if (bi[K - 1] < 0) {
+        // Non-finite scores (a diverged run): route to the first experts not
+        // yet chosen so every index stays valid downstream, and make the
+        // weights NaN so the loss reports the divergence.
+        for (int64_t j = 0, e = 0; j < K; ++j) {
+          if (bi[j] >= 0) continue;
+          while (std::find(bi.begin(), bi.begin() + K, static_cast<int32_t>(e)) != bi.begin() + K) ++e;
+          bi[j] = static_cast<int32_t>(e);
+        }
+        for (int64_t j = 0; j < K; ++j) {
+          experts[t * K + j] = bi[j];
+          w[j] = std::numeric_limits<float>::quiet_NaN();
+        }
+        continue;
+      }
       float sum = 0.0f;
       for (int64_t j = 0; j < K; ++j) {
         experts[t * K + j] = bi[j];
@@ -336,8 +349,11 @@ void moe_capacity_mask(const Tensor& expert_TK, const Tensor& weight_TK, int64_t
   std::vector<int64_t> cursor(start.begin(), start.end() - 1);
   for (int64_t i = 0; i < n; ++i) order[cursor[ex[i]]++] = static_cast<int32_t>(i);
   std::fill(kept, kept + n, 1);
-  // Higher weight first; equal weights: lower flat index = lower token, then slot.
-  auto before = [w](int32_t a, int32_t b) { return w[a] > w[b] || (w[a] == w[b] && a < b); };
+  // Higher weight first; equal weights: lower flat index = lower token, then
+  // slot. NaN weights (a diverged run) rank lowest, so the order stays a
+  // strict weak ordering and nth_element stays inside the range.
+  auto key = [w](int32_t i) { return w[i] == w[i] ? w[i] : -std::numeric_limits<float>::infinity(); };
+  auto before = [key](int32_t a, int32_t b) { return key(a) > key(b) || (key(a) == key(b) && a < b); };
 #pragma omp parallel for schedule(dynamic)
   for (int64_t e = 0; e < E; ++e) {
     if (cnt[e] <= capacity) continue;

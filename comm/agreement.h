@@ -1,0 +1,65 @@
+// Failures that every rank learns about. A user error raised on some ranks
+// only (its own data file unreadable, a write that only rank 0 does) must
+// neither leave the other ranks waiting in a collective until the timeout nor
+// lose its message. share_failures is the meeting point: every member of a
+// group calls it at the same place in its program, saying whether it failed;
+// all of them learn every failure, with its rank, and leave together.
+//
+// Invariants: the group's ranks call share_failures the same number of times
+// in the same order (like any collective); the result is identical on every
+// member; a group where nobody failed costs one all_reduce of one integer.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "kernels/check.h"
+
+namespace origami::comm {
+
+struct RankFailure {
+  int rank = 0;  // in the group (the world rank when the group is the world)
+  int status = 0;
+  std::string message;
+};
+
+// Collective over `group`: this rank's exit status (0: fine) and message.
+// Returns every member's failure, ascending rank (empty when all are fine),
+// or nullopt when the others did not all arrive within `wait_s` seconds
+// (some rank is stuck elsewhere, or gone): the caller then aborts the job.
+std::optional<std::vector<RankFailure>> share_failures(Communicator& group, int status, const std::string& message,
+                                                       double wait_s);
+
+// As the user reads them: "error: msg" when every member failed with the same
+// message, else a line per distinct message, "error [rank 1]: msg" or
+// "error [ranks 0, 2-3]: msg".
+std::string format_failures(const std::vector<RankFailure>& failures, int group_size);
+// The job's exit status: the largest of the failures'.
+int failure_status(const std::vector<RankFailure>& failures);
+
+// Collective over `group`: when any member failed (status != 0), throws a
+// JobError on every member carrying every failing member's message (status:
+// failure_status). When the members do not all arrive within the group's
+// collective timeout, aborts the job (kExitTimeout), naming this rank and
+// its own error if it had one.
+void agree(Communicator& group, int status, const std::string& message);
+
+// Runs `fn` on every member of `group`; a UserError on any member becomes a
+// JobError on every member (agree).
+template <class Fn>
+void run_agreed(Communicator& group, Fn&& fn) {
+  int status = 0;
+  std::string message;
+  try {
+    fn();
+  } catch (const JobError&) {
+    throw;  // already agreed by an inner meeting of the same ranks
+  } catch (const UserError& e) {
+    status = e.exit_status();
+    message = e.what();
+  }
+  agree(group, status, message);
+}
+
+}  // namespace origami::comm

@@ -1,0 +1,140 @@
+// Checked file input and output (see files.h).
+#include "engine/files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "kernels/check.h"
+
+namespace origami {
+
+namespace {
+
+// Paths are quoted whole unless absurdly long (a path the OS refuses anyway).
+std::string shown(const std::string& path) { return shorten(path, 240); }
+
+const char* file_kind(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
+}  // namespace
+
+InputFile::InputFile(std::string path, std::string_view what) : path_(std::move(path)), what_(what) {
+  // O_NONBLOCK: opening a FIFO that has no writer returns at once instead of
+  // waiting for one; the type check below then refuses it.
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd_ < 0) ORIGAMI_USER_ERROR(shown(path_), ": cannot open the ", what_, ": ", std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    ORIGAMI_USER_ERROR(shown(path_), ": cannot stat the ", what_, ": ", std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    ORIGAMI_USER_ERROR(shown(path_), ": is ", file_kind(st.st_mode), " (rule: the ", what_, " must be a regular file)");
+  }
+  // Regular files never block; reads should not see O_NONBLOCK either way.
+  ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
+  size_ = static_cast<int64_t>(st.st_size);
+}
+
+InputFile::~InputFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void InputFile::read_at(int64_t offset, void* out, int64_t bytes) const {
+  auto* p = static_cast<char*>(out);
+  int64_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pread(fd_, p + done, static_cast<size_t>(bytes - done), static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) ORIGAMI_USER_ERROR(shown(path_), ": byte offset ", offset + done, ": read failed: ", std::strerror(errno));
+    if (n == 0)
+      ORIGAMI_USER_ERROR(shown(path_), ": byte offset ", offset + done, ": the file ends ", bytes - done,
+                         " bytes early (it changed while being read?)");
+    done += n;
+  }
+}
+
+std::string InputFile::read_all(int64_t max_bytes) const {
+  if (size_ > max_bytes)
+    ORIGAMI_USER_ERROR(shown(path_), ": ", size_, " bytes: too large for a ", what_, " (at most ", max_bytes, " bytes)");
+  std::string text(static_cast<size_t>(size_), '\0');
+  read_at(0, text.data(), size_);
+  return text;
+}
+
+OutputFile::OutputFile(std::string path, Mode mode) : path_(std::move(path)) {
+  f_ = std::fopen(path_.c_str(), mode == Mode::append ? "ab" : "wb");
+  if (!f_) fail("cannot open for writing", errno);
+}
+
+OutputFile::~OutputFile() {
+  if (f_) std::fclose(f_);
+}
+
+void OutputFile::fail(const char* what, int err) {
+  if (f_) {
+    std::fclose(f_);
+    f_ = nullptr;
+  }
+  ORIGAMI_USER_ERROR(shown(path_), ": ", what, ": ", std::strerror(err));
+}
+
+void OutputFile::write(const void* data, size_t bytes) {
+  ORIGAMI_CHECK(f_, path_, ": write after close");
+  if (bytes > 0 && std::fwrite(data, 1, bytes, f_) != bytes) fail("write failed", errno);
+}
+
+void OutputFile::flush() {
+  ORIGAMI_CHECK(f_, path_, ": flush after close");
+  if (std::fflush(f_) != 0) fail("write failed", errno);
+}
+
+void OutputFile::sync() {
+  flush();
+  // EINVAL: the file does not support syncing (a pipe, /dev/null); nothing
+  // to make durable then.
+  if (::fsync(::fileno(f_)) != 0 && errno != EINVAL && errno != EROFS) fail("fsync failed", errno);
+}
+
+void OutputFile::close() {
+  ORIGAMI_CHECK(f_, path_, ": closed twice");
+  std::FILE* f = f_;
+  f_ = nullptr;
+  const bool flushed = std::fflush(f) == 0;
+  const int err = errno;
+  if (std::fclose(f) != 0 || !flushed) ORIGAMI_USER_ERROR(shown(path_), ": write failed: ", std::strerror(flushed ? errno : err));
+}
+
+void check_writable_dir(const std::string& dir, std::string_view key) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) ORIGAMI_USER_ERROR(key, " = \"", shorten(dir), "\": cannot create the directory: ", ec.message());
+  if (!std::filesystem::is_directory(dir, ec))
+    ORIGAMI_USER_ERROR(key, " = \"", shorten(dir), "\": exists and is not a directory");
+  const std::string probe = dir + "/.origami-write-probe-" + std::to_string(::getpid());
+  try {
+    OutputFile f(probe, OutputFile::Mode::truncate);
+    f.write("probe\n");
+    f.sync();
+    f.close();
+  } catch (const UserError& e) {
+    std::filesystem::remove(probe, ec);
+    ORIGAMI_USER_ERROR(key, " = \"", shorten(dir), "\": the directory is not writable: ", e.what());
+  }
+  std::filesystem::remove(probe, ec);
+}
+
+}  // namespace origami

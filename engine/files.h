@@ -1,0 +1,69 @@
+// Files the engine reads and writes, with every failure a UserError that names
+// the file and the OS's reason:
+//  - InputFile opens only regular files, checking the type before anything
+//    can block (a FIFO with no writer, a device, a directory), and reads by
+//    offset with every short read reported.
+//  - OutputFile checks every write, flush, sync and close, so a full disk
+//    never passes as success.
+//  - check_writable_dir proves an output directory usable before a run
+//    spends hours producing what would go there.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
+
+namespace origami {
+
+class InputFile {
+ public:
+  // `what` says what the file is for in messages ("dataset index", ...).
+  InputFile(std::string path, std::string_view what);
+  ~InputFile();
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  int fd() const { return fd_; }
+  int64_t size() const { return size_; }
+  // Exactly `bytes` bytes from `offset` (UserError if the file ends first).
+  void read_at(int64_t offset, void* out, int64_t bytes) const;
+  // The whole file; UserError when it is larger than `max_bytes`.
+  std::string read_all(int64_t max_bytes) const;
+
+ private:
+  std::string path_, what_;
+  int fd_ = -1;
+  int64_t size_ = 0;
+};
+
+class OutputFile {
+ public:
+  enum class Mode { truncate, append };
+  OutputFile(std::string path, Mode mode);
+  // Closes a file still open without reporting (call close() to know).
+  ~OutputFile();
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  void write(const void* data, size_t bytes);
+  void write(std::string_view text) { write(text.data(), text.size()); }
+  // Hands everything written so far to the OS, where a full disk shows.
+  void flush();
+  // flush() and fsync: on stable storage.
+  void sync();
+  void close();
+
+ private:
+  [[noreturn]] void fail(const char* what, int err);
+  std::string path_;
+  std::FILE* f_ = nullptr;
+};
+
+// Creates `dir` (and parents) if needed and creates, writes and removes a
+// probe file in it. UserError naming `key` (e.g. "logging.dir"), the
+// directory and the reason otherwise.
+void check_writable_dir(const std::string& dir, std::string_view key);
+
+}  // namespace origami

@@ -1,0 +1,92 @@
+// check_same_run: a 62-bit FNV-1a digest of "origami.version = ...\n" +
+// canonical_text, compared with one all_reduce(MAX) of {h, -h}; the texts
+// themselves travel only when the digests differ.
+#include "engine/preflight.h"
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+
+#include "engine/version.h"
+#include "kernels/check.h"
+
+namespace origami {
+
+namespace {
+
+int64_t digest(const std::string& text) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
+  return static_cast<int64_t>(h >> 2);  // 62 bits: -h cannot overflow
+}
+
+// "key = value" lines into key -> value.
+std::map<std::string, std::string> entries(const std::string& text) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t eq = line.find(" = ");
+    if (eq != std::string::npos) out[line.substr(0, eq)] = line.substr(eq + 3);
+  }
+  return out;
+}
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+}  // namespace
+
+void check_same_run(comm::Communicator& world, const Config& cfg) {
+  if (world.size() == 1) return;
+  const std::string text = detail::concat("origami.version = \"", version(), "\"\n", canonical_text(cfg));
+  const int64_t h = digest(text);
+  int64_t span[2] = {h, -h};
+  world.all_reduce(std::span<int64_t>(span, 2), comm::ReduceOp::max);
+  if (span[0] == h && -span[1] == h) return;  // max == min == h everywhere
+
+  const int n = world.size();
+  int64_t len = static_cast<int64_t>(text.size());
+  std::vector<int64_t> lengths(static_cast<size_t>(n));
+  world.all_gather(std::span<const int64_t>(&len, 1), std::span<int64_t>(lengths));
+  int64_t total = 0;
+  for (int64_t l : lengths) total += l;
+  std::vector<int32_t> mine(text.begin(), text.end()), all(static_cast<size_t>(total));
+  world.all_gather_v(std::span<const int32_t>(mine), std::span<int32_t>(all), lengths);
+
+  std::vector<std::map<std::string, std::string>> per_rank;
+  int64_t at = 0;
+  for (int p = 0; p < n; ++p) {
+    per_rank.push_back(entries(std::string(all.begin() + at, all.begin() + at + lengths[p])));
+    at += lengths[p];
+  }
+  std::map<std::string, bool> keys;
+  for (const auto& m : per_rank)
+    for (const auto& [k, v] : m) keys[k] = true;
+  std::string report;
+  for (const auto& [key, unused] : keys) {
+    // Each distinct value with the ranks holding it, in order of first rank.
+    std::vector<std::pair<std::string, std::vector<int>>> values;
+    for (int p = 0; p < n; ++p) {
+      auto it = per_rank[p].find(key);
+      const std::string v = it == per_rank[p].end() ? "(absent)" : it->second;
+      auto same = std::find_if(values.begin(), values.end(), [&](const auto& x) { return x.first == v; });
+      if (same == values.end()) values.push_back({v, {p}});
+      else same->second.push_back(p);
+    }
+    if (values.size() == 1) continue;
+    report += "\n  " + key + ":";
+    for (const auto& [v, ranks] : values) report += " " + shorten(v, 60) + " on " + ranks_text(ranks) + ";";
+    report.pop_back();
+  }
+  throw JobError(detail::concat("error: the ranks of this job resolved different configs or run different binaries "
+                                "(rule: every rank runs the same origami build on the same config and --set "
+                                "overrides); differing keys:",
+                                report),
+                 kExitUserError);
+}
+
+}  // namespace origami

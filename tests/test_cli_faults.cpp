@@ -1,0 +1,380 @@
+// Faults users hit in real runs, through the real binary, at one rank and
+// under mpirun: each ends promptly with the right exit status (2 bad input,
+// 3 divergence) on every rank, one message naming the file, key or offset and
+// the rule, and never by a signal, a hang or exit 0. One test per class:
+// divergence, oversized and overflowing configs, a failure on rank 0 only, an
+// error on a non-zero rank, ranks with different configs, writes that fail,
+// inputs that are FIFOs or not what they claim (malformed safetensors,
+// contradicting eval overrides, Megatron's index rules), and the CLI's own
+// argument checks. The internal-check abort path is test_kernels_check.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "cli_util.h"
+
+namespace origami {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::read_file;
+using testing::write_file;
+
+const std::string kBinary = ORIGAMI_BINARY;
+const std::string kMpirun = std::string(ORIGAMI_MPIEXEC) + " --allow-run-as-root --oversubscribe --bind-to none";
+// Promptly: every case here takes about a second (mpirun start-up included);
+// the bound is far below runtime.collective_timeout_s (300 s), which is what
+// a rank left waiting in a collective would take.
+constexpr double kPromptSeconds = 20.0;
+
+struct Outcome {
+  int status = -1;
+  std::string output;
+  double seconds = 0;
+};
+
+Outcome run(const std::string& cmd) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = testing::run_command(cmd);
+  return {r.status, r.output, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
+int count(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// The contract of every case: status, each needle, promptly, no crash, and
+// the error reported once (not once per rank).
+void expect_outcome(const std::string& what, const Outcome& r, int status, std::initializer_list<std::string> needles) {
+  SCOPED_TRACE(what);
+  std::printf("[fault] %-58s exit %d in %.2f s\n", what.c_str(), r.status, r.seconds);
+  EXPECT_EQ(r.status, status) << r.output;
+  for (const std::string& n : needles) EXPECT_NE(r.output.find(n), std::string::npos) << "missing '" << n << "' in:\n" << r.output;
+  EXPECT_LT(r.seconds, kPromptSeconds) << r.output;
+  for (const char* crash : {"Segmentation", "signal", "core dumped", "check failed", "internal error", "timeout"})
+    EXPECT_EQ(r.output.find(crash), std::string::npos) << "'" << crash << "' in:\n" << r.output;
+  EXPECT_LE(count(r.output, "error:") + count(r.output, "error ["), 1) << "reported more than once:\n" << r.output;
+}
+
+class CliFaults : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::ScratchDir("faults");
+    std::string text;
+    for (int i = 0; i < 200; ++i) text += "Pack my box with five dozen liquor jugs, line " + std::to_string(i) + ".\n";
+    write_file(*dir_ / "corpus.txt", text);
+    auto r = testing::run_command(kBinary + " preprocess --format text --input " + (*dir_ / "corpus.txt") +
+                                  " --output-prefix " + (*dir_ / "data"));
+    ASSERT_EQ(r.status, 0) << r.output;
+    write_file(*dir_ / "moe.toml", config(*dir_ / "data"));
+    // The weights of the config: a top-2 softmax MoE.
+    r = testing::run_command(kBinary + " train " + (*dir_ / "moe.toml") + " --set training.steps=0 --set export.dir=" +
+                             (*dir_ / "weights"));
+    ASSERT_EQ(r.status, 0) << r.output;
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  // Two layers (dense, then 4 experts top-2), EP-splittable over 2 ranks.
+  static std::string config(const std::string& data) {
+    return "[model]\nvocab_size = 257\nhidden_size = 32\nnum_layers = 2\nnum_heads = 2\nnum_kv_heads = 1\n"
+           "ffn_hidden_size = 48\n[moe]\nnum_experts = 4\ntop_k = 2\nfirst_dense_layers = 1\n"
+           "[training]\nsteps = 4\nseq_len = 16\nglobal_batch = 4\nmicro_batch = 2\n[data]\npath = \"" +
+           data + "\"\n";
+  }
+  static std::string path(const std::string& name) { return *dir_ / name; }
+  static Outcome train(const std::string& args, int np = 1) {
+    const std::string launcher = np == 1 ? kBinary : kMpirun + " -np " + std::to_string(np) + " " + kBinary;
+    return run(launcher + " train " + path("moe.toml") + (np > 1 ? " --set parallel.ep=" + std::to_string(np) : "") +
+               " " + args);
+  }
+  static Outcome eval(const std::string& weights, const std::string& args = "") {
+    return run(kBinary + " eval " + path("moe.toml") + " --weights " + weights + " --data " + path("data") +
+               " --samples 4 " + args);
+  }
+  // A copy of the good weights whose safetensors header `edit` rewrites.
+  static std::string weights_with_header(const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
+    const std::string dir = path(name);
+    fs::create_directories(dir);
+    fs::copy_file(path("weights/config.json"), dir + "/config.json", fs::copy_options::overwrite_existing);
+    const std::string file = read_file(path("weights/model.safetensors"));
+    uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(file[i])) << (8 * i);
+    nlohmann::json header = nlohmann::json::parse(file.substr(8, n));
+    edit(header);
+    std::string text = header.dump();
+    std::string out(8, '\0');
+    for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(text.size() >> (8 * i));
+    write_file(dir + "/model.safetensors", out + text + file.substr(8 + n));
+    return dir;
+  }
+
+  static testing::ScratchDir* dir_;
+};
+testing::ScratchDir* CliFaults::dir_ = nullptr;
+
+TEST_F(CliFaults, DivergedTrainingStopsBeforeTheUpdateWithStatus3) {
+  auto r = train("--set optimizer.lr=1e30 --set logging.dir=" + path("div1"));
+  expect_outcome("diverged: optimizer.lr = 1e30, 1 rank", r, 3,
+                 {"training diverged at step 2 of 4", "grad norm is not finite", "optimizer.lr = 1e+30",
+                  "stopped before the optimizer applied this step", "those of step 1", "model.init_std"});
+  // The diverged step never reached the metrics: the run stopped before it.
+  EXPECT_EQ(count(read_file(path("div1/metrics.jsonl")), "\n"), 1);
+  r = train("--set model.init_std=1e30");
+  expect_outcome("diverged: model.init_std = 1e30, 1 rank", r, 3,
+                 {"training diverged at step 1", "not finite", "model.init_std = 1e+30", "untouched"});
+  r = train("--set optimizer.lr=1e30", 2);
+  expect_outcome("diverged: optimizer.lr = 1e30, 2 ranks", r, 3,
+                 {"error: training diverged at step 2 of 4", "optimizer.lr = 1e+30"});
+  // Weights that are not finite cannot be evaluated.
+  const std::string bad = path("nan-weights");
+  fs::create_directories(bad);
+  fs::copy_file(path("weights/config.json"), bad + "/config.json", fs::copy_options::overwrite_existing);
+  std::string st = read_file(path("weights/model.safetensors"));
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(st.data() + st.size() - 4, &nan, 4);  // the last element of the last tensor
+  write_file(bad + "/model.safetensors", st);
+  r = eval(bad);
+  expect_outcome("eval of weights holding NaN", r, 2, {bad + "/model.safetensors", "tensor '", "is nan", "finite"});
+}
+
+TEST_F(CliFaults, OversizedAndOverflowingConfigsAreRefusedNamingKeyAndLimit) {
+  const struct {
+    std::string set;
+    std::vector<std::string> needles;
+  } cases[] = {
+      {"moe.num_experts=0 --set model.ffn_hidden_size=576460752303423489",
+       {"model.ffn_hidden_size = 576460752303423489", "must be <= 2147483647"}},
+      {"model.vocab_size=576460752303423489 --set training.steps=0 --set export.dir=" + path("never"),
+       {"model.vocab_size = 576460752303423489", "must be <= 2147483647", "token ids are i32"}},
+      {"runtime.threads=100000", {"runtime.threads = 100000", "logical CPUs of this machine"}},
+      {"model.rope_theta=1e-300", {"model.rope_theta = 1e-300", "fp32"}},
+      {"moe.topk_scaling=1e300", {"moe.topk_scaling = 1e+300", "fp32"}},
+      {"moe.capacity_factor=1e15 --set moe.pad_to_capacity=true",
+       {"moe.capacity_factor = 1e+15", "must be <= moe.num_experts = 4"}},
+      {"moe.capacity_factor=4 --set moe.pad_to_capacity=true --set training.micro_batch=32768 "
+       "--set training.global_batch=32768 --set training.seq_len=16384",
+       {"moe.capacity_factor = 4", "permuted rows", "i32 row indices"}},
+      {"training.micro_batch=65536 --set training.global_batch=65536 --set training.seq_len=65536",
+       {"training.micro_batch · seq_len · moe.top_k", "must be <= 2147483647"}},
+      {"model.num_layers=100000000", {"needs at least", "TB", "of memory", "model.num_layers"}},
+      {"moe.num_experts=1000000000", {"needs at least", "TB", "moe.num_experts"}},
+      {"model.hidden_size=2147483646 --set model.num_heads=1 --set model.num_kv_heads=1 "
+       "--set model.num_layers=2147483647 --set model.ffn_hidden_size=2147483647",
+       {"parameters: their training state (16 bytes each) does not fit in 64-bit sizes"}},
+  };
+  for (const auto& c : cases) {
+    auto r = train("--set " + c.set);
+    SCOPED_TRACE(c.set);
+    std::initializer_list<std::string> none{};
+    expect_outcome("config: " + c.set.substr(0, 50), r, 2, none);
+    for (const std::string& n : c.needles) EXPECT_NE(r.output.find(n), std::string::npos) << n << " in:\n" << r.output;
+    EXPECT_FALSE(fs::exists(path("never/model.safetensors")));
+  }
+}
+
+TEST_F(CliFaults, AFailureOnRankZeroAloneStopsEveryRank) {
+  auto r = train("--set logging.dir=/proc/origami-nowhere", 2);
+  expect_outcome("rank 0 cannot create logging.dir", r, 2,
+                 {"error [rank 0]: logging.dir = \"/proc/origami-nowhere\"", "cannot create the directory"});
+  r = train("--set export.dir=/proc/origami-nowhere", 2);
+  expect_outcome("rank 0 cannot create export.dir", r, 2, {"error [rank 0]: export.dir", "/proc/origami-nowhere"});
+  // Mid-run: rank 0's metrics file fills the disk at step 1; both ranks stop at
+  // the next meeting.
+  fs::create_directories(path("full2"));
+  fs::create_symlink("/dev/full", path("full2/metrics.jsonl"));
+  r = train("--set logging.dir=" + path("full2"), 2);
+  expect_outcome("rank 0's metrics.jsonl on /dev/full, 2 ranks", r, 2,
+                 {"error [rank 0]: " + path("full2/metrics.jsonl") + ": write failed: No space left on device"});
+}
+
+TEST_F(CliFaults, AnErrorOnANonZeroRankReachesTheUserTaggedWithItsRank) {
+  // The same config on both ranks, a relative data.path, and rank 1 started
+  // where that path does not exist (a node missing the dataset).
+  fs::create_directories(path("here"));
+  fs::create_directories(path("elsewhere"));
+  fs::copy_file(path("data.bin"), path("here/data.bin"));
+  fs::copy_file(path("data.idx"), path("here/data.idx"));
+  write_file(path("rel.toml"), config("data"));
+  const std::string cmd = kBinary + " train " + path("rel.toml") + " --set parallel.ep=2";
+  auto r = run(kMpirun + " -np 1 --wdir " + path("here") + " " + cmd + " : -np 1 --wdir " + path("elsewhere") + " " +
+               cmd);
+  expect_outcome("rank 1 cannot open its data.path", r, 2,
+                 {"error [rank 1]: data.idx: cannot open the indexed dataset file", "No such file"});
+}
+
+TEST_F(CliFaults, RanksWithDifferentConfigsAreRefusedNamingTheKeys) {
+  const std::string cmd = kBinary + " train " + path("moe.toml") + " --set parallel.ep=2";
+  auto r = run(kMpirun + " -np 1 " + cmd + " : -np 1 " + cmd + " --set optimizer.lr=1e-3 --set training.seq_len=32");
+  expect_outcome("MPMD: rank 1 with other --set values", r, 2,
+                 {"error: the ranks of this job resolved different configs", "optimizer.lr: 0.003 on rank 0; 0.001 on rank 1",
+                  "training.seq_len: 16 on rank 0; 32 on rank 1"});
+  EXPECT_EQ(r.output.find("model.hidden_size"), std::string::npos) << "only differing keys:\n" << r.output;
+}
+
+TEST_F(CliFaults, WritesThatFailAreErrors) {
+  fs::create_directories(path("full1"));
+  fs::create_symlink("/dev/full", path("full1/metrics.jsonl"));
+  auto r = train("--set logging.dir=" + path("full1"));
+  expect_outcome("metrics.jsonl on /dev/full", r, 2,
+                 {path("full1/metrics.jsonl") + ": write failed: No space left on device"});
+  for (const char* file : {"model.safetensors", "config.json"}) {
+    const std::string dir = path(std::string("full-export-") + file);
+    fs::create_directories(dir);
+    fs::create_symlink("/dev/full", dir + "/" + file);
+    r = train("--set training.steps=0 --set export.dir=" + dir, 2);
+    expect_outcome(std::string("export ") + file + " on /dev/full, 2 ranks", r, 2,
+                   {"error [rank 0]: " + dir + "/" + file, "No space left on device"});
+  }
+  // A full disk under standard output loses the step lines: an error too.
+  r = run("sh -c '" + kBinary + " train " + path("moe.toml") + " >/dev/full'");
+  expect_outcome("stdout on /dev/full", r, 2, {"writing standard output failed"});
+}
+
+TEST_F(CliFaults, FifosAndDirectoriesAreRefusedWithoutBlocking) {
+  ASSERT_EQ(::mkfifo(path("fifo-data.idx").c_str(), 0600), 0);
+  fs::copy_file(path("data.bin"), path("fifo-data.bin"));
+  auto r = train("--set data.path=" + path("fifo-data"));
+  expect_outcome("data .idx is a FIFO", r, 2, {path("fifo-data.idx") + ": is a FIFO", "must be a regular file"});
+  fs::create_directories(path("fifo-weights"));
+  fs::copy_file(path("weights/config.json"), path("fifo-weights/config.json"));
+  ASSERT_EQ(::mkfifo(path("fifo-weights/model.safetensors").c_str(), 0600), 0);
+  r = eval(path("fifo-weights"));
+  expect_outcome("weights are a FIFO", r, 2, {"model.safetensors: is a FIFO"});
+  ASSERT_EQ(::mkfifo(path("fifo.toml").c_str(), 0600), 0);
+  r = run(kBinary + " train " + path("fifo.toml"));
+  expect_outcome("config is a FIFO", r, 2, {"fifo.toml: is a FIFO"});
+  r = run(kBinary + " train " + path("weights"));
+  expect_outcome("config is a directory", r, 2, {path("weights") + ": is a directory"});
+  fs::create_symlink("/dev/zero", path("device.idx"));
+  fs::copy_file(path("data.bin"), path("device.bin"));
+  r = train("--set data.path=" + path("device"));
+  expect_outcome("data .idx is a character device", r, 2, {path("device.idx") + ": is a character device"});
+}
+
+TEST_F(CliFaults, MalformedSafetensorsHeadersNameTheFileAndTensor) {
+  const std::string head = "model.layers.1.block_sparse_moe.experts.0.w1.weight";
+  const struct {
+    std::string name;
+    std::function<void(nlohmann::json&)> edit;
+    std::vector<std::string> needles;
+  } cases[] = {
+      {"shape-string", [&](nlohmann::json& h) { h[head]["shape"] = "[48, 32]"; }, {"shape must be an array"}},
+      {"offsets-string", [&](nlohmann::json& h) { h[head]["data_offsets"] = "0,100"; }, {"data_offsets must be"}},
+      {"shape-float", [&](nlohmann::json& h) { h[head]["shape"] = {32.5, 32}; }, {"integers >= 0", "32.5"}},
+      {"shape-negative", [&](nlohmann::json& h) { h[head]["shape"] = {-48, 32}; }, {"integers >= 0", "-48"}},
+      {"offsets-short", [&](nlohmann::json& h) { h[head]["data_offsets"] = {0}; }, {"two integers"}},
+      {"dtype-other", [&](nlohmann::json& h) { h[head]["dtype"] = "BF16"; }, {"\"BF16\" is not supported"}},
+      {"shape-mismatch", [&](nlohmann::json& h) { h[head]["shape"] = {48, 31}; }, {"needs 1488 x 4 bytes"}},
+      {"overlap",
+       [&](nlohmann::json& h) {
+         // Shift one tensor's range back into the tensors before it.
+         auto& o = h[head]["data_offsets"];
+         const int64_t shift = (o[1].get<int64_t>() - o[0].get<int64_t>()) / 2;
+         o = {o[0].get<int64_t>() - shift, o[1].get<int64_t>() - shift};
+       },
+       {"overlap tensor"}},
+      {"alias",
+       [&](nlohmann::json& h) {
+         // Another tensor of the same shape pointing at the same bytes.
+         const std::string other = "model.layers.1.block_sparse_moe.experts.1.w1.weight";
+         h[other]["data_offsets"] = h[head]["data_offsets"];
+       },
+       {"overlap tensor"}},
+      {"hole",
+       [&](nlohmann::json& h) {
+         // Drop one tensor: its bytes stay in the file, owned by nobody.
+         h.erase(head);
+       },
+       {"unused", "without holes"}},
+      {"not-object", [&](nlohmann::json& h) { h = nlohmann::json::array({1, 2}); }, {"header must be a JSON object"}},
+      {"metadata-type", [&](nlohmann::json& h) { h["__metadata__"]["format"] = 3; }, {"__metadata__ 'format'"}},
+  };
+  for (const auto& c : cases) {
+    const std::string dir = weights_with_header("st-" + c.name, c.edit);
+    auto r = eval(dir);
+    std::initializer_list<std::string> file{dir + "/model.safetensors: "};
+    expect_outcome("safetensors: " + c.name, r, 2, file);
+    for (const std::string& n : c.needles) EXPECT_NE(r.output.find(n), std::string::npos) << n << " in:\n" << r.output;
+    if (c.name != "not-object" && c.name != "metadata-type") {
+      EXPECT_NE(r.output.find("tensor '"), std::string::npos) << r.output;
+    }
+  }
+  // A header length beyond the file.
+  const std::string dir = path("st-length");
+  fs::create_directories(dir);
+  fs::copy_file(path("weights/config.json"), dir + "/config.json");
+  std::string st = read_file(path("weights/model.safetensors"));
+  st[7] = 0x10;
+  write_file(dir + "/model.safetensors", st);
+  expect_outcome("safetensors: header length beyond the file", eval(dir), 2, {"byte offset 0: header length"});
+}
+
+TEST_F(CliFaults, EvalRefusesSettingsThatContradictTheExport) {
+  auto r = eval(path("weights"), "--set moe.top_k=1 --set moe.score_function=sigmoid");
+  expect_outcome("eval --set moe.top_k=1 on top-2 weights", r, 2,
+                 {"--set moe.top_k=1: moe.top_k gives \"num_experts_per_tok\": 1", "weights/config.json has 2"});
+  r = eval(path("weights"), "--set model.rope_theta=500000");
+  expect_outcome("eval --set model.rope_theta", r, 2, {"model.rope_theta", "\"rope_theta\""});
+  const std::string garbage = path("garbage-config");
+  fs::create_directories(garbage);
+  fs::copy_file(path("weights/model.safetensors"), garbage + "/model.safetensors");
+  write_file(garbage + "/config.json", "{\"vocab_size\": 257, oops");
+  r = eval(garbage);
+  expect_outcome("eval with a garbage config.json", r, 2, {garbage + "/config.json: not valid JSON"});
+  fs::remove(garbage + "/config.json");
+  r = eval(garbage);
+  expect_outcome("eval without config.json", r, 2, {garbage + "/config.json: cannot open"});
+  r = eval(path("weights"));
+  EXPECT_EQ(r.status, 0) << r.output;  // and the matching config evaluates
+}
+
+TEST_F(CliFaults, MegatronIndexRulesAreEnforced) {
+  std::string idx = read_file(path("data.idx"));
+  uint64_t sequences = 0;
+  std::memcpy(&sequences, idx.data() + 18, 8);
+  // doc_idx ends one sequence short: Megatron asserts document_indices[-1] == len.
+  const size_t last = idx.size() - 8;
+  const int64_t short_end = static_cast<int64_t>(sequences) - 1;
+  std::memcpy(idx.data() + last, &short_end, 8);
+  write_file(path("short.idx"), idx);
+  fs::copy_file(path("data.bin"), path("short.bin"));
+  auto r = train("--set data.path=" + path("short"));
+  expect_outcome("doc_idx not ending at the sequence count", r, 2,
+                 {path("short.idx") + ": byte offset " + std::to_string(last), "equals num_sequences", "Megatron"});
+  idx = read_file(path("data.idx"));
+  idx[17] = 7;  // Megatron's float32
+  write_file(path("f32.idx"), idx);
+  fs::copy_file(path("data.bin"), path("f32.bin"));
+  r = train("--set data.path=" + path("f32"));
+  expect_outcome("dtype code 7", r, 2, {"byte offset 17", "dtype code 7 (f32)"});
+}
+
+TEST_F(CliFaults, CommandLineMistakesNameThemselves) {
+  auto r = run(kBinary + " frobnicate");
+  expect_outcome("unknown subcommand", r, 2, {"unknown subcommand 'frobnicate'", "train, eval, preprocess"});
+  r = run(kMpirun + " -np 2 " + kBinary + " frobnicate");
+  expect_outcome("unknown subcommand, 2 ranks", r, 2, {"error: unknown subcommand 'frobnicate'"});
+  r = run(kBinary + " bench frobnicate");
+  expect_outcome("unknown bench subcommand", r, 2, {"unknown subcommand 'frobnicate' of origami bench", "moe-layer"});
+  for (const char* flag : {"--memory-gb nan", "--memory-gb -3", "--link-gbs inf", "--flops-per-rank x"}) {
+    r = run(kBinary + " plan " + path("moe.toml") + " --world 2 " + flag);
+    expect_outcome(std::string("plan ") + flag, r, 2, {std::string(flag).substr(0, std::string(flag).find(' '))});
+  }
+  // A huge value is quoted shortened, so the rule stays readable.
+  r = train("--set data.path=" + std::string(5000, 'x'));
+  expect_outcome("a 5000-character value", r, 2, {".idx (5004 characters): cannot open"});
+  EXPECT_LT(r.output.size(), 1000u) << r.output;
+}
+
+}  // namespace
+}  // namespace origami
