@@ -4,33 +4,63 @@
 // rule it broke.
 #include "engine/config.h"
 
-#include "comm/layout.h"
-
 #include <toml++/toml.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <charconv>
-#include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <cfloat>
-#include <limits>
 #include <map>
-#include <numeric>
 #include <sstream>
 #include <string_view>
-#include <thread>
 #include <variant>
 
+#include "engine/config_rules.h"
 #include "engine/files.h"
 #include "kernels/check.h"
 
 namespace origami {
-namespace {
 
 using detail::concat;
+
+namespace config_detail {
+
+// ---- Formatting (shared with config_rules.cpp). -----------------------------
+
+std::string fmt(int64_t v) { return std::to_string(v); }
+std::string fmt(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);  // shortest round-trip form
+  return std::string(buf, r.ptr);
+}
+std::string fmt(const std::vector<int64_t>& v) {  // [2, 2]
+  std::string r = "[";
+  for (size_t i = 0; i < v.size(); ++i) r += concat(i ? ", " : "", v[i]);
+  return r + ']';
+}
+std::string fmt(const std::string& v) {  // a TOML basic string: "..." with escapes
+  std::string r = "\"";
+  for (char ch : v) {
+    if (ch == '"' || ch == '\\') {
+      r += '\\';
+      r += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", ch);
+      r += buf;
+    } else {
+      r += ch;
+    }
+  }
+  return r + '"';
+}
+
+}  // namespace config_detail
+
+namespace {
+
+using config_detail::fmt;
+using config_detail::Origins;
 
 // ---- The schema: every section and key, bound to a Config's fields. ----------
 
@@ -115,36 +145,6 @@ std::vector<Section> schema(Config& c) {
   };
 }
 
-// ---- Formatting. -------------------------------------------------------------
-
-std::string fmt(int64_t v) { return std::to_string(v); }
-std::string fmt(double v) {
-  char buf[64];
-  auto r = std::to_chars(buf, buf + sizeof buf, v);  // shortest round-trip form
-  return std::string(buf, r.ptr);
-}
-std::string fmt(const std::vector<int64_t>& v) {  // [2, 2]
-  std::string r = "[";
-  for (size_t i = 0; i < v.size(); ++i) r += concat(i ? ", " : "", v[i]);
-  return r + ']';
-}
-std::string fmt(const std::string& v) {  // a TOML basic string: "..." with escapes
-  std::string r = "\"";
-  for (char ch : v) {
-    if (ch == '"' || ch == '\\') {
-      r += '\\';
-      r += ch;
-    } else if (static_cast<unsigned char>(ch) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", ch);
-      r += buf;
-    } else {
-      r += ch;
-    }
-  }
-  return r + '"';
-}
-
 std::string type_name(const toml::node& n) {
   switch (n.type()) {
     case toml::node_type::string: return "a string";
@@ -213,34 +213,6 @@ std::optional<std::string_view> closest(std::string_view typed, const std::vecto
   }
   return best;
 }
-
-// ---- Where each value came from. ---------------------------------------------
-
-// The file, unless a --set override wrote the key (or created the section).
-class Origins {
- public:
-  explicit Origins(std::string file) : file_(std::move(file)) {}
-  const std::string& file() const { return file_; }
-  void set(const std::string& key, std::string origin) { by_key_[key] = std::move(origin); }
-  const std::map<std::string, std::string>& overridden() const { return by_key_; }
-  const std::string& of(std::string_view key) const {
-    auto it = by_key_.find(std::string(key));
-    return it == by_key_.end() ? file_ : it->second;
-  }
-  // For a rule on several keys: the overrides involved, else the file.
-  std::string of(std::initializer_list<std::string_view> keys) const {
-    std::string r;
-    for (std::string_view k : keys) {
-      const std::string& o = of(k);
-      if (&o != &file_ && r.find(o) == std::string::npos) r += (r.empty() ? "" : ", ") + o;
-    }
-    return r.empty() ? file_ : r;
-  }
-
- private:
-  std::string file_;
-  std::map<std::string, std::string> by_key_;
-};
 
 // ---- Reading the table into the structs. -------------------------------------
 
@@ -422,309 +394,6 @@ void apply_override(toml::table& root, const std::string& ov, Origins& origins) 
   origins.set(concat(section, ".", key), origin);
 }
 
-// ---- Validation of the loaded values. ----------------------------------------
-
-class Rules {
- public:
-  explicit Rules(const Origins& o) : o_(o) {}
-
-  template <class T>
-  void need(bool ok, std::string_view key, T value, std::string_view rule) const {
-    if (!ok) ORIGAMI_USER_ERROR(o_.of(key), ": ", key, " = ", shorten(fmt(value)), ": ", rule);
-  }
-  void at_least(std::string_view key, int64_t v, int64_t lo) const { need(v >= lo, key, v, concat("must be >= ", lo)); }
-  void between(std::string_view key, int64_t v, int64_t lo, int64_t hi) const {
-    need(v >= lo && v <= hi, key, v, concat("must be in ", lo, "..", hi));
-  }
-  void finite(std::string_view key, double v) const { need(std::isfinite(v), key, v, "must be a finite number"); }
-  void positive(std::string_view key, double v) const {
-    finite(key, v);
-    need(v > 0, key, v, "must be > 0");
-  }
-  void non_negative(std::string_view key, double v) const {
-    finite(key, v);
-    need(v >= 0, key, v, "must be >= 0");
-  }
-  void unit_interval(std::string_view key, double v) const {
-    finite(key, v);
-    need(v >= 0 && v < 1, key, v, "must be in [0, 1)");
-  }
-  void at_most(std::string_view key, int64_t v, int64_t hi, std::string_view why) const {
-    need(v <= hi, key, v, concat("must be <= ", hi, " (", why, ")"));
-  }
-  // Values the kernels use as fp32: a double that passes "> 0" may still be
-  // 0 or inf as a float (1e-300, 1e300).
-  void fp32(std::string_view key, double v, bool zero_ok) const {
-    const double a = std::fabs(v);
-    need((zero_ok && v == 0) || (a >= FLT_MIN && a <= FLT_MAX), key, v,
-         concat("must be representable in fp32, where the kernels use it: ", zero_ok ? "0 or " : "",
-                "magnitude in [", fmt(double{FLT_MIN}), ", ", fmt(double{FLT_MAX}), "]"));
-  }
-  void positive_fp32(std::string_view key, double v) const {
-    positive(key, v);
-    fp32(key, v, false);
-  }
-  void non_negative_fp32(std::string_view key, double v) const {
-    non_negative(key, v);
-    fp32(key, v, true);
-  }
-  // A rule tying several keys together: message names them all and the rule.
-  void need_all(bool ok, std::initializer_list<std::string_view> keys, const std::string& what) const {
-    if (!ok) ORIGAMI_USER_ERROR(o_.of(keys), ": ", what);
-  }
-
- private:
-  const Origins& o_;
-};
-
-// parallel.order: the five axes, each once, joined by '-'.
-void check_order(const Rules& r, const std::string& order) {
-  static constexpr std::string_view kAxes[] = {"tp", "cp", "ep", "dp", "pp"};
-  std::vector<std::string> parts;
-  std::string part;
-  std::istringstream is(order);
-  while (std::getline(is, part, '-')) parts.push_back(part);
-  if (!order.empty() && order.back() == '-') parts.push_back("");
-  std::string problem;
-  for (const std::string& p : parts) {
-    if (std::find(std::begin(kAxes), std::end(kAxes), p) == std::end(kAxes)) {
-      problem = concat("unknown axis '", p, "'");
-      break;
-    }
-    if (std::count(parts.begin(), parts.end(), p) > 1) {
-      problem = concat("axis '", p, "' appears twice");
-      break;
-    }
-  }
-  if (problem.empty())
-    for (std::string_view a : kAxes)
-      if (std::find(parts.begin(), parts.end(), a) == parts.end()) {
-        problem = concat("axis '", a, "' is missing");
-        break;
-      }
-  r.need(problem.empty(), "parallel.order", order,
-         concat("must be a permutation of tp, cp, ep, dp, pp joined by '-' (e.g. \"tp-cp-ep-dp-pp\"): ", problem));
-}
-
-// Pipeline stages: an explicit parallel.pp_layers lists pp counts >= 0
-// summing to model.num_layers; the even split (plan::stage_layers) needs
-// num_layers >= pp so that no stage is left without a layer.
-void check_pipeline_stages(const Rules& r, const ModelConfig& m, const ParallelConfig& p) {
-  const std::vector<int64_t>& layers = p.pp_layers;
-  if (layers.empty()) {
-    r.need_all(m.num_layers >= p.pp, {"model.num_layers", "parallel.pp"},
-               concat("model.num_layers = ", m.num_layers, " must be >= parallel.pp = ", p.pp,
-                      " (the even split gives every pipeline stage a layer; parallel.pp_layers sets the split "
-                      "explicitly)"));
-    return;
-  }
-  const auto stages = static_cast<int64_t>(layers.size());
-  r.need_all(stages == p.pp, {"parallel.pp_layers", "parallel.pp"},
-             concat("parallel.pp_layers = ", fmt(layers), " lists ", stages,
-                    " stages: must list one layer count per pipeline stage, parallel.pp = ", p.pp));
-  r.need(std::all_of(layers.begin(), layers.end(), [&](int64_t n) { return n >= 0 && n <= m.num_layers; }),
-         "parallel.pp_layers", layers, concat("layer counts must be in 0..model.num_layers = ", m.num_layers));
-  const int64_t sum = std::accumulate(layers.begin(), layers.end(), int64_t{0});
-  r.need_all(sum == m.num_layers, {"parallel.pp_layers", "model.num_layers"},
-             concat("parallel.pp_layers = ", fmt(layers), " sums to ", sum, ": must sum to model.num_layers = ",
-                    m.num_layers));
-}
-
-// i32 is what the kernels index with: token ids, positions, expert ids,
-// routing slots and permuted rows; and a GEMM dimension (cuBLAS takes int).
-constexpr int64_t kMaxI32 = std::numeric_limits<int32_t>::max();
-constexpr const char* kI32Why = "the kernels index it with i32";
-constexpr const char* kGemmWhy = "a GEMM dimension, which BLAS libraries take as a 32-bit int";
-
-// Whole-model parameters, exactly (the §4 shapes at tp = ep = etp = 1), in
-// 128 bits so no configured size can wrap it.
-struct ModelSize {
-  unsigned __int128 dense = 0, expert = 0;  // expert: the routed experts of every MoE layer
-  unsigned __int128 total() const { return dense + expert; }
-};
-ModelSize model_size(const ModelConfig& m, const MoeConfig& e) {
-  using U = unsigned __int128;
-  const U H = static_cast<U>(m.hidden_size), L = static_cast<U>(m.num_layers), V = static_cast<U>(m.vocab_size);
-  const U hd = static_cast<U>(m.head_dim());
-  const U attention = H * hd * static_cast<U>(2 * m.num_heads + 2 * m.num_kv_heads) + 2 * H;  // q, o, k, v + norms
-  ModelSize s;
-  s.dense = 2 * V * H + H;  // embedding, head, final norm
-  // Layers l >= first_dense_layers with (l - first) % layer_freq == 0 (MoeConfig::is_moe_layer).
-  const int64_t after = m.num_layers - e.first_dense_layers;
-  const U moe_layers = e.num_experts > 0 && after > 0 ? static_cast<U>((after - 1) / e.layer_freq + 1) : 0;
-  const U dense_layers = L - moe_layers;
-  s.dense += L * attention + dense_layers * 3 * H * static_cast<U>(m.ffn_hidden_size);
-  if (moe_layers > 0) {
-    const U E = static_cast<U>(e.num_experts), Fe = static_cast<U>(e.expert_ffn(m.ffn_hidden_size));
-    s.dense += moe_layers * (E * H + 3 * H * static_cast<U>(e.shared_expert_hidden_size));
-    s.expert = moe_layers * E * 3 * H * Fe;
-  }
-  return s;
-}
-
-std::string fmt_count(long double n) {  // 2.02e+13
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3Lg", n);
-  return buf;
-}
-
-std::string fmt_bytes(long double b) {  // 3.2e+14 bytes (320.0 TB)
-  char buf[64];
-  const char* unit[] = {"B", "KB", "MB", "GB", "TB", "PB", "EB"};
-  int u = 0;
-  long double v = b;
-  while (v >= 1000 && u < 6) v /= 1000, ++u;
-  std::snprintf(buf, sizeof buf, "%.3Lg bytes (%.1Lf %s)", b, v, unit[u]);
-  return buf;
-}
-
-void validate(const Config& c, const Origins& o) {
-  const Rules r(o);
-  const ModelConfig& m = c.model;
-  r.at_least("model.vocab_size", m.vocab_size, 2);
-  r.at_most("model.vocab_size", m.vocab_size, kMaxI32, "token ids are i32");
-  r.at_least("model.hidden_size", m.hidden_size, 1);
-  r.at_most("model.hidden_size", m.hidden_size, kMaxI32, kGemmWhy);
-  r.at_least("model.num_layers", m.num_layers, 1);
-  r.at_most("model.num_layers", m.num_layers, kMaxI32, kI32Why);
-  r.at_least("model.num_heads", m.num_heads, 1);
-  r.at_most("model.num_heads", m.num_heads, kMaxI32, kI32Why);
-  r.at_least("model.num_kv_heads", m.num_kv_heads, 1);
-  r.at_most("model.num_kv_heads", m.num_kv_heads, kMaxI32, kI32Why);
-  r.at_least("model.ffn_hidden_size", m.ffn_hidden_size, 1);
-  r.at_most("model.ffn_hidden_size", m.ffn_hidden_size, kMaxI32, kGemmWhy);
-  r.positive_fp32("model.rope_theta", m.rope_theta);
-  r.positive_fp32("model.norm_eps", m.norm_eps);
-  r.positive_fp32("model.init_std", m.init_std);
-
-  const MoeConfig& e = c.moe;
-  r.at_least("moe.num_experts", e.num_experts, 0);
-  r.at_most("moe.num_experts", e.num_experts, kMaxI32, "expert ids are i32");
-  if (e.num_experts > 0) r.between("moe.top_k", e.top_k, 1, e.num_experts);
-  r.at_least("moe.ffn_hidden_size", e.ffn_hidden_size, 0);
-  r.at_most("moe.ffn_hidden_size", e.ffn_hidden_size, kMaxI32, kGemmWhy);
-  r.at_least("moe.first_dense_layers", e.first_dense_layers, 0);
-  r.at_least("moe.layer_freq", e.layer_freq, 1);
-  r.at_least("moe.shared_expert_hidden_size", e.shared_expert_hidden_size, 0);
-  r.at_most("moe.shared_expert_hidden_size", e.shared_expert_hidden_size, kMaxI32, kGemmWhy);
-  r.positive_fp32("moe.topk_scaling", e.topk_scaling);
-  r.at_least("moe.num_groups", e.num_groups, 1);
-  r.between("moe.group_topk", e.group_topk, 1, e.num_groups);
-  r.non_negative_fp32("moe.aux_loss_coeff", e.aux_loss_coeff);
-  r.non_negative_fp32("moe.z_loss_coeff", e.z_loss_coeff);
-  r.non_negative_fp32("moe.bias_update_rate", e.bias_update_rate);
-  if (e.capacity_factor) {
-    r.positive_fp32("moe.capacity_factor", *e.capacity_factor);
-    if (e.num_experts > 0)
-      r.need(*e.capacity_factor <= static_cast<double>(e.num_experts), "moe.capacity_factor", *e.capacity_factor,
-             concat("must be <= moe.num_experts = ", e.num_experts,
-                    " (from num_experts / top_k up, every expert can already take every token; more only pads)"));
-  }
-
-  const ParallelConfig& p = c.parallel;
-  r.at_least("parallel.tp", p.tp, 1);
-  r.at_least("parallel.cp", p.cp, 1);
-  r.at_least("parallel.pp", p.pp, 1);
-  r.at_least("parallel.ep", p.ep, 1);
-  r.at_least("parallel.etp", p.etp, 1);
-  r.between("parallel.zero_stage", p.zero_stage, 0, 3);
-  check_order(r, p.order);
-
-  const TrainingConfig& t = c.training;
-  r.at_least("training.steps", t.steps, 0);
-  r.at_least("training.seq_len", t.seq_len, 1);
-  r.at_most("training.seq_len", t.seq_len, kMaxI32 - 1, "a sample is seq_len + 1 tokens at i32 positions");
-  r.at_least("training.global_batch", t.global_batch, 1);
-  r.at_least("training.micro_batch", t.micro_batch, 1);
-  {
-    // Tokens of a micro-batch are GEMM rows, and with top_k its routing
-    // slots are i32 rows; a step's tokens and the run's samples are int64.
-    int64_t tokens = 0, slots = 0, step_tokens = 0, samples = 0;
-    const int64_t k = e.num_experts > 0 ? e.top_k : 1;
-    r.need_all(checked_mul(t.micro_batch, t.seq_len, &tokens) && tokens <= kMaxI32 &&
-                   checked_mul(tokens, k, &slots) && slots <= kMaxI32,
-               {"training.micro_batch", "training.seq_len", "moe.top_k"},
-               concat("training.micro_batch · seq_len", e.num_experts > 0 ? " · moe.top_k" : "", " = ", t.micro_batch,
-                      " · ", t.seq_len, e.num_experts > 0 ? concat(" · ", k) : "", " must be <= ", kMaxI32,
-                      " (a micro-batch's tokens and routing slots are i32 rows of the kernels)"));
-    r.need_all(checked_mul(t.global_batch, t.seq_len, &step_tokens) && checked_mul(t.steps, t.global_batch, &samples),
-               {"training.global_batch", "training.seq_len", "training.steps"},
-               concat("training.global_batch = ", t.global_batch, " with seq_len = ", t.seq_len, " and steps = ",
-                      t.steps, ": the tokens of a step and the samples of the run must fit in 64-bit counts"));
-  }
-
-  const OptimizerConfig& op = c.optimizer;
-  r.positive_fp32("optimizer.lr", op.lr);
-  r.unit_interval("optimizer.beta1", op.beta1);
-  r.unit_interval("optimizer.beta2", op.beta2);
-  r.positive_fp32("optimizer.eps", op.eps);
-  r.non_negative_fp32("optimizer.weight_decay", op.weight_decay);
-  r.non_negative_fp32("optimizer.clip_grad", op.clip_grad);
-
-  const LrScheduleConfig& s = c.lr_schedule;
-  r.at_least("lr_schedule.warmup_steps", s.warmup_steps, 0);
-  r.at_least("lr_schedule.decay_steps", s.decay_steps, 0);
-  r.non_negative_fp32("lr_schedule.min_lr", s.min_lr);
-
-  r.at_least("checkpoint.interval", c.checkpoint.interval, 0);
-  r.at_least("logging.interval", c.logging.interval, 1);
-  r.at_least("runtime.threads", c.runtime.threads, 0);
-  r.positive("runtime.collective_timeout_s", c.runtime.collective_timeout_s);
-  r.need(c.runtime.collective_timeout_s <= 1e6, "runtime.collective_timeout_s", c.runtime.collective_timeout_s,
-         "must be <= 1e6 s (a wait of 11 days is a hang)");
-
-  // Parameters of the whole model: every one takes 16 bytes of fp32 training
-  // state (param, grad, two AdamW moments), which must be countable in
-  // 64-bit sizes (validate_for_machine then asks whether it fits here).
-  const unsigned __int128 params = model_size(m, e).total();
-  r.need_all(params <= static_cast<unsigned __int128>(INT64_MAX / 16),
-             {"model.vocab_size", "model.hidden_size", "model.num_layers", "model.ffn_hidden_size", "moe.num_experts",
-              "moe.ffn_hidden_size"},
-             concat("the model has ", fmt_count(static_cast<long double>(params)), " parameters: their training state (16 bytes each) does not fit in 64-bit sizes; check "
-                    "model.vocab_size, hidden_size, num_layers, ffn_hidden_size and moe.num_experts"));
-
-  // Consistency between keys.
-  r.need_all(m.hidden_size % m.num_heads == 0, {"model.hidden_size", "model.num_heads"},
-             concat("model.hidden_size = ", m.hidden_size, " must be divisible by model.num_heads = ", m.num_heads));
-  r.need_all(m.num_heads % m.num_kv_heads == 0, {"model.num_heads", "model.num_kv_heads"},
-             concat("model.num_heads = ", m.num_heads, " must be divisible by model.num_kv_heads = ", m.num_kv_heads,
-                    " (each kv head serves num_heads / num_kv_heads query heads)"));
-  r.need_all(m.head_dim() % 2 == 0, {"model.hidden_size", "model.num_heads"},
-             concat("head_dim = model.hidden_size / model.num_heads = ", m.hidden_size, " / ", m.num_heads, " = ",
-                    m.head_dim(), " must be even (RoPE rotates channel pairs)"));
-  r.need_all(t.global_batch % t.micro_batch == 0, {"training.global_batch", "training.micro_batch"},
-             concat("training.global_batch = ", t.global_batch, " must be a multiple of training.micro_batch = ",
-                    t.micro_batch));
-  if (e.num_experts > 0) {
-    r.need_all(e.num_experts % e.num_groups == 0, {"moe.num_experts", "moe.num_groups"},
-               concat("moe.num_experts = ", e.num_experts, " must be divisible by moe.num_groups = ", e.num_groups,
-                      " (experts split into equal contiguous groups)"));
-    if (e.num_groups > 1) {
-      r.need_all(e.top_k % e.group_topk == 0, {"moe.top_k", "moe.group_topk"},
-                 concat("moe.top_k = ", e.top_k, " must be divisible by moe.group_topk = ", e.group_topk,
-                        " (a group's score sums its top top_k / group_topk experts)"));
-      const int64_t reachable = e.group_topk * (e.num_experts / e.num_groups);
-      r.need_all(e.top_k <= reachable, {"moe.top_k", "moe.group_topk", "moe.num_groups", "moe.num_experts"},
-                 concat("moe.top_k = ", e.top_k, " must be <= moe.group_topk · (moe.num_experts / moe.num_groups) = ",
-                        e.group_topk, " · (", e.num_experts, " / ", e.num_groups, ") = ", reachable,
-                        " (the experts in the kept groups)"));
-    }
-  }
-  check_pipeline_stages(r, m, c.parallel);
-  r.need_all(!e.pad_to_capacity || e.capacity_factor.has_value(), {"moe.pad_to_capacity", "moe.capacity_factor"},
-             "moe.pad_to_capacity = true requires moe.capacity_factor (dropless routing has no capacity to pad to)");
-  r.need_all(s.min_lr <= op.lr, {"lr_schedule.min_lr", "optimizer.lr"},
-             concat("lr_schedule.min_lr = ", fmt(s.min_lr), " must be <= optimizer.lr = ", fmt(op.lr)));
-
-  // Features whose issues have not landed yet.
-  r.need(c.checkpoint.interval == 0, "checkpoint.interval", c.checkpoint.interval,
-         "checkpointing is not available yet (checkpoint.interval must be 0)");
-
-  r.need_all(t.steps == 0 || !c.data.path.empty(), {"data.path", "training.steps"},
-             concat("data.path is required to train (training.steps = ", t.steps,
-                    "); set data.path, or training.steps = 0"));
-}
-
 Config parse_table(toml::table root, const std::string& source, const std::vector<std::string>& overrides) {
   Origins origins(source);
   for (const std::string& ov : overrides) apply_override(root, ov, origins);
@@ -734,7 +403,7 @@ Config parse_table(toml::table root, const std::string& source, const std::vecto
   // Megatron's default: expert_tensor_parallel_size = tensor_model_parallel_size.
   const toml::table* par = root["parallel"].as_table();
   if (!par || !par->contains("etp")) cfg.parallel.etp = cfg.parallel.tp;
-  validate(cfg, origins);
+  config_detail::validate(cfg, origins);
   cfg.set_by = origins.overridden();
   return cfg;
 }
@@ -755,22 +424,6 @@ Config parse_config(const std::string& toml_text, const std::string& source, con
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   const InputFile in(path, "config file");
   return parse_config(in.read_all(int64_t{64} << 20), path, overrides);
-}
-
-static void check_capacity_rows(const Config& cfg, int64_t tokens_per_rank) {
-  const MoeConfig& e = cfg.moe;
-  if (e.num_experts == 0 || !e.capacity_factor || !e.pad_to_capacity) return;
-  // Megatron's capacity, ceil(T·k/E · cf) (moe::expert_capacity), per expert;
-  // padding gives every expert that many rows of the permuted buffer.
-  const long double per_expert = static_cast<long double>(tokens_per_rank) * static_cast<long double>(e.top_k) /
-                                 static_cast<long double>(e.num_experts) * static_cast<long double>(*e.capacity_factor);
-  const long double rows = std::ceil(per_expert) * static_cast<long double>(e.num_experts);
-  if (rows > static_cast<long double>(kMaxI32))
-    ORIGAMI_USER_ERROR(cfg.origin("moe.capacity_factor"), ": moe.capacity_factor = ", fmt(*e.capacity_factor),
-                       " with moe.pad_to_capacity pads each of the ", e.num_experts, " experts to ",
-                       fmt_count(std::ceil(per_expert)), " rows for ", tokens_per_rank,
-                       " tokens per rank: ", fmt_count(rows), " permuted rows, more than the ", kMaxI32,
-                       " that i32 row indices address; lower the capacity factor");
 }
 
 std::string canonical_text(const Config& cfg) {
@@ -799,98 +452,6 @@ std::string canonical_text(const Config& cfg) {
       if (!value.empty()) out += concat(sec.name, ".", f.key, " = ", value, "\n");
     }
   return out;
-}
-
-void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node) {
-  const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (cfg.runtime.threads > cpus)
-    ORIGAMI_USER_ERROR(cfg.origin("runtime.threads"), ": runtime.threads = ", cfg.runtime.threads, ": must be <= ",
-                       cpus, ", the logical CPUs of this machine (more threads only time-slice; 0 picks max(1, ",
-                       "cores / ranks on the node))");
-  // A lower bound of the worst rank's persistent state (§6, no padding, the
-  // layout's splits and shards perfectly even): dense parameters split over
-  // tp·pp and sharded over dp·cp, experts split over ep·etp·pp and sharded
-  // over edp, at fp32 bytes per parameter by ZeRO stage.
-  const ParallelConfig& p = cfg.parallel;
-  const long double W = world_size, tp = p.tp, cp = p.cp, pp = p.pp, ep = p.ep, etp = p.etp;
-  const long double dp = W / (tp * cp * pp), edp = W / (etp * ep * pp);
-  auto per_param = [&](long double N) -> long double {
-    switch (p.zero_stage) {
-      case 0: return 16;
-      case 1: return 8 + 8 / N;
-      case 2: return 4 + 12 / N;
-      default: return 16 / N;
-    }
-  };
-  const ModelSize size = model_size(cfg.model, cfg.moe);
-  const long double dense = static_cast<long double>(size.dense), expert = static_cast<long double>(size.expert);
-  const long double state = dense / (tp * pp) * per_param(dp * cp) + expert / (ep * etp * pp) * per_param(edp);
-  // Activations of one micro-batch, also a lower bound: every layer of the
-  // stage keeps at least its input and its normed input ([T, H] fp32 each),
-  // the head its logits' vocab slice ([T, V/tp]); T = the rank's tokens.
-  const TrainingConfig& t = cfg.training;
-  const long double tokens = static_cast<long double>(t.micro_batch) * static_cast<long double>(t.seq_len) / (cp * tp);
-  const long double activations =
-      tokens * 4 *
-      (2 * static_cast<long double>(cfg.model.hidden_size) * static_cast<long double>(cfg.model.num_layers) / pp +
-       static_cast<long double>(cfg.model.vocab_size) / tp);
-  const long double pages = static_cast<long double>(::sysconf(_SC_PHYS_PAGES));
-  const long double memory = pages * static_cast<long double>(::sysconf(_SC_PAGE_SIZE));
-  const int sharing = std::max(1, ranks_per_node);
-  if (pages > 0 && (state + activations) * sharing > memory)
-    ORIGAMI_USER_ERROR(cfg.source, ": the model (", fmt_count(dense + expert), " parameters) needs at least ",
-                       fmt_bytes(state + activations), " per rank (training state at ZeRO stage ", p.zero_stage, ": ",
-                       fmt_bytes(state), "; activations of one micro-batch: ", fmt_bytes(activations), ") on ",
-                       world_size, " rank(s) (tp ", p.tp, ", cp ", p.cp, ", pp ", p.pp, ", ep ", p.ep, ", etp ", p.etp,
-                       "), and ", sharing, " rank(s) share this machine's ", fmt_bytes(memory),
-                       " of memory; check model.num_layers, hidden_size, ffn_hidden_size, vocab_size, moe.num_experts ",
-                       "and training.micro_batch, seq_len, or spread the model over more ranks");
-}
-
-void validate_for_world(const Config& cfg, int world_size) {
-  const ParallelConfig& p = cfg.parallel;
-  const std::string& src = cfg.source;
-  // The layout rules of ARCHITECTURE.md §3 first, so a bad layout is reported
-  // as such (with its numbers) whatever the engine supports today.
-  try {
-    comm::Layout layout(world_size, comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, cfg.moe.num_experts});
-    const TrainingConfig& t = cfg.training;
-    if (t.global_batch % (t.micro_batch * layout.dp()) != 0)
-      ORIGAMI_USER_ERROR("training.global_batch = ", t.global_batch,
-                         " must be a multiple of training.micro_batch · DP = ", t.micro_batch, " · ", layout.dp(),
-                         " = ", t.micro_batch * layout.dp(), " (DP = world size / (tp·cp·pp))");
-  } catch (const UserError& e) {
-    ORIGAMI_USER_ERROR(src, ": ", e.what());
-  }
-
-  // The stage rules again: callers may edit parallel.pp after loading.
-  const Origins origins(src);
-  check_pipeline_stages(Rules(origins), cfg.model, p);
-  const ModelConfig& m = cfg.model;
-  const TrainingConfig& t = cfg.training;
-  if (p.tp > 1) {
-    if (m.num_heads % p.tp != 0 || m.num_kv_heads % p.tp != 0)
-      ORIGAMI_USER_ERROR(src, ": parallel.tp = ", p.tp, " must divide model.num_heads = ", m.num_heads,
-                         " and model.num_kv_heads = ", m.num_kv_heads, " (heads split over tp)");
-    if (m.ffn_hidden_size % p.tp != 0)
-      ORIGAMI_USER_ERROR(src, ": parallel.tp = ", p.tp, " must divide model.ffn_hidden_size = ", m.ffn_hidden_size);
-  }
-  if (t.seq_len % (2 * p.cp) != 0)
-    ORIGAMI_USER_ERROR(src, ": training.seq_len = ", t.seq_len, " must be a multiple of 2·parallel.cp = ", 2 * p.cp,
-                       " (context parallelism cuts each sample into 2·cp chunks)");
-  if ((t.micro_batch * t.seq_len / p.cp) % p.tp != 0)
-    ORIGAMI_USER_ERROR(src, ": training.micro_batch · seq_len / cp = ", t.micro_batch * t.seq_len / p.cp,
-                       " tokens must split evenly over parallel.tp = ", p.tp, " (sequence parallelism)");
-  if (p.tp * p.cp > 1 && cfg.moe.num_experts > 0 && cfg.moe.load_balancing == moe::LoadBalancing::seq_aux_loss)
-    ORIGAMI_USER_ERROR(src, ": moe.load_balancing = \"seq_aux_loss\" needs whole sequences per rank; with parallel.tp·cp = ",
-                       p.tp * p.cp, " use aux_loss or global_aux_loss");
-  if (cfg.moe.num_experts > 0 && p.etp > 1) {
-    const int64_t F = cfg.moe.expert_ffn(cfg.model.ffn_hidden_size);
-    if (F % p.etp != 0)
-      ORIGAMI_USER_ERROR(src, ": parallel.etp = ", p.etp, " must divide the expert ffn size ", F,
-                         " (each expert's w1/w3 rows and w2 columns split over etp)");
-  }
-  check_capacity_rows(cfg, t.micro_batch * t.seq_len / (p.cp * p.tp));
 }
 
 }  // namespace origami
