@@ -56,19 +56,13 @@ class Rules {
   }
   // Values the kernels use as fp32: a double that passes "> 0" may still be
   // 0 or inf as a float (1e-300, 1e300).
-  void fp32(std::string_view key, double v, bool zero_ok) const {
-    const double a = std::fabs(v);
-    need((zero_ok && v == 0) || (a >= FLT_MIN && a <= FLT_MAX), key, v,
-         concat("must be representable in fp32, where the kernels use it: ", zero_ok ? "0 or " : "",
-                "magnitude in [", fmt(double{FLT_MIN}), ", ", fmt(double{FLT_MAX}), "]"));
-  }
   void positive_fp32(std::string_view key, double v) const {
     positive(key, v);
-    fp32(key, v, false);
+    fp32(key, v, Zero::refused);
   }
   void non_negative_fp32(std::string_view key, double v) const {
     non_negative(key, v);
-    fp32(key, v, true);
+    fp32(key, v, Zero::allowed);
   }
   // A rule tying several keys together: message names them all and the rule.
   void need_all(bool ok, std::initializer_list<std::string_view> keys, const std::string& what) const {
@@ -76,6 +70,13 @@ class Rules {
   }
 
  private:
+  enum class Zero { allowed, refused };
+  void fp32(std::string_view key, double v, Zero zero) const {
+    const double a = std::fabs(v);
+    need((zero == Zero::allowed && v == 0) || (a >= FLT_MIN && a <= FLT_MAX), key, v,
+         concat("must be representable in fp32, where the kernels use it: ", zero == Zero::allowed ? "0 or " : "",
+                "magnitude in [", fmt(double{FLT_MIN}), ", ", fmt(double{FLT_MAX}), "]"));
+  }
   const Origins& o_;
 };
 
