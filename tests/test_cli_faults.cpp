@@ -97,8 +97,9 @@ class CliFaults : public ::testing::Test {
     return run(launcher + " train " + path("moe.toml") + (np > 1 ? " --set parallel.ep=" + std::to_string(np) : "") +
                " " + args);
   }
-  static Outcome eval(const std::string& weights, const std::string& args = "") {
-    return run(kBinary + " eval " + path("moe.toml") + " --weights " + weights + " --data " + path("data") +
+  static Outcome eval(const std::string& weights, const std::string& args = "", int np = 1) {
+    const std::string launcher = np == 1 ? kBinary : kMpirun + " -np " + std::to_string(np) + " " + kBinary;
+    return run(launcher + " eval " + path("moe.toml") + " --weights " + weights + " --data " + path("data") +
                " --samples 4 " + args);
   }
   // A copy of the good weights whose safetensors header `edit` rewrites.
@@ -180,6 +181,9 @@ TEST_F(CliFaults, OversizedAndOverflowingConfigsAreRefusedNamingKeyAndLimit) {
     for (const std::string& n : c.needles) EXPECT_NE(r.output.find(n), std::string::npos) << n << " in:\n" << r.output;
     EXPECT_FALSE(fs::exists(path("never/model.safetensors")));
   }
+  // Every rank finds the same fault: one message, every rank exits 2.
+  expect_outcome("config: model.num_layers=100000000, 2 ranks", train("--set model.num_layers=100000000", 2), 2,
+                 {"error: ", "needs at least"});
 }
 
 TEST_F(CliFaults, AFailureOnRankZeroAloneStopsEveryRank) {
@@ -248,6 +252,8 @@ TEST_F(CliFaults, FifosAndDirectoriesAreRefusedWithoutBlocking) {
   fs::create_directories(path("fifo-weights"));
   fs::copy_file(path("weights/config.json"), path("fifo-weights/config.json"));
   ASSERT_EQ(::mkfifo(path("fifo-weights/model.safetensors").c_str(), 0600), 0);
+  r = train("--set data.path=" + path("fifo-data"), 2);
+  expect_outcome("data .idx is a FIFO, 2 ranks", r, 2, {"error: " + path("fifo-data.idx") + ": is a FIFO"});
   r = eval(path("fifo-weights"));
   expect_outcome("weights are a FIFO", r, 2, {"model.safetensors: is a FIFO"});
   ASSERT_EQ(::mkfifo(path("fifo.toml").c_str(), 0600), 0);
@@ -309,6 +315,8 @@ TEST_F(CliFaults, MalformedSafetensorsHeadersNameTheFileAndTensor) {
       EXPECT_NE(r.output.find("tensor '"), std::string::npos) << r.output;
     }
   }
+  expect_outcome("safetensors: shape-float, 2 ranks", eval(path("st-shape-float"), "", 2), 2,
+                 {"error: " + path("st-shape-float/model.safetensors") + ": tensor '"});
   // A header length beyond the file.
   const std::string dir = path("st-length");
   fs::create_directories(dir);
@@ -323,6 +331,8 @@ TEST_F(CliFaults, EvalRefusesSettingsThatContradictTheExport) {
   auto r = eval(path("weights"), "--set moe.top_k=1 --set moe.score_function=sigmoid");
   expect_outcome("eval --set moe.top_k=1 on top-2 weights", r, 2,
                  {"--set moe.top_k=1: moe.top_k gives \"num_experts_per_tok\": 1", "weights/config.json has 2"});
+  r = eval(path("weights"), "--set moe.top_k=1", 2);
+  expect_outcome("eval --set moe.top_k=1, 2 ranks", r, 2, {"error: --set moe.top_k=1: moe.top_k gives"});
   r = eval(path("weights"), "--set model.rope_theta=500000");
   expect_outcome("eval --set model.rope_theta", r, 2, {"model.rope_theta", "\"rope_theta\""});
   const std::string garbage = path("garbage-config");
