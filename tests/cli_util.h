@@ -2,8 +2,10 @@
 // capture its output and exit status, and make scratch directories.
 #pragma once
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,7 +20,32 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 
+// Open MPI keeps each job's session directory under one shared top
+// directory per host and user, and a job that ends removes that top
+// directory when it looks empty: a job starting at that moment in another
+// test fails in orte_init ("unable to create the desired directory"). Jobs
+// that tests launch therefore get a session root of this test process's
+// own (its commands run one after another, so they cannot race), removed
+// when the process exits.
+inline void isolate_mpi_session_dirs() {
+  static const bool done = [] {
+    std::string name = "origami-ompi-";
+    name += std::to_string(::getpid());
+    const std::filesystem::path root = std::filesystem::temp_directory_path() / name;
+    std::filesystem::create_directories(root);
+    ::setenv("OMPI_MCA_orte_tmpdir_base", root.c_str(), 1);
+    static const std::string keep = root.string();
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(keep, ec);
+    });
+    return true;
+  }();
+  (void)done;
+}
+
 inline CommandResult run_command(const std::string& cmd) {
+  isolate_mpi_session_dirs();
   CommandResult r;
   FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
   if (!pipe) return r;
@@ -66,8 +93,10 @@ inline std::string read_file(const std::string& path) {
 inline CommandResult preprocess_fortunes(const std::string& prefix) {
   std::string inputs;
   for (const auto& e : std::filesystem::directory_iterator("/usr/share/games/fortunes"))
-    if (e.is_regular_file() && e.path().extension() != ".dat" && e.path().extension() != ".u8")
-      inputs += " " + e.path().string();
+    if (e.is_regular_file() && e.path().extension() != ".dat" && e.path().extension() != ".u8") {
+      inputs += ' ';  // appended piecewise: GCC 12 warns (-Wrestrict) on " " + string here
+      inputs += e.path().string();
+    }
   if (inputs.empty()) return {1, "the fortunes package is not installed (tools/setup.sh installs it)"};
   return run_command(std::string(ORIGAMI_BINARY) + " preprocess --format fortune --output-prefix " + prefix +
                      " --input" + inputs);

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
+
 namespace origami::testing {
 
 struct CmdResult {
@@ -28,6 +30,7 @@ struct CmdResult {
 
 // Runs `cmd` through the shell; stdout and stderr captured separately.
 inline CmdResult run(const std::string& cmd, const std::string& scratch) {
+  isolate_mpi_session_dirs();  // cli_util.h
   CmdResult r;
   const std::string err_path = scratch + "/stderr.txt";
   FILE* pipe = popen((cmd + " 2>" + err_path).c_str(), "r");
