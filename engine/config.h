@@ -171,9 +171,21 @@ std::string canonical_text(const Config& cfg);
 // ranks, `ranks_per_node` of them sharing this node's memory).
 void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node);
 
-// Validation that needs the world size (layout divisibility, batch split,
-// tensor/context/expert split sizes); repeats the pipeline-stage rules for a
-// Config edited after loading.
+// The rule that running this model and training shape with `parallel` on
+// `world_size` ranks breaks, or "" when it can run: comm::Layout's rules
+// (ARCHITECTURE.md §3), the pipeline stages, heads and (with dense layers)
+// the dense ffn over tp, seq_len over 2·cp, a micro-batch's tokens over tp
+// (sequence parallelism), seq_aux_loss only at tp·cp = 1, the expert ffn
+// over etp, global_batch over micro_batch·DP, padded capacity rows within
+// i32. The one statement of the layout rules: train (validate_for_world),
+// `origami plan` (the configured layout and every ranked candidate) and
+// `origami groups --config` all ask it, so they accept and reject the same
+// layouts with the same message.
+std::string layout_problem(const ModelConfig& model, const MoeConfig& moe, const TrainingConfig& training,
+                           const ParallelConfig& parallel, int64_t world_size);
+std::string layout_problem(const Config& cfg, int64_t world_size);
+
+// layout_problem as a UserError: "<source>: on W rank(s): <rule>".
 void validate_for_world(const Config& cfg, int world_size);
 
 }  // namespace origami

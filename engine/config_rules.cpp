@@ -109,28 +109,30 @@ void check_order(const Rules& r, const std::string& order) {
          concat("must be a permutation of tp, cp, ep, dp, pp joined by '-' (e.g. \"tp-cp-ep-dp-pp\"): ", problem));
 }
 
-// Pipeline stages: an explicit parallel.pp_layers lists pp counts >= 0
-// summing to model.num_layers; the even split (plan::stage_layers) needs
-// num_layers >= pp so that no stage is left without a layer.
-void check_pipeline_stages(const Rules& r, const ModelConfig& m, const ParallelConfig& p) {
+// Pipeline stages: an explicit parallel.pp_layers lists pp counts in
+// 0..num_layers summing to model.num_layers; the even split
+// (plan::stage_layers) needs num_layers >= pp so that no stage is left
+// without a layer. "" when the stages are fine.
+std::string stage_problem(const ModelConfig& m, const ParallelConfig& p) {
   const std::vector<int64_t>& layers = p.pp_layers;
   if (layers.empty()) {
-    r.need_all(m.num_layers >= p.pp, {"model.num_layers", "parallel.pp"},
-               concat("model.num_layers = ", m.num_layers, " must be >= parallel.pp = ", p.pp,
-                      " (the even split gives every pipeline stage a layer; parallel.pp_layers sets the split "
-                      "explicitly)"));
-    return;
+    if (m.num_layers >= p.pp) return {};
+    return concat("model.num_layers = ", m.num_layers, " must be >= parallel.pp = ", p.pp,
+                  " (the even split gives every pipeline stage a layer; parallel.pp_layers sets the split "
+                  "explicitly)");
   }
   const auto stages = static_cast<int64_t>(layers.size());
-  r.need_all(stages == p.pp, {"parallel.pp_layers", "parallel.pp"},
-             concat("parallel.pp_layers = ", fmt(layers), " lists ", stages,
-                    " stages: must list one layer count per pipeline stage, parallel.pp = ", p.pp));
-  r.need(std::all_of(layers.begin(), layers.end(), [&](int64_t n) { return n >= 0 && n <= m.num_layers; }),
-         "parallel.pp_layers", layers, concat("layer counts must be in 0..model.num_layers = ", m.num_layers));
+  if (stages != p.pp)
+    return concat("parallel.pp_layers = ", fmt(layers), " lists ", stages,
+                  " stages: must list one layer count per pipeline stage, parallel.pp = ", p.pp);
+  if (!std::all_of(layers.begin(), layers.end(), [&](int64_t n) { return n >= 0 && n <= m.num_layers; }))
+    return concat("parallel.pp_layers = ", fmt(layers), ": layer counts must be in 0..model.num_layers = ",
+                  m.num_layers);
   const int64_t sum = std::accumulate(layers.begin(), layers.end(), int64_t{0});
-  r.need_all(sum == m.num_layers, {"parallel.pp_layers", "model.num_layers"},
-             concat("parallel.pp_layers = ", fmt(layers), " sums to ", sum, ": must sum to model.num_layers = ",
-                    m.num_layers));
+  if (sum != m.num_layers)
+    return concat("parallel.pp_layers = ", fmt(layers), " sums to ", sum, ": must sum to model.num_layers = ",
+                  m.num_layers);
+  return {};
 }
 
 // i32 is what the kernels index with: token ids, positions, expert ids,
@@ -138,6 +140,13 @@ void check_pipeline_stages(const Rules& r, const ModelConfig& m, const ParallelC
 constexpr int64_t kMaxI32 = std::numeric_limits<int32_t>::max();
 constexpr const char* kI32Why = "the kernels index it with i32";
 constexpr const char* kGemmWhy = "a GEMM dimension, which BLAS libraries take as a 32-bit int";
+
+// Layers l >= first_dense_layers with (l - first) % layer_freq == 0
+// (MoeConfig::is_moe_layer), counted without visiting each layer.
+int64_t moe_layer_count(const ModelConfig& m, const MoeConfig& e) {
+  const int64_t after = m.num_layers - e.first_dense_layers;
+  return e.num_experts > 0 && after > 0 ? (after - 1) / e.layer_freq + 1 : 0;
+}
 
 // Whole-model parameters, exactly (the §4 shapes at tp = ep = etp = 1), in
 // 128 bits so no configured size can wrap it.
@@ -152,9 +161,7 @@ ModelSize model_size(const ModelConfig& m, const MoeConfig& e) {
   const U attention = H * hd * static_cast<U>(2 * m.num_heads + 2 * m.num_kv_heads) + 2 * H;  // q, o, k, v + norms
   ModelSize s;
   s.dense = 2 * V * H + H;  // embedding, head, final norm
-  // Layers l >= first_dense_layers with (l - first) % layer_freq == 0 (MoeConfig::is_moe_layer).
-  const int64_t after = m.num_layers - e.first_dense_layers;
-  const U moe_layers = e.num_experts > 0 && after > 0 ? static_cast<U>((after - 1) / e.layer_freq + 1) : 0;
+  const U moe_layers = static_cast<U>(moe_layer_count(m, e));
   const U dense_layers = L - moe_layers;
   s.dense += L * attention + dense_layers * 3 * H * static_cast<U>(m.ffn_hidden_size);
   if (moe_layers > 0) {
@@ -181,20 +188,19 @@ std::string fmt_bytes(long double b) {  // 3.2e+14 bytes (320.0 TB)
   return buf;
 }
 
-void check_capacity_rows(const Config& cfg, int64_t tokens_per_rank) {
-  const MoeConfig& e = cfg.moe;
-  if (e.num_experts == 0 || !e.capacity_factor || !e.pad_to_capacity) return;
-  // Megatron's capacity, ceil(T·k/E · cf) (moe::expert_capacity), per expert;
-  // padding gives every expert that many rows of the permuted buffer.
+// With pad_to_capacity every expert gets Megatron's capacity,
+// ceil(T·k/E · cf) (moe::expert_capacity), rows of the permuted buffer,
+// whose i32 row indices must address E of them. "" when they do.
+std::string capacity_problem(const MoeConfig& e, int64_t tokens_per_rank) {
+  if (e.num_experts == 0 || !e.capacity_factor || !e.pad_to_capacity) return {};
   const long double per_expert = static_cast<long double>(tokens_per_rank) * static_cast<long double>(e.top_k) /
                                  static_cast<long double>(e.num_experts) * static_cast<long double>(*e.capacity_factor);
   const long double rows = std::ceil(per_expert) * static_cast<long double>(e.num_experts);
-  if (rows > static_cast<long double>(kMaxI32))
-    ORIGAMI_USER_ERROR(cfg.origin("moe.capacity_factor"), ": moe.capacity_factor = ", fmt(*e.capacity_factor),
-                       " with moe.pad_to_capacity pads each of the ", e.num_experts, " experts to ",
-                       fmt_count(std::ceil(per_expert)), " rows for ", tokens_per_rank,
-                       " tokens per rank: ", fmt_count(rows), " permuted rows, more than the ", kMaxI32,
-                       " that i32 row indices address; lower the capacity factor");
+  if (rows <= static_cast<long double>(kMaxI32)) return {};
+  return concat("moe.capacity_factor = ", fmt(*e.capacity_factor), " with moe.pad_to_capacity pads each of the ",
+                e.num_experts, " experts to ", fmt_count(std::ceil(per_expert)), " rows for ", tokens_per_rank,
+                " tokens per rank: ", fmt_count(rows), " permuted rows, more than the ", kMaxI32,
+                " that i32 row indices address; lower the capacity factor");
 }
 
 }  // namespace
@@ -333,7 +339,8 @@ void validate(const Config& c, const Origins& o) {
                         " (the experts in the kept groups)"));
     }
   }
-  check_pipeline_stages(r, m, c.parallel);
+  if (const std::string stages = stage_problem(m, c.parallel); !stages.empty())
+    r.need_all(false, {"parallel.pp_layers", "parallel.pp", "model.num_layers"}, stages);
   r.need_all(!e.pad_to_capacity || e.capacity_factor.has_value(), {"moe.pad_to_capacity", "moe.capacity_factor"},
              "moe.pad_to_capacity = true requires moe.capacity_factor (dropless routing has no capacity to pad to)");
   r.need_all(s.min_lr <= op.lr, {"lr_schedule.min_lr", "optimizer.lr"},
@@ -396,50 +403,52 @@ void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node)
                        "and training.micro_batch, seq_len, or spread the model over more ranks");
 }
 
-void validate_for_world(const Config& cfg, int world_size) {
-  const ParallelConfig& p = cfg.parallel;
-  const std::string& src = cfg.source;
-  // The layout rules of ARCHITECTURE.md §3 first, so a bad layout is reported
-  // as such (with its numbers) whatever the engine supports today.
+std::string layout_problem(const ModelConfig& m, const MoeConfig& e, const TrainingConfig& t,
+                           const ParallelConfig& p, int64_t world_size) {
+  // comm::Layout's rules (ARCHITECTURE.md §3) first, so a bad layout is
+  // reported as such, with its numbers.
+  int64_t dp = 1;
   try {
-    comm::Layout layout(world_size, comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, cfg.moe.num_experts});
-    const TrainingConfig& t = cfg.training;
-    if (t.global_batch % (t.micro_batch * layout.dp()) != 0)
-      ORIGAMI_USER_ERROR("training.global_batch = ", t.global_batch,
-                         " must be a multiple of training.micro_batch · DP = ", t.micro_batch, " · ", layout.dp(),
-                         " = ", t.micro_batch * layout.dp(), " (DP = world size / (tp·cp·pp))");
-  } catch (const UserError& e) {
-    ORIGAMI_USER_ERROR(src, ": ", e.what());
+    dp = comm::Layout(world_size, comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, e.num_experts}).dp();
+  } catch (const UserError& err) {
+    return err.what();
   }
-
-  // The stage rules again: callers may edit parallel.pp after loading.
-  const Origins origins(src);
-  check_pipeline_stages(Rules(origins), cfg.model, p);
-  const ModelConfig& m = cfg.model;
-  const TrainingConfig& t = cfg.training;
-  if (p.tp > 1) {
-    if (m.num_heads % p.tp != 0 || m.num_kv_heads % p.tp != 0)
-      ORIGAMI_USER_ERROR(src, ": parallel.tp = ", p.tp, " must divide model.num_heads = ", m.num_heads,
-                         " and model.num_kv_heads = ", m.num_kv_heads, " (heads split over tp)");
-    if (m.ffn_hidden_size % p.tp != 0)
-      ORIGAMI_USER_ERROR(src, ": parallel.tp = ", p.tp, " must divide model.ffn_hidden_size = ", m.ffn_hidden_size);
-  }
+  if (std::string stages = stage_problem(m, p); !stages.empty()) return stages;
+  const int64_t moe_layers = moe_layer_count(m, e);
+  const bool any_moe = moe_layers > 0, any_dense = moe_layers < m.num_layers;
+  if (m.num_heads % p.tp != 0 || m.num_kv_heads % p.tp != 0)
+    return concat("parallel.tp = ", p.tp, " must divide model.num_heads = ", m.num_heads,
+                  " and model.num_kv_heads = ", m.num_kv_heads, " (heads split over tp)");
+  if (any_dense && m.ffn_hidden_size % p.tp != 0)
+    return concat("parallel.tp = ", p.tp, " must divide model.ffn_hidden_size = ", m.ffn_hidden_size,
+                  " (the dense MLP's columns split over tp)");
   if (t.seq_len % (2 * p.cp) != 0)
-    ORIGAMI_USER_ERROR(src, ": training.seq_len = ", t.seq_len, " must be a multiple of 2·parallel.cp = ", 2 * p.cp,
-                       " (context parallelism cuts each sample into 2·cp chunks)");
-  if ((t.micro_batch * t.seq_len / p.cp) % p.tp != 0)
-    ORIGAMI_USER_ERROR(src, ": training.micro_batch · seq_len / cp = ", t.micro_batch * t.seq_len / p.cp,
-                       " tokens must split evenly over parallel.tp = ", p.tp, " (sequence parallelism)");
-  if (p.tp * p.cp > 1 && cfg.moe.num_experts > 0 && cfg.moe.load_balancing == moe::LoadBalancing::seq_aux_loss)
-    ORIGAMI_USER_ERROR(src, ": moe.load_balancing = \"seq_aux_loss\" needs whole sequences per rank; with parallel.tp·cp = ",
-                       p.tp * p.cp, " use aux_loss or global_aux_loss");
-  if (cfg.moe.num_experts > 0 && p.etp > 1) {
-    const int64_t F = cfg.moe.expert_ffn(cfg.model.ffn_hidden_size);
-    if (F % p.etp != 0)
-      ORIGAMI_USER_ERROR(src, ": parallel.etp = ", p.etp, " must divide the expert ffn size ", F,
-                         " (each expert's w1/w3 rows and w2 columns split over etp)");
-  }
-  check_capacity_rows(cfg, t.micro_batch * t.seq_len / (p.cp * p.tp));
+    return concat("training.seq_len = ", t.seq_len, " must be a multiple of 2·parallel.cp = ", 2 * p.cp,
+                  " (context parallelism cuts each sample into 2·cp chunks)");
+  const int64_t cp_tokens = t.micro_batch * t.seq_len / p.cp;
+  if (cp_tokens % p.tp != 0)
+    return concat("training.micro_batch · seq_len / cp = ", cp_tokens, " tokens must split evenly over parallel.tp = ",
+                  p.tp, " (sequence parallelism)");
+  if (any_moe && p.tp * p.cp > 1 && e.load_balancing == moe::LoadBalancing::seq_aux_loss)
+    return concat("moe.load_balancing = \"seq_aux_loss\" needs whole sequences per rank; with parallel.tp·cp = ",
+                  p.tp * p.cp, " use aux_loss or global_aux_loss");
+  if (any_moe && e.expert_ffn(m.ffn_hidden_size) % p.etp != 0)
+    return concat("parallel.etp = ", p.etp, " must divide the expert ffn size ", e.expert_ffn(m.ffn_hidden_size),
+                  " (each expert's w1/w3 rows and w2 columns split over etp)");
+  if (t.global_batch % (t.micro_batch * dp) != 0)
+    return concat("training.global_batch = ", t.global_batch, " must be a multiple of training.micro_batch · DP = ",
+                  t.micro_batch, " · ", dp, " = ", t.micro_batch * dp, " (DP = world size / (tp·cp·pp))");
+  if (any_moe) return capacity_problem(e, cp_tokens / p.tp);
+  return {};
+}
+
+std::string layout_problem(const Config& cfg, int64_t world_size) {
+  return layout_problem(cfg.model, cfg.moe, cfg.training, cfg.parallel, world_size);
+}
+
+void validate_for_world(const Config& cfg, int world_size) {
+  if (std::string p = layout_problem(cfg, world_size); !p.empty())
+    ORIGAMI_USER_ERROR(cfg.source, ": on ", world_size, " rank(s): ", p);
 }
 
 }  // namespace origami

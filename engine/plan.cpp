@@ -452,47 +452,23 @@ StageComm stage_comm(const PlanInput& in, const comm::Layout& layout, const std:
   return c;
 }
 
-// The model's rules on the sizes (layout_problem); EP's is comm::Layout's.
-std::string size_problem(const PlanInput& in, int64_t tp, int64_t cp, int64_t pp, int64_t etp, int64_t dp) {
-  const ModelConfig& m = in.model;
-  const MoeConfig& e = in.moe;
-  const TrainingConfig& tr = in.training;
-  bool any_dense = false, any_moe = false;
-  for (int64_t l = 0; l < m.num_layers; ++l) (e.is_moe_layer(l) ? any_moe : any_dense) = true;
-  auto divides = [&](std::string_view key, int64_t size, std::string_view what, int64_t value, std::string_view why) {
-    return value % size == 0 ? std::string()
-                             : concat(key, " = ", size, " must divide ", what, " = ", value, " (", why, ")");
-  };
-  std::string p;
-  if (p.empty()) p = divides("parallel.tp", tp, "model.num_heads", m.num_heads, "heads split over tp");
-  if (p.empty()) p = divides("parallel.tp", tp, "model.num_kv_heads", m.num_kv_heads, "kv heads split over tp");
-  if (p.empty() && any_dense)
-    p = divides("parallel.tp", tp, "model.ffn_hidden_size", m.ffn_hidden_size, "dense MLP columns split over tp");
-  if (p.empty() && any_moe && e.shared_expert_hidden_size > 0)
-    p = divides("parallel.tp", tp, "moe.shared_expert_hidden_size", e.shared_expert_hidden_size,
-                "shared expert split over tp");
-  if (p.empty()) {
-    const int64_t chunks = cp > 1 ? 2 * cp * tp : tp;
-    if (tr.seq_len % chunks != 0)
-      p = concat("training.seq_len = ", tr.seq_len, " must be divisible by ", cp > 1 ? "2·cp·tp = " : "tp = ", chunks,
-                 cp > 1 ? " (2·cp causal chunks, each split over tp)" : " (sequence parallelism splits it over tp)");
-  }
-  if (p.empty() && pp > m.num_layers)
-    p = concat("parallel.pp = ", pp, " must be <= model.num_layers = ", m.num_layers, " (layers per stage)");
-  if (p.empty() && any_moe)
-    p = divides("parallel.etp", etp, "the expert ffn size", e.expert_ffn(m.ffn_hidden_size),
-                "w1/w3 rows and w2 columns split over etp");
-  if (p.empty() && tr.global_batch % (tr.micro_batch * dp) != 0)
-    p = concat("training.global_batch = ", tr.global_batch,
-               " must be a multiple of training.micro_batch · DP = ", tr.micro_batch, " · ", dp, " = ",
-               tr.micro_batch * dp, " (DP = world size / (tp·cp·pp))");
+}  // namespace
+
+namespace {
+// The ParallelConfig a planned layout stands for.
+ParallelConfig parallel_of(const PlanInput& in, const comm::Layout& layout) {
+  ParallelConfig p;
+  p.tp = layout.tp(), p.cp = layout.cp(), p.pp = layout.pp(), p.ep = layout.ep(), p.etp = layout.etp();
+  p.order = layout.order();
+  p.pp_layers = in.pp_layers;
+  p.zero_stage = in.zero_stage;
+  p.reshard_after_forward = in.reshard_after_forward;
   return p;
 }
-
 }  // namespace
 
 std::string layout_problem(const PlanInput& in, const comm::Layout& layout) {
-  return size_problem(in, layout.tp(), layout.cp(), layout.pp(), layout.etp(), layout.dp());
+  return origami::layout_problem(in.model, in.moe, in.training, parallel_of(in, layout), layout.world());
 }
 
 LayoutPlan plan_layout(const PlanInput& in, const comm::Layout& layout, const Machine& machine) {
@@ -590,15 +566,13 @@ std::vector<LayoutPlan> rank_layouts(const PlanInput& in, int64_t world, const s
           for (int64_t etp : div) {
             if (world % (etp * ep * pp) != 0 || (!moe && (ep > 1 || etp > 1))) continue;
             if (moe && in.moe.num_experts % ep != 0) continue;
-            // The model's rules first: they are cheaper than building a Layout.
-            if (!size_problem(even, tp, cp, pp, etp, world / (tp * cp * pp)).empty()) continue;
-            std::optional<comm::Layout> layout;
-            try {
-              layout.emplace(world, comm::LayoutOptions{tp, cp, pp, ep, etp, order, in.moe.num_experts});
-            } catch (const UserError&) {
-              continue;  // comm::Layout's rules (§3)
-            }
-            LayoutPlan p = plan_layout(even, *layout, machine);
+            // The rules train applies (layout_problem), comm::Layout's included.
+            ParallelConfig candidate;
+            candidate.tp = tp, candidate.cp = cp, candidate.pp = pp, candidate.ep = ep, candidate.etp = etp;
+            candidate.order = order;
+            if (!origami::layout_problem(even.model, even.moe, even.training, candidate, world).empty()) continue;
+            const comm::Layout layout(world, comm::LayoutOptions{tp, cp, pp, ep, etp, order, in.moe.num_experts});
+            LayoutPlan p = plan_layout(even, layout, machine);
             p.units = {};
             p.comm = {};
             out.push_back(std::move(p));

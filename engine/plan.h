@@ -189,12 +189,11 @@ struct LayoutPlan {
   bool fits = true;
 };
 
-// Validates the layout against the model (UserError naming the key and rule:
-// tp divides heads and kv heads, dense / shared ffn; seq_len splits over cp,
-// tp; pp ≤ layers; etp divides the expert ffn; global_batch divides by
-// micro_batch·dp) and plans it. `layout` already passed comm::Layout's rules.
+// Validates the layout against the model (layout_problem; UserError naming
+// the key and rule) and plans it. `layout` already passed comm::Layout's rules.
 LayoutPlan plan_layout(const PlanInput& in, const comm::Layout& layout, const Machine& machine);
-// The model rule a layout breaks, or "" (the checks of plan_layout).
+// The rule a layout breaks, or "": exactly train's (origami::layout_problem
+// in engine/config.h, with the input's pp_layers).
 std::string layout_problem(const PlanInput& in, const comm::Layout& layout);
 
 // Every (tp, cp, pp, ep, etp) that comm::Layout and the model accept for

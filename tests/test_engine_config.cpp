@@ -575,7 +575,7 @@ TEST(Config, ValidateForWorld) {
     validate_for_world(c, 4);
     FAIL() << "no UserError";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("test.toml: training.global_batch = 8 must be a multiple of "
+    EXPECT_NE(std::string(e.what()).find("test.toml: on 4 rank(s): training.global_batch = 8 must be a multiple of "
                                          "training.micro_batch · DP = 8 · 4 = 32"),
               std::string::npos)
         << e.what();
@@ -601,7 +601,7 @@ TEST(Config, ValidateForWorld) {
     validate_for_world(moe, 3);
     FAIL() << "no UserError";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("tiny-moe.toml: parallel.etp = 3 must divide the expert ffn size 128"),
+    EXPECT_NE(std::string(e.what()).find("tiny-moe.toml: on 3 rank(s): parallel.etp = 3 must divide the expert ffn size 128"),
               std::string::npos)
         << e.what();
   }
@@ -623,11 +623,11 @@ TEST(Config, ValidateForWorld) {
   Config tp3 = moe;
   tp3.parallel.tp = 3;
   tp3.training.global_batch = 6;
-  expect_error(tp3, 3, "tiny-moe.toml: parallel.tp = 3 must divide model.num_heads = 4 and model.num_kv_heads = 2");
+  expect_error(tp3, 3, "tiny-moe.toml: on 3 rank(s): parallel.tp = 3 must divide model.num_heads = 4 and model.num_kv_heads = 2");
   Config cp3 = moe;
   cp3.parallel.cp = 3;
   cp3.training.global_batch = 6;
-  expect_error(cp3, 3, "tiny-moe.toml: training.seq_len = 128 must be a multiple of 2·parallel.cp = 6");
+  expect_error(cp3, 3, "tiny-moe.toml: on 3 rank(s): training.seq_len = 128 must be a multiple of 2·parallel.cp = 6");
   Config seq = moe;
   seq.parallel.tp = 2;
   seq.moe.load_balancing = moe::LoadBalancing::seq_aux_loss;
@@ -641,10 +641,10 @@ TEST(Config, ValidateForWorld) {
   EXPECT_NO_THROW(validate_for_world(pp, 4));
   // The stage rules hold for a Config edited after loading too.
   pp.parallel.pp_layers = {1, 2};
-  expect_error(pp, 4, "tiny-moe.toml: parallel.pp_layers = [1, 2] sums to 3: must sum to model.num_layers = 4");
+  expect_error(pp, 4, "tiny-moe.toml: on 4 rank(s): parallel.pp_layers = [1, 2] sums to 3: must sum to model.num_layers = 4");
   Config pp8 = moe;
   pp8.parallel.pp = 8;
-  expect_error(pp8, 8, "tiny-moe.toml: model.num_layers = 4 must be >= parallel.pp = 8");
+  expect_error(pp8, 8, "tiny-moe.toml: on 8 rank(s): model.num_layers = 4 must be >= parallel.pp = 8");
   Config folded = moe;
   folded.parallel.tp = 2;
   folded.parallel.cp = 2;

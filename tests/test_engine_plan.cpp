@@ -243,7 +243,8 @@ TEST(Plan, StageLayers) {
 TEST(Plan, LayoutProblemsNameTheKeyAndRule) {
   const Config cfg = load("tiny-moe.toml", {"parallel.tp=4"});
   const std::string p = plan::layout_problem(plan::plan_input(cfg), layout_of(cfg, 4));
-  EXPECT_NE(p.find("parallel.tp = 4 must divide model.num_kv_heads = 2"), std::string::npos) << p;
+  EXPECT_NE(p.find("parallel.tp = 4 must divide model.num_heads = 4 and model.num_kv_heads = 2"), std::string::npos)
+      << p;
   EXPECT_THROW(plan::plan_layout(plan::plan_input(cfg), layout_of(cfg, 4), plan::Machine{}), UserError);
 }
 

@@ -82,32 +82,20 @@ void run_groups(const GroupsArgs& a) {
   const int64_t world = a.world > 0 ? a.world : mpi_size;
   comm::LayoutOptions opts = a.layout;
   if (a.etp_flag && a.etp_flag->count() == 0) opts.etp = opts.tp;
-  std::string source;  // the config file, named in layout errors
   if (!a.config.empty()) {
+    // A config's layout meets train's rules (layout_problem), with train's message.
     const Config cfg = load_config(a.config, a.overrides);
+    validate_for_world(cfg, static_cast<int>(world));
     const ParallelConfig& p = cfg.parallel;
-    opts.tp = p.tp;
-    opts.cp = p.cp;
-    opts.pp = p.pp;
-    opts.ep = p.ep;
-    opts.etp = p.etp;
-    opts.order = p.order;
-    opts.num_experts = cfg.moe.num_experts;
-    source = cfg.source;
+    opts = comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, cfg.moe.num_experts};
   }
-  std::optional<comm::Layout> layout;
-  try {
-    layout.emplace(world, opts);
-  } catch (const UserError& e) {
-    if (source.empty()) throw;
-    ORIGAMI_USER_ERROR(source, ": [parallel] with world size ", world, ": ", e.what());
-  }
+  const comm::Layout layout(world, opts);  // flags alone: comm::Layout's rules (§3)
   if (a.rank >= world) ORIGAMI_USER_ERROR("--rank ", a.rank, " is outside a world of ", world, " ranks");
   if (mpi_rank != 0) return;
   if (a.json)
-    print_json(*layout, a.rank);
+    print_json(layout, a.rank);
   else
-    print_text(*layout, a.rank);
+    print_text(layout, a.rank);
 }
 
 }  // namespace

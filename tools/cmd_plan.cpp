@@ -326,16 +326,14 @@ void run_config(const PlanArgs& a, plan::Recipe recipe, const std::string& path,
   in.recipe = recipe;
   if (a.stage >= 0) in.zero_stage = a.stage;
   in.pp_layers = a.pp_layers.empty() ? cfg.parallel.pp_layers : a.pp_layers;  // the flag overrides the config
+  // The configured layout meets train's rules, with train's message.
+  Config configured = cfg;
+  configured.parallel.pp_layers = in.pp_layers;
+  validate_for_world(configured, static_cast<int>(a.world));
   const ParallelConfig& pc = cfg.parallel;
-  std::optional<comm::Layout> layout;
-  try {
-    layout.emplace(a.world, comm::LayoutOptions{pc.tp, pc.cp, pc.pp, pc.ep, pc.etp, pc.order, cfg.moe.num_experts});
-    if (std::string problem = plan::layout_problem(in, *layout); !problem.empty()) ORIGAMI_USER_ERROR(problem);
-    plan::stage_layers(in.model.num_layers, pc.pp, in.pp_layers);
-  } catch (const UserError& e) {
-    ORIGAMI_USER_ERROR(cfg.source, ": [parallel] with world size ", a.world, ": ", e.what());
-  }
-  const LayoutPlan p = plan::plan_layout(in, *layout, a.machine);
+  const comm::Layout layout(a.world, comm::LayoutOptions{pc.tp, pc.cp, pc.pp, pc.ep, pc.etp, pc.order,
+                                                         cfg.moe.num_experts});
+  const LayoutPlan p = plan::plan_layout(in, layout, a.machine);
   const std::vector<LayoutPlan> ranked = plan::rank_layouts(in, a.world, pc.order, a.machine);
   const plan::ParamCounts counts = plan::param_counts(in.model, in.moe);
   if (!print) return;
