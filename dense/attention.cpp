@@ -13,8 +13,8 @@ namespace {
 Tensor activation(Shape shape) { return Tensor::empty(std::move(shape), DType::f32, MemCategory::activation); }
 }  // namespace
 
-Tensor attention_module_forward(const AttentionOptions& opt, const AttentionWeights& w, const Tensor& x_TD,
-                                int64_t batch, const Tensor& pos_S, AttentionSaved& saved) {
+Tensor attention_module_forward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
+                                const Tensor& x_TD, int64_t batch, const Tensor& pos_S, AttentionSaved& saved) {
   const int64_t T = x_TD.rows(), D = x_TD.cols(), S = T / batch;
   const int64_t Hq = opt.num_heads, Hkv = opt.num_kv_heads, hd = opt.head_dim;
   ORIGAMI_CHECK(S * batch == T && pos_S.numel() == S, "attention: T=", T, " batch=", batch, " positions=", pos_S.numel());
@@ -26,53 +26,53 @@ Tensor attention_module_forward(const AttentionOptions& opt, const AttentionWeig
   saved.v_BSHd = activation({batch, S, Hkv, hd});
   Tensor q_TE = saved.q_BSHd.view({T, Hq * hd}), k_TE = saved.k_BSHd.view({T, Hkv * hd}),
          v_TE = saved.v_BSHd.view({T, Hkv * hd});
-  gemm(x_TD, Trans::no, w.wq, Trans::yes, q_TE);  // (T, Hq·hd)
-  gemm(x_TD, Trans::no, w.wk, Trans::yes, k_TE);  // (T, Hkv·hd)
-  gemm(x_TD, Trans::no, w.wv, Trans::yes, v_TE);  // (T, Hkv·hd)
-  rope_forward(saved.q_BSHd, pos_S, opt.rope_theta);
-  rope_forward(saved.k_BSHd, pos_S, opt.rope_theta);
+  gemm(ctx, x_TD, Trans::no, w.wq, Trans::yes, q_TE);  // (T, Hq·hd)
+  gemm(ctx, x_TD, Trans::no, w.wk, Trans::yes, k_TE);  // (T, Hkv·hd)
+  gemm(ctx, x_TD, Trans::no, w.wv, Trans::yes, v_TE);  // (T, Hkv·hd)
+  rope_forward(ctx, saved.q_BSHd, pos_S, opt.rope_theta);
+  rope_forward(ctx, saved.k_BSHd, pos_S, opt.rope_theta);
 
   saved.o_BSHd = activation({batch, S, Hq, hd});
   saved.lse_BHS = activation({batch, Hq, S});
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  Tensor ws = Tensor::empty({attention_forward_workspace(saved.dims)}, DType::f32, MemCategory::workspace);
-  attention_forward(saved.dims, saved.q_BSHd, saved.k_BSHd, saved.v_BSHd, pos_S, pos_S, scale, saved.o_BSHd,
+  Tensor ws = ctx.workspace(attention_forward_workspace_bytes(ctx, saved.dims));
+  attention_forward(ctx, saved.dims, saved.q_BSHd, saved.k_BSHd, saved.v_BSHd, pos_S, pos_S, scale, saved.o_BSHd,
                     saved.lse_BHS, ws);
 
   Tensor y = activation({T, D});
-  gemm(saved.o_BSHd.view({T, Hq * hd}), Trans::no, w.wo, Trans::yes, y);  // (T, D)
+  gemm(ctx, saved.o_BSHd.view({T, Hq * hd}), Trans::no, w.wo, Trans::yes, y);  // (T, D)
   return y;
 }
 
-Tensor attention_module_backward(const AttentionOptions& opt, const AttentionWeights& w, const AttentionSaved& saved,
-                                 const Tensor& dy_TD, AttentionWeights& grad) {
+Tensor attention_module_backward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
+                                 const AttentionSaved& saved, const Tensor& dy_TD, AttentionWeights& grad) {
   const AttentionDims& d = saved.dims;
   const int64_t T = saved.x_TD.rows(), D = saved.x_TD.cols();
   const int64_t Eq = d.num_heads * d.head_dim, Ekv = d.num_kv_heads * d.head_dim;
   // y = o·Woᵀ
   Tensor do_ = activation({d.batch, d.q_len, d.num_heads, d.head_dim});
   Tensor do_TE = do_.view({T, Eq});
-  gemm(dy_TD, Trans::no, w.wo, Trans::no, do_TE);                                     // (T, Hq·hd)
-  gemm(dy_TD, Trans::yes, saved.o_BSHd.view({T, Eq}), Trans::no, grad.wo, 1.0f, 1.0f);  // (D, Hq·hd)
+  gemm(ctx, dy_TD, Trans::no, w.wo, Trans::no, do_TE);                                       // (T, Hq·hd)
+  gemm(ctx, dy_TD, Trans::yes, saved.o_BSHd.view({T, Eq}), Trans::no, grad.wo, 1.0f, 1.0f);  // (D, Hq·hd)
 
   Tensor dq = activation({d.batch, d.q_len, d.num_heads, d.head_dim});
   Tensor dk = activation({d.batch, d.kv_len, d.num_kv_heads, d.head_dim});
   Tensor dv = activation({d.batch, d.kv_len, d.num_kv_heads, d.head_dim});
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
-  Tensor ws = Tensor::empty({attention_backward_workspace(d)}, DType::f32, MemCategory::workspace);
-  attention_backward(d, saved.q_BSHd, saved.k_BSHd, saved.v_BSHd, saved.o_BSHd, saved.lse_BHS, do_, saved.pos_S,
+  Tensor ws = ctx.workspace(attention_backward_workspace_bytes(ctx, d));
+  attention_backward(ctx, d, saved.q_BSHd, saved.k_BSHd, saved.v_BSHd, saved.o_BSHd, saved.lse_BHS, do_, saved.pos_S,
                      saved.pos_S, scale, dq, dk, dv, ws);
-  rope_backward(dq, saved.pos_S, opt.rope_theta);
-  rope_backward(dk, saved.pos_S, opt.rope_theta);
+  rope_backward(ctx, dq, saved.pos_S, opt.rope_theta);
+  rope_backward(ctx, dk, saved.pos_S, opt.rope_theta);
 
   const Tensor dq_TE = dq.view({T, Eq}), dk_TE = dk.view({T, Ekv}), dv_TE = dv.view({T, Ekv});
-  gemm(dq_TE, Trans::yes, saved.x_TD, Trans::no, grad.wq, 1.0f, 1.0f);  // (Hq·hd, D)
-  gemm(dk_TE, Trans::yes, saved.x_TD, Trans::no, grad.wk, 1.0f, 1.0f);  // (Hkv·hd, D)
-  gemm(dv_TE, Trans::yes, saved.x_TD, Trans::no, grad.wv, 1.0f, 1.0f);  // (Hkv·hd, D)
+  gemm(ctx, dq_TE, Trans::yes, saved.x_TD, Trans::no, grad.wq, 1.0f, 1.0f);  // (Hq·hd, D)
+  gemm(ctx, dk_TE, Trans::yes, saved.x_TD, Trans::no, grad.wk, 1.0f, 1.0f);  // (Hkv·hd, D)
+  gemm(ctx, dv_TE, Trans::yes, saved.x_TD, Trans::no, grad.wv, 1.0f, 1.0f);  // (Hkv·hd, D)
   Tensor dx = activation({T, D});
-  gemm(dq_TE, Trans::no, w.wq, Trans::no, dx);
-  gemm(dk_TE, Trans::no, w.wk, Trans::no, dx, 1.0f, 1.0f);
-  gemm(dv_TE, Trans::no, w.wv, Trans::no, dx, 1.0f, 1.0f);
+  gemm(ctx, dq_TE, Trans::no, w.wq, Trans::no, dx);
+  gemm(ctx, dk_TE, Trans::no, w.wk, Trans::no, dx, 1.0f, 1.0f);
+  gemm(ctx, dv_TE, Trans::no, w.wv, Trans::no, dx, 1.0f, 1.0f);
   return dx;
 }
 

@@ -4,6 +4,7 @@
 // GQA: query head j reads kv head j / (Hq/Hkv). Weights are [out, in].
 #pragma once
 #include "kernels/attention.h"
+#include "kernels/context.h"
 #include "kernels/tensor.h"
 
 namespace origami::dense {
@@ -33,10 +34,10 @@ struct AttentionSaved {
 };
 
 // x_TD: [B·S, D]; pos_S: i32 [S]. Returns y_TD [B·S, D].
-Tensor attention_module_forward(const AttentionOptions& opt, const AttentionWeights& w, const Tensor& x_TD,
-                                int64_t batch, const Tensor& pos_S, AttentionSaved& saved);
+Tensor attention_module_forward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
+                                const Tensor& x_TD, int64_t batch, const Tensor& pos_S, AttentionSaved& saved);
 // Returns dx_TD; accumulates into the gradient views `grad`.
-Tensor attention_module_backward(const AttentionOptions& opt, const AttentionWeights& w, const AttentionSaved& saved,
-                                 const Tensor& dy_TD, AttentionWeights& grad);
+Tensor attention_module_backward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
+                                 const AttentionSaved& saved, const Tensor& dy_TD, AttentionWeights& grad);
 
 }  // namespace origami::dense

@@ -70,8 +70,8 @@ CpTokens cp_shard_tokens(const Tensor& tokens_BS1, int64_t cp, int64_t rank) {
   return out;
 }
 
-Tensor cp_attention_forward(const AttentionOptions& opt, const AttentionWeights& w, const Tensor& x_TD,
-                            int64_t batch, const Tensor& pos_local_S, comm::Communicator* cp,
+Tensor cp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
+                            const Tensor& x_TD, int64_t batch, const Tensor& pos_local_S, comm::Communicator* cp,
                             CpAttentionSaved& saved) {
   const int n = cp ? cp->size() : 1;
   const int64_t T = x_TD.rows(), D = x_TD.cols(), Sl = T / batch, S = Sl * n;
@@ -95,11 +95,11 @@ Tensor cp_attention_forward(const AttentionOptions& opt, const AttentionWeights&
   Tensor v_local = n > 1 ? kv_send.flat_view(n_kv, n_kv, {batch, Sl, Hkv, hd}) : activation({batch, Sl, Hkv, hd});
   Tensor q_TE = saved.q_BSHd.view({T, Hq * hd}), k_TE = k_local.view({T, Hkv * hd}),
          v_TE = v_local.view({T, Hkv * hd});
-  gemm(x_TD, Trans::no, w.wq, Trans::yes, q_TE);  // (T, Hq·hd)
-  gemm(x_TD, Trans::no, w.wk, Trans::yes, k_TE);  // (T, Hkv·hd)
-  gemm(x_TD, Trans::no, w.wv, Trans::yes, v_TE);  // (T, Hkv·hd)
-  rope_forward(saved.q_BSHd, pos_local_S, opt.rope_theta);
-  rope_forward(k_local, pos_local_S, opt.rope_theta);  // before the gather: global positions
+  gemm(ctx, x_TD, Trans::no, w.wq, Trans::yes, q_TE);  // (T, Hq·hd)
+  gemm(ctx, x_TD, Trans::no, w.wk, Trans::yes, k_TE);  // (T, Hkv·hd)
+  gemm(ctx, x_TD, Trans::no, w.wv, Trans::yes, v_TE);  // (T, Hkv·hd)
+  rope_forward(ctx, saved.q_BSHd, pos_local_S, opt.rope_theta);
+  rope_forward(ctx, k_local, pos_local_S, opt.rope_theta);  // before the gather: global positions
 
   if (n == 1) {
     saved.k_BSHd = k_local;
@@ -123,17 +123,18 @@ Tensor cp_attention_forward(const AttentionOptions& opt, const AttentionWeights&
   saved.o_BSHd = activation({batch, Sl, Hq, hd});
   saved.lse_BHS = activation({batch, Hq, Sl});
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  Tensor ws = Tensor::empty({attention_forward_workspace(saved.dims)}, DType::f32, MemCategory::workspace);
-  attention_forward(saved.dims, saved.q_BSHd, saved.k_BSHd, saved.v_BSHd, saved.q_pos_S, saved.kv_pos_S, scale,
+  Tensor ws = ctx.workspace(attention_forward_workspace_bytes(ctx, saved.dims));
+  attention_forward(ctx, saved.dims, saved.q_BSHd, saved.k_BSHd, saved.v_BSHd, saved.q_pos_S, saved.kv_pos_S, scale,
                     saved.o_BSHd, saved.lse_BHS, ws);
 
   Tensor y = activation({T, D});
-  gemm(saved.o_BSHd.view({T, Hq * hd}), Trans::no, w.wo, Trans::yes, y);  // (T, D)
+  gemm(ctx, saved.o_BSHd.view({T, Hq * hd}), Trans::no, w.wo, Trans::yes, y);  // (T, D)
   return y;
 }
 
-Tensor cp_attention_backward(const AttentionOptions& opt, const AttentionWeights& w, const CpAttentionSaved& saved,
-                             const Tensor& dy_TD, comm::Communicator* cp, AttentionWeights& grad) {
+Tensor cp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
+                             const CpAttentionSaved& saved, const Tensor& dy_TD, comm::Communicator* cp,
+                             AttentionWeights& grad) {
   const AttentionDims& d = saved.dims;
   const int n = cp ? cp->size() : 1;
   ORIGAMI_CHECK(n == saved.cp_size, "cp attention backward over a group of ", n, " ranks, forward used ",
@@ -143,16 +144,16 @@ Tensor cp_attention_backward(const AttentionOptions& opt, const AttentionWeights
   // y = o·Woᵀ
   Tensor do_ = activation({d.batch, d.q_len, d.num_heads, d.head_dim});
   Tensor do_TE = do_.view({T, Eq});
-  gemm(dy_TD, Trans::no, w.wo, Trans::no, do_TE);                                     // (T, Hq·hd)
-  gemm(dy_TD, Trans::yes, saved.o_BSHd.view({T, Eq}), Trans::no, grad.wo, 1.0f, 1.0f);  // (D, Hq·hd)
+  gemm(ctx, dy_TD, Trans::no, w.wo, Trans::no, do_TE);                                       // (T, Hq·hd)
+  gemm(ctx, dy_TD, Trans::yes, saved.o_BSHd.view({T, Eq}), Trans::no, grad.wo, 1.0f, 1.0f);  // (D, Hq·hd)
 
   // dK, dV of every gathered key (this rank's queries' share only).
   Tensor dq = activation({d.batch, d.q_len, d.num_heads, d.head_dim});
   Tensor dk = activation({d.batch, d.kv_len, d.num_kv_heads, d.head_dim});
   Tensor dv = activation({d.batch, d.kv_len, d.num_kv_heads, d.head_dim});
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
-  Tensor ws = Tensor::empty({attention_backward_workspace(d)}, DType::f32, MemCategory::workspace);
-  attention_backward(d, saved.q_BSHd, saved.k_BSHd, saved.v_BSHd, saved.o_BSHd, saved.lse_BHS, do_, saved.q_pos_S,
+  Tensor ws = ctx.workspace(attention_backward_workspace_bytes(ctx, d));
+  attention_backward(ctx, d, saved.q_BSHd, saved.k_BSHd, saved.v_BSHd, saved.o_BSHd, saved.lse_BHS, do_, saved.q_pos_S,
                      saved.kv_pos_S, scale, dq, dk, dv, ws);
 
   if (n > 1) {  // sum every rank's share onto the keys' owners
@@ -168,17 +169,17 @@ Tensor cp_attention_backward(const AttentionOptions& opt, const AttentionWeights
     dk = recv.flat_view(0, n_kv, {d.batch, d.q_len, d.num_kv_heads, d.head_dim});
     dv = recv.flat_view(n_kv, n_kv, {d.batch, d.q_len, d.num_kv_heads, d.head_dim});
   }
-  rope_backward(dq, saved.q_pos_S, opt.rope_theta);
-  rope_backward(dk, saved.q_pos_S, opt.rope_theta);  // local keys sit at the local positions
+  rope_backward(ctx, dq, saved.q_pos_S, opt.rope_theta);
+  rope_backward(ctx, dk, saved.q_pos_S, opt.rope_theta);  // local keys sit at the local positions
 
   const Tensor dq_TE = dq.view({T, Eq}), dk_TE = dk.view({T, Ekv}), dv_TE = dv.view({T, Ekv});
-  gemm(dq_TE, Trans::yes, saved.x_TD, Trans::no, grad.wq, 1.0f, 1.0f);  // (Hq·hd, D)
-  gemm(dk_TE, Trans::yes, saved.x_TD, Trans::no, grad.wk, 1.0f, 1.0f);  // (Hkv·hd, D)
-  gemm(dv_TE, Trans::yes, saved.x_TD, Trans::no, grad.wv, 1.0f, 1.0f);  // (Hkv·hd, D)
+  gemm(ctx, dq_TE, Trans::yes, saved.x_TD, Trans::no, grad.wq, 1.0f, 1.0f);  // (Hq·hd, D)
+  gemm(ctx, dk_TE, Trans::yes, saved.x_TD, Trans::no, grad.wk, 1.0f, 1.0f);  // (Hkv·hd, D)
+  gemm(ctx, dv_TE, Trans::yes, saved.x_TD, Trans::no, grad.wv, 1.0f, 1.0f);  // (Hkv·hd, D)
   Tensor dx = activation({T, D});
-  gemm(dq_TE, Trans::no, w.wq, Trans::no, dx);
-  gemm(dk_TE, Trans::no, w.wk, Trans::no, dx, 1.0f, 1.0f);
-  gemm(dv_TE, Trans::no, w.wv, Trans::no, dx, 1.0f, 1.0f);
+  gemm(ctx, dq_TE, Trans::no, w.wq, Trans::no, dx);
+  gemm(ctx, dk_TE, Trans::no, w.wk, Trans::no, dx, 1.0f, 1.0f);
+  gemm(ctx, dv_TE, Trans::no, w.wv, Trans::no, dx, 1.0f, 1.0f);
   return dx;
 }
 

@@ -28,6 +28,7 @@
 
 #include "comm/communicator.h"
 #include "dense/attention.h"
+#include "kernels/context.h"
 #include "kernels/tensor.h"
 
 namespace origami::dense {
@@ -67,18 +68,19 @@ struct CpAttentionSaved {
 // calls this with the same B, and it runs one all_gather of
 // 2·B·(S/cp)·Hkv·hd floats (K and V packed). Null or size 1: no
 // communication, any positions, and the result is bitwise that of
-// attention_module_forward(opt, w, x_TD, batch, pos_local_S, ·).
+// attention_module_forward(ctx, opt, w, x_TD, batch, pos_local_S, ·).
 // Returns y_TD [B·S/cp, D]. Saves the gathered K and V (2·B·S·Hkv·hd floats,
 // the Llama-3 choice: no second gather in backward).
-Tensor cp_attention_forward(const AttentionOptions& opt, const AttentionWeights& w, const Tensor& x_TD,
-                            int64_t batch, const Tensor& pos_local_S, comm::Communicator* cp,
+Tensor cp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
+                            const Tensor& x_TD, int64_t batch, const Tensor& pos_local_S, comm::Communicator* cp,
                             CpAttentionSaved& saved);
 // dy_TD: [B·S/cp, D]. Returns dx_TD [B·S/cp, D] (complete); accumulates this
 // rank's partial weight gradients into `grad` (sum them over cp, see above).
 // cp must be the group forward used; size > 1 runs one reduce_scatter of the
 // packed dK, dV (recv 2·B·(S/cp)·Hkv·hd floats). Null or size 1: bitwise
 // attention_module_backward.
-Tensor cp_attention_backward(const AttentionOptions& opt, const AttentionWeights& w, const CpAttentionSaved& saved,
-                             const Tensor& dy_TD, comm::Communicator* cp, AttentionWeights& grad);
+Tensor cp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
+                             const CpAttentionSaved& saved, const Tensor& dy_TD, comm::Communicator* cp,
+                             AttentionWeights& grad);
 
 }  // namespace origami::dense

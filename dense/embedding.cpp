@@ -6,14 +6,14 @@
 
 namespace origami::dense {
 
-Tensor embedding_module_forward(const Tensor& ids_T, const Tensor& table_VD) {
+Tensor embedding_module_forward(const ExecContext& ctx, const Tensor& ids_T, const Tensor& table_VD) {
   Tensor x = Tensor::empty({ids_T.numel(), table_VD.cols()}, DType::f32, MemCategory::activation);
-  embedding_forward(ids_T, table_VD, /*vocab_start=*/0, x);
+  embedding_forward(ctx, ids_T, table_VD, /*vocab_start=*/0, x);
   return x;
 }
 
-void embedding_module_backward(const Tensor& ids_T, const Tensor& dx_TD, Tensor& dtable_VD) {
-  embedding_backward(ids_T, dx_TD, /*vocab_start=*/0, dtable_VD);
+void embedding_module_backward(const ExecContext& ctx, const Tensor& ids_T, const Tensor& dx_TD, Tensor& dtable_VD) {
+  embedding_backward(ctx, ids_T, dx_TD, /*vocab_start=*/0, dtable_VD);
 }
 
 }  // namespace origami::dense

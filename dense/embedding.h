@@ -1,12 +1,13 @@
 // Token embedding module: rows of the (vocab-sharded) table gathered by id;
 // backward scatter-adds into the table's gradient.
 #pragma once
+#include "kernels/context.h"
 #include "kernels/tensor.h"
 
 namespace origami::dense {
 
 // ids_T: i32 [T]; table_VD: [V, D]. Returns x_TD [T, D] (activation).
-Tensor embedding_module_forward(const Tensor& ids_T, const Tensor& table_VD);
-void embedding_module_backward(const Tensor& ids_T, const Tensor& dx_TD, Tensor& dtable_VD);
+Tensor embedding_module_forward(const ExecContext& ctx, const Tensor& ids_T, const Tensor& table_VD);
+void embedding_module_backward(const ExecContext& ctx, const Tensor& ids_T, const Tensor& dx_TD, Tensor& dtable_VD);
 
 }  // namespace origami::dense

@@ -7,27 +7,28 @@
 
 namespace origami::dense {
 
-double lm_head_forward(const Tensor& w_VD, const Tensor& y_TD, const Tensor& targets_T, LmHeadSaved& saved,
-                       Tensor* loss_T) {
+double lm_head_forward(const ExecContext& ctx, const Tensor& w_VD, const Tensor& y_TD, const Tensor& targets_T,
+                       LmHeadSaved& saved, Tensor* loss_T) {
   const int64_t T = y_TD.rows(), V = w_VD.rows();
   saved.y_TD = y_TD;
   saved.targets_T = targets_T;
   saved.logits_TV = Tensor::empty({T, V}, DType::f32, MemCategory::activation);
   saved.lse_T = Tensor::empty({T}, DType::f32, MemCategory::activation);
-  gemm(y_TD, Trans::no, w_VD, Trans::yes, saved.logits_TV);  // (T, V)
+  gemm(ctx, y_TD, Trans::no, w_VD, Trans::yes, saved.logits_TV);  // (T, V)
   Tensor losses = Tensor::empty({T}, DType::f32, MemCategory::activation);
-  cross_entropy_forward(saved.logits_TV, targets_T, losses, saved.lse_T);
+  cross_entropy_forward(ctx, saved.logits_TV, targets_T, losses, saved.lse_T);
   if (loss_T) *loss_T = losses;
-  return sum(losses);
+  return sum(ctx, losses);
 }
 
-Tensor lm_head_backward(const Tensor& w_VD, LmHeadSaved& saved, float grad_scale, Tensor& dw_VD) {
+Tensor lm_head_backward(const ExecContext& ctx, const Tensor& w_VD, LmHeadSaved& saved, float grad_scale,
+                        Tensor& dw_VD) {
   const int64_t T = saved.y_TD.rows(), D = saved.y_TD.cols();
   Tensor& dlogits = saved.logits_TV;  // in place: the logits are not needed again
-  cross_entropy_backward(saved.logits_TV, saved.targets_T, saved.lse_T, grad_scale, dlogits);
-  gemm(dlogits, Trans::yes, saved.y_TD, Trans::no, dw_VD, 1.0f, 1.0f);  // (V, D)
+  cross_entropy_backward(ctx, saved.logits_TV, saved.targets_T, saved.lse_T, grad_scale, dlogits);
+  gemm(ctx, dlogits, Trans::yes, saved.y_TD, Trans::no, dw_VD, 1.0f, 1.0f);  // (V, D)
   Tensor dy = Tensor::empty({T, D}, DType::f32, MemCategory::activation);
-  gemm(dlogits, Trans::no, w_VD, Trans::no, dy);  // (T, D)
+  gemm(ctx, dlogits, Trans::no, w_VD, Trans::no, dy);  // (T, D)
   saved.logits_TV = Tensor();
   return dy;
 }

@@ -3,6 +3,7 @@
 // over tokens; the caller scales gradients by 1 / (global token count), which
 // keeps loss normalization independent of the layout (ARCHITECTURE.md §6).
 #pragma once
+#include "kernels/context.h"
 #include "kernels/tensor.h"
 
 namespace origami::dense {
@@ -15,9 +16,10 @@ struct LmHeadSaved {
 };
 
 // Returns Σ_t loss_t (fp64 accumulation); per-token losses into loss_T if defined.
-double lm_head_forward(const Tensor& w_VD, const Tensor& y_TD, const Tensor& targets_T, LmHeadSaved& saved,
-                       Tensor* loss_T = nullptr);
+double lm_head_forward(const ExecContext& ctx, const Tensor& w_VD, const Tensor& y_TD, const Tensor& targets_T,
+                       LmHeadSaved& saved, Tensor* loss_T = nullptr);
 // d(grad_scale · Σ loss)/dy; accumulates dW. Consumes saved.logits_TV.
-Tensor lm_head_backward(const Tensor& w_VD, LmHeadSaved& saved, float grad_scale, Tensor& dw_VD);
+Tensor lm_head_backward(const ExecContext& ctx, const Tensor& w_VD, LmHeadSaved& saved, float grad_scale,
+                        Tensor& dw_VD);
 
 }  // namespace origami::dense

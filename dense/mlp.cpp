@@ -10,32 +10,33 @@ namespace {
 Tensor activation(Shape shape) { return Tensor::empty(std::move(shape), DType::f32, MemCategory::activation); }
 }  // namespace
 
-Tensor mlp_module_forward(const MlpWeights& w, const Tensor& x_TD, MlpSaved& saved) {
+Tensor mlp_module_forward(const ExecContext& ctx, const MlpWeights& w, const Tensor& x_TD, MlpSaved& saved) {
   const int64_t T = x_TD.rows(), D = x_TD.cols(), F = w.gate.rows();
   saved.x_TD = x_TD;
   saved.gate_TF = activation({T, F});
   saved.up_TF = activation({T, F});
   saved.h_TF = activation({T, F});
-  gemm(x_TD, Trans::no, w.gate, Trans::yes, saved.gate_TF);
-  gemm(x_TD, Trans::no, w.up, Trans::yes, saved.up_TF);
-  swiglu_forward(saved.gate_TF, saved.up_TF, saved.h_TF);
+  gemm(ctx, x_TD, Trans::no, w.gate, Trans::yes, saved.gate_TF);
+  gemm(ctx, x_TD, Trans::no, w.up, Trans::yes, saved.up_TF);
+  swiglu_forward(ctx, saved.gate_TF, saved.up_TF, saved.h_TF);
   Tensor y = activation({T, D});
-  gemm(saved.h_TF, Trans::no, w.down, Trans::yes, y);
+  gemm(ctx, saved.h_TF, Trans::no, w.down, Trans::yes, y);
   return y;
 }
 
-Tensor mlp_module_backward(const MlpWeights& w, const MlpSaved& saved, const Tensor& dy_TD, MlpWeights& grad) {
+Tensor mlp_module_backward(const ExecContext& ctx, const MlpWeights& w, const MlpSaved& saved, const Tensor& dy_TD,
+                           MlpWeights& grad) {
   const int64_t T = saved.x_TD.rows(), D = saved.x_TD.cols(), F = w.gate.rows();
   Tensor dh = activation({T, F});
-  gemm(dy_TD, Trans::no, w.down, Trans::no, dh);                         // (T, F)
-  gemm(dy_TD, Trans::yes, saved.h_TF, Trans::no, grad.down, 1.0f, 1.0f);  // (D, F)
+  gemm(ctx, dy_TD, Trans::no, w.down, Trans::no, dh);                          // (T, F)
+  gemm(ctx, dy_TD, Trans::yes, saved.h_TF, Trans::no, grad.down, 1.0f, 1.0f);  // (D, F)
   Tensor dgate = activation({T, F}), dup = activation({T, F});
-  swiglu_backward(dh, saved.gate_TF, saved.up_TF, dgate, dup);
-  gemm(dgate, Trans::yes, saved.x_TD, Trans::no, grad.gate, 1.0f, 1.0f);  // (F, D)
-  gemm(dup, Trans::yes, saved.x_TD, Trans::no, grad.up, 1.0f, 1.0f);      // (F, D)
+  swiglu_backward(ctx, dh, saved.gate_TF, saved.up_TF, dgate, dup);
+  gemm(ctx, dgate, Trans::yes, saved.x_TD, Trans::no, grad.gate, 1.0f, 1.0f);  // (F, D)
+  gemm(ctx, dup, Trans::yes, saved.x_TD, Trans::no, grad.up, 1.0f, 1.0f);      // (F, D)
   Tensor dx = activation({T, D});
-  gemm(dgate, Trans::no, w.gate, Trans::no, dx);
-  gemm(dup, Trans::no, w.up, Trans::no, dx, 1.0f, 1.0f);
+  gemm(ctx, dgate, Trans::no, w.gate, Trans::no, dx);
+  gemm(ctx, dup, Trans::no, w.up, Trans::no, dx, 1.0f, 1.0f);
   return dx;
 }
 

@@ -2,6 +2,7 @@
 // The expert MLPs of moe/ are the same math over token groups; this module
 // is the dense layer's.
 #pragma once
+#include "kernels/context.h"
 #include "kernels/tensor.h"
 
 namespace origami::dense {
@@ -19,8 +20,9 @@ struct MlpSaved {
   Tensor h_TF;     // silu(gate) ⊙ up, [T, F]
 };
 
-Tensor mlp_module_forward(const MlpWeights& w, const Tensor& x_TD, MlpSaved& saved);
+Tensor mlp_module_forward(const ExecContext& ctx, const MlpWeights& w, const Tensor& x_TD, MlpSaved& saved);
 // Returns dx_TD; accumulates into `grad`.
-Tensor mlp_module_backward(const MlpWeights& w, const MlpSaved& saved, const Tensor& dy_TD, MlpWeights& grad);
+Tensor mlp_module_backward(const ExecContext& ctx, const MlpWeights& w, const MlpSaved& saved, const Tensor& dy_TD,
+                           MlpWeights& grad);
 
 }  // namespace origami::dense

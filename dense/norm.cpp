@@ -5,20 +5,22 @@
 
 namespace origami::dense {
 
-Tensor rmsnorm_module_forward(const Tensor& x_TD, const Tensor& w_D, float eps, RmsNormSaved& saved) {
+Tensor rmsnorm_module_forward(const ExecContext& ctx, const Tensor& x_TD, const Tensor& w_D, float eps,
+                              RmsNormSaved& saved) {
   const int64_t T = x_TD.rows(), D = x_TD.cols();
   Tensor y = Tensor::empty({T, D}, DType::f32, MemCategory::activation);
   saved.x_TD = x_TD.view({T, D});
   saved.rstd_T = Tensor::empty({T}, DType::f32, MemCategory::activation);
-  rmsnorm_forward(saved.x_TD, w_D, eps, y, saved.rstd_T);
+  rmsnorm_forward(ctx, saved.x_TD, w_D, eps, y, saved.rstd_T);
   return y;
 }
 
-Tensor rmsnorm_module_backward(const Tensor& dy_TD, const Tensor& w_D, const RmsNormSaved& saved, Tensor& dw_D) {
+Tensor rmsnorm_module_backward(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& w_D,
+                               const RmsNormSaved& saved, Tensor& dw_D) {
   const int64_t T = saved.x_TD.rows(), D = saved.x_TD.cols();
   Tensor dx = Tensor::empty({T, D}, DType::f32, MemCategory::activation);
-  Tensor ws = Tensor::empty({rmsnorm_backward_workspace(T, D)}, DType::f32, MemCategory::workspace);
-  rmsnorm_backward(dy_TD.view({T, D}), saved.x_TD, w_D, saved.rstd_T, dx, dw_D, ws);
+  Tensor ws = ctx.workspace(rmsnorm_backward_workspace_bytes(ctx, T, D));
+  rmsnorm_backward(ctx, dy_TD.view({T, D}), saved.x_TD, w_D, saved.rstd_T, dx, dw_D, ws);
   return dx;
 }
 

@@ -1,6 +1,7 @@
 // RMSNorm module: forward/backward around the rmsnorm kernel with its saved
 // activations (the input and the per-token reciprocal RMS).
 #pragma once
+#include "kernels/context.h"
 #include "kernels/tensor.h"
 
 namespace origami::dense {
@@ -11,8 +12,10 @@ struct RmsNormSaved {
 };
 
 // y_TD is allocated here ([T, D], activation).
-Tensor rmsnorm_module_forward(const Tensor& x_TD, const Tensor& w_D, float eps, RmsNormSaved& saved);
+Tensor rmsnorm_module_forward(const ExecContext& ctx, const Tensor& x_TD, const Tensor& w_D, float eps,
+                              RmsNormSaved& saved);
 // Returns dx_TD; accumulates dw_D.
-Tensor rmsnorm_module_backward(const Tensor& dy_TD, const Tensor& w_D, const RmsNormSaved& saved, Tensor& dw_D);
+Tensor rmsnorm_module_backward(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& w_D,
+                               const RmsNormSaved& saved, Tensor& dw_D);
 
 }  // namespace origami::dense

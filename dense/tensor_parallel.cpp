@@ -96,9 +96,10 @@ void tp_all_reduce_replicated_grad(Tensor& grad, comm::Communicator* tp) {
 
 // ---- attention ----------------------------------------------------------------------------------
 
-Tensor tp_attention_forward(const AttentionOptions& opt, const AttentionWeights& w_local, const Tensor& x_shard_TD,
-                            int64_t batch, const Tensor& pos_S, comm::Communicator* tp, AttentionSaved& saved) {
-  if (single(tp)) return attention_module_forward(opt, w_local, x_shard_TD, batch, pos_S, saved);
+Tensor tp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w_local,
+                            const Tensor& x_shard_TD, int64_t batch, const Tensor& pos_S, comm::Communicator* tp,
+                            AttentionSaved& saved) {
+  if (single(tp)) return attention_module_forward(ctx, opt, w_local, x_shard_TD, batch, pos_S, saved);
   const TpAttentionShard s = tp_attention_shard(opt, tp);
   const int64_t D = x_shard_TD.cols();
   check_matrix(w_local.wq, s.q_rows.count, D, "tp attention: local wq");
@@ -106,67 +107,69 @@ Tensor tp_attention_forward(const AttentionOptions& opt, const AttentionWeights&
   check_matrix(w_local.wv, s.kv_rows.count, D, "tp attention: local wv");
   check_matrix(w_local.wo, D, s.q_rows.count, "tp attention: local wo");
   const Tensor x_TD = tp_all_gather_tokens(x_shard_TD, tp);                                  // (T, D), saved
-  const Tensor y_partial = attention_module_forward(s.local, w_local, x_TD, batch, pos_S, saved);  // (T, D)
+  const Tensor y_partial = attention_module_forward(ctx, s.local, w_local, x_TD, batch, pos_S, saved);  // (T, D)
   return tp_reduce_scatter_tokens(y_partial, tp);                                            // (T/n, D)
 }
 
-Tensor tp_attention_backward(const AttentionOptions& opt, const AttentionWeights& w_local,
+Tensor tp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w_local,
                              const AttentionSaved& saved, const Tensor& dy_shard_TD, comm::Communicator* tp,
                              AttentionWeights& grad_local) {
-  if (single(tp)) return attention_module_backward(opt, w_local, saved, dy_shard_TD, grad_local);
+  if (single(tp)) return attention_module_backward(ctx, opt, w_local, saved, dy_shard_TD, grad_local);
   const TpAttentionShard s = tp_attention_shard(opt, tp);
   const Tensor dy_TD = tp_all_gather_tokens(dy_shard_TD, tp);                                   // (T, D)
-  const Tensor dx_partial = attention_module_backward(s.local, w_local, saved, dy_TD, grad_local);  // (T, D)
+  const Tensor dx_partial = attention_module_backward(ctx, s.local, w_local, saved, dy_TD, grad_local);  // (T, D)
   return tp_reduce_scatter_tokens(dx_partial, tp);                                              // (T/n, D)
 }
 
 // ---- dense SwiGLU MLP ---------------------------------------------------------------------------
 
-Tensor tp_mlp_forward(const MlpWeights& w_local, const Tensor& x_shard_TD, comm::Communicator* tp, MlpSaved& saved) {
-  if (single(tp)) return mlp_module_forward(w_local, x_shard_TD, saved);
+Tensor tp_mlp_forward(const ExecContext& ctx, const MlpWeights& w_local, const Tensor& x_shard_TD,
+                      comm::Communicator* tp, MlpSaved& saved) {
+  if (single(tp)) return mlp_module_forward(ctx, w_local, x_shard_TD, saved);
   const int64_t D = x_shard_TD.cols(), F_local = w_local.gate.rows();
   check_matrix(w_local.gate, F_local, D, "tp mlp: local gate");
   check_matrix(w_local.up, F_local, D, "tp mlp: local up");
   check_matrix(w_local.down, D, F_local, "tp mlp: local down");
   const Tensor x_TD = tp_all_gather_tokens(x_shard_TD, tp);             // (T, D), saved
-  const Tensor y_partial = mlp_module_forward(w_local, x_TD, saved);    // (T, D)
+  const Tensor y_partial = mlp_module_forward(ctx, w_local, x_TD, saved);  // (T, D)
   return tp_reduce_scatter_tokens(y_partial, tp);                       // (T/n, D)
 }
 
-Tensor tp_mlp_backward(const MlpWeights& w_local, const MlpSaved& saved, const Tensor& dy_shard_TD,
-                       comm::Communicator* tp, MlpWeights& grad_local) {
-  if (single(tp)) return mlp_module_backward(w_local, saved, dy_shard_TD, grad_local);
+Tensor tp_mlp_backward(const ExecContext& ctx, const MlpWeights& w_local, const MlpSaved& saved,
+                       const Tensor& dy_shard_TD, comm::Communicator* tp, MlpWeights& grad_local) {
+  if (single(tp)) return mlp_module_backward(ctx, w_local, saved, dy_shard_TD, grad_local);
   const Tensor dy_TD = tp_all_gather_tokens(dy_shard_TD, tp);                       // (T, D)
-  const Tensor dx_partial = mlp_module_backward(w_local, saved, dy_TD, grad_local);  // (T, D)
+  const Tensor dx_partial = mlp_module_backward(ctx, w_local, saved, dy_TD, grad_local);  // (T, D)
   return tp_reduce_scatter_tokens(dx_partial, tp);                                  // (T/n, D)
 }
 
 // ---- vocab-parallel embedding -------------------------------------------------------------------
 
-Tensor tp_embedding_forward(const Tensor& ids_T, const Tensor& table_local, int64_t vocab, comm::Communicator* tp) {
+Tensor tp_embedding_forward(const ExecContext& ctx, const Tensor& ids_T, const Tensor& table_local, int64_t vocab,
+                            comm::Communicator* tp) {
   const TpRange v = tp_vocab_range(vocab, tp);
   ORIGAMI_CHECK(table_local.dim() == 2 && table_local.rows() == v.count, "tp embedding: local table ",
                 shape_string(table_local.shape()), " should hold ", v.count, " rows (vocab ", vocab, ", tp rank ",
                 tp_rank(tp), " of ", tp_size(tp), ")");
   tp_token_range(ids_T.numel(), tp);  // checks T % n
   Tensor partial = activation({ids_T.numel(), table_local.cols()});  // (T, D): zero rows for ids not owned
-  embedding_forward(ids_T, table_local, v.start, partial);
+  embedding_forward(ctx, ids_T, table_local, v.start, partial);
   return tp_reduce_scatter_tokens(partial, tp);  // (T/n, D)
 }
 
-void tp_embedding_backward(const Tensor& ids_T, const Tensor& dx_shard_TD, int64_t vocab, comm::Communicator* tp,
-                           Tensor& dtable_local) {
+void tp_embedding_backward(const ExecContext& ctx, const Tensor& ids_T, const Tensor& dx_shard_TD, int64_t vocab,
+                           comm::Communicator* tp, Tensor& dtable_local) {
   const TpRange v = tp_vocab_range(vocab, tp);
   ORIGAMI_CHECK(dtable_local.dim() == 2 && dtable_local.rows() == v.count, "tp embedding: local table gradient ",
                 shape_string(dtable_local.shape()), " should hold ", v.count, " rows");
   const Tensor dx_TD = tp_all_gather_tokens(dx_shard_TD, tp);  // (T, D)
-  embedding_backward(ids_T, dx_TD, v.start, dtable_local);
+  embedding_backward(ctx, ids_T, dx_TD, v.start, dtable_local);
 }
 
 // ---- vocab-parallel LM head + cross-entropy -----------------------------------------------------
 
-double tp_lm_head_forward(const Tensor& w_local, int64_t vocab, const Tensor& y_shard_TD, const Tensor& targets_T,
-                          comm::Communicator* tp, TpLmHeadSaved& saved, Tensor* loss_T) {
+double tp_lm_head_forward(const ExecContext& ctx, const Tensor& w_local, int64_t vocab, const Tensor& y_shard_TD,
+                          const Tensor& targets_T, comm::Communicator* tp, TpLmHeadSaved& saved, Tensor* loss_T) {
   const TpRange v = tp_vocab_range(vocab, tp);
   check_matrix(w_local, v.count, y_shard_TD.cols(), "tp lm head: local head weight");
   saved.y_TD = tp_all_gather_tokens(y_shard_TD, tp);  // (T, D)
@@ -177,70 +180,43 @@ double tp_lm_head_forward(const Tensor& w_local, int64_t vocab, const Tensor& y_
   saved.vocab_start = v.start;
   saved.logits_TV = activation({T, Vr});
   saved.lse_T = activation({T});
-  gemm(saved.y_TD, Trans::no, w_local, Trans::yes, saved.logits_TV);  // (T, V_r)
+  gemm(ctx, saved.y_TD, Trans::no, w_local, Trans::yes, saved.logits_TV);  // (T, V_r)
   Tensor losses = activation({T});
 
   if (single(tp)) {
     // The whole vocabulary is here: the single-rank kernel, bitwise as lm_head_forward.
-    cross_entropy_forward(saved.logits_TV, targets_T, losses, saved.lse_T);
+    cross_entropy_forward(ctx, saved.logits_TV, targets_T, losses, saved.lse_T);
   } else {
-    const float* logits = saved.logits_TV.f32();
-    const int32_t* targets = targets_T.i32();
-    // Per-token max over the local columns (−inf on a rank without vocab rows), then MAX over tp.
-    std::vector<float> mx(static_cast<size_t>(T), -std::numeric_limits<float>::infinity());
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < Vr; ++i) mx[t] = std::max(mx[t], logits[t * Vr + i]);
-    tp->all_reduce(std::span<float>(mx), comm::ReduceOp::max);
-    // [Σ_i exp(logit − max) over local columns | target logit or 0], SUM over tp in fp64.
-    std::vector<double> sums(static_cast<size_t>(2 * T), 0.0);
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
-      const int32_t y = targets[t];
-      ORIGAMI_CHECK(y >= 0 && y < vocab, "cross-entropy target ", y, " of token ", t, " is outside [0, ", vocab, ")");
-      const float* x = logits + t * Vr;
-      double se = 0.0;
-      for (int64_t i = 0; i < Vr; ++i) se += std::exp(static_cast<double>(x[i] - mx[t]));
-      sums[t] = se;
-      const int64_t local = y - v.start;
-      if (local >= 0 && local < Vr) sums[T + t] = x[local];
-    }
-    tp->all_reduce(std::span<double>(sums));
-    float* lse = saved.lse_T.f32();
-    float* loss = losses.f32();
-    for (int64_t t = 0; t < T; ++t) {
-      const double l = static_cast<double>(mx[t]) + std::log(sums[t]);
-      lse[t] = static_cast<float>(l);
-      loss[t] = static_cast<float>(l - sums[T + t]);
-    }
+    // Per-token max over the local columns (−inf on a rank without vocab
+    // rows), MAX over tp; then [Σ exp(logit − max) | target logit or 0] in
+    // fp64, SUM over tp; then the log-sum-exp and loss of every token.
+    Tensor mx = Tensor::empty({T}, DType::f32, MemCategory::comm);
+    cross_entropy_local_max(ctx, saved.logits_TV, mx);
+    tp->all_reduce(std::span<float>(mx.f32(), static_cast<size_t>(T)), comm::ReduceOp::max);
+    Tensor sums = Tensor::empty({2, T}, DType::f64, MemCategory::comm);
+    cross_entropy_local_sums(ctx, saved.logits_TV, targets_T, mx, v.start, vocab, sums);
+    tp->all_reduce(std::span<double>(sums.data<double>(), static_cast<size_t>(2 * T)));
+    cross_entropy_finish(ctx, mx, sums, losses, saved.lse_T);
   }
   if (loss_T) *loss_T = losses;
-  return sum(losses);
+  return sum(ctx, losses);
 }
 
-Tensor tp_lm_head_backward(const Tensor& w_local, TpLmHeadSaved& saved, float grad_scale, comm::Communicator* tp,
-                           Tensor& dw_local) {
-  const int64_t T = saved.y_TD.rows(), D = saved.y_TD.cols(), Vr = saved.logits_TV.cols();
+Tensor tp_lm_head_backward(const ExecContext& ctx, const Tensor& w_local, TpLmHeadSaved& saved, float grad_scale,
+                           comm::Communicator* tp, Tensor& dw_local) {
+  const int64_t T = saved.y_TD.rows(), D = saved.y_TD.cols();
   Tensor& dlogits = saved.logits_TV;  // in place: the logits are not needed again
   if (single(tp)) {
-    cross_entropy_backward(saved.logits_TV, saved.targets_T, saved.lse_T, grad_scale, dlogits);
+    cross_entropy_backward(ctx, saved.logits_TV, saved.targets_T, saved.lse_T, grad_scale, dlogits);
   } else {
     // dlogits = (softmax − onehot(target)) · scale on the local columns; the
     // one-hot lands only on the rank that owns the target.
-    float* d = dlogits.f32();
-    const float* lse = saved.lse_T.f32();
-    const int32_t* targets = saved.targets_T.i32();
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
-      float* row = d + t * Vr;
-      for (int64_t i = 0; i < Vr; ++i) row[i] = std::exp(row[i] - lse[t]) * grad_scale;
-      const int64_t local = targets[t] - saved.vocab_start;
-      if (local >= 0 && local < Vr) row[local] -= grad_scale;
-    }
+    cross_entropy_local_backward(ctx, saved.logits_TV, saved.targets_T, saved.lse_T, saved.vocab_start, grad_scale,
+                                 dlogits);
   }
-  gemm(dlogits, Trans::yes, saved.y_TD, Trans::no, dw_local, 1.0f, 1.0f);  // (V_r, D)
+  gemm(ctx, dlogits, Trans::yes, saved.y_TD, Trans::no, dw_local, 1.0f, 1.0f);  // (V_r, D)
   Tensor dy_partial = activation({T, D});
-  gemm(dlogits, Trans::no, w_local, Trans::no, dy_partial);  // (T, D): this rank's vocab columns only
+  gemm(ctx, dlogits, Trans::no, w_local, Trans::no, dy_partial);  // (T, D): this rank's vocab columns only
   saved.logits_TV = Tensor();
   return tp_reduce_scatter_tokens(dy_partial, tp);  // (T/n, D)
 }

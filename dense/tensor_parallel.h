@@ -56,6 +56,7 @@
 #include "dense/attention.h"
 #include "dense/lm_head.h"
 #include "dense/mlp.h"
+#include "kernels/context.h"
 #include "kernels/tensor.h"
 
 namespace origami::dense {
@@ -96,30 +97,32 @@ void tp_all_reduce_replicated_grad(Tensor& grad, comm::Communicator* tp);
 // [T/n, D] with T = batch·S; pos_S: i32 [S] global positions (the same on
 // every tp rank). Returns y_shard [T/n, D]. saved.x_TD is the gathered [T, D]
 // input; saved.dims holds the local head counts.
-Tensor tp_attention_forward(const AttentionOptions& opt, const AttentionWeights& w_local, const Tensor& x_shard_TD,
-                            int64_t batch, const Tensor& pos_S, comm::Communicator* tp, AttentionSaved& saved);
+Tensor tp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w_local,
+                            const Tensor& x_shard_TD, int64_t batch, const Tensor& pos_S, comm::Communicator* tp,
+                            AttentionSaved& saved);
 // dy_shard_TD: [T/n, D]. Returns dx_shard [T/n, D]; accumulates into the
 // local gradient slices grad_local (shaped like w_local).
-Tensor tp_attention_backward(const AttentionOptions& opt, const AttentionWeights& w_local,
+Tensor tp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w_local,
                              const AttentionSaved& saved, const Tensor& dy_shard_TD, comm::Communicator* tp,
                              AttentionWeights& grad_local);
 
 // ---- dense SwiGLU MLP ---------------------------------------------------------------------------
 // w_local: gate, up [F/n, D], down [D, F/n]. x_shard_TD: [T/n, D].
 // Returns y_shard [T/n, D]; saved.x_TD is the gathered [T, D] input.
-Tensor tp_mlp_forward(const MlpWeights& w_local, const Tensor& x_shard_TD, comm::Communicator* tp, MlpSaved& saved);
-Tensor tp_mlp_backward(const MlpWeights& w_local, const MlpSaved& saved, const Tensor& dy_shard_TD,
-                       comm::Communicator* tp, MlpWeights& grad_local);
+Tensor tp_mlp_forward(const ExecContext& ctx, const MlpWeights& w_local, const Tensor& x_shard_TD,
+                      comm::Communicator* tp, MlpSaved& saved);
+Tensor tp_mlp_backward(const ExecContext& ctx, const MlpWeights& w_local, const MlpSaved& saved,
+                       const Tensor& dy_shard_TD, comm::Communicator* tp, MlpWeights& grad_local);
 
 // ---- vocab-parallel embedding -------------------------------------------------------------------
 // ids_T: i32 [T], ALL tokens of the micro-batch (replicated over tp);
 // table_local: this rank's rows of the [vocab, D] table (tp_vocab_range).
 // Returns x_shard [T/n, D].
-Tensor tp_embedding_forward(const Tensor& ids_T, const Tensor& table_local, int64_t vocab,
+Tensor tp_embedding_forward(const ExecContext& ctx, const Tensor& ids_T, const Tensor& table_local, int64_t vocab,
                             comm::Communicator* tp);
 // dx_shard_TD: [T/n, D]; dtable_local += the scatter of the gathered rows.
-void tp_embedding_backward(const Tensor& ids_T, const Tensor& dx_shard_TD, int64_t vocab, comm::Communicator* tp,
-                           Tensor& dtable_local);
+void tp_embedding_backward(const ExecContext& ctx, const Tensor& ids_T, const Tensor& dx_shard_TD, int64_t vocab,
+                           comm::Communicator* tp, Tensor& dtable_local);
 
 // ---- vocab-parallel LM head + cross-entropy -----------------------------------------------------
 struct TpLmHeadSaved {
@@ -133,11 +136,12 @@ struct TpLmHeadSaved {
 // w_local: this rank's head rows [V_r, D]; y_shard_TD: [T/n, D]; targets_T:
 // i32 [T] in [0, vocab). Returns Σ_t loss_t over all T tokens (fp64), the
 // same on every tp rank; per-token losses [T] into loss_T if given.
-double tp_lm_head_forward(const Tensor& w_local, int64_t vocab, const Tensor& y_shard_TD, const Tensor& targets_T,
-                          comm::Communicator* tp, TpLmHeadSaved& saved, Tensor* loss_T = nullptr);
+double tp_lm_head_forward(const ExecContext& ctx, const Tensor& w_local, int64_t vocab, const Tensor& y_shard_TD,
+                          const Tensor& targets_T, comm::Communicator* tp, TpLmHeadSaved& saved,
+                          Tensor* loss_T = nullptr);
 // d(grad_scale · Σ loss)/dy for this rank's rows: returns dy_shard [T/n, D];
 // accumulates dw_local [V_r, D]. Consumes saved.logits_TV.
-Tensor tp_lm_head_backward(const Tensor& w_local, TpLmHeadSaved& saved, float grad_scale, comm::Communicator* tp,
-                           Tensor& dw_local);
+Tensor tp_lm_head_backward(const ExecContext& ctx, const Tensor& w_local, TpLmHeadSaved& saved, float grad_scale,
+                           comm::Communicator* tp, Tensor& dw_local);
 
 }  // namespace origami::dense

@@ -26,16 +26,27 @@ nlohmann::ordered_json to_json(const MoeLayerRecord& r) {
           {"max_over_mean", mean_load > 0 ? static_cast<double>(max_load) / mean_load : 0.0}};
 }
 
-nlohmann::ordered_json to_json(const StepMetrics& m) {
+namespace {
+nlohmann::ordered_json ledger_json(const LedgerSnapshot& s) {
   nlohmann::ordered_json mem;
   for (int c = 0; c < kNumMemCategories; ++c) {
-    mem[std::string(to_string(static_cast<MemCategory>(c)))] = m.mem.peak[c];
+    mem[std::string(to_string(static_cast<MemCategory>(c)))] = s.peak[c];
   }
-  mem["total"] = m.mem.peak_total;
+  mem["total"] = s.peak_total;
   // State that outlives the step (ZeRO shards or whole units), ARCHITECTURE.md §6.
-  mem["persistent"] = {{"param", m.mem.current[static_cast<int>(MemCategory::param)]},
-                       {"grad", m.mem.current[static_cast<int>(MemCategory::grad)]},
-                       {"optim", m.mem.current[static_cast<int>(MemCategory::optim)]}};
+  mem["persistent"] = {{"param", s.current[static_cast<int>(MemCategory::param)]},
+                       {"grad", s.current[static_cast<int>(MemCategory::grad)]},
+                       {"optim", s.current[static_cast<int>(MemCategory::optim)]}};
+  return mem;
+}
+}  // namespace
+
+nlohmann::ordered_json to_json(const StepMetrics& m) {
+  nlohmann::ordered_json mem = ledger_json(m.mem);
+  if (!m.mem_device.is_host()) {
+    mem["device"] = to_string(m.mem_device);
+    if (m.host_mem) mem["host"] = ledger_json(*m.host_mem);
+  }
   nlohmann::ordered_json j = {{"step", m.step},         {"lm_loss", m.lm_loss},   {"grad_norm", m.grad_norm},
                               {"lr", m.lr},             {"tokens", m.tokens},     {"step_time_s", m.step_time_s},
                               {"tokens_per_s", m.tokens_per_s}, {"gflops", m.gflops}, {"mem", mem}};

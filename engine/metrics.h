@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,7 +22,12 @@ struct StepMetrics {
   std::vector<MoeLayerRecord> moe;    // per MoE layer, summed over the step's micro-batches
   double step_time_s = 0, tokens_per_s = 0, gflops = 0;  // achieved GFLOP/s on this rank
   int64_t tokens = 0;
-  LedgerSnapshot mem;  // peaks over the step; `current` at its end (the persistent state)
+  // The compute device's ledger: peaks over the step; `current` at its end
+  // (the persistent state). On a CUDA run also the host's, whose bytes
+  // (staging, host metadata) differ.
+  LedgerSnapshot mem;
+  Device mem_device;
+  std::optional<LedgerSnapshot> host_mem;
   // Bytes this rank sent per group during the step (comm/communicator.h's
   // ring convention), for groups of more than one rank, by group name.
   std::vector<std::pair<std::string, int64_t>> comm_bytes;

@@ -64,9 +64,9 @@ double ForwardStats::z_loss() const {
   return s;
 }
 
-Model::Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe_cfg, const comm::Groups* groups,
-             int zero_stage, const std::vector<int64_t>& pp_layers)
-    : cfg_(cfg), moe_cfg_(moe_cfg) {
+Model::Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe_cfg,
+             const comm::Groups* groups, int zero_stage, const std::vector<int64_t>& pp_layers)
+    : ctx_(&ctx), cfg_(cfg), moe_cfg_(moe_cfg) {
   const int64_t D = cfg.hidden_size, V = cfg.vocab_size, F = cfg.ffn_hidden_size, hd = cfg.head_dim();
   const int64_t Hq = cfg.num_heads, Hkv = cfg.num_kv_heads;
   const int64_t E = moe_cfg.num_experts, Fe = moe_cfg.expert_ffn(F), Fs = moe_cfg.shared_expert_hidden_size;
@@ -158,7 +158,7 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe_cfg, co
     params_.add_param(fin, "lm_head.weight", {vocab.count, D}, InitKind::normal, rows_of(vocab, {V, D}));
   }
   params_.allocate(zero_shard_plan(zero_stage, groups));
-  params_.initialize(seed, static_cast<float>(cfg.init_std), cfg.num_layers);
+  params_.initialize(ctx, seed, static_cast<float>(cfg.init_std), cfg.num_layers);
   layer_unit_.assign(cfg.num_layers, 0);
   expert_unit_.assign(cfg.num_layers, 0);
   for (size_t i = 0; i < params_.units().size(); ++i) {
@@ -288,27 +288,28 @@ struct Hooks {
 
 Tensor Model::layer_forward(int64_t l, const Tensor& h_in, int64_t B, int64_t S, const Tensor& pos_S, LayerSaved& ls,
                             MoeLayerRecord* record) const {
+  const ExecContext& ctx = *ctx_;
   const float eps = static_cast<float>(cfg_.norm_eps);
   LayerWeights w = layer_views(l, /*grads=*/false);
-  Tensor a = dense::rmsnorm_module_forward(h_in, w.attn_norm, eps, ls.attn_norm);
+  Tensor a = dense::rmsnorm_module_forward(ctx, h_in, w.attn_norm, eps, ls.attn_norm);
   // Sequence parallel: gather the tp shards, attend over the local heads
   // (K/V gathered over cp inside), sum the head partials back onto shards.
   const Tensor a_all = dense::tp_all_gather_tokens(a, tp_);  // (T, D)
   Tensor h = dense::tp_reduce_scatter_tokens(
-      dense::cp_attention_forward(local_attn_opt_, w.attn, a_all, B, pos_S, cp_, ls.attn), tp_);  // (T/tp, D)
-  add_inplace(h, h_in);  // residual: h is fresh, h_in stays saved by the norm
-  Tensor m = dense::rmsnorm_module_forward(h, w.mlp_norm, eps, ls.mlp_norm);
+      dense::cp_attention_forward(ctx, local_attn_opt_, w.attn, a_all, B, pos_S, cp_, ls.attn), tp_);  // (T/tp, D)
+  add_inplace(ctx, h, h_in);  // residual: h is fresh, h_in stays saved by the norm
+  Tensor m = dense::rmsnorm_module_forward(ctx, h, w.mlp_norm, eps, ls.mlp_norm);
   Tensor z;
   if (moe_cfg_.is_moe_layer(l)) {
     moe::MoeLayerStats st;
-    z = moe::moe_layer_forward(moe_opt_, w.moe, m, S, ls.moe, st, reduce_stats_, dispatcher_.get());
+    z = moe::moe_layer_forward(ctx, moe_opt_, w.moe, m, S, ls.moe, st, reduce_stats_, dispatcher_.get());
     if (record)
       *record = {l, st.routed_per_expert, st.kept_per_expert, st.tokens_per_ep_rank, st.losses.aux_loss,
                  st.losses.z_loss};
   } else {
-    z = dense::tp_mlp_forward(w.mlp, m, tp_, ls.mlp);
+    z = dense::tp_mlp_forward(ctx, w.mlp, m, tp_, ls.mlp);
   }
-  add_inplace(z, h);
+  add_inplace(ctx, z, h);
   return z;  // the views in w die here, before the caller may free the units
 }
 
@@ -319,6 +320,7 @@ Shape Model::boundary_shape(int64_t batch, int64_t seq_len) const {
 
 double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_T, ForwardStats* stats,
                       UnitHooks* unit_hooks, const Tensor& h_in, Tensor* h_out) const {
+  const ExecContext& ctx = *ctx_;
   const Hooks hooks{unit_hooks};
   const int64_t B = tokens_BS1.size(0), S = tokens_BS1.size(1) - 1, V = cfg_.vocab_size;
   const float eps = static_cast<float>(cfg_.norm_eps);
@@ -334,7 +336,7 @@ double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_
   Tensor h;  // (T/tp, D)
   if (stage_.first()) {
     hooks.before_forward(embedding_unit_);
-    h = dense::tp_embedding_forward(saved.ids_T, params_.param("model.embed_tokens.weight"), V, tp_);
+    h = dense::tp_embedding_forward(ctx, saved.ids_T, params_.param("model.embed_tokens.weight"), V, tp_);
     hooks.after_forward(embedding_unit_);
   } else {
     ORIGAMI_CHECK(h_in.defined() && h_in.shape() == boundary_shape(B, S), "stage ", stage_.index,
@@ -368,22 +370,24 @@ double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_
     return 0.0;
   }
   hooks.before_forward(final_unit_);
-  Tensor y = dense::rmsnorm_module_forward(h, params_.param("model.norm.weight"), eps, saved.final_norm);
+  Tensor y = dense::rmsnorm_module_forward(ctx, h, params_.param("model.norm.weight"), eps, saved.final_norm);
   const double loss =
-      dense::tp_lm_head_forward(params_.param("lm_head.weight"), V, y, own.targets_T, tp_, saved.head, loss_T);
+      dense::tp_lm_head_forward(ctx, params_.param("lm_head.weight"), V, y, own.targets_T, tp_, saved.head, loss_T);
   hooks.after_forward(final_unit_);
   return loss;
 }
 
 Tensor Model::backward(ModelSaved& saved, float lm_grad_scale, float aux_scale, UnitHooks* unit_hooks,
                        Tensor dh_out) {
+  const ExecContext& ctx = *ctx_;
   const Hooks hooks{unit_hooks};
   Tensor dh;
   if (stage_.last()) {
     hooks.before_backward(final_unit_);
     Tensor dnorm_w = params_.grad("model.norm.weight"), dhead_w = params_.grad("lm_head.weight");
-    Tensor dy = dense::tp_lm_head_backward(params_.param("lm_head.weight"), saved.head, lm_grad_scale, tp_, dhead_w);
-    dh = dense::rmsnorm_module_backward(dy, params_.param("model.norm.weight"), saved.final_norm, dnorm_w);
+    Tensor dy =
+        dense::tp_lm_head_backward(ctx, params_.param("lm_head.weight"), saved.head, lm_grad_scale, tp_, dhead_w);
+    dh = dense::rmsnorm_module_backward(ctx, dy, params_.param("model.norm.weight"), saved.final_norm, dnorm_w);
     hooks.after_backward(final_unit_);
   } else {
     ORIGAMI_CHECK(dh_out.defined() && dh_out.shape() == boundary_shape(saved.batch, saved.seq_len), "stage ",
@@ -401,14 +405,14 @@ Tensor Model::backward(ModelSaved& saved, float lm_grad_scale, float aux_scale, 
       layer_forward(l, input, saved.batch, saved.seq_len, saved.pos_S, ls, nullptr);
     }
     LayerWeights w = layer_views(l, /*grads=*/false), g = layer_views(l, /*grads=*/true);
-    Tensor dm = is_moe
-                    ? moe::moe_layer_backward(moe_opt_, w.moe, ls.moe, dh, aux_scale, g.moe, dispatcher_.get())
-                    : dense::tp_mlp_backward(w.mlp, ls.mlp, dh, tp_, g.mlp);
-    add_inplace(dh, dense::rmsnorm_module_backward(dm, w.mlp_norm, ls.mlp_norm, g.mlp_norm));
-    Tensor da = dense::tp_reduce_scatter_tokens(
-        dense::cp_attention_backward(local_attn_opt_, w.attn, ls.attn, dense::tp_all_gather_tokens(dh, tp_), cp_, g.attn),
-        tp_);
-    add_inplace(dh, dense::rmsnorm_module_backward(da, w.attn_norm, ls.attn_norm, g.attn_norm));
+    Tensor dm = is_moe ? moe::moe_layer_backward(ctx, moe_opt_, w.moe, ls.moe, dh, aux_scale, g.moe, dispatcher_.get())
+                       : dense::tp_mlp_backward(ctx, w.mlp, ls.mlp, dh, tp_, g.mlp);
+    add_inplace(ctx, dh, dense::rmsnorm_module_backward(ctx, dm, w.mlp_norm, ls.mlp_norm, g.mlp_norm));
+    Tensor da =
+        dense::tp_reduce_scatter_tokens(dense::cp_attention_backward(ctx, local_attn_opt_, w.attn, ls.attn,
+                                                                     dense::tp_all_gather_tokens(dh, tp_), cp_, g.attn),
+                                        tp_);
+    add_inplace(ctx, dh, dense::rmsnorm_module_backward(ctx, da, w.attn_norm, ls.attn_norm, g.attn_norm));
     ls = LayerSaved{};  // free this layer's activations as soon as they are consumed
     w = g = LayerWeights{};
     if (is_moe) hooks.after_backward(expert_unit_[l]);
@@ -417,7 +421,7 @@ Tensor Model::backward(ModelSaved& saved, float lm_grad_scale, float aux_scale, 
   if (stage_.first()) {
     hooks.before_backward(embedding_unit_);
     Tensor demb = params_.grad("model.embed_tokens.weight");
-    dense::tp_embedding_backward(saved.ids_T, dh, cfg_.vocab_size, tp_, demb);
+    dense::tp_embedding_backward(ctx, saved.ids_T, dh, cfg_.vocab_size, tp_, demb);
     hooks.after_backward(embedding_unit_);
     dh = Tensor();
   }

@@ -91,13 +91,15 @@ class Model {
   // engine/zero.h runs the gathers and reductions).
   // pp_layers: layers per pipeline stage (empty: even split); the stage is
   // this rank's pp coordinate.
-  Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe = {}, const comm::Groups* groups = nullptr,
-        int zero_stage = 0, const std::vector<int64_t>& pp_layers = {});
+  // ctx: where the model's ops run; it must outlive the model.
+  Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe = {},
+        const comm::Groups* groups = nullptr, int zero_stage = 0, const std::vector<int64_t>& pp_layers = {});
 
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
   const ModelConfig& config() const { return cfg_; }
   const MoeConfig& moe_config() const { return moe_cfg_; }
+  const ExecContext& context() const { return *ctx_; }
   // This rank's experts: [first_local_expert, + num_local_experts), F-slice
   // [etp_rank · F/ETP, + F/ETP).
   // training.recompute (engine/config.h): what backward recomputes.
@@ -157,6 +159,7 @@ class Model {
   Tensor layer_forward(int64_t l, const Tensor& h_in, int64_t batch, int64_t seq_len, const Tensor& pos_S,
                        LayerSaved& ls, MoeLayerRecord* record) const;
 
+  const ExecContext* ctx_;
   ModelConfig cfg_;
   MoeConfig moe_cfg_;
   dense::AttentionOptions attn_opt_;        // global head counts

@@ -34,7 +34,7 @@ Tensor owned_grad(const ParamUnit& u) {
 
 }  // namespace
 
-double AdamW::grad_norm(const ParamStore& params, const GradNormGroups& groups) const {
+double AdamW::grad_norm(const ExecContext& ctx, const ParamStore& params, const GradNormGroups& groups) const {
   double sq[2] = {0, 0};  // dense, expert
   bool sharded[2] = {false, false};
   const bool skip_replicated = groups.tp && groups.tp->rank() != 0;
@@ -45,7 +45,7 @@ double AdamW::grad_norm(const ParamStore& params, const GradNormGroups& groups) 
     for (const ParamInfo& p : u.params) {
       const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel());
       if (a >= b || (skip_replicated && p.tp_replicated)) continue;
-      sq[u.expert] += sum_squares(g.flat_view(a - lo, b - a, {b - a}));
+      sq[u.expert] += sum_squares(ctx, g.flat_view(a - lo, b - a, {b - a}));
     }
   }
   if (sharded[0] && groups.dense_shards) groups.dense_shards->all_reduce(std::span<double>(&sq[0], 1));
@@ -56,7 +56,7 @@ double AdamW::grad_norm(const ParamStore& params, const GradNormGroups& groups) 
   return std::sqrt(sq[0] + sq[1]);
 }
 
-StepStats AdamW::update(ParamStore& params, double grad_norm) {
+StepStats AdamW::update(const ExecContext& ctx, ParamStore& params, double grad_norm) {
   ++step_;
   StepStats st;
   st.grad_norm = grad_norm;
@@ -79,7 +79,7 @@ StepStats AdamW::update(ParamStore& params, double grad_norm) {
   for (ParamUnit& u : params.units()) {
     auto [lo, hi] = owned(u);
     Tensor g_all = owned_grad(u);
-    if (st.clipped) scale_inplace(g_all, clip);
+    if (st.clipped) scale_inplace(ctx, g_all, clip);
     // Slices of the owned range, relative to `lo` (shards) or absolute (whole buffers).
     const int64_t pbase = u.shard.params ? lo : 0, mbase = u.shard.optim ? lo : 0;
     const Tensor& pbuf = u.shard.params ? u.param_shard : u.param;
@@ -91,7 +91,7 @@ StepStats AdamW::update(ParamStore& params, double grad_norm) {
       Tensor g = g_all.flat_view(a - lo, b - a, {b - a});
       Tensor m = u.exp_avg.flat_view(a - mbase, b - a, {b - a});
       Tensor v = u.exp_avg_sq.flat_view(a - mbase, b - a, {b - a});
-      adamw_update(p, g, m, v, s);
+      adamw_update(ctx, p, g, m, v, s);
     }
   }
   return st;

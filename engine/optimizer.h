@@ -39,15 +39,15 @@ class AdamW {
   // model counts once: over `groups.dense_shards` (dp-cp) and
   // `groups.expert_shards` (edp) for ZeRO-sharded units, then the expert part
   // over `groups.expert_model` (tp-ep: ranks holding different experts).
-  StepStats step(ParamStore& params, const GradNormGroups& groups = {}) {
-    return update(params, grad_norm(params, groups));
+  StepStats step(const ExecContext& ctx, ParamStore& params, const GradNormGroups& groups = {}) {
+    return update(ctx, params, grad_norm(ctx, params, groups));
   }
   // The two halves of step(), so a caller can look at the norm (and the
   // loss) before anything changes: the global norm of the accumulated
   // gradients before clipping (collective over `groups`), then clipping by
   // that norm and the AdamW update, which advances the step count.
-  double grad_norm(const ParamStore& params, const GradNormGroups& groups = {}) const;
-  StepStats update(ParamStore& params, double grad_norm);
+  double grad_norm(const ExecContext& ctx, const ParamStore& params, const GradNormGroups& groups = {}) const;
+  StepStats update(const ExecContext& ctx, ParamStore& params, double grad_norm);
   int64_t steps_taken() const { return step_; }
 
  private:

@@ -13,16 +13,16 @@ namespace {
 // Draws the slice `p` describes from the global tensor's stream: a split of
 // dim 0 is one contiguous run of global indices; a split of dim 1 of a matrix
 // is one run per row.
-void init_normal_shard(Tensor& t, uint64_t seed, const ParamInfo& p, float std) {
-  if (p.shard.dim < 0) return init_normal(t, seed, p.name, 0, std);
+void init_normal_shard(const ExecContext& ctx, Tensor& t, uint64_t seed, const ParamInfo& p, float std) {
+  if (p.shard.dim < 0) return init_normal(ctx, t, seed, p.name, 0, std);
   const Shape& g = p.global_shape();
   const int64_t inner = shape_numel(g) / g[0];  // elements per global row
-  if (p.shard.dim == 0) return init_normal(t, seed, p.name, p.shard.start * inner, std);
+  if (p.shard.dim == 0) return init_normal(ctx, t, seed, p.name, p.shard.start * inner, std);
   ORIGAMI_CHECK(p.shard.dim == 1 && g.size() == 2, "parameter ", p.name, ": only dims 0 and 1 of a matrix shard");
   const int64_t cols = p.shape[1];
   for (int64_t r = 0; r < p.shape[0]; ++r) {
     Tensor row = t.flat_view(r * cols, cols, {cols});
-    init_normal(row, seed, p.name, r * g[1] + p.shard.start, std);
+    init_normal(ctx, row, seed, p.name, r * g[1] + p.shard.start, std);
   }
 }
 
@@ -85,7 +85,7 @@ void ParamStore::allocate(const std::function<UnitShard(const ParamUnit&)>& shar
   }
 }
 
-void ParamStore::initialize(uint64_t seed, float init_std, int64_t num_layers) {
+void ParamStore::initialize(const ExecContext& ctx, uint64_t seed, float init_std, int64_t num_layers) {
   // Output projections feed the residual stream once per sub-block; scaling
   // them by 1/sqrt(2L) keeps the residual variance flat in depth.
   const float out_std = init_std / std::sqrt(2.0f * static_cast<float>(num_layers));
@@ -97,9 +97,15 @@ void ParamStore::initialize(uint64_t seed, float init_std, int64_t num_layers) {
       Tensor t = u.param_view(i);
       const ParamInfo& p = u.params[i];
       switch (p.init) {
-        case InitKind::normal: init_normal_shard(t, seed, p, init_std); break;
-        case InitKind::normal_scaled_output: init_normal_shard(t, seed, p, out_std); break;
-        case InitKind::ones: init_constant(t, 1.0f); break;
+        case InitKind::normal:
+          init_normal_shard(ctx, t, seed, p, init_std);
+          break;
+        case InitKind::normal_scaled_output:
+          init_normal_shard(ctx, t, seed, p, out_std);
+          break;
+        case InitKind::ones:
+          init_constant(ctx, t, 1.0f);
+          break;
       }
     }
     if (sharded) {

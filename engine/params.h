@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/context.h"
 #include "kernels/tensor.h"
 
 namespace origami {
@@ -85,7 +86,7 @@ class ParamStore {
   // Layout-independent init (§4): element i of tensor `name` from (seed, name,
   // i), i the element's index in the global tensor, so a shard holds exactly
   // the values of its slice of the whole.
-  void initialize(uint64_t seed, float init_std, int64_t num_layers);
+  void initialize(const ExecContext& ctx, uint64_t seed, float init_std, int64_t num_layers);
 
   std::vector<ParamUnit>& units() { return units_; }
   const std::vector<ParamUnit>& units() const { return units_; }

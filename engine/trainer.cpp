@@ -39,8 +39,20 @@ int world_size() {
   return w;
 }
 
-void apply_threads(const RuntimeConfig& rt) {
-  set_num_threads(rt.threads > 0 ? static_cast<int>(rt.threads) : default_threads_per_rank());
+// The rank's execution context: the host, with runtime.threads (or the
+// per-rank default) OpenMP threads.
+ExecContext make_context(const RuntimeConfig& rt) {
+  const int threads = rt.threads > 0 ? static_cast<int>(rt.threads) : default_threads_per_rank();
+  set_num_threads(threads);
+  return ExecContext::cpu(threads);
+}
+
+// The ledger the mem record reports: the compute device's, and the host's
+// beside it when they differ.
+void snapshot_memory(const ExecContext& ctx, StepMetrics& m) {
+  m.mem_device = ctx.device();
+  m.mem = TrackedAllocator::of(ctx.device()).snapshot();
+  if (!ctx.device().is_host()) m.host_mem = TrackedAllocator::host().snapshot();
 }
 
 comm::Layout make_layout(const Config& cfg, int world) {
@@ -189,7 +201,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
     metrics.emplace(rank == 0 ? cfg.logging.dir : std::string());
     if (rank == 0 && !cfg.exp.dir.empty()) check_writable_dir(cfg.exp.dir, "export.dir");
   });
-  apply_threads(cfg.runtime);
+  const ExecContext ctx = make_context(cfg.runtime);
   const comm::Groups groups = comm::Groups::create(make_layout(cfg, world), MPI_COMM_WORLD, comm::Backend::mpi,
                                                    comm::CommOptions{cfg.runtime.collective_timeout_s});
   const int64_t dp = groups.layout().dp(), dp_rank = groups.coords().dp;
@@ -199,13 +211,13 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
   for (comm::GroupKind k : comm::kAllGroupKinds)
     if (groups.has(k) && groups.get(k).size() > 1) counted.push_back(&groups.get(k));
 
-  Model model(cfg.model, tc.seed, cfg.moe, &groups, static_cast<int>(cfg.parallel.zero_stage),
+  Model model(ctx, cfg.model, tc.seed, cfg.moe, &groups, static_cast<int>(cfg.parallel.zero_stage),
               cfg.parallel.pp_layers);
   model.set_recompute(tc.recompute);
   comm::Communicator* pp = multi(groups, comm::GroupKind::pp);
   // Gradient reductions (SUMs, §6) and ZeRO sharding: dense units over dp-cp,
   // expert units over edp.
-  ZeroStore zero(model.params(), groups, cfg.parallel.reshard_after_forward);
+  ZeroStore zero(ctx, model.params(), groups, cfg.parallel.reshard_after_forward);
   const GradNormGroups norm_groups{multi(groups, comm::GroupKind::dp_cp), multi(groups, comm::GroupKind::edp),
                                    multi(groups, comm::GroupKind::tp_ep), multi(groups, comm::GroupKind::tp), pp};
   AdamW optimizer(cfg.optimizer, cfg.lr_schedule, tc.steps);
@@ -222,9 +234,9 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
   if (rank == 0 && opts.print_steps && !opts.json_lines)
     std::printf("origami: %lld parameters, %lld steps of %lld samples x %lld tokens, %d rank(s), %d thread(s)\n",
                 static_cast<long long>(summary.params), static_cast<long long>(tc.steps),
-                static_cast<long long>(tc.global_batch), static_cast<long long>(tc.seq_len), world, num_threads());
+                static_cast<long long>(tc.global_batch), static_cast<long long>(tc.seq_len), world, ctx.threads());
   if (rank == 0 && opts.print_steps && !opts.json_lines) {
-    const LedgerSnapshot s = TrackedAllocator::host().snapshot();
+    const LedgerSnapshot s = TrackedAllocator::of(ctx.device()).snapshot();
     std::printf("origami: persistent state per rank (ZeRO stage %lld): param %s grad %s optim %s\n",
                 static_cast<long long>(cfg.parallel.zero_stage),
                 format_bytes(s.current[static_cast<int>(MemCategory::param)]).c_str(),
@@ -247,7 +259,8 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
   const auto t_start = Clock::now();
   for (int64_t step = 1; step <= tc.steps; ++step) {
     const auto t0 = Clock::now();
-    TrackedAllocator::host().reset_peaks();
+    TrackedAllocator::of(ctx.device()).reset_peaks();
+    if (!ctx.device().is_host()) TrackedAllocator::host().reset_peaks();
     std::vector<int64_t> bytes_before;
     for (comm::Communicator* c : counted) bytes_before.push_back(c->total_bytes());
     zero.begin_step();
@@ -280,7 +293,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
     const double lm_loss = loss_sum / static_cast<double>(tc.global_batch * tc.seq_len);
     const double aux_loss = fstats.aux_loss() / static_cast<double>(micro_batches);
     const double z_loss = fstats.z_loss() / static_cast<double>(micro_batches);
-    const double grad_norm = optimizer.grad_norm(model.params(), norm_groups);
+    const double grad_norm = optimizer.grad_norm(ctx, model.params(), norm_groups);
     // Every rank's verdict on this step, and any failure left from the last,
     // meet here before the weights change: a diverged step stops the run
     // (kExitDiverged) with the weights of the step before.
@@ -294,7 +307,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
       }
       comm::agree(*everyone, status, message);
     }
-    StepStats st = optimizer.update(model.params(), grad_norm);
+    StepStats st = optimizer.update(ctx, model.params(), grad_norm);
     zero.finish_step();
     model.update_expert_bias(fstats.moe);  // the global batch's loads
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -312,7 +325,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
     m.step_time_s = dt;
     m.tokens_per_s = static_cast<double>(m.tokens) / dt;
     m.gflops = flops.total() / dt / 1e9;
-    m.mem = TrackedAllocator::host().snapshot();
+    snapshot_memory(ctx, m);
     m.stages = every_stage(timing, pp);
     for (size_t g = 0; g < counted.size(); ++g)
       m.comm_bytes.emplace_back(counted[g]->name(), counted[g]->total_bytes() - bytes_before[g]);
@@ -357,8 +370,8 @@ EvalResult evaluate(const Config& cfg, const std::string& weights_dir, const std
   validate_for_world(one, 1);
   validate_for_machine(one, 1, ranks_on_this_node());
   check_config_matches_export(cfg, weights_dir);
-  apply_threads(cfg.runtime);
-  Model model(cfg.model, cfg.training.seed, cfg.moe);
+  const ExecContext ctx = make_context(cfg.runtime);
+  Model model(ctx, cfg.model, cfg.training.seed, cfg.moe);
   load_hf_weights(model, weights_dir);
   IndexedDataset indexed = IndexedDataset::open(data_prefix, cfg.model.vocab_size);
   GptDataset data(indexed, cfg.training.seq_len, /*shuffle=*/false, cfg.training.seed);

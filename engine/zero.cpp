@@ -31,8 +31,8 @@ std::function<UnitShard(const ParamUnit&)> zero_shard_plan(int stage, const comm
   };
 }
 
-ZeroStore::ZeroStore(ParamStore& params, const comm::Groups& groups, bool reshard_after_forward)
-    : params_(params), reshard_after_forward_(reshard_after_forward), gathers_(params.units().size()) {
+ZeroStore::ZeroStore(const ExecContext& ctx, ParamStore& params, const comm::Groups& groups, bool reshard_after_forward)
+    : ctx_(&ctx), params_(params), reshard_after_forward_(reshard_after_forward), gathers_(params.units().size()) {
   auto multi = [&](comm::GroupKind k) { return groups.get(k).size() > 1 ? &groups.get(k) : nullptr; };
   dense_ = multi(comm::GroupKind::dp_cp);
   expert_ = multi(comm::GroupKind::edp);
@@ -185,7 +185,7 @@ void ZeroStore::after_backward(size_t i) {
     Tensor mine = Tensor::empty({u.shard.size}, DType::f32, MemCategory::comm);
     group_of(u)->reduce_scatter(std::span<const float>(span_of(u.grad, 0, u.shard.padded)),
                                 span_of(mine, 0, u.shard.size));
-    add_inplace(u.grad_shard, mine);
+    add_inplace(*ctx_, u.grad_shard, mine);
     u.grad = Tensor();
   }
   if (!u.shard.params) return;

@@ -53,7 +53,8 @@ std::function<UnitShard(const ParamUnit&)> zero_shard_plan(int stage, const comm
 
 class ZeroStore final : public UnitHooks {
  public:
-  ZeroStore(ParamStore& params, const comm::Groups& groups, bool reshard_after_forward = true);
+  // ctx runs the gradient sums; it must outlive the store.
+  ZeroStore(const ExecContext& ctx, ParamStore& params, const comm::Groups& groups, bool reshard_after_forward = true);
   ~ZeroStore() override;
 
   // Zero the gradient accumulators for a new step.
@@ -86,6 +87,7 @@ class ZeroStore final : public UnitHooks {
   void prefetch_after(size_t unit, bool forward);
   int live_units() const;
 
+  const ExecContext* ctx_;
   ParamStore& params_;
   comm::Communicator* dense_ = nullptr;   // dp-cp
   comm::Communicator* expert_ = nullptr;  // edp

@@ -4,6 +4,7 @@
 //   p  -= lr · (m / (1−β1^t)) / (sqrt(v / (1−β2^t)) + eps)
 // on a flat fp32 shard (master weights = params on CPU).
 #pragma once
+#include "kernels/context.h"
 #include "kernels/tensor.h"
 
 namespace origami {
@@ -14,6 +15,7 @@ struct AdamWStep {
 };
 
 // All tensors [N] f32; grad is read-only.
-void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWStep& s);
+void adamw_update(const ExecContext& ctx, Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                  const AdamWStep& s);
 
 }  // namespace origami

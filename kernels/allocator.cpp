@@ -1,10 +1,13 @@
-// Tracked host allocator: aligned allocations with per-category byte counts.
+// Tracked allocators: per-device byte counts over a memory source (host
+// aligned_alloc here; cudaMalloc in kernels/cuda/memory.cu).
 #include "kernels/allocator.h"
 
+#include <array>
 #include <cstdlib>
-#include <new>
+#include <memory>
 
 #include "kernels/check.h"
+#include "kernels/cuda/memory.h"
 
 namespace origami {
 
@@ -21,18 +24,26 @@ std::string_view to_string(MemCategory c) {
 }
 
 namespace {
-constexpr size_t kAlign = 64;
-// Blocks from this size up are cached on free; smaller ones go straight back
-// to malloc, which already recycles them without page faults.
+
+// Blocks from this size up are cached on free; smaller host ones go straight
+// back to malloc, which already recycles them without page faults.
 constexpr size_t kCacheMinBytes = size_t{64} << 10;
-size_t round_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+size_t alignment_of(Device d) { return d.is_host() ? 64 : 256; }
+size_t round_up(size_t bytes, size_t align) { return (bytes + align - 1) / align * align; }
+
+void* host_allocate(size_t bytes, int) { return std::aligned_alloc(64, bytes); }
+void host_release(void* ptr, int) { std::free(ptr); }
+
 }  // namespace
 
-void* TrackedAllocator::allocate_host(size_t bytes, MemCategory category) {
-  const size_t rounded = round_up(bytes);
+TrackedAllocator::TrackedAllocator(Device device, MemorySource source) : device_(device), source_(source) {}
+
+void* TrackedAllocator::allocate(size_t bytes, MemCategory category) {
+  const size_t rounded = round_up(bytes, alignment_of(device_));
   void* ptr = nullptr;
   std::lock_guard<std::mutex> lock(mu_);
-  if (rounded >= kCacheMinBytes) {
+  if (rounded >= kCacheMinBytes || !device_.is_host()) {
     auto it = cache_.find(rounded);
     if (it != cache_.end()) {
       ptr = it->second;
@@ -41,8 +52,9 @@ void* TrackedAllocator::allocate_host(size_t bytes, MemCategory category) {
     }
   }
   if (ptr == nullptr && rounded > 0) {
-    ptr = std::aligned_alloc(kAlign, rounded);
-    ORIGAMI_CHECK(ptr != nullptr, "host allocation of ", bytes, " bytes (", to_string(category), ") failed");
+    ptr = source_.allocate(rounded, device_.index);
+    ORIGAMI_CHECK(ptr != nullptr, to_string(device_), " allocation of ", bytes, " bytes (", to_string(category),
+                  ") failed with ", ledger_.current_total, " bytes live and ", ledger_.cached, " cached");
   }
   int c = static_cast<int>(category);
   ledger_.current[c] += static_cast<int64_t>(bytes);
@@ -52,24 +64,24 @@ void* TrackedAllocator::allocate_host(size_t bytes, MemCategory category) {
   return ptr;
 }
 
-void TrackedAllocator::release_host(void* ptr, size_t bytes, MemCategory category) {
-  const size_t rounded = round_up(bytes);
+void TrackedAllocator::release(void* ptr, size_t bytes, MemCategory category) {
+  const size_t rounded = round_up(bytes, alignment_of(device_));
   std::lock_guard<std::mutex> lock(mu_);
-  if (ptr != nullptr && rounded >= kCacheMinBytes) {
+  if (ptr != nullptr && (rounded >= kCacheMinBytes || !device_.is_host())) {
     cache_.emplace(rounded, ptr);
     ledger_.cached += static_cast<int64_t>(rounded);
-  } else {
-    std::free(ptr);
+  } else if (ptr != nullptr) {
+    source_.release(ptr, device_.index);
   }
   int c = static_cast<int>(category);
   ledger_.current[c] -= static_cast<int64_t>(bytes);
   ledger_.current_total -= static_cast<int64_t>(bytes);
-  ORIGAMI_CHECK(ledger_.current[c] >= 0, "ledger underflow in ", to_string(category));
+  ORIGAMI_CHECK(ledger_.current[c] >= 0, "ledger underflow in ", to_string(category), " on ", to_string(device_));
 }
 
 void TrackedAllocator::release_cached() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [size, ptr] : cache_) std::free(ptr);
+  for (auto& [size, ptr] : cache_) source_.release(ptr, device_.index);
   cache_.clear();
   ledger_.cached = 0;
 }
@@ -87,9 +99,24 @@ void TrackedAllocator::reset_peaks() {
   ledger_.peak_total = ledger_.current_total;
 }
 
-TrackedAllocator& TrackedAllocator::host() {
-  static TrackedAllocator allocator;
-  return allocator;
+TrackedAllocator& TrackedAllocator::of(Device device) {
+  if (device.is_host()) {
+    static TrackedAllocator host_allocator(Device::cpu(), MemorySource{host_allocate, host_release});
+    return host_allocator;
+  }
+  // Device allocators live as long as the process; they are created under a
+  // lock on first use so that no CUDA call happens in a CPU-only run.
+  constexpr int kMaxDevices = 64;
+  static std::mutex mu;
+  static std::array<std::unique_ptr<TrackedAllocator>, kMaxDevices> device_allocators;
+  ORIGAMI_CHECK(built_with_cuda(), "an allocation on ", to_string(device), ": built without CUDA");
+  ORIGAMI_CHECK(device.index >= 0 && device.index < cuda_device_count() && device.index < kMaxDevices,
+                "an allocation on ", to_string(device), " but this process sees ", cuda_device_count(),
+                " CUDA device(s)");
+  std::lock_guard<std::mutex> lock(mu);
+  std::unique_ptr<TrackedAllocator>& a = device_allocators[device.index];
+  if (!a) a = std::make_unique<TrackedAllocator>(device, cuda::device_memory_source());
+  return *a;
 }
 
 }  // namespace origami

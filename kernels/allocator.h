@@ -1,12 +1,16 @@
-// Tracked allocator and the measured memory ledger (ARCHITECTURE.md §2).
-// Every buffer is tagged with a ledger category; the allocator keeps current
-// and peak bytes per category for this process (one process = one rank).
-// Invariant: current[c] equals the sum of live buffer sizes tagged c.
+// Tracked allocators and the measured memory ledger (ARCHITECTURE.md §2).
+// One allocator per device, reached through the device
+// (TrackedAllocator::of): the host one always, one per CUDA device in a CUDA
+// build. Every buffer is tagged with a ledger category; each allocator keeps
+// current and peak bytes per category for its device in this process (one
+// process = one rank). Invariant: current[c] equals the sum of live buffer
+// sizes tagged c on that device.
 // Large freed blocks are cached by exact size and reused: a training step
 // allocates the same activation shapes every micro-batch, and handing them
-// back to the OS would cost a page fault per 4 KiB on every step (measured:
-// ~15% of a bench-dense step). Cached bytes are reported apart from the
-// ledger, which counts live tensors only.
+// back (to the OS, or to cudaFree, which synchronizes the device) would cost
+// a page fault per 4 KiB on every step (measured: ~15% of a bench-dense
+// step). Cached bytes are reported apart from the ledger, which counts live
+// tensors only.
 #pragma once
 #include <array>
 #include <cstddef>
@@ -14,6 +18,8 @@
 #include <mutex>
 #include <string_view>
 #include <unordered_map>
+
+#include "kernels/device.h"
 
 namespace origami {
 
@@ -29,23 +35,41 @@ struct LedgerSnapshot {
   int64_t cached = 0;      // freed blocks held for reuse (not in any category)
 };
 
+// Where an allocator's bytes come from: aligned host memory, or cudaMalloc on
+// one device (kernels/cuda/memory.cu).
+struct MemorySource {
+  void* (*allocate)(size_t bytes, int device_index) = nullptr;  // null on failure
+  void (*release)(void* ptr, int device_index) = nullptr;
+};
+
 class TrackedAllocator {
  public:
-  // Host allocations are 64-byte aligned (one cache line, an AVX-512 vector).
-  void* allocate_host(size_t bytes, MemCategory category);
-  void release_host(void* ptr, size_t bytes, MemCategory category);
+  TrackedAllocator(Device device, MemorySource source);
+  ~TrackedAllocator();
+  TrackedAllocator(const TrackedAllocator&) = delete;
+  TrackedAllocator& operator=(const TrackedAllocator&) = delete;
+
+  // Host allocations are 64-byte aligned (one cache line, an AVX-512
+  // vector); CUDA ones 256-byte (cudaMalloc's own).
+  void* allocate(size_t bytes, MemCategory category);
+  void release(void* ptr, size_t bytes, MemCategory category);
   LedgerSnapshot snapshot() const;
   // Peaks restart from the current values (per-step peak activation, say).
   void reset_peaks();
-  // Returns every cached block to the system.
+  // Returns every cached block to its source.
   void release_cached();
-  ~TrackedAllocator();
+  Device device() const { return device_; }
 
-  // The process's allocator. Tensors allocate through it; it owns no model
-  // state, only byte counts.
-  static TrackedAllocator& host();
+  // The allocator of `device`: the process's host allocator for cpu; for
+  // cuda:N, that device's (created on first use). A CUDA device in a CPU
+  // build, or past the device count, is an internal error naming it.
+  // Allocators own no model state, only byte counts.
+  static TrackedAllocator& of(Device device);
+  static TrackedAllocator& host() { return of(Device::cpu()); }
 
  private:
+  Device device_;
+  MemorySource source_;
   mutable std::mutex mu_;
   LedgerSnapshot ledger_;
   std::unordered_multimap<size_t, void*> cache_;  // rounded size -> free block

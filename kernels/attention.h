@@ -4,6 +4,7 @@
 //   o = softmax(q·kᵀ · scale + mask) · v,  mask(i, j) = 0 if kv_pos[j] <= q_pos[i] else −inf
 // Query head h reads kv head h / (Hq / Hkv).
 #pragma once
+#include "kernels/context.h"
 #include "kernels/tensor.h"
 
 namespace origami {
@@ -16,17 +17,18 @@ struct AttentionDims {
 // kv_pos_S: i32 [Skv]; o: [B, Sq, Hq, hd]; lse_BHS: [B, Hq, Sq] (natural log
 // of the softmax denominator of the scaled scores; saved for backward).
 // Every query must see at least one key (kv_pos[j] <= q_pos[i] for some j).
-// Workspace sizes are in floats; the caller allocates (CUB style).
-int64_t attention_forward_workspace(const AttentionDims& dims);
-void attention_forward(const AttentionDims& dims, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const Tensor& q_pos_S, const Tensor& kv_pos_S, float scale, Tensor& o, Tensor& lse_BHS,
-                       Tensor& workspace);
+// Workspace sizes are in bytes for this context; the caller allocates (CUB
+// style: ctx.workspace(attention_forward_workspace_bytes(ctx, dims))).
+size_t attention_forward_workspace_bytes(const ExecContext& ctx, const AttentionDims& dims);
+void attention_forward(const ExecContext& ctx, const AttentionDims& dims, const Tensor& q, const Tensor& k,
+                       const Tensor& v, const Tensor& q_pos_S, const Tensor& kv_pos_S, float scale, Tensor& o,
+                       Tensor& lse_BHS, Tensor& workspace);
 
 // dq, dk, dv are overwritten.
-int64_t attention_backward_workspace(const AttentionDims& dims);
-void attention_backward(const AttentionDims& dims, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const Tensor& o, const Tensor& lse_BHS, const Tensor& do_, const Tensor& q_pos_S,
-                        const Tensor& kv_pos_S, float scale, Tensor& dq, Tensor& dk, Tensor& dv,
+size_t attention_backward_workspace_bytes(const ExecContext& ctx, const AttentionDims& dims);
+void attention_backward(const ExecContext& ctx, const AttentionDims& dims, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& o, const Tensor& lse_BHS, const Tensor& do_,
+                        const Tensor& q_pos_S, const Tensor& kv_pos_S, float scale, Tensor& dq, Tensor& dk, Tensor& dv,
                         Tensor& workspace);
 
 }  // namespace origami

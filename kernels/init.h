@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "kernels/context.h"
 #include "kernels/tensor.h"
 
 namespace origami {
@@ -20,7 +21,8 @@ uint64_t name_hash(std::string_view name);  // FNV-1a 64
 std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
 
 // out[j] = std · N(0,1) sample for global element (global_offset + j).
-void init_normal(Tensor& out, uint64_t seed, std::string_view name, int64_t global_offset, float std);
-void init_constant(Tensor& out, float value);
+void init_normal(const ExecContext& ctx, Tensor& out, uint64_t seed, std::string_view name, int64_t global_offset,
+                 float std);
+void init_constant(const ExecContext& ctx, Tensor& out, float value);
 
 }  // namespace origami

@@ -1,8 +1,13 @@
 // Tensor and Storage: tracked, contiguous, row-major buffers with views.
+// Fill and copy pick the backend by where the memory lives: host memset /
+// memmove, or the CUDA runtime (kernels/cuda/memory.h) when either side is a
+// device.
 #include "kernels/tensor.h"
 
 #include <cstring>
 #include <sstream>
+
+#include "kernels/cuda/memory.h"
 
 namespace origami {
 
@@ -13,6 +18,7 @@ size_t dtype_size(DType dt) {
     case DType::i32: return 4;
     case DType::i64: return 8;
     case DType::u8: return 1;
+    case DType::f64: return 8;
   }
   return 0;
 }
@@ -24,6 +30,7 @@ std::string_view to_string(DType dt) {
     case DType::i32: return "i32";
     case DType::i64: return "i64";
     case DType::u8: return "u8";
+    case DType::f64: return "f64";
   }
   return "?";
 }
@@ -46,11 +53,10 @@ std::string shape_string(const Shape& s) {
 
 Storage::Storage(size_t bytes, MemCategory category, Device device)
     : bytes_(bytes), category_(category), device_(device) {
-  ORIGAMI_CHECK(device.kind == DeviceKind::cpu, "device allocations go through the CUDA backend");
-  data_ = TrackedAllocator::host().allocate_host(bytes, category);
+  data_ = TrackedAllocator::of(device).allocate(bytes, category);
 }
 
-Storage::~Storage() { TrackedAllocator::host().release_host(data_, bytes_, category_); }
+Storage::~Storage() { TrackedAllocator::of(device_).release(data_, bytes_, category_); }
 
 Tensor Tensor::empty(Shape shape, DType dtype, MemCategory category, Device device) {
   for (int64_t d : shape) ORIGAMI_CHECK(d >= 0, "negative dimension in ", shape_string(shape));
@@ -95,14 +101,43 @@ Tensor Tensor::flat_view(int64_t offset, int64_t n, Shape shape) const {
   return t;
 }
 
+void Tensor::fail_host_access() const {
+  ORIGAMI_CHECK(false, "host access to the elements of a ", to_string(dtype_), " ", shape_string(shape_), " tensor on ",
+                to_string(device()), " (copy it to the host with to(Device::cpu()) first)");
+  __builtin_unreachable();
+}
+
+Tensor Tensor::to(Device target) const {
+  ORIGAMI_CHECK(defined(), "to(", to_string(target), ") of an undefined tensor");
+  Tensor t = empty(shape_, dtype_, category(), target);
+  t.copy_from(*this);
+  return t;
+}
+
 void Tensor::fill_zero() {
-  if (numel() > 0) std::memset(raw(), 0, nbytes());
+  ORIGAMI_CHECK(defined(), "fill_zero of an undefined tensor");
+  if (numel() == 0) return;
+  if (device().is_host()) {
+    std::memset(address(), 0, nbytes());
+  } else {
+#if ORIGAMI_WITH_CUDA
+    cuda::fill_zero(address(), nbytes(), device().index);
+#endif
+  }
 }
 
 void Tensor::copy_from(const Tensor& src) {
+  ORIGAMI_CHECK(defined() && src.defined(), "copy_from with an undefined tensor");
   ORIGAMI_CHECK(src.numel() == numel() && src.dtype() == dtype(), "copy_from ", shape_string(src.shape()), " ",
                 to_string(src.dtype()), " into ", shape_string(shape_), " ", to_string(dtype_));
-  if (numel() > 0) std::memmove(raw(), src.raw(), nbytes());
+  if (numel() == 0) return;
+  if (device().is_host() && src.device().is_host()) {
+    std::memmove(address(), src.address(), nbytes());
+  } else {
+#if ORIGAMI_WITH_CUDA
+    cuda::copy(address(), device(), src.address(), src.device(), nbytes());
+#endif
+  }
 }
 
 void check_shape(const Tensor& t, const Shape& expected, const char* name) {

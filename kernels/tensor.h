@@ -2,6 +2,9 @@
 // contiguous, tracked storage. Tensors are cheap handles; copying one shares
 // the storage. Every op takes contiguous row-major views; a rank > 2 tensor
 // passed where a matrix is expected reads as [prod(leading dims), last dim].
+// Storage comes from its device's tracked allocator. Host code reads
+// elements (data<T>(), f32(), i32(), raw()) of host tensors only: a device
+// tensor read on the host is a clear error, not a segfault.
 #pragma once
 #include <cstdint>
 #include <initializer_list>
@@ -11,20 +14,13 @@
 
 #include "kernels/allocator.h"
 #include "kernels/check.h"
+#include "kernels/device.h"
 
 namespace origami {
 
-enum class DType : int { f32, bf16, i32, i64, u8 };
+enum class DType : int { f32, bf16, i32, i64, u8, f64 };
 size_t dtype_size(DType dt);
 std::string_view to_string(DType dt);
-
-enum class DeviceKind : int { cpu, cuda };
-struct Device {
-  DeviceKind kind = DeviceKind::cpu;
-  int index = 0;
-  static Device cpu() { return {}; }
-  bool operator==(const Device&) const = default;
-};
 
 using Shape = std::vector<int64_t>;
 int64_t shape_numel(const Shape& s);
@@ -32,6 +28,7 @@ std::string shape_string(const Shape& s);
 
 template <class T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::f32; }
+template <> constexpr DType dtype_of<double>() { return DType::f64; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
 template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
 template <> constexpr DType dtype_of<uint8_t>() { return DType::u8; }
@@ -79,14 +76,25 @@ class Tensor {
   }
   int64_t cols() const { return dim() == 0 ? 1 : shape_.back(); }
 
+  // Host element access (checked: defined, host-resident, dtype).
   template <class T> T* data() const {
     ORIGAMI_CHECK(defined(), "data() on an undefined tensor");
     ORIGAMI_CHECK(dtype_ == dtype_of<T>(), "tensor is ", to_string(dtype_), ", accessed as ", to_string(dtype_of<T>()));
+    if (!storage_->device().is_host()) [[unlikely]]
+      fail_host_access();
     return static_cast<T*>(storage_->data()) + offset_;
   }
   float* f32() const { return data<float>(); }
   int32_t* i32() const { return data<int32_t>(); }
-  void* raw() const { return static_cast<char*>(storage_->data()) + offset_ * dtype_size(dtype_); }
+  void* raw() const {
+    ORIGAMI_CHECK(defined(), "raw() on an undefined tensor");
+    if (!storage_->device().is_host()) [[unlikely]]
+      fail_host_access();
+    return address();
+  }
+  // The first element's address on the tensor's own device (device code and
+  // copies; never dereferenced on the host unless device() is the host).
+  void* address() const { return static_cast<char*>(storage_->data()) + offset_ * dtype_size(dtype_); }
 
   // Same storage, new shape with the same element count.
   Tensor view(Shape shape) const;
@@ -95,10 +103,15 @@ class Tensor {
   // A flat view of `numel` elements starting at element `offset` of this view.
   Tensor flat_view(int64_t offset, int64_t numel, Shape shape) const;
 
+  // A copy on `device` (same shape, dtype and ledger category); synchronous.
+  Tensor to(Device device) const;
+  // Overwrite with zeros / with src's elements (same numel and dtype, any two
+  // devices); synchronous. Both dispatch to the backend of the memory.
   void fill_zero();
-  void copy_from(const Tensor& src);  // same numel and dtype; host only for now
+  void copy_from(const Tensor& src);
 
  private:
+  [[noreturn]] void fail_host_access() const;
   std::shared_ptr<Storage> storage_;
   int64_t offset_ = 0;  // in elements
   Shape shape_;

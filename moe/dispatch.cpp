@@ -41,8 +41,8 @@ int64_t expert_capacity(const CapacityOptions& opt, int64_t num_tokens, int64_t 
   return static_cast<int64_t>(std::ceil(per_expert * cf));
 }
 
-Tensor apply_capacity(const CapacityOptions& opt, const Tensor& expert_TK, const Tensor& weight_TK,
-                      int64_t num_experts, int64_t capacity) {
+Tensor apply_capacity(const ExecContext& ctx, const CapacityOptions& opt, const Tensor& expert_TK,
+                      const Tensor& weight_TK, int64_t num_experts, int64_t capacity) {
   check_routing(expert_TK, num_experts);
   Tensor kept = Tensor::empty(expert_TK.shape(), DType::u8, MemCategory::activation);
   if (capacity < 0) {  // dropless
@@ -50,21 +50,21 @@ Tensor apply_capacity(const CapacityOptions& opt, const Tensor& expert_TK, const
     return kept;
   }
   const MoeDrop policy = opt.drop_policy == DropPolicy::probs ? MoeDrop::probs : MoeDrop::position;
-  moe_capacity_mask(expert_TK, weight_TK, num_experts, capacity, policy, kept);
+  moe_capacity_mask(ctx, expert_TK, weight_TK, num_experts, capacity, policy, kept);
   return kept;
 }
 
-Permutation make_permutation(const Tensor& expert_TK, const Tensor& kept_TK, int64_t num_experts, int64_t capacity,
-                             bool pad_to_capacity) {
+Permutation make_permutation(const ExecContext& ctx, const Tensor& expert_TK, const Tensor& kept_TK,
+                             int64_t num_experts, int64_t capacity, bool pad_to_capacity) {
   check_routing(expert_TK, num_experts);
   ORIGAMI_CHECK(!pad_to_capacity || capacity >= 0, "pad_to_capacity needs a capacity (set capacity_factor)");
   const int64_t T = expert_TK.rows(), K = expert_TK.cols(), E = num_experts;
   Permutation perm;
   perm.num_experts = E;
   Tensor count = Tensor::empty({E}, DType::i64, MemCategory::workspace);
-  moe_expert_histogram(expert_TK, Tensor(), E, count);
+  moe_expert_histogram(ctx, expert_TK, Tensor(), E, count);
   perm.routed_per_expert = to_vector(count);
-  moe_expert_histogram(expert_TK, kept_TK, E, count);
+  moe_expert_histogram(ctx, expert_TK, kept_TK, E, count);
   std::vector<int64_t> kept = to_vector(count);
   if (pad_to_capacity) {
     int64_t* rows = count.data<int64_t>();
@@ -81,38 +81,39 @@ Permutation make_permutation(const Tensor& expert_TK, const Tensor& kept_TK, int
   perm.row_of_TK = i32({T, K});
   perm.row_token_N = i32({N});
   perm.row_slot_N = i32({N});
-  moe_permutation_maps(expert_TK, kept_TK, count, perm.row_of_TK, perm.row_token_N, perm.row_slot_N);
+  moe_permutation_maps(ctx, expert_TK, kept_TK, count, perm.row_of_TK, perm.row_token_N, perm.row_slot_N);
   return perm;
 }
 
-Tensor permute_rows(const Tensor& x_TD, const Permutation& perm) {
+Tensor permute_rows(const ExecContext& ctx, const Tensor& x_TD, const Permutation& perm) {
   ORIGAMI_CHECK(x_TD.defined(), "permute_rows on an undefined tensor");
   Tensor x_ND = Tensor::empty({perm.num_rows(), x_TD.cols()}, DType::f32, MemCategory::activation);
-  moe_permute_rows(x_TD, perm.row_token_N, x_ND);
+  moe_permute_rows(ctx, x_TD, perm.row_token_N, x_ND);
   return x_ND;
 }
 
-void permute_rows_backward(const Tensor& dx_ND, const Permutation& perm, Tensor& dx_TD) {
+void permute_rows_backward(const ExecContext& ctx, const Tensor& dx_ND, const Permutation& perm, Tensor& dx_TD) {
   check_shape(dx_ND, {perm.num_rows(), dx_TD.cols()}, "permute_rows_backward dx_ND");
-  moe_permute_rows_backward(dx_ND, perm.row_of_TK, dx_TD);
+  moe_permute_rows_backward(ctx, dx_ND, perm.row_of_TK, dx_TD);
 }
 
-Tensor unpermute_rows(const Tensor& y_ND, const Permutation& perm, const Tensor& weight_TK, int64_t num_tokens) {
+Tensor unpermute_rows(const ExecContext& ctx, const Tensor& y_ND, const Permutation& perm, const Tensor& weight_TK,
+                      int64_t num_tokens) {
   ORIGAMI_CHECK(y_ND.defined(), "unpermute_rows on an undefined tensor");
   check_shape(y_ND, {perm.num_rows(), y_ND.cols()}, "unpermute_rows y_ND");
   check_shape(perm.row_of_TK, {num_tokens, perm.row_of_TK.cols()}, "unpermute_rows: permutation token count");
   Tensor out = Tensor::empty({num_tokens, y_ND.cols()}, DType::f32, MemCategory::activation);
-  moe_unpermute_rows(y_ND, perm.row_of_TK, weight_TK, out);
+  moe_unpermute_rows(ctx, y_ND, perm.row_of_TK, weight_TK, out);
   return out;
 }
 
-void unpermute_rows_backward(const Tensor& dout_TD, const Tensor& y_ND, const Permutation& perm,
+void unpermute_rows_backward(const ExecContext& ctx, const Tensor& dout_TD, const Tensor& y_ND, const Permutation& perm,
                              const Tensor& weight_TK, Tensor& dy_ND, Tensor& dweight_TK) {
   ORIGAMI_CHECK(y_ND.defined() && weight_TK.defined(), "unpermute_rows_backward on an undefined tensor");
   check_shape(y_ND, {perm.num_rows(), y_ND.cols()}, "unpermute_rows_backward y_ND");
   if (!dy_ND.defined()) dy_ND = Tensor::empty(y_ND.shape(), DType::f32, MemCategory::activation);
   if (!dweight_TK.defined()) dweight_TK = Tensor::empty(weight_TK.shape(), DType::f32, MemCategory::activation);
-  moe_unpermute_rows_backward(dout_TD, y_ND, perm.row_of_TK, perm.row_token_N, weight_TK, dy_ND, dweight_TK);
+  moe_unpermute_rows_backward(ctx, dout_TD, y_ND, perm.row_of_TK, perm.row_token_N, weight_TK, dy_ND, dweight_TK);
 }
 
 }  // namespace origami::moe

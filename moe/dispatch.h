@@ -5,6 +5,7 @@
 #pragma once
 #include <vector>
 
+#include "kernels/context.h"
 #include "kernels/tensor.h"
 #include "moe/options.h"
 
@@ -16,8 +17,8 @@ int64_t expert_capacity(const CapacityOptions& opt, int64_t num_tokens, int64_t 
 // kept_TK (u8 [T, k]): 1 where the slot survives capacity. "probs" keeps each
 // expert's C highest weights (ties: lower token index, then lower slot);
 // "position" keeps its first C slots in token order.
-Tensor apply_capacity(const CapacityOptions& opt, const Tensor& expert_TK, const Tensor& weight_TK,
-                      int64_t num_experts, int64_t capacity);
+Tensor apply_capacity(const ExecContext& ctx, const CapacityOptions& opt, const Tensor& expert_TK,
+                      const Tensor& weight_TK, int64_t num_experts, int64_t capacity);
 
 struct Permutation {
   int64_t num_experts = 0;
@@ -31,18 +32,19 @@ struct Permutation {
 
 // capacity < 0: dropless. pad_to_capacity: every expert gets exactly C rows.
 // kept_TK undefined: every slot is kept.
-Permutation make_permutation(const Tensor& expert_TK, const Tensor& kept_TK, int64_t num_experts,
-                             int64_t capacity, bool pad_to_capacity);
+Permutation make_permutation(const ExecContext& ctx, const Tensor& expert_TK, const Tensor& kept_TK,
+                             int64_t num_experts, int64_t capacity, bool pad_to_capacity);
 
 // x_ND[n] = x_TD[row_token[n]] (padding rows zero).
-Tensor permute_rows(const Tensor& x_TD, const Permutation& perm);
+Tensor permute_rows(const ExecContext& ctx, const Tensor& x_TD, const Permutation& perm);
 // dx_TD += Σ over rows of token t of dx_ND[row].
-void permute_rows_backward(const Tensor& dx_ND, const Permutation& perm, Tensor& dx_TD);
+void permute_rows_backward(const ExecContext& ctx, const Tensor& dx_ND, const Permutation& perm, Tensor& dx_TD);
 // out_TD[t] = Σ_j p[t, j] · y_ND[row(t, j)] over kept slots (dropped slots add nothing).
-Tensor unpermute_rows(const Tensor& y_ND, const Permutation& perm, const Tensor& weight_TK, int64_t num_tokens);
+Tensor unpermute_rows(const ExecContext& ctx, const Tensor& y_ND, const Permutation& perm, const Tensor& weight_TK,
+                      int64_t num_tokens);
 // dy_ND[row] = p[t, j] · dout_TD[t];  dweight_TK[t, j] = <dout_TD[t], y_ND[row]> (0 for dropped slots).
 // Both outputs are overwritten (padding rows of dy_ND zero); undefined ones are allocated.
-void unpermute_rows_backward(const Tensor& dout_TD, const Tensor& y_ND, const Permutation& perm,
+void unpermute_rows_backward(const ExecContext& ctx, const Tensor& dout_TD, const Tensor& y_ND, const Permutation& perm,
                              const Tensor& weight_TK, Tensor& dy_ND, Tensor& dweight_TK);
 
 }  // namespace origami::moe

@@ -50,8 +50,8 @@ ExpertSegments segments_of(const std::vector<int64_t>& rows_per_expert) {
   return s;
 }
 
-Tensor experts_forward(const ExpertWeights& w, const Tensor& x_ND, const ExpertSegments& segments,
-                       ExpertsSaved& saved) {
+Tensor experts_forward(const ExecContext& ctx, const ExpertWeights& w, const Tensor& x_ND,
+                       const ExpertSegments& segments, ExpertsSaved& saved) {
   check_weights(w, "experts_forward");
   const int64_t E = w.num_experts(), F = w.w1_EFD.size(1), D = w.w1_EFD.size(2);
   ORIGAMI_CHECK(x_ND.dim() == 2 && x_ND.size(1) == D, "experts_forward: x_ND ", shape_string(x_ND.shape()),
@@ -71,24 +71,25 @@ Tensor experts_forward(const ExpertWeights& w, const Tensor& x_ND, const ExpertS
     if (n == 0) continue;
     const Tensor x = x_ND.slice(off, n);  // (n, D)
     Tensor g = saved.gate_NF.slice(off, n), u = saved.up_NF.slice(off, n);
-    gemm(x, Trans::no, expert_matrix(w.w1_EFD, e), Trans::yes, g);  // (n, F)
-    gemm(x, Trans::no, expert_matrix(w.w3_EFD, e), Trans::yes, u);  // (n, F)
+    gemm(ctx, x, Trans::no, expert_matrix(w.w1_EFD, e), Trans::yes, g);  // (n, F)
+    gemm(ctx, x, Trans::no, expert_matrix(w.w3_EFD, e), Trans::yes, u);  // (n, F)
     off += n;
   }
   // Every row belongs to some segment (segments tile N), so gate/up are fully
   // written and one elementwise pass covers all experts.
-  swiglu_forward(saved.gate_NF, saved.up_NF, saved.h_NF);
+  swiglu_forward(ctx, saved.gate_NF, saved.up_NF, saved.h_NF);
   off = 0;
   for (const auto [e, n] : segments) {
     if (n == 0) continue;
     Tensor y = y_ND.slice(off, n);
-    gemm(saved.h_NF.slice(off, n), Trans::no, expert_matrix(w.w2_EDF, e), Trans::yes, y);  // (n, D)
+    gemm(ctx, saved.h_NF.slice(off, n), Trans::no, expert_matrix(w.w2_EDF, e), Trans::yes, y);  // (n, D)
     off += n;
   }
   return y_ND;
 }
 
-Tensor experts_backward(const ExpertWeights& w, const ExpertsSaved& saved, const Tensor& dy_ND, ExpertWeights& grad) {
+Tensor experts_backward(const ExecContext& ctx, const ExpertWeights& w, const ExpertsSaved& saved, const Tensor& dy_ND,
+                        ExpertWeights& grad) {
   check_weights(w, "experts_backward");
   check_weights(grad, "experts_backward grad");
   const int64_t E = w.num_experts(), F = w.w1_EFD.size(1), D = w.w1_EFD.size(2);
@@ -105,12 +106,12 @@ Tensor experts_backward(const ExpertWeights& w, const ExpertsSaved& saved, const
     const Tensor dy = dy_ND.slice(off, n);  // (n, D)
     Tensor dh = dh_NF.slice(off, n);
     Tensor dw2 = expert_matrix(grad.w2_EDF, e);
-    gemm(dy, Trans::no, expert_matrix(w.w2_EDF, e), Trans::no, dh);              // (n, F)
-    gemm(dy, Trans::yes, saved.h_NF.slice(off, n), Trans::no, dw2, 1.0f, 1.0f);  // (D, F)
+    gemm(ctx, dy, Trans::no, expert_matrix(w.w2_EDF, e), Trans::no, dh);              // (n, F)
+    gemm(ctx, dy, Trans::yes, saved.h_NF.slice(off, n), Trans::no, dw2, 1.0f, 1.0f);  // (D, F)
     off += n;
   }
   Tensor dgate_NF = activation({N, F}), dup_NF = activation({N, F});
-  swiglu_backward(dh_NF, saved.gate_NF, saved.up_NF, dgate_NF, dup_NF);
+  swiglu_backward(ctx, dh_NF, saved.gate_NF, saved.up_NF, dgate_NF, dup_NF);
 
   // dW1 += dgateᵀ·x, dW3 += dupᵀ·x, dx = dgate·W1 + dup·W3, per expert.
   Tensor dx_ND = activation({N, D});
@@ -121,10 +122,10 @@ Tensor experts_backward(const ExpertWeights& w, const ExpertsSaved& saved, const
     const Tensor dg = dgate_NF.slice(off, n), du = dup_NF.slice(off, n);
     Tensor dw1 = expert_matrix(grad.w1_EFD, e), dw3 = expert_matrix(grad.w3_EFD, e);
     Tensor dx = dx_ND.slice(off, n);
-    gemm(dg, Trans::yes, x, Trans::no, dw1, 1.0f, 1.0f);                  // (F, D)
-    gemm(du, Trans::yes, x, Trans::no, dw3, 1.0f, 1.0f);                  // (F, D)
-    gemm(dg, Trans::no, expert_matrix(w.w1_EFD, e), Trans::no, dx);       // (n, D)
-    gemm(du, Trans::no, expert_matrix(w.w3_EFD, e), Trans::no, dx, 1.0f, 1.0f);
+    gemm(ctx, dg, Trans::yes, x, Trans::no, dw1, 1.0f, 1.0f);             // (F, D)
+    gemm(ctx, du, Trans::yes, x, Trans::no, dw3, 1.0f, 1.0f);             // (F, D)
+    gemm(ctx, dg, Trans::no, expert_matrix(w.w1_EFD, e), Trans::no, dx);  // (n, D)
+    gemm(ctx, du, Trans::no, expert_matrix(w.w3_EFD, e), Trans::no, dx, 1.0f, 1.0f);
     off += n;
   }
   return dx_ND;

@@ -9,6 +9,7 @@
 #pragma once
 #include <vector>
 
+#include "kernels/context.h"
 #include "kernels/tensor.h"
 
 namespace origami::moe {
@@ -40,16 +41,17 @@ struct ExpertsSaved {
 
 // x_ND [N, D]: the segments tile its rows in order (Σ rows = N, padding rows
 // included; a zero row gives a zero output row). Returns y_ND [N, D].
-Tensor experts_forward(const ExpertWeights& w, const Tensor& x_ND, const ExpertSegments& segments,
-                       ExpertsSaved& saved);
+Tensor experts_forward(const ExecContext& ctx, const ExpertWeights& w, const Tensor& x_ND,
+                       const ExpertSegments& segments, ExpertsSaved& saved);
 // Expert e owns the next rows_per_expert[e] rows.
-inline Tensor experts_forward(const ExpertWeights& w, const Tensor& x_ND, const std::vector<int64_t>& rows_per_expert,
-                              ExpertsSaved& saved) {
+inline Tensor experts_forward(const ExecContext& ctx, const ExpertWeights& w, const Tensor& x_ND,
+                              const std::vector<int64_t>& rows_per_expert, ExpertsSaved& saved) {
   ORIGAMI_CHECK(static_cast<int64_t>(rows_per_expert.size()) == w.num_experts(), "rows_per_expert has ",
                 rows_per_expert.size(), " entries for ", w.num_experts(), " experts");
-  return experts_forward(w, x_ND, segments_of(rows_per_expert), saved);
+  return experts_forward(ctx, w, x_ND, segments_of(rows_per_expert), saved);
 }
 // Returns dx_ND; accumulates into `grad`.
-Tensor experts_backward(const ExpertWeights& w, const ExpertsSaved& saved, const Tensor& dy_ND, ExpertWeights& grad);
+Tensor experts_backward(const ExecContext& ctx, const ExpertWeights& w, const ExpertsSaved& saved, const Tensor& dy_ND,
+                        ExpertWeights& grad);
 
 }  // namespace origami::moe

@@ -12,10 +12,10 @@ namespace {
 
 // The saved experts' activations, recomputed from their kept input when
 // forward dropped them (recompute_experts).
-ExpertsSaved rebuilt(const ExpertWeights& w, const ExpertsSaved& saved) {
+ExpertsSaved rebuilt(const ExecContext& ctx, const ExpertWeights& w, const ExpertsSaved& saved) {
   if (saved.h_NF.defined() || !saved.x_ND.defined()) return saved;
   ExpertsSaved again;
-  experts_forward(w, saved.x_ND, saved.segments, again);
+  experts_forward(ctx, w, saved.x_ND, saved.segments, again);
   return again;
 }
 
@@ -40,9 +40,9 @@ std::vector<int64_t> per_ep_rank(const std::vector<int64_t>& kept, int64_t ep) {
 
 }  // namespace
 
-Tensor moe_layer_forward(const MoeLayerOptions& opt, const MoeLayerWeights& w, const Tensor& x_TD, int64_t seq_len,
-                         MoeLayerSaved& saved, MoeLayerStats& stats, const StatsReducer& reduce,
-                         const AllToAllDispatcher* dispatcher) {
+Tensor moe_layer_forward(const ExecContext& ctx, const MoeLayerOptions& opt, const MoeLayerWeights& w,
+                         const Tensor& x_TD, int64_t seq_len, MoeLayerSaved& saved, MoeLayerStats& stats,
+                         const StatsReducer& reduce, const AllToAllDispatcher* dispatcher) {
   const int64_t E = opt.router.num_experts, k = opt.router.top_k;
   const AllToAllDispatcher local(E, nullptr, nullptr);
   const AllToAllDispatcher& disp = dispatcher ? *dispatcher : local;
@@ -56,30 +56,31 @@ Tensor moe_layer_forward(const MoeLayerOptions& opt, const MoeLayerWeights& w, c
                 "pad_to_capacity needs a capacity_factor");
 
   // Route: p and the selected experts, [T, k] each; aux and z losses.
-  saved.routing = router_forward(opt.router, x_TD, w.gate_ED, w.bias_E, seq_len, saved.router, stats.losses, reduce);
+  saved.routing =
+      router_forward(ctx, opt.router, x_TD, w.gate_ED, w.bias_E, seq_len, saved.router, stats.losses, reduce);
   const Routing& r = saved.routing;
 
   // Capacity and drop; C < 0 means dropless, where an undefined mask keeps
   // every slot.
   const int64_t C = expert_capacity(opt.capacity, T, k, E);
-  const Tensor kept_TK = C < 0 ? Tensor() : apply_capacity(opt.capacity, r.expert_TK, r.weight_TK, E, C);
-  saved.perm = make_permutation(r.expert_TK, kept_TK, E, C, opt.capacity.pad_to_capacity);
+  const Tensor kept_TK = C < 0 ? Tensor() : apply_capacity(ctx, opt.capacity, r.expert_TK, r.weight_TK, E, C);
+  saved.perm = make_permutation(ctx, r.expert_TK, kept_TK, E, C, opt.capacity.pad_to_capacity);
   stats.routed_per_expert = saved.perm.routed_per_expert;
   stats.kept_per_expert = count_kept(saved.perm);
   stats.tokens_per_ep_rank = per_ep_rank(stats.kept_per_expert, disp.ep_size());
 
   // Permute → dispatch → this rank's experts → combine → un-permute weighted by p.
-  const Tensor x_ND = permute_rows(x_TD, saved.perm);  // (N, D), grouped by global expert
+  const Tensor x_ND = permute_rows(ctx, x_TD, saved.perm);  // (N, D), grouped by global expert
   Dispatched d = disp.dispatch(x_ND, saved.perm.rows_per_expert);
   saved.dispatch = std::move(d.handle);
-  const Tensor y_MD = experts_forward(w.experts, d.x_MD, saved.dispatch.segments, saved.experts);  // (M, D)
+  const Tensor y_MD = experts_forward(ctx, w.experts, d.x_MD, saved.dispatch.segments, saved.experts);  // (M, D)
   saved.expert_out_ND = disp.combine(saved.dispatch, y_MD);                                        // (N, D)
-  Tensor y_TD = unpermute_rows(saved.expert_out_ND, saved.perm, r.weight_TK, T);                   // (T, D)
+  Tensor y_TD = unpermute_rows(ctx, saved.expert_out_ND, saved.perm, r.weight_TK, T);              // (T, D)
 
   // The shared expert sees every token, unweighted.
   if (w.has_shared()) {
-    const Tensor y_shared = experts_forward(w.shared, x_TD, ExpertSegments{{0, T}}, saved.shared);  // (T, D)
-    add_inplace(y_TD, y_shared);
+    const Tensor y_shared = experts_forward(ctx, w.shared, x_TD, ExpertSegments{{0, T}}, saved.shared);  // (T, D)
+    add_inplace(ctx, y_TD, y_shared);
   }
   if (opt.recompute_experts) {
     for (ExpertsSaved* e : {&saved.experts, &saved.shared}) e->gate_NF = e->up_NF = e->h_NF = Tensor();
@@ -87,8 +88,8 @@ Tensor moe_layer_forward(const MoeLayerOptions& opt, const MoeLayerWeights& w, c
   return y_TD;
 }
 
-Tensor moe_layer_backward(const MoeLayerOptions& opt, const MoeLayerWeights& w, const MoeLayerSaved& saved,
-                          const Tensor& dy_TD, float aux_scale, MoeLayerWeights& grad,
+Tensor moe_layer_backward(const ExecContext& ctx, const MoeLayerOptions& opt, const MoeLayerWeights& w,
+                          const MoeLayerSaved& saved, const Tensor& dy_TD, float aux_scale, MoeLayerWeights& grad,
                           const AllToAllDispatcher* dispatcher) {
   const AllToAllDispatcher local(opt.router.num_experts, nullptr, nullptr);
   const AllToAllDispatcher& disp = dispatcher ? *dispatcher : local;
@@ -97,24 +98,27 @@ Tensor moe_layer_backward(const MoeLayerOptions& opt, const MoeLayerWeights& w, 
   check_shape(dy_TD, {T, D}, "moe dy_TD");
 
   // Shared expert first: its dx starts the accumulator (zeros otherwise).
-  Tensor dx_TD = w.has_shared() ? experts_backward(w.shared, rebuilt(w.shared, saved.shared), dy_TD, grad.shared)
-                                : Tensor::zeros({T, D}, DType::f32, MemCategory::activation);
+  Tensor dx_TD = w.has_shared()
+                     ? experts_backward(ctx, w.shared, rebuilt(ctx, w.shared, saved.shared), dy_TD, grad.shared)
+                     : Tensor::zeros({T, D}, DType::f32, MemCategory::activation);
 
   // Combine backward: dy per permuted row (p-weighted) and dL/dp per slot,
   // both allocated by the call.
   Tensor dy_ND, dweight_TK;  // (N, D), (T, k)
-  unpermute_rows_backward(dy_TD, saved.expert_out_ND, perm, saved.routing.weight_TK, dy_ND, dweight_TK);
+  unpermute_rows_backward(ctx, dy_TD, saved.expert_out_ND, perm, saved.routing.weight_TK, dy_ND, dweight_TK);
 
   // Back to the experts' owners, through the experts, home again; then
   // scatter-add each row's dx onto its token.
   const Tensor dy_MD = disp.combine_backward(saved.dispatch, dy_ND);                      // (M, D)
-  const Tensor dx_MD = experts_backward(w.experts, rebuilt(w.experts, saved.experts), dy_MD, grad.experts);  // (M, D)
+  const Tensor dx_MD =
+      experts_backward(ctx, w.experts, rebuilt(ctx, w.experts, saved.experts), dy_MD, grad.experts);  // (M, D)
   const Tensor dx_ND = disp.dispatch_backward(saved.dispatch, dx_MD);                    // (N, D)
-  permute_rows_backward(dx_ND, perm, dx_TD);
+  permute_rows_backward(ctx, dx_ND, perm, dx_TD);
 
   // Router: through p (dweight) and the aux/z losses, scaled by aux_scale.
-  const Tensor dx_router = router_backward(opt.router, saved.router, w.gate_ED, dweight_TK, aux_scale, grad.gate_ED);
-  add_inplace(dx_TD, dx_router);
+  const Tensor dx_router =
+      router_backward(ctx, opt.router, saved.router, w.gate_ED, dweight_TK, aux_scale, grad.gate_ED);
+  add_inplace(ctx, dx_TD, dx_router);
   return dx_TD;
 }
 

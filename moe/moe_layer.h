@@ -50,13 +50,13 @@ struct MoeLayerStats {
 // x_TD [T, D], T = B·seq_len. w.experts holds this rank's experts
 // (dispatcher->num_local_experts(), F-sliced under ETP); w.gate_ED all E.
 // dispatcher null: one rank (all experts local). Returns y_TD.
-Tensor moe_layer_forward(const MoeLayerOptions& opt, const MoeLayerWeights& w, const Tensor& x_TD, int64_t seq_len,
-                         MoeLayerSaved& saved, MoeLayerStats& stats, const StatsReducer& reduce = nullptr,
-                         const AllToAllDispatcher* dispatcher = nullptr);
+Tensor moe_layer_forward(const ExecContext& ctx, const MoeLayerOptions& opt, const MoeLayerWeights& w,
+                         const Tensor& x_TD, int64_t seq_len, MoeLayerSaved& saved, MoeLayerStats& stats,
+                         const StatsReducer& reduce = nullptr, const AllToAllDispatcher* dispatcher = nullptr);
 // Returns dx_TD; accumulates into grad (gate_ED, experts, shared). The same
 // dispatcher as forward.
-Tensor moe_layer_backward(const MoeLayerOptions& opt, const MoeLayerWeights& w, const MoeLayerSaved& saved,
-                          const Tensor& dy_TD, float aux_scale, MoeLayerWeights& grad,
+Tensor moe_layer_backward(const ExecContext& ctx, const MoeLayerOptions& opt, const MoeLayerWeights& w,
+                          const MoeLayerSaved& saved, const Tensor& dy_TD, float aux_scale, MoeLayerWeights& grad,
                           const AllToAllDispatcher* dispatcher = nullptr);
 
 }  // namespace origami::moe

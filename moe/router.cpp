@@ -56,8 +56,9 @@ Tensor activation(Shape shape, DType dt = DType::f32) {
 
 }  // namespace
 
-Routing router_forward(const RouterOptions& opt, const Tensor& x_TD, const Tensor& gate_ED, const Tensor& bias_E,
-                       int64_t seq_len, RouterSaved& saved, RouterLosses& losses, const StatsReducer& reduce) {
+Routing router_forward(const ExecContext& ctx, const RouterOptions& opt, const Tensor& x_TD, const Tensor& gate_ED,
+                       const Tensor& bias_E, int64_t seq_len, RouterSaved& saved, RouterLosses& losses,
+                       const StatsReducer& reduce) {
   ORIGAMI_CHECK(x_TD.defined() && gate_ED.defined(), "router_forward on an undefined tensor");
   const int64_t T = x_TD.rows(), D = x_TD.cols(), E = opt.num_experts, K = opt.top_k;
   check_shape(gate_ED, {E, D}, "router gate_ED (num_experts, hidden)");
@@ -65,12 +66,12 @@ Routing router_forward(const RouterOptions& opt, const Tensor& x_TD, const Tenso
   check_moe_topk_params(params, E);
 
   Tensor logits = activation({T, E});
-  gemm(x_TD, Trans::no, gate_ED, Trans::yes, logits);  // (T, E)
+  gemm(ctx, x_TD, Trans::no, gate_ED, Trans::yes, logits);  // (T, E)
   Tensor scores = activation({T, E});
   Routing routing{activation({T, K}, DType::i32), activation({T, K})};
   const bool want_aux = aux_active(opt), want_z = z_active(opt);
   Tensor lse = want_z ? Tensor::empty({T}, DType::f32, MemCategory::workspace) : Tensor();
-  moe_topk_forward(logits, bias_E, params, scores, routing.expert_TK, routing.weight_TK, lse);
+  moe_topk_forward(ctx, logits, bias_E, params, scores, routing.expert_TK, routing.weight_TK, lse);
 
   saved.x_TD = x_TD;
   saved.logits_TE = logits;
@@ -86,9 +87,10 @@ Routing router_forward(const RouterOptions& opt, const Tensor& x_TD, const Tenso
   const int64_t S = want_aux ? aux_segments(opt, T, seq_len) : 0, SE = S * E;
   std::vector<double> buf(static_cast<size_t>(2 * SE + 2), 0.0);
   // A rank with no tokens adds zeros (its group's statistics still reduce).
-  if (want_aux && T > 0) moe_routing_stats(scores, routing.expert_TK, params.score, T / S, buf.data(), buf.data() + SE);
+  if (want_aux && T > 0)
+    moe_routing_stats(ctx, scores, routing.expert_TK, params.score, T / S, buf.data(), buf.data() + SE);
   buf[2 * SE] = static_cast<double>(T);
-  buf[2 * SE + 1] = want_z ? sum_squares(lse) : 0.0;
+  buf[2 * SE + 1] = want_z ? sum_squares(ctx, lse) : 0.0;
   if (reduce) reduce(buf.data(), static_cast<int64_t>(buf.size()));
   const double tokens = buf[2 * SE];
   ORIGAMI_CHECK(tokens > 0, "router statistics cover no tokens after the reduction");
@@ -105,8 +107,8 @@ Routing router_forward(const RouterOptions& opt, const Tensor& x_TD, const Tenso
   return routing;
 }
 
-Tensor router_backward(const RouterOptions& opt, const RouterSaved& saved, const Tensor& gate_ED,
-                       const Tensor& dweight_TK, float aux_scale, Tensor& dgate_ED) {
+Tensor router_backward(const ExecContext& ctx, const RouterOptions& opt, const RouterSaved& saved,
+                       const Tensor& gate_ED, const Tensor& dweight_TK, float aux_scale, Tensor& dgate_ED) {
   const Tensor& x = saved.x_TD;
   ORIGAMI_CHECK(x.defined() && saved.logits_TE.defined(), "router_backward without a saved forward");
   const int64_t T = x.rows(), D = x.cols(), E = opt.num_experts, K = opt.top_k;
@@ -134,11 +136,11 @@ Tensor router_backward(const RouterOptions& opt, const RouterSaved& saved, const
       z_active(opt) ? static_cast<float>(aux_scale * static_cast<double>(opt.z_loss_coeff) / saved.aux_tokens) : 0.0f;
 
   Tensor dlogits = activation({T, E});
-  moe_topk_backward(saved.logits_TE, saved.scores_TE, saved.expert_TK, dweight_TK, aux_SE, seg_len, z_coef, params,
+  moe_topk_backward(ctx, saved.logits_TE, saved.scores_TE, saved.expert_TK, dweight_TK, aux_SE, seg_len, z_coef, params,
                     dlogits);
   Tensor dx = activation({T, D});
-  gemm(dlogits, Trans::no, gate_ED, Trans::no, dx);               // (T, D)
-  gemm(dlogits, Trans::yes, x, Trans::no, dgate_ED, 1.0f, 1.0f);  // (E, D)
+  gemm(ctx, dlogits, Trans::no, gate_ED, Trans::no, dx);               // (T, D)
+  gemm(ctx, dlogits, Trans::yes, x, Trans::no, dgate_ED, 1.0f, 1.0f);  // (E, D)
   return dx;
 }
 

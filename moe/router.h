@@ -6,6 +6,7 @@
 #pragma once
 #include <functional>
 
+#include "kernels/context.h"
 #include "kernels/tensor.h"
 #include "moe/options.h"
 
@@ -48,15 +49,15 @@ struct RouterSaved {
 };
 
 // x_TD [T, D] with T = B·seq_len; gate_ED [E, D]; bias_E [E] or undefined.
-Routing router_forward(const RouterOptions& opt, const Tensor& x_TD, const Tensor& gate_ED, const Tensor& bias_E,
-                       int64_t seq_len, RouterSaved& saved, RouterLosses& losses,
+Routing router_forward(const ExecContext& ctx, const RouterOptions& opt, const Tensor& x_TD, const Tensor& gate_ED,
+                       const Tensor& bias_E, int64_t seq_len, RouterSaved& saved, RouterLosses& losses,
                        const StatsReducer& reduce = nullptr);
 
 // dweight_TK: gradient of the objective w.r.t. p. aux_scale: weight of the aux
 // and z losses in the objective (1 / micro-batches per global batch).
 // Returns dx_TD; accumulates dgate_ED.
-Tensor router_backward(const RouterOptions& opt, const RouterSaved& saved, const Tensor& gate_ED,
-                       const Tensor& dweight_TK, float aux_scale, Tensor& dgate_ED);
+Tensor router_backward(const ExecContext& ctx, const RouterOptions& opt, const RouterSaved& saved,
+                       const Tensor& gate_ED, const Tensor& dweight_TK, float aux_scale, Tensor& dgate_ED);
 
 // Aux-loss-free balancing (DeepSeek-V3): b_e += rate · sign(mean(load) − load_e).
 void update_expert_bias(Tensor& bias_E, const std::vector<int64_t>& load_E, float rate);

@@ -10,9 +10,12 @@
 #include "dense/mlp.h"
 #include "dense/norm.h"
 #include "grad_check.h"
+#include "test_context.h"
 
 namespace origami {
 namespace {
+
+const ExecContext& ctx = testing::test_context();
 
 using testing::expect_directional_grad;
 using testing::random_tensor;
@@ -33,12 +36,12 @@ TEST(DenseGrad, AttentionGqaRopeAtOffsetPositions) {
 
   auto objective = [&] {
     dense::AttentionSaved saved;
-    return testing::dot(dense::attention_module_forward(opt, w, x, B, pos, saved), r);
+    return testing::dot(dense::attention_module_forward(ctx, opt, w, x, B, pos, saved), r);
   };
   dense::AttentionSaved saved;
-  dense::attention_module_forward(opt, w, x, B, pos, saved);
+  dense::attention_module_forward(ctx, opt, w, x, B, pos, saved);
   dense::AttentionWeights g{zeros_like(w.wq), zeros_like(w.wk), zeros_like(w.wv), zeros_like(w.wo)};
-  Tensor dx = dense::attention_module_backward(opt, w, saved, r, g);
+  Tensor dx = dense::attention_module_backward(ctx, opt, w, saved, r, g);
 
   expect_directional_grad("dx", x, dx, rng, objective);
   expect_directional_grad("dWq", w.wq, g.wq, rng, objective);
@@ -58,9 +61,9 @@ TEST(DenseGrad, AttentionCausalityHoldsAtModuleLevel) {
   Tensor pos = Tensor::empty({S}, DType::i32, MemCategory::activation);
   for (int64_t s = 0; s < S; ++s) pos.i32()[s] = static_cast<int32_t>(s);
   dense::AttentionSaved s1, s2;
-  Tensor y1 = dense::attention_module_forward(opt, w, x, B, pos, s1);
+  Tensor y1 = dense::attention_module_forward(ctx, opt, w, x, B, pos, s1);
   for (int64_t d = 0; d < D; ++d) x.f32()[(S - 1) * D + d] += 1.0f;
-  Tensor y2 = dense::attention_module_forward(opt, w, x, B, pos, s2);
+  Tensor y2 = dense::attention_module_forward(ctx, opt, w, x, B, pos, s2);
   for (int64_t i = 0; i < (S - 1) * D; ++i) EXPECT_EQ(y1.f32()[i], y2.f32()[i]) << "element " << i;
   double last_diff = 0;
   for (int64_t d = 0; d < D; ++d) last_diff += std::abs(y1.f32()[(S - 1) * D + d] - y2.f32()[(S - 1) * D + d]);
@@ -75,12 +78,12 @@ TEST(DenseGrad, SwigluMlp) {
   Tensor x = random_tensor({T, D}, rng), r = random_tensor({T, D}, rng);
   auto objective = [&] {
     dense::MlpSaved saved;
-    return testing::dot(dense::mlp_module_forward(w, x, saved), r);
+    return testing::dot(dense::mlp_module_forward(ctx, w, x, saved), r);
   };
   dense::MlpSaved saved;
-  dense::mlp_module_forward(w, x, saved);
+  dense::mlp_module_forward(ctx, w, x, saved);
   dense::MlpWeights g{zeros_like(w.gate), zeros_like(w.up), zeros_like(w.down)};
-  Tensor dx = dense::mlp_module_backward(w, saved, r, g);
+  Tensor dx = dense::mlp_module_backward(ctx, w, saved, r, g);
   expect_directional_grad("dx", x, dx, rng, objective);
   expect_directional_grad("dWgate", w.gate, g.gate, rng, objective);
   expect_directional_grad("dWup", w.up, g.up, rng, objective);
@@ -93,12 +96,12 @@ TEST(DenseGrad, RmsNorm) {
   Tensor x = random_tensor({T, D}, rng), w = random_tensor({D}, rng), r = random_tensor({T, D}, rng);
   auto objective = [&] {
     dense::RmsNormSaved saved;
-    return testing::dot(dense::rmsnorm_module_forward(x, w, 1e-5f, saved), r);
+    return testing::dot(dense::rmsnorm_module_forward(ctx, x, w, 1e-5f, saved), r);
   };
   dense::RmsNormSaved saved;
-  dense::rmsnorm_module_forward(x, w, 1e-5f, saved);
+  dense::rmsnorm_module_forward(ctx, x, w, 1e-5f, saved);
   Tensor dw = zeros_like(w);
-  Tensor dx = dense::rmsnorm_module_backward(r, w, saved, dw);
+  Tensor dx = dense::rmsnorm_module_backward(ctx, r, w, saved, dw);
   expect_directional_grad("dx", x, dx, rng, objective);
   expect_directional_grad("dw", w, dw, rng, objective);
 }
@@ -109,9 +112,9 @@ TEST(DenseGrad, EmbeddingWithRepeatedIds) {
   Tensor table = random_tensor({V, D}, rng), r = random_tensor({T, D}, rng);
   Tensor ids = Tensor::empty({T}, DType::i32, MemCategory::activation);
   for (int64_t t = 0; t < T; ++t) ids.i32()[t] = static_cast<int32_t>((t * 7) % 5);  // repeats, rows 5.. unused
-  auto objective = [&] { return testing::dot(dense::embedding_module_forward(ids, table), r); };
+  auto objective = [&] { return testing::dot(dense::embedding_module_forward(ctx, ids, table), r); };
   Tensor dtable = zeros_like(table);
-  dense::embedding_module_backward(ids, r, dtable);
+  dense::embedding_module_backward(ctx, ids, r, dtable);
   expect_directional_grad("dtable", table, dtable, rng, objective);
   for (int64_t v = 5; v < V; ++v)
     for (int64_t d = 0; d < D; ++d) EXPECT_EQ(dtable.f32()[v * D + d], 0.0f) << "unused row " << v;
@@ -127,13 +130,13 @@ TEST(DenseGrad, LmHeadAndCrossEntropyLoss) {
   for (int64_t t = 0; t < T; ++t) targets.i32()[t] = tok(rng);
   auto objective = [&] {
     dense::LmHeadSaved saved;
-    return scale * dense::lm_head_forward(w, y, targets, saved);
+    return scale * dense::lm_head_forward(ctx, w, y, targets, saved);
   };
   dense::LmHeadSaved saved;
-  const double loss_sum = dense::lm_head_forward(w, y, targets, saved);
+  const double loss_sum = dense::lm_head_forward(ctx, w, y, targets, saved);
   EXPECT_GT(loss_sum, 0.0);
   Tensor dw = zeros_like(w);
-  Tensor dy = dense::lm_head_backward(w, saved, scale, dw);
+  Tensor dy = dense::lm_head_backward(ctx, w, saved, scale, dw);
   expect_directional_grad("dy", y, dy, rng, objective);
   expect_directional_grad("dW", w, dw, rng, objective);
 }

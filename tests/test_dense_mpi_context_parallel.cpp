@@ -30,9 +30,12 @@
 #include "grad_check.h"
 #include "kernels/threads.h"
 #include "mpi_test_main.h"
+#include "test_context.h"
 
 namespace origami {
 namespace {
+
+const ExecContext& ctx = testing::test_context();
 
 using comm::GroupKind;
 using testing::random_tensor;
@@ -228,21 +231,21 @@ void check_against_single_rank(const Case& c, uint32_t seed) {
 
   dense::AttentionSaved ref_saved;
   const Tensor pos_full = iota(c.S);
-  const Tensor y_ref = dense::attention_module_forward(opt, w, x, c.B, pos_full, ref_saved);
+  const Tensor y_ref = dense::attention_module_forward(ctx, opt, w, x, c.B, pos_full, ref_saved);
   dense::AttentionWeights g_ref = zero_grads(w);
-  const Tensor dx_ref = dense::attention_module_backward(opt, w, ref_saved, dy, g_ref);
+  const Tensor dx_ref = dense::attention_module_backward(ctx, opt, w, ref_saved, dy, g_ref);
 
   const Tensor pos = dense::cp_positions(c.S, n, cp.rank());
   const Tensor x_local = take_rows(x, c.B, pos), dy_local = take_rows(dy, c.B, pos);
   cp.reset_stats();
   dense::CpAttentionSaved saved;
-  const Tensor y = dense::cp_attention_forward(opt, w, x_local, c.B, pos, &cp, saved);
+  const Tensor y = dense::cp_attention_forward(ctx, opt, w, x_local, c.B, pos, &cp, saved);
   const int64_t kv_floats = 2 * c.B * (c.S / n) * kHkv * kHd;  // packed K, V of one rank
   EXPECT_EQ(cp.stats(comm::CommOp::all_gather).calls, n > 1 ? 1 : 0);
   EXPECT_EQ(cp.stats(comm::CommOp::all_gather).bytes,
             n > 1 ? comm::ring_bytes::all_gather(kv_floats, sizeof(float), n) : 0);
   dense::AttentionWeights g = zero_grads(w);
-  const Tensor dx = dense::cp_attention_backward(opt, w, saved, dy_local, &cp, g);
+  const Tensor dx = dense::cp_attention_backward(ctx, opt, w, saved, dy_local, &cp, g);
   EXPECT_EQ(cp.stats(comm::CommOp::reduce_scatter).calls, n > 1 ? 1 : 0);
   EXPECT_EQ(cp.stats(comm::CommOp::reduce_scatter).bytes,
             n > 1 ? comm::ring_bytes::reduce_scatter(kv_floats, sizeof(float), n) : 0);
@@ -290,17 +293,17 @@ TEST(ContextParallel, NullOrSizeOneGroupIsTheDenseModuleBitwise) {
   const Tensor pos = iota(S, 37);  // offset positions: RoPE far from zero
 
   dense::AttentionSaved ref_saved;
-  const Tensor y_ref = dense::attention_module_forward(opt, w, x, B, pos, ref_saved);
+  const Tensor y_ref = dense::attention_module_forward(ctx, opt, w, x, B, pos, ref_saved);
   dense::AttentionWeights g_ref = zero_grads(w);
-  const Tensor dx_ref = dense::attention_module_backward(opt, w, ref_saved, dy, g_ref);
+  const Tensor dx_ref = dense::attention_module_backward(ctx, opt, w, ref_saved, dy, g_ref);
 
   for (comm::Communicator* cp : {static_cast<comm::Communicator*>(nullptr), &one}) {
     SCOPED_TRACE(cp ? "size-1 group" : "null group");
     one.reset_stats();
     dense::CpAttentionSaved saved;
-    const Tensor y = dense::cp_attention_forward(opt, w, x, B, pos, cp, saved);
+    const Tensor y = dense::cp_attention_forward(ctx, opt, w, x, B, pos, cp, saved);
     dense::AttentionWeights g = zero_grads(w);
-    const Tensor dx = dense::cp_attention_backward(opt, w, saved, dy, cp, g);
+    const Tensor dx = dense::cp_attention_backward(ctx, opt, w, saved, dy, cp, g);
     EXPECT_EQ(one.total_bytes(), 0);
     expect_bitwise(y, y_ref, "y");
     expect_bitwise(dx, dx_ref, "dx");

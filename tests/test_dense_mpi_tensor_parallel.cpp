@@ -37,9 +37,12 @@
 #include "kernels/elementwise.h"
 #include "kernels/threads.h"
 #include "mpi_test_main.h"
+#include "test_context.h"
 
 namespace origami {
 namespace {
+
+const ExecContext& ctx = testing::test_context();
 
 using comm::GroupKind;
 using dense::TpRange;
@@ -171,9 +174,9 @@ TEST(TensorParallel, AttentionMatchesSingleRank) {
                             random_tensor({kHkv * kHd, kD}, rng, 0.3f), random_tensor({kD, kHq * kHd}, rng, 0.3f)};
   const Tensor x = random_tensor({kT, kD}, rng), dy = random_tensor({kT, kD}, rng), pos = positions(5);
   dense::AttentionSaved ref_saved;
-  const Tensor y_ref = dense::attention_module_forward(opt, w, x, kB, pos, ref_saved);
+  const Tensor y_ref = dense::attention_module_forward(ctx, opt, w, x, kB, pos, ref_saved);
   dense::AttentionWeights g_ref{zeros_like(w.wq), zeros_like(w.wk), zeros_like(w.wv), zeros_like(w.wo)};
-  const Tensor dx_ref = dense::attention_module_backward(opt, w, ref_saved, dy, g_ref);
+  const Tensor dx_ref = dense::attention_module_backward(ctx, opt, w, ref_saved, dy, g_ref);
 
   const dense::TpAttentionShard s = dense::tp_attention_shard(opt, tp());
   const dense::AttentionWeights wl{rows_of(w.wq, s.q_rows), rows_of(w.wk, s.kv_rows), rows_of(w.wv, s.kv_rows),
@@ -182,9 +185,9 @@ TEST(TensorParallel, AttentionMatchesSingleRank) {
   const TpRange tok = my_tokens();
   const CallCounts before = CallCounts::now();
   dense::AttentionSaved saved;
-  const Tensor y = dense::tp_attention_forward(opt, wl, x.slice(tok.start, tok.count), kB, pos, tp(), saved);
+  const Tensor y = dense::tp_attention_forward(ctx, opt, wl, x.slice(tok.start, tok.count), kB, pos, tp(), saved);
   EXPECT_EQ(saved.x_TD.rows(), kT) << "the gathered input is saved";
-  const Tensor dx = dense::tp_attention_backward(opt, wl, saved, dy.slice(tok.start, tok.count), tp(), gl);
+  const Tensor dx = dense::tp_attention_backward(ctx, opt, wl, saved, dy.slice(tok.start, tok.count), tp(), gl);
   expect_calls(before, 2, 2, "attention forward + backward");
 
   expect_close(y, y_ref.slice(tok.start, tok.count), "y");
@@ -201,17 +204,17 @@ TEST(TensorParallel, MlpMatchesSingleRank) {
                       random_tensor({kD, kF}, rng, 0.3f)};
   const Tensor x = random_tensor({kT, kD}, rng), dy = random_tensor({kT, kD}, rng);
   dense::MlpSaved ref_saved;
-  const Tensor y_ref = dense::mlp_module_forward(w, x, ref_saved);
+  const Tensor y_ref = dense::mlp_module_forward(ctx, w, x, ref_saved);
   dense::MlpWeights g_ref{zeros_like(w.gate), zeros_like(w.up), zeros_like(w.down)};
-  const Tensor dx_ref = dense::mlp_module_backward(w, ref_saved, dy, g_ref);
+  const Tensor dx_ref = dense::mlp_module_backward(ctx, w, ref_saved, dy, g_ref);
 
   const TpRange f = dense::tp_mlp_range(kF, tp()), tok = my_tokens();
   const dense::MlpWeights wl{rows_of(w.gate, f), rows_of(w.up, f), cols_of(w.down, f)};
   dense::MlpWeights gl{zeros_like(wl.gate), zeros_like(wl.up), zeros_like(wl.down)};
   const CallCounts before = CallCounts::now();
   dense::MlpSaved saved;
-  const Tensor y = dense::tp_mlp_forward(wl, x.slice(tok.start, tok.count), tp(), saved);
-  const Tensor dx = dense::tp_mlp_backward(wl, saved, dy.slice(tok.start, tok.count), tp(), gl);
+  const Tensor y = dense::tp_mlp_forward(ctx, wl, x.slice(tok.start, tok.count), tp(), saved);
+  const Tensor dx = dense::tp_mlp_backward(ctx, wl, saved, dy.slice(tok.start, tok.count), tp(), gl);
   expect_calls(before, 2, 2, "mlp forward + backward");
 
   expect_close(y, y_ref.slice(tok.start, tok.count), "y");
@@ -231,27 +234,28 @@ void check_vocab_parallel(int64_t V, uint32_t seed) {
   const float scale = 1.0f / kT;
 
   // Embedding.
-  const Tensor x_ref = dense::embedding_module_forward(ids, table);
+  const Tensor x_ref = dense::embedding_module_forward(ctx, ids, table);
   Tensor dtable_ref = Tensor::zeros({V, kD}, DType::f32, MemCategory::grad);
-  dense::embedding_module_backward(ids, dx, dtable_ref);
-  const Tensor x = dense::tp_embedding_forward(ids, rows_of(table, v), V, tp());
+  dense::embedding_module_backward(ctx, ids, dx, dtable_ref);
+  const Tensor x = dense::tp_embedding_forward(ctx, ids, rows_of(table, v), V, tp());
   Tensor dtable = Tensor::zeros({v.count, kD}, DType::f32, MemCategory::grad);
-  dense::tp_embedding_backward(ids, dx.slice(tok.start, tok.count), V, tp(), dtable);
+  dense::tp_embedding_backward(ctx, ids, dx.slice(tok.start, tok.count), V, tp(), dtable);
   expect_bitwise(x, x_ref.slice(tok.start, tok.count), "embedding x (one non-zero partial per row: exact)");
   if (v.count > 0) expect_close(dtable, rows_of(dtable_ref, v), "embedding dtable slice");
 
   // LM head + vocab-parallel cross-entropy.
   dense::LmHeadSaved ref_saved;
   Tensor loss_ref_T;
-  const double loss_ref = dense::lm_head_forward(head, y, targets, ref_saved, &loss_ref_T);
+  const double loss_ref = dense::lm_head_forward(ctx, head, y, targets, ref_saved, &loss_ref_T);
   Tensor dw_ref = zeros_like(head);
-  const Tensor dy_ref = dense::lm_head_backward(head, ref_saved, scale, dw_ref);
+  const Tensor dy_ref = dense::lm_head_backward(ctx, head, ref_saved, scale, dw_ref);
   const Tensor wl = rows_of(head, v);
   Tensor dwl = zeros_like(wl), loss_T;
   dense::TpLmHeadSaved saved;
   const CallCounts before = CallCounts::now();
-  const double loss = dense::tp_lm_head_forward(wl, V, y.slice(tok.start, tok.count), targets, tp(), saved, &loss_T);
-  const Tensor dy = dense::tp_lm_head_backward(wl, saved, scale, tp(), dwl);
+  const double loss =
+      dense::tp_lm_head_forward(ctx, wl, V, y.slice(tok.start, tok.count), targets, tp(), saved, &loss_T);
+  const Tensor dy = dense::tp_lm_head_backward(ctx, wl, saved, scale, tp(), dwl);
   expect_calls(before, 1, 1, "lm head forward + backward");
   if (tp()->size() > 1) {
     EXPECT_EQ(CallCounts::now().reduces - before.reduces, 2) << "MAX, then one SUM of sum-exp and target logits";
@@ -278,15 +282,15 @@ TEST(TensorParallel, NullCommunicatorIsTheSingleRankModule) {
   const Tensor x = random_tensor({kT, kD}, rng), head = random_tensor({kV, kD}, rng, 0.3f);
   const Tensor targets = ids_covering(kV, rng), pos = positions(0);
   dense::AttentionSaved s1, s2;
-  expect_bitwise(dense::tp_attention_forward(opt, w, x, kB, pos, nullptr, s1),
-                 dense::attention_module_forward(opt, w, x, kB, pos, s2), "attention");
+  expect_bitwise(dense::tp_attention_forward(ctx, opt, w, x, kB, pos, nullptr, s1),
+                 dense::attention_module_forward(ctx, opt, w, x, kB, pos, s2), "attention");
   dense::LmHeadSaved h1;
   dense::TpLmHeadSaved h2;
-  EXPECT_EQ(dense::tp_lm_head_forward(head, kV, x, targets, nullptr, h2),
-            dense::lm_head_forward(head, x, targets, h1));
+  EXPECT_EQ(dense::tp_lm_head_forward(ctx, head, kV, x, targets, nullptr, h2),
+            dense::lm_head_forward(ctx, head, x, targets, h1));
   Tensor dw1 = zeros_like(head), dw2 = zeros_like(head);
-  expect_bitwise(dense::tp_lm_head_backward(head, h2, 0.5f, nullptr, dw2),
-                 dense::lm_head_backward(head, h1, 0.5f, dw1), "lm head dy");
+  expect_bitwise(dense::tp_lm_head_backward(ctx, head, h2, 0.5f, nullptr, dw2),
+                 dense::lm_head_backward(ctx, head, h1, 0.5f, dw1), "lm head dy");
   expect_bitwise(dw2, dw1, "lm head dW");
 }
 
@@ -322,19 +326,22 @@ TEST(TensorParallel, PreNormBlockWithReplicatedNormGrads) {
     dense::AttentionSaved sa;
     dense::MlpSaved sm;
     dense::TpLmHeadSaved sh;
-    Tensor h = dense::tp_embedding_forward(ids, tab, kV, c);  // (T/n, D) from here on
-    Tensor a1 = dense::tp_attention_forward(opt, a, dense::rmsnorm_module_forward(h, n1, eps, s1), kB, pos, c, sa);
-    add_inplace(a1, h);
-    Tensor m1 = dense::tp_mlp_forward(m, dense::rmsnorm_module_forward(a1, n2, eps, s2), c, sm);
-    add_inplace(m1, a1);
-    r.loss = dense::tp_lm_head_forward(hw, kV, dense::rmsnorm_module_forward(m1, n3, eps, s3), targets, c, sh);
-    const Tensor dm1 = dense::rmsnorm_module_backward(dense::tp_lm_head_backward(hw, sh, 1.0f / kT, c, r.dhead), n3,
-                                                      s3, r.dn3);
-    Tensor da1 = dense::rmsnorm_module_backward(dense::tp_mlp_backward(m, sm, dm1, c, mg), n2, s2, r.dn2);
-    add_inplace(da1, dm1);
-    Tensor dh = dense::rmsnorm_module_backward(dense::tp_attention_backward(opt, a, sa, da1, c, ag), n1, s1, r.dn1);
-    add_inplace(dh, da1);
-    dense::tp_embedding_backward(ids, dh, kV, c, r.dtable);
+    Tensor h = dense::tp_embedding_forward(ctx, ids, tab, kV, c);  // (T/n, D) from here on
+    Tensor a1 =
+        dense::tp_attention_forward(ctx, opt, a, dense::rmsnorm_module_forward(ctx, h, n1, eps, s1), kB, pos, c, sa);
+    add_inplace(ctx, a1, h);
+    Tensor m1 = dense::tp_mlp_forward(ctx, m, dense::rmsnorm_module_forward(ctx, a1, n2, eps, s2), c, sm);
+    add_inplace(ctx, m1, a1);
+    r.loss =
+        dense::tp_lm_head_forward(ctx, hw, kV, dense::rmsnorm_module_forward(ctx, m1, n3, eps, s3), targets, c, sh);
+    const Tensor dm1 = dense::rmsnorm_module_backward(
+        ctx, dense::tp_lm_head_backward(ctx, hw, sh, 1.0f / kT, c, r.dhead), n3, s3, r.dn3);
+    Tensor da1 = dense::rmsnorm_module_backward(ctx, dense::tp_mlp_backward(ctx, m, sm, dm1, c, mg), n2, s2, r.dn2);
+    add_inplace(ctx, da1, dm1);
+    Tensor dh =
+        dense::rmsnorm_module_backward(ctx, dense::tp_attention_backward(ctx, opt, a, sa, da1, c, ag), n1, s1, r.dn1);
+    add_inplace(ctx, dh, da1);
+    dense::tp_embedding_backward(ctx, ids, dh, kV, c, r.dtable);
     for (Tensor* g : {&r.dn1, &r.dn2, &r.dn3}) dense::tp_all_reduce_replicated_grad(*g, c);
     return r;
   };

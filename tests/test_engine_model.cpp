@@ -12,9 +12,12 @@
 #include "engine/optimizer.h"
 #include "engine/safetensors.h"
 #include "grad_check.h"
+#include "test_context.h"
 
 namespace origami {
 namespace {
+
+const ExecContext& ctx = testing::test_context();
 
 ModelConfig tiny_model() {
   ModelConfig m;
@@ -30,7 +33,7 @@ ModelConfig tiny_model() {
 
 TEST(Model, FiniteDifferenceThroughEveryParameter) {
   std::mt19937 rng(11);
-  Model model(tiny_model(), 5);
+  Model model(ctx, tiny_model(), 5);
   Tensor tokens = testing::random_tokens(2, 11, 37, rng);
   const float scale = 1.0f / 20.0f;  // mean over 2·10 tokens
   auto objective = [&] {
@@ -50,7 +53,7 @@ TEST(Model, FiniteDifferenceThroughEveryParameter) {
 
 TEST(Model, GradientAccumulationMatchesOneBigMicroBatch) {
   std::mt19937 rng(12);
-  Model a(tiny_model(), 9), b(tiny_model(), 9);
+  Model a(ctx, tiny_model(), 9), b(ctx, tiny_model(), 9);
   Tensor tokens = testing::random_tokens(4, 9, 37, rng);
   const float scale = 1.0f / 32.0f;
   a.params().zero_grads();
@@ -81,7 +84,7 @@ TEST(Model, GradientAccumulationMatchesOneBigMicroBatch) {
 }
 
 TEST(Model, InitIsAPureFunctionOfSeedAndName) {
-  Model a(tiny_model(), 3), b(tiny_model(), 3), c(tiny_model(), 4);
+  Model a(ctx, tiny_model(), 3), b(ctx, tiny_model(), 3), c(ctx, tiny_model(), 4);
   const Tensor pa = a.params().param("model.layers.1.self_attn.k_proj.weight");
   const Tensor pb = b.params().param("model.layers.1.self_attn.k_proj.weight");
   const Tensor pc = c.params().param("model.layers.1.self_attn.k_proj.weight");
@@ -123,7 +126,7 @@ TEST(Optimizer, LearningRateScheduleWarmupThenCosine) {
 TEST(Optimizer, ClipsToTheGlobalNormAndDecaysOnlyMatrices) {
   ModelConfig cfg = tiny_model();
   cfg.num_layers = 1;
-  Model model(cfg, 1);
+  Model model(ctx, cfg, 1);
   OptimizerConfig opt;
   opt.lr = 1e-2;
   opt.weight_decay = 0.5;
@@ -141,7 +144,7 @@ TEST(Optimizer, ClipsToTheGlobalNormAndDecaysOnlyMatrices) {
   std::vector<float> g(gnorm.f32(), gnorm.f32() + gnorm.numel());
 
   AdamW adamw(opt, sched, 10);
-  StepStats st = adamw.step(model.params());
+  StepStats st = adamw.step(ctx, model.params());
   EXPECT_NEAR(st.grad_norm, std::sqrt(expected_sq), 1e-4 * std::sqrt(expected_sq));
   EXPECT_TRUE(st.clipped);
   double after_sq = 0;
@@ -155,7 +158,7 @@ TEST(Optimizer, ClipsToTheGlobalNormAndDecaysOnlyMatrices) {
 
 TEST(Export, SafetensorsRoundTripAndHfNames) {
   testing::ScratchDir dir("export");
-  Model a(tiny_model(), 21), b(tiny_model(), 22);
+  Model a(ctx, tiny_model(), 21), b(ctx, tiny_model(), 22);
   export_hf(a, dir.str());
   load_hf_weights(b, dir.str());
   for (size_t u = 0; u < a.params().units().size(); ++u) {
@@ -175,11 +178,11 @@ TEST(Export, SafetensorsRoundTripAndHfNames) {
 
 TEST(Export, LoadRejectsMismatchedShapes) {
   testing::ScratchDir dir("export-bad");
-  Model a(tiny_model(), 1);
+  Model a(ctx, tiny_model(), 1);
   export_hf(a, dir.str());
   ModelConfig other = tiny_model();
   other.ffn_hidden_size = 64;
-  Model b(other, 1);
+  Model b(ctx, other, 1);
   try {
     load_hf_weights(b, dir.str());
     FAIL() << "expected a UserError";

@@ -10,9 +10,12 @@
 #include "engine/model.h"
 #include "engine/safetensors.h"
 #include "grad_check.h"
+#include "test_context.h"
 
 namespace origami {
 namespace {
+
+const ExecContext& ctx = testing::test_context();
 
 ModelConfig tiny_model() {
   ModelConfig m;
@@ -40,7 +43,7 @@ MoeConfig tiny_moe() {
 }
 
 TEST(MoeModel, LayerPatternAndNames) {
-  Model model(tiny_model(), 1, tiny_moe());
+  Model model(ctx, tiny_model(), 1, tiny_moe());
   EXPECT_NO_THROW(model.params().param("model.layers.0.mlp.gate_proj.weight"));
   EXPECT_NO_THROW(model.params().param("model.layers.1.block_sparse_moe.gate.weight"));
   EXPECT_NO_THROW(model.params().param("model.layers.2.block_sparse_moe.experts.3.w2.weight"));
@@ -56,7 +59,7 @@ TEST(MoeModel, FiniteDifferenceThroughEveryParameterWithAuxAndZLoss) {
   // layer level in test_moe_layer, where the router input is controlled.
   MoeConfig moe = tiny_moe();
   moe.top_k = moe.num_experts;
-  Model model(tiny_model(), 3, moe);
+  Model model(ctx, tiny_model(), 3, moe);
   Tensor tokens = testing::random_tokens(2, 9, 29, rng);
   const float lm_scale = 1.0f / 16.0f, aux_scale = 0.5f;
   // Objective = lm_scale·Σ loss + aux_scale·Σ_layers (aux + z).
@@ -88,7 +91,7 @@ TEST(MoeModel, ExpertBiasMovesTowardTheMeanLoad) {
   MoeConfig moe = tiny_moe();
   moe.expert_bias = true;
   moe.bias_update_rate = 0.25;
-  Model model(tiny_model(), 1, moe);
+  Model model(ctx, tiny_model(), 1, moe);
   MoeLayerRecord r;
   r.layer = 1;
   r.routed_per_expert = {10, 2, 6, 6};  // mean 6
@@ -108,7 +111,7 @@ TEST(MoeModel, ExportRoundTripWithBiasAndConfigFields) {
   moe.score_function = moe::ScoreFunction::sigmoid;
   moe.normalize_topk = true;
   moe.topk_scaling = 2.5;
-  Model a(tiny_model(), 5, moe), b(tiny_model(), 6, moe);
+  Model a(ctx, tiny_model(), 5, moe), b(ctx, tiny_model(), 6, moe);
   MoeLayerRecord r{2, {1, 9, 3, 3}, {1, 9, 3, 3}, {16}, 0, 0};
   a.update_expert_bias({r});
   export_hf(a, dir.str());
@@ -139,7 +142,7 @@ TEST(MoeModel, ExportRoundTripWithBiasAndConfigFields) {
 }
 
 TEST(MoeModel, FlopsCountOnlyActiveExperts) {
-  Model model(tiny_model(), 1, tiny_moe());
+  Model model(ctx, tiny_model(), 1, tiny_moe());
   // Per MoE layer: router E·D + top_k experts + shared expert.
   const int64_t D = 16, attn = D * 8 * (2 * 2 + 2 * 1);
   const int64_t expected = 29 * D + 3 * attn + 3 * D * 24 + 2 * (4 * D + 2 * 3 * D * 12 + 3 * D * 8);

@@ -7,7 +7,7 @@
 //    the timings are finite and non-negative. Data is tagged by micro-batch
 //    and dp replica, so a misrouted tensor fails the comparison;
 //  - Model parity: a 4-layer model (one dense, three MoE layers) split into
-//    stages by Model(..., pp_layers), run through run_one_f_one_b the way
+//    stages by Model(ctx, ..., pp_layers), run through run_one_f_one_b the way
 //    engine/trainer.cpp does it, against the one-rank Model on each rank:
 //    the same summed loss and aux loss, the same gradient for every
 //    parameter a stage owns (its tp slice of the reference under tp = 2),
@@ -30,9 +30,12 @@
 #include "engine/zero.h"
 #include "grad_check.h"
 #include "mpi_test_main.h"
+#include "test_context.h"
 
 namespace origami {
 namespace {
+
+const ExecContext& ctx = testing::test_context();
 
 using testing::world_rank;
 using testing::world_size;
@@ -252,9 +255,9 @@ void check_parity(const comm::LayoutOptions& o, const std::vector<int64_t>& pp_l
   comm::Communicator* pp = pp_group.size() > 1 ? &pp_group : nullptr;
   const ModelConfig cfg = model_config();
   const MoeConfig moe = moe_config();
-  Model model(cfg, kSeed, moe, &g, /*zero_stage=*/0, pp_layers);
-  Model ref(cfg, kSeed, moe);
-  ZeroStore zero(model.params(), g);
+  Model model(ctx, cfg, kSeed, moe, &g, /*zero_stage=*/0, pp_layers);
+  Model ref(ctx, cfg, kSeed, moe);
+  ZeroStore zero(ctx, model.params(), g);
   const PipelineStage& st = model.stage();
   expect_stage_root(g);
 

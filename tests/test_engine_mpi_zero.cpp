@@ -27,9 +27,12 @@
 #include "grad_check.h"
 #include "kernels/threads.h"
 #include "mpi_test_main.h"
+#include "test_context.h"
 
 namespace origami {
 namespace {
+
+const ExecContext& ctx = testing::test_context();
 
 using testing::world_rank;
 
@@ -116,7 +119,7 @@ StepResult train_step(Model& model, ZeroStore& zero, AdamW& opt, uint32_t seed) 
   model.backward(saved, 1.0f / (2 * 16 * kN), 1.0f / kN, &zero);
   zero.finish_gradients();
   const int64_t d1 = dense.total_bytes(), e1 = expert.total_bytes();
-  opt.step(model.params(), {&dense, &expert, nullptr});
+  opt.step(ctx, model.params(), {&dense, &expert, nullptr});
   const int64_t d2 = dense.total_bytes(), e2 = expert.total_bytes();
   zero.finish_step();
   // The optimizer's own grad-norm reduction (one double) is not ZeRO traffic.
@@ -136,8 +139,8 @@ TEST(ZeroMpi, PersistentBytesFollowTheStageFormulas) {
   for (int stage = 0; stage <= 3; ++stage) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     const Ledger before = ledger_now();
-    Model model(model_config(), 7, moe_config(), &groups(), stage);
-    ZeroStore zero(model.params(), groups());
+    Model model(ctx, model_config(), 7, moe_config(), &groups(), stage);
+    ZeroStore zero(ctx, model.params(), groups());
     const Ledger e = expected(model.params(), stage);
     auto check = [&](const char* when) {
       const Ledger now = ledger_now();
@@ -164,8 +167,8 @@ TEST(ZeroMpi, PersistentBytesFollowTheStageFormulas) {
 TEST(ZeroMpi, Stage3MovesOneAndAHalfTimesTheBytes) {
   StepResult r[4];
   for (int stage = 0; stage <= 3; ++stage) {
-    Model model(model_config(), 7, moe_config(), &groups(), stage);
-    ZeroStore zero(model.params(), groups());
+    Model model(ctx, model_config(), 7, moe_config(), &groups(), stage);
+    ZeroStore zero(ctx, model.params(), groups());
     AdamW opt(optimizer_config(), {}, 10);
     r[stage] = train_step(model, zero, opt, 3);
   }
@@ -184,8 +187,8 @@ TEST(ZeroMpi, Stage3MovesOneAndAHalfTimesTheBytes) {
 }
 
 TEST(ZeroMpi, Stage3KeepsAtMostTwoUnitsWhole) {
-  Model model(model_config(), 7, moe_config(), &groups(), 3);
-  ZeroStore zero(model.params(), groups());
+  Model model(ctx, model_config(), 7, moe_config(), &groups(), 3);
+  ZeroStore zero(ctx, model.params(), groups());
   std::vector<int64_t> unit_bytes;
   for (const ParamUnit& u : model.params().units()) unit_bytes.push_back(4 * u.shard.padded);
   std::sort(unit_bytes.rbegin(), unit_bytes.rend());
@@ -208,8 +211,8 @@ TEST(ZeroMpi, EveryStageTrainsTheSameModel) {
   std::vector<std::vector<float>> finals;
   std::vector<double> losses;
   for (int stage = 0; stage <= 3; ++stage) {
-    Model model(model_config(), 7, moe_config(), &groups(), stage);
-    ZeroStore zero(model.params(), groups());
+    Model model(ctx, model_config(), 7, moe_config(), &groups(), stage);
+    ZeroStore zero(ctx, model.params(), groups());
     AdamW opt(optimizer_config(), {}, 10);
     train_step(model, zero, opt, 11);
     losses.push_back(train_step(model, zero, opt, 12).loss);

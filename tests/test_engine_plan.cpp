@@ -15,9 +15,12 @@
 #include "engine/plan.h"
 #include "grad_check.h"
 #include "kernels/allocator.h"
+#include "test_context.h"
 
 namespace origami {
 namespace {
+
+const ExecContext& ctx = testing::test_context();
 
 using comm::GroupKind;
 
@@ -44,7 +47,7 @@ const Model& model_of(const Config& cfg) {
                           std::to_string(cfg.moe.capacity_factor.value_or(0)) + "/" +
                           std::to_string(cfg.moe.pad_to_capacity);
   auto& m = models[key];
-  if (!m) m = std::make_unique<Model>(cfg.model, 3, cfg.moe);
+  if (!m) m = std::make_unique<Model>(ctx, cfg.model, 3, cfg.moe);
   return *m;
 }
 

@@ -18,9 +18,12 @@
 
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
+#include "test_context.h"
 
 namespace origami {
 namespace {
+
+const ExecContext& ctx = testing::test_context();
 
 constexpr float kSentinel = -12345.0f;
 constexpr int64_t kPad = 37;  // sentinel floats on each side of every output
@@ -98,18 +101,18 @@ Tensor nan_workspace(int64_t n) {
   return ws;
 }
 
-Result run_kernel(const Problem& p, bool backward = true) {
+Result run_kernel(const Problem& p, bool backward = true, const ExecContext& ctx = testing::test_context()) {
   const AttentionDims& d = p.d;
   Tensor qp = ints(p.qpos), kp = ints(p.kvpos);
   Fenced o({d.batch, d.q_len, d.num_heads, d.head_dim}), lse({d.batch, d.num_heads, d.q_len});
-  Tensor wf = nan_workspace(attention_forward_workspace(d));
-  attention_forward(d, p.q, p.k, p.v, qp, kp, p.scale, o.view, lse.view, wf);
+  Tensor wf = nan_workspace(attention_forward_workspace_bytes(ctx, d) / 4);
+  attention_forward(ctx, d, p.q, p.k, p.v, qp, kp, p.scale, o.view, lse.view, wf);
   EXPECT_TRUE(o.fences_intact() && lse.fences_intact()) << "forward wrote outside its outputs";
   Result r{flat(o.view), flat(lse.view), {}, {}, {}};
   if (!backward) return r;
   Fenced dq(p.q.shape()), dk(p.k.shape()), dv(p.v.shape());
-  Tensor wb = nan_workspace(attention_backward_workspace(d));
-  attention_backward(d, p.q, p.k, p.v, o.view, lse.view, p.dO, qp, kp, p.scale, dq.view, dk.view, dv.view, wb);
+  Tensor wb = nan_workspace(attention_backward_workspace_bytes(ctx, d) / 4);
+  attention_backward(ctx, d, p.q, p.k, p.v, o.view, lse.view, p.dO, qp, kp, p.scale, dq.view, dk.view, dv.view, wb);
   EXPECT_TRUE(dq.fences_intact() && dk.fences_intact() && dv.fences_intact()) << "backward wrote outside";
   r.dq = flat(dq.view);
   r.dk = flat(dk.view);
@@ -293,12 +296,8 @@ TEST(Attention, BackwardMatchesFiniteDifferencesOfForward) {
 TEST(Attention, ResultsDoNotDependOnThreadCount) {
   auto pos = iota(0, 200);
   Problem p = make_problem(2, 4, 2, 64, pos, pos, 8);
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(1);
-  const Result one = run_kernel(p);
-  omp_set_num_threads(std::max(3, saved));
-  const Result many = run_kernel(p);
-  omp_set_num_threads(saved);
+  const Result one = run_kernel(p, true, ExecContext::cpu(1));
+  const Result many = run_kernel(p, true, ExecContext::cpu(std::max(3, ctx.threads())));
   // Work items own disjoint outputs and each is computed by one thread in a
   // fixed order, so the results are bitwise identical.
   EXPECT_EQ(one.o, many.o);
@@ -318,7 +317,8 @@ TEST(AttentionBench, ReportsRateAgainstSgemm) {
   Tensor qp = ints(p.qpos), kp = ints(p.kvpos);
   Tensor o = make(p.q.shape()), lse = make({B, H, S}), dq = make(p.q.shape()), dk = make(p.k.shape()),
          dv = make(p.v.shape());
-  Tensor wf = make({attention_forward_workspace(d)}), wb = make({attention_backward_workspace(d)});
+  Tensor wf = ctx.workspace(attention_forward_workspace_bytes(ctx, d)),
+         wb = ctx.workspace(attention_backward_workspace_bytes(ctx, d));
   using clock = std::chrono::steady_clock;
   auto secs = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
   const int64_t n = 1024;
@@ -328,15 +328,15 @@ TEST(AttentionBench, ReportsRateAgainstSgemm) {
   double best_fwd = 1e9, best_bwd = 1e9, best_gemm = 1e9;
   for (int rep = 0; rep < 4; ++rep) {  // best of several: other jobs share the cores
     auto t0 = clock::now();
-    attention_forward(d, p.q, p.k, p.v, qp, kp, p.scale, o, lse, wf);
+    attention_forward(ctx, d, p.q, p.k, p.v, qp, kp, p.scale, o, lse, wf);
     auto t1 = clock::now();
-    attention_backward(d, p.q, p.k, p.v, o, lse, p.dO, qp, kp, p.scale, dq, dk, dv, wb);
+    attention_backward(ctx, d, p.q, p.k, p.v, o, lse, p.dO, qp, kp, p.scale, dq, dk, dv, wb);
     auto t2 = clock::now();
     best_fwd = std::min(best_fwd, secs(t0, t1));
     best_bwd = std::min(best_bwd, secs(t1, t2));
     for (int i = 0; i < 3; ++i) {
       auto t3 = clock::now();
-      gemm(A, Trans::no, Bm, Trans::no, C);
+      gemm(ctx, A, Trans::no, Bm, Trans::no, C);
       best_gemm = std::min(best_gemm, secs(t3, clock::now()));
     }
   }

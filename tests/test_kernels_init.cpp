@@ -8,9 +8,12 @@
 #include <cmath>
 
 #include "kernels/init.h"
+#include "test_context.h"
 
 namespace origami {
 namespace {
+
+const ExecContext& ctx = testing::test_context();
 
 Tensor make(int64_t n) { return Tensor::empty({n}, DType::f32, MemCategory::param); }
 
@@ -35,9 +38,9 @@ TEST(InitNormal, ShardsGeneratedApartEqualTheWholeBitwise) {
   const int64_t n = 10007, split = 4099, base = 123456789012;  // offsets past 2^32 exercise the high counter word
   const char* name = "model.layers.3.self_attn.q_proj.weight";
   Tensor whole = make(n), lo = make(split), hi = make(n - split);
-  init_normal(whole, 42, name, base, 0.02f);
-  init_normal(hi, 42, name, base + split, 0.02f);  // the later shard first: order must not matter
-  init_normal(lo, 42, name, base, 0.02f);
+  init_normal(ctx, whole, 42, name, base, 0.02f);
+  init_normal(ctx, hi, 42, name, base + split, 0.02f);  // the later shard first: order must not matter
+  init_normal(ctx, lo, 42, name, base, 0.02f);
   for (int64_t i = 0; i < split; ++i) ASSERT_EQ(whole.f32()[i], lo.f32()[i]) << i;
   for (int64_t i = split; i < n; ++i) ASSERT_EQ(whole.f32()[i], hi.f32()[i - split]) << i;
   int64_t nonzero = 0;
@@ -48,14 +51,10 @@ TEST(InitNormal, ShardsGeneratedApartEqualTheWholeBitwise) {
 TEST(InitNormal, IndependentOfThreadCountAndDistinctPerNameAndSeed) {
   const int64_t n = 5000;
   Tensor a = make(n), b = make(n), other_name = make(n), other_seed = make(n);
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(1);
-  init_normal(a, 7, "w", 0, 1.0f);
-  omp_set_num_threads(std::max(3, saved));
-  init_normal(b, 7, "w", 0, 1.0f);
-  omp_set_num_threads(saved);
-  init_normal(other_name, 7, "v", 0, 1.0f);
-  init_normal(other_seed, 8, "w", 0, 1.0f);
+  init_normal(ExecContext::cpu(1), a, 7, "w", 0, 1.0f);
+  init_normal(ExecContext::cpu(std::max(3, ctx.threads())), b, 7, "w", 0, 1.0f);
+  init_normal(ctx, other_name, 7, "v", 0, 1.0f);
+  init_normal(ctx, other_seed, 8, "w", 0, 1.0f);
   int64_t same_name = 0, same_seed = 0;
   for (int64_t i = 0; i < n; ++i) {
     ASSERT_EQ(a.f32()[i], b.f32()[i]) << i;
@@ -70,7 +69,7 @@ TEST(InitNormal, SampleMomentsMatchRequestedStd) {
   const int64_t n = 100000;
   const float std = 0.02f;
   Tensor t = make(n);
-  init_normal(t, 1234, "model.embed_tokens.weight", 0, std);
+  init_normal(ctx, t, 1234, "model.embed_tokens.weight", 0, std);
   double s = 0.0, ss = 0.0, s4 = 0.0;
   for (int64_t i = 0; i < n; ++i) {
     const double x = t.f32()[i] / static_cast<double>(std);
@@ -88,7 +87,7 @@ TEST(InitNormal, SampleMomentsMatchRequestedStd) {
 
 TEST(InitConstant, FillsEveryElement) {
   Tensor t = make(1001);
-  init_constant(t, 1.0f);
+  init_constant(ctx, t, 1.0f);
   for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(t.f32()[i], 1.0f);
 }
 

@@ -16,9 +16,12 @@
 #include <vector>
 
 #include "kernels/moe_ops.h"
+#include "test_context.h"
 
 namespace origami {
 namespace {
+
+const ExecContext& ctx = testing::test_context();
 
 constexpr float kSentinel = -12345.0f;
 
@@ -107,10 +110,11 @@ std::vector<double> to_double(const Tensor& t) { return std::vector<double>(t.f3
 struct TopkOut {
   Tensor scores, experts, weights, lse;
 };
-TopkOut run_topk(const Tensor& logits, const Tensor& bias, const MoeTopkParams& p) {
+TopkOut run_topk(const Tensor& logits, const Tensor& bias, const MoeTopkParams& p,
+                 const ExecContext& ctx = testing::test_context()) {
   const int64_t T = logits.rows(), E = logits.cols();
   TopkOut o{make({T, E}), make({T, p.top_k}, DType::i32), make({T, p.top_k}), make({T})};
-  moe_topk_forward(logits, bias, p, o.scores, o.experts, o.weights, o.lse);
+  moe_topk_forward(ctx, logits, bias, p, o.scores, o.experts, o.weights, o.lse);
   return o;
 }
 
@@ -190,7 +194,7 @@ TEST(KernelsMoe, TopkBackwardMatchesFp64CentralDifferences) {
       const TopkOut o = run_topk(logits, Tensor(), p);
       const float zc = 0.07f;
       Tensor dz = make({T, E});
-      moe_topk_backward(logits, o.scores, o.experts, R, A, seg, zc, p, dz);
+      moe_topk_backward(ctx, logits, o.scores, o.experts, R, A, seg, zc, p, dz);
       const std::vector<int> experts(o.experts.i32(), o.experts.i32() + T * K);
       std::vector<double> z = to_double(logits);
       const std::vector<double> Rd = to_double(R), Ad = to_double(A);
@@ -217,7 +221,7 @@ TEST(KernelsMoe, RoutingStatsPerSegmentAcrossChunkBoundaries) {
     MoeTopkParams p{sc, 2, 1, 1, false, 1.0f};
     const TopkOut o = run_topk(randn({T, E}, rng), Tensor(), p);
     std::vector<double> counts(S * E), sums(S * E);
-    moe_routing_stats(o.scores, o.experts, sc, seg, counts.data(), sums.data());
+    moe_routing_stats(ctx, o.scores, o.experts, sc, seg, counts.data(), sums.data());
     std::vector<double> wc(S * E, 0.0), ws(S * E, 0.0);
     for (int64_t t = 0; t < T; ++t) {
       for (int j = 0; j < 2; ++j) wc[(t / seg) * E + o.experts.i32()[t * 2 + j]] += 1;
@@ -241,9 +245,9 @@ TEST(KernelsMoe, HistogramCountsKeptSlots) {
   const uint8_t k[] = {1, 1, 0, 1, 1, 1, 0, 1};
   std::copy(e, e + 8, ex.i32());
   std::copy(k, k + 8, kept.data<uint8_t>());
-  moe_expert_histogram(ex, Tensor(), 3, cnt);
+  moe_expert_histogram(ctx, ex, Tensor(), 3, cnt);
   EXPECT_EQ(std::vector<int64_t>(cnt.data<int64_t>(), cnt.data<int64_t>() + 3), (std::vector<int64_t>{2, 2, 4}));
-  moe_expert_histogram(ex, kept, 3, cnt);
+  moe_expert_histogram(ctx, ex, kept, 3, cnt);
   EXPECT_EQ(std::vector<int64_t>(cnt.data<int64_t>(), cnt.data<int64_t>() + 3), (std::vector<int64_t>{2, 1, 3}));
 }
 
@@ -255,7 +259,7 @@ Maps small_maps(const Tensor& ex, const Tensor& kept, int64_t E, int64_t rows_ea
   Tensor rows = make({E}, DType::i64);
   std::fill(rows.data<int64_t>(), rows.data<int64_t>() + E, rows_each);
   Maps m{make(ex.shape(), DType::i32), make({E * rows_each}, DType::i32), make({E * rows_each}, DType::i32)};
-  moe_permutation_maps(ex, kept, rows, m.row_of, m.token, m.slot);
+  moe_permutation_maps(ctx, ex, kept, rows, m.row_of, m.token, m.slot);
   return m;
 }
 
@@ -270,9 +274,9 @@ TEST(KernelsMoe, GathersStayInsideTheirOutputs) {
   const Maps m = small_maps(ex, kept, E, 4);
   Tensor x = randn({T, D}, rng), w = randn({T, K}, rng);
   Guarded x_ND({E * 4, D}), out({T, D}), dy({E * 4, D}), dw({T, K});
-  moe_permute_rows(x, m.token, x_ND.view);
-  moe_unpermute_rows(x_ND.view, m.row_of, w, out.view);
-  moe_unpermute_rows_backward(x, x_ND.view, m.row_of, m.token, w, dy.view, dw.view);
+  moe_permute_rows(ctx, x, m.token, x_ND.view);
+  moe_unpermute_rows(ctx, x_ND.view, m.row_of, w, out.view);
+  moe_unpermute_rows_backward(ctx, x, x_ND.view, m.row_of, m.token, w, dy.view, dw.view);
   x_ND.expect_intact("permute");
   out.expect_intact("unpermute");
   dy.expect_intact("unpermute dy");
@@ -296,25 +300,25 @@ TEST(KernelsMoe, ResultsDoNotDependOnThreadCount) {
   MoeTopkParams p{MoeScore::sigmoid, K, 4, 2, true, 2.0f};
   Tensor logits = randn({T, E}, rng, 2.0f), R = randn({T, K}, rng), A = randn({1, E}, rng), x = randn({T, D}, rng);
   auto run = [&](int threads) {
-    const int saved = omp_get_max_threads();
-    omp_set_num_threads(threads);
+    const ExecContext local = ExecContext::cpu(threads);
+    const ExecContext& ctx = local;
     std::vector<float> out;
-    const TopkOut o = run_topk(logits, Tensor(), p);
+    const TopkOut o = run_topk(logits, Tensor(), p, ctx);
     std::vector<double> c(E), s(E);
-    moe_routing_stats(o.scores, o.experts, p.score, T, c.data(), s.data());
+    moe_routing_stats(ctx, o.scores, o.experts, p.score, T, c.data(), s.data());
     Tensor dz = make({T, E});
-    moe_topk_backward(logits, o.scores, o.experts, R, A, T, 0.01f, p, dz);
+    moe_topk_backward(ctx, logits, o.scores, o.experts, R, A, T, 0.01f, p, dz);
     const Maps m = small_maps(o.experts, Tensor(), E, T);
     Tensor x_ND = make({E * T, D}), y = make({T, D}), dy = make({E * T, D}), dw = make({T, K});
-    moe_permute_rows(x, m.token, x_ND);
-    moe_unpermute_rows(x_ND, m.row_of, o.weights, y);
-    moe_unpermute_rows_backward(x, x_ND, m.row_of, m.token, o.weights, dy, dw);
+    moe_permute_rows(ctx, x, m.token, x_ND);
+    moe_unpermute_rows(ctx, x_ND, m.row_of, o.weights, y);
+    moe_unpermute_rows_backward(ctx, x, x_ND, m.row_of, m.token, o.weights, dy, dw);
     Tensor dx = make({T, D});
     std::fill(dx.f32(), dx.f32() + T * D, 0.0f);
-    moe_permute_rows_backward(dy, m.row_of, dx);
+    moe_permute_rows_backward(ctx, dy, m.row_of, dx);
     for (const Tensor& t : {o.scores, o.weights, dz, y, dw, dx}) out.insert(out.end(), t.f32(), t.f32() + t.numel());
-    for (int64_t e = 0; e < E; ++e) out.push_back(float(c[e])), out.push_back(float(s[e])), out.push_back(float(s[e] - float(s[e])));
-    omp_set_num_threads(saved);
+    for (int64_t e = 0; e < E; ++e)
+      out.push_back(float(c[e])), out.push_back(float(s[e])), out.push_back(float(s[e] - float(s[e])));
     return out;
   };
   const std::vector<float> one = run(1), three = run(3);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/adamw.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
@@ -23,9 +24,12 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
+#include "test_context.h"
 
 namespace origami {
 namespace {
+
+const ExecContext& ctx = testing::test_context();
 
 Tensor make(Shape s) { return Tensor::empty(std::move(s), DType::f32, MemCategory::activation); }
 
@@ -105,13 +109,13 @@ TEST(Gemm, AllTransposesAlphaBetaExactOnIntegers) {
       const std::vector<double> C0 = to_double(C);
       // |Σ| <= 45·16 and alpha, beta are short binary fractions: every
       // intermediate is exact in fp32, so the comparison is exact.
-      gemm(A, ta, B, tb, C, 0.5f, -1.5f);
+      gemm(ctx, A, ta, B, tb, C, 0.5f, -1.5f);
       const auto want = ref_gemm(A, ta, B, tb, C0, M, N, K, 0.5, -1.5);
       for (int64_t i = 0; i < M * N; ++i) ASSERT_EQ(C.f32()[i], want[i]) << "ta/tb " << int(ta) << int(tb) << " @" << i;
       EXPECT_GT(count_nonzero(C), M * N / 2);
       // beta = 0 overwrites, even over NaN (BLAS semantics).
       for (int64_t i = 0; i < M * N; ++i) C.f32()[i] = std::nanf("");
-      gemm(A, ta, B, tb, C);
+      gemm(ctx, A, ta, B, tb, C);
       const auto want0 = ref_gemm(A, ta, B, tb, std::vector<double>(M * N, 0.0), M, N, K, 1.0, 0.0);
       for (int64_t i = 0; i < M * N; ++i) ASSERT_EQ(C.f32()[i], want0[i]);
     }
@@ -120,7 +124,7 @@ TEST(Gemm, AllTransposesAlphaBetaExactOnIntegers) {
 TEST(Gemm, RandomNormalRank3ReadsAsMatrix) {
   std::mt19937 g(2);
   Tensor A = randn({3, 50, 64}, g), B = randn({70, 64}, g), C = make({3, 50, 70});
-  gemm(A, Trans::no, B, Trans::yes, C);
+  gemm(ctx, A, Trans::no, B, Trans::yes, C);
   const auto want = ref_gemm(A.view({150, 64}), Trans::no, B, Trans::yes, std::vector<double>(150 * 70), 150, 70,
                              64, 1.0, 0.0);
   // fp32 dot products of 64 unit normals: error ~ sqrt(64)·ulp·|terms|.
@@ -132,7 +136,7 @@ TEST(Gemm, KZeroScalesC) {
   std::mt19937 g(3);
   Tensor A = make({4, 0}), B = make({0, 5}), C = randint({4, 5}, g, 1, 9);
   const auto c0 = to_double(C);
-  gemm(A, Trans::no, B, Trans::no, C, 1.0f, 2.0f);
+  gemm(ctx, A, Trans::no, B, Trans::no, C, 1.0f, 2.0f);
   for (int64_t i = 0; i < 20; ++i) EXPECT_EQ(C.f32()[i], 2.0 * c0[i]);
 }
 
@@ -179,7 +183,7 @@ TEST(Gemm, RawInsideParallelRegionIsSingleThreadedAndCorrect) {
   {
     const int t = omp_get_thread_num();
     for (int rep = 0; rep < 10; ++rep)
-      sgemm_raw(Trans::no, Trans::yes, n, n, n, 1.0f, A[t].f32(), n, B[t].f32(), n, 0.0f, C[t].f32(), n);
+      cpu::sgemm_raw(Trans::no, Trans::yes, n, n, n, 1.0f, A[t].f32(), n, B[t].f32(), n, 0.0f, C[t].f32(), n);
   }
   omp_set_max_active_levels(saved_levels);
   done = true;
@@ -195,7 +199,7 @@ TEST(Gemm, RawInsideParallelRegionIsSingleThreadedAndCorrect) {
 TEST(GemmDeathTest, MismatchedInnerDimensionNamesShapes) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   Tensor A = make({4, 5}), B = make({6, 7}), C = make({4, 7});
-  EXPECT_DEATH(gemm(A, Trans::no, B, Trans::no, C), "inner dimensions differ.*\\[4, 5\\]");
+  EXPECT_DEATH(gemm(ctx, A, Trans::no, B, Trans::no, C), "inner dimensions differ.*\\[4, 5\\]");
 }
 
 // ---------------------------------------------------------------- rmsnorm
@@ -218,7 +222,7 @@ TEST(RmsNorm, ForwardBackwardAgainstDoubleAndFiniteDifferences) {
   const float eps = 1e-5f;
   Tensor x = randn({T, D}, g, 2.0f), w = randn({D}, g), dy = randn({T, D}, g);
   Tensor y = make({T, D}), rstd = make({T});
-  rmsnorm_forward(x, w, eps, y, rstd);
+  rmsnorm_forward(ctx, x, w, eps, y, rstd);
   const auto xd = to_double(x), wd = to_double(w), dyd = to_double(dy);
   // fp32 sum of 67 squares, then rsqrt: a few ulp.
   EXPECT_LT(rel_err(y, ref_rmsnorm(xd, wd, T, D, eps)), 2e-6);
@@ -226,8 +230,8 @@ TEST(RmsNorm, ForwardBackwardAgainstDoubleAndFiniteDifferences) {
 
   Tensor dx = make({T, D}), dw = randn({D}, g);
   const auto dw0 = to_double(dw);
-  Tensor ws = make({rmsnorm_backward_workspace(T, D)});
-  rmsnorm_backward(dy, x, w, rstd, dx, dw, ws);
+  Tensor ws = ctx.workspace(rmsnorm_backward_workspace_bytes(ctx, T, D));
+  rmsnorm_backward(ctx, dy, x, w, rstd, dx, dw, ws);
 
   // dx against central differences of the double forward (an independent
   // derivation, not a restatement of the kernel's formula). L = Σ dy ⊙ y.
@@ -270,7 +274,7 @@ TEST(Rope, ForwardMatchesDoubleAtLargePositionsAndBackwardIsInverseAndAdjoint) {
   Tensor x = randn({B, S, H, hd}, g);
   const auto xd = to_double(x);
   Tensor y = clone(x);
-  rope_forward(y, pos, theta);
+  rope_forward(ctx, y, pos, theta);
 
   std::vector<double> want(xd.size());
   for (int64_t b = 0; b < B; ++b)
@@ -288,13 +292,13 @@ TEST(Rope, ForwardMatchesDoubleAtLargePositionsAndBackwardIsInverseAndAdjoint) {
   EXPECT_EQ(count_nonzero(y), y.numel());
 
   Tensor back = clone(y);
-  rope_backward(back, pos, theta);
+  rope_backward(ctx, back, pos, theta);
   EXPECT_LT(rel_err(back, xd), 1e-6);  // R(−θ)·R(θ) = I up to fp32 rounding
 
   // Adjoint: <R x, z> = <x, Rᵀ z> for an unrelated z.
   Tensor z = randn({B, S, H, hd}, g);
   Tensor rtz = clone(z);
-  rope_backward(rtz, pos, theta);
+  rope_backward(ctx, rtz, pos, theta);
   double lhs = 0.0, rhs = 0.0, mag = 0.0;
   for (int64_t i = 0; i < x.numel(); ++i) {
     lhs += static_cast<double>(y.f32()[i]) * z.f32()[i];
@@ -314,8 +318,8 @@ TEST(SwiGlu, ForwardBackwardAgainstDoubleAndFiniteDifferences) {
   gate.f32()[0] = 95.0f;   // saturated σ = 1
   gate.f32()[1] = -95.0f;  // saturated σ = 0
   Tensor h = make({T, F}), dgate = make({T, F}), dup = make({T, F});
-  swiglu_forward(gate, up, h);
-  swiglu_backward(dh, gate, up, dgate, dup);
+  swiglu_forward(ctx, gate, up, h);
+  swiglu_backward(ctx, dh, gate, up, dgate, dup);
   auto silu = [](double v) { return v / (1.0 + std::exp(-v)); };
   std::vector<double> want_h(T * F), want_dg(T * F), want_du(T * F);
   for (int64_t i = 0; i < T * F; ++i) {
@@ -344,7 +348,7 @@ TEST(Embedding, ShardOffsetOutOfShardIdsAndRepeatedIds) {
   Tensor ids = ints(id_v);
   Tensor table = randn({V, D}, g), out = make({T, D});
   for (int64_t i = 0; i < out.numel(); ++i) out.f32()[i] = std::nanf("");  // must be overwritten
-  embedding_forward(ids, table, vocab_start, out);
+  embedding_forward(ctx, ids, table, vocab_start, out);
   for (int64_t t = 0; t < T; ++t) {
     const int64_t row = id_v[t] - vocab_start;
     for (int64_t c = 0; c < D; ++c)
@@ -359,7 +363,7 @@ TEST(Embedding, ShardOffsetOutOfShardIdsAndRepeatedIds) {
     if (row < 0 || row >= V) continue;
     for (int64_t c = 0; c < D; ++c) want[row * D + c] += dout.f32()[t * D + c];
   }
-  embedding_backward(ids, dout, vocab_start, dtable);
+  embedding_backward(ctx, ids, dout, vocab_start, dtable);
   for (int64_t i = 0; i < V * D; ++i) ASSERT_EQ(dtable.f32()[i], want[i]) << i;  // integers: exact
   EXPECT_GT(count_nonzero(dtable), 0);
 }
@@ -375,7 +379,7 @@ TEST(CrossEntropy, ForwardBackwardInPlaceAndFiniteDifferences) {
   for (auto& t : tv) t = pick(g);
   tv[0] = V - 1;  // last column: the tail of any vector loop
   Tensor targets = ints(tv), loss = make({T}), lse = make({T});
-  cross_entropy_forward(logits, targets, loss, lse);
+  cross_entropy_forward(ctx, logits, targets, loss, lse);
 
   auto ref_loss = [&](const std::vector<double>& x, int64_t t, double* lse_out) {
     double mx = -INFINITY, se = 0.0;
@@ -394,7 +398,7 @@ TEST(CrossEntropy, ForwardBackwardInPlaceAndFiniteDifferences) {
 
   const float scale = 0.37f;
   Tensor dlogits = make({T, V});
-  cross_entropy_backward(logits, targets, lse, scale, dlogits);
+  cross_entropy_backward(ctx, logits, targets, lse, scale, dlogits);
   std::vector<double> want_d(T * V);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < V; ++i)
@@ -415,7 +419,7 @@ TEST(CrossEntropy, ForwardBackwardInPlaceAndFiniteDifferences) {
 
   // In place: dlogits aliasing logits gives bitwise the same result.
   Tensor inplace = clone(logits);
-  cross_entropy_backward(inplace, targets, lse, scale, inplace);
+  cross_entropy_backward(ctx, inplace, targets, lse, scale, inplace);
   for (int64_t i = 0; i < T * V; ++i) ASSERT_EQ(inplace.f32()[i], dlogits.f32()[i]) << i;
 }
 
@@ -438,7 +442,7 @@ TEST(AdamW, ThreeStepsMatchTorchFormulaInDouble) {
     Tensor grad = randn({n}, g, 0.5f);
     s.step = step;
     const std::vector<double> p_before = to_double(p), pd_before = pd;
-    adamw_update(p, grad, m, v, s);
+    adamw_update(ctx, p, grad, m, v, s);
     // torch.optim.AdamW (foreach=False), written out in double.
     const double b1 = s.beta1, b2 = s.beta2, lr = s.lr, wd = s.weight_decay, eps = s.eps;
     const double bc1 = 1 - std::pow(b1, step), bc2 = 1 - std::pow(b2, step);
@@ -475,9 +479,9 @@ TEST(Elementwise, AxpyAddScaleAndFp64Reductions) {
   const int64_t n = 100003;
   Tensor x = randint({n}, g, -9, 9), y = randint({n}, g, -9, 9);
   const auto x0 = to_double(x), y0 = to_double(y);
-  add_inplace(y, x);
-  axpy(-2.5f, x, y);
-  scale_inplace(y, 0.5f);
+  add_inplace(ctx, y, x);
+  axpy(ctx, -2.5f, x, y);
+  scale_inplace(ctx, y, 0.5f);
   std::vector<double> want(n);
   for (int64_t i = 0; i < n; ++i) want[i] = (y0[i] + x0[i] - 2.5 * x0[i]) * 0.5;
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y.f32()[i], want[i]) << i;  // short binary fractions: exact
@@ -490,13 +494,13 @@ TEST(Elementwise, AxpyAddScaleAndFp64Reductions) {
     s += r.f32()[i];
   }
   // Both sides sum fp32 values in double, in different orders.
-  EXPECT_NEAR(sum_squares(r), ss, 2e-11 * ss);  // n·eps bound for positive terms
+  EXPECT_NEAR(sum_squares(ctx, r), ss, 2e-11 * ss);  // n·eps bound for positive terms
   double mag = 0.0;
   for (int64_t i = 0; i < n; ++i) mag += std::abs(r.f32()[i]);
-  EXPECT_NEAR(sum(r), s, 2e-11 * mag);
+  EXPECT_NEAR(sum(ctx, r), s, 2e-11 * mag);
   EXPECT_GT(ss, 0.0);
   // Reproducible: same input, same thread count, bitwise the same result.
-  EXPECT_EQ(sum_squares(r), sum_squares(r));
+  EXPECT_EQ(sum_squares(ctx, r), sum_squares(ctx, r));
 }
 
 }  // namespace

@@ -17,9 +17,12 @@
 #include "kernels/gemm.h"
 #include "moe/dispatch.h"
 #include "moe/router.h"
+#include "test_context.h"
 
 namespace origami::moe {
 namespace {
+
+const ExecContext& ctx = testing::test_context();
 
 using testing::random_tensor;
 
@@ -86,7 +89,7 @@ TEST(MoeDispatch, DropPoliciesMatchNaive) {
   for (DropPolicy policy : {DropPolicy::probs, DropPolicy::position}) {
     for (int64_t C : {0, 1, 3, 9, 200}) {
       const RandomRouting r = random_routing(T, K, E, rng);
-      Tensor kept = apply_capacity(capacity_options(1.0, policy), r.expert_TK, r.weight_TK, E, C);
+      Tensor kept = apply_capacity(ctx, capacity_options(1.0, policy), r.expert_TK, r.weight_TK, E, C);
       const std::vector<uint8_t> want = naive_kept(r, E, C, policy);
       int64_t n_kept = 0;
       for (int64_t i = 0; i < T * K; ++i) {
@@ -102,7 +105,7 @@ TEST(MoeDispatch, DropPoliciesMatchNaive) {
   }
   // Dropless keeps everything.
   const RandomRouting r = random_routing(T, K, E, rng);
-  Tensor all = apply_capacity(capacity_options(std::nullopt), r.expert_TK, r.weight_TK, E, -1);
+  Tensor all = apply_capacity(ctx, capacity_options(std::nullopt), r.expert_TK, r.weight_TK, E, -1);
   for (int64_t i = 0; i < T * K; ++i) EXPECT_EQ(all.data<uint8_t>()[i], 1);
 }
 
@@ -114,7 +117,7 @@ TEST(MoeDispatch, ProbsPolicyBreaksWeightTiesByTokenThenSlot) {
   const int32_t experts[] = {1, 0, 0, 2, 3, 0, 0, 1, 2, 0};
   for (int i = 0; i < 10; ++i) ex.i32()[i] = experts[i], w.f32()[i] = 0.5f;
   w.f32()[9] = 0.75f;  // token 4's expert-0 slot outranks everyone
-  Tensor kept = apply_capacity(capacity_options(1.0, DropPolicy::probs), ex, w, 4, 2);
+  Tensor kept = apply_capacity(ctx, capacity_options(1.0, DropPolicy::probs), ex, w, 4, 2);
   const uint8_t want[] = {1, 1, 0, 1, 1, 0, 0, 1, 1, 1};  // expert 0 keeps slot 9, then slot 1 (token 0)
   for (int i = 0; i < 10; ++i) EXPECT_EQ(kept.data<uint8_t>()[i], want[i]) << "slot " << i;
 }
@@ -148,8 +151,8 @@ TEST(MoeDispatch, PermutationLayoutCountsAndPadding) {
       const RandomRouting r = random_routing(T, K, E, rng);
       const CapacityOptions opt = capacity_options(cf, DropPolicy::probs, pad);
       const int64_t C = expert_capacity(opt, T, K, E);
-      Tensor kept = apply_capacity(opt, r.expert_TK, r.weight_TK, E, C);
-      const Permutation p = make_permutation(r.expert_TK, kept, E, C, pad);
+      Tensor kept = apply_capacity(ctx, opt, r.expert_TK, r.weight_TK, E, C);
+      const Permutation p = make_permutation(ctx, r.expert_TK, kept, E, C, pad);
       const NaiveLayout want = naive_layout(r.expert_TK, kept, E, pad ? C : 0);
       SCOPED_TRACE(::testing::Message() << "pad " << pad << " C " << C);
       ASSERT_EQ(p.num_rows(), int64_t(want.token.size()));
@@ -201,8 +204,8 @@ Routed routed_setup(int64_t T, int64_t K, int64_t E, std::mt19937& rng, bool pad
   Routed s{random_routing(T, K, E, rng), Tensor(), Permutation()};
   const CapacityOptions opt = capacity_options(0.8, DropPolicy::position, pad);
   const int64_t C = expert_capacity(opt, T, K, E);
-  s.kept = apply_capacity(opt, s.r.expert_TK, s.r.weight_TK, E, C);
-  s.perm = make_permutation(s.r.expert_TK, s.kept, E, C, pad);
+  s.kept = apply_capacity(ctx, opt, s.r.expert_TK, s.r.weight_TK, E, C);
+  s.perm = make_permutation(ctx, s.r.expert_TK, s.kept, E, C, pad);
   return s;
 }
 
@@ -212,12 +215,12 @@ TEST(MoeDispatch, UnpermuteOfPermuteScalesEachTokenByItsKeptWeight) {
   for (bool pad : {false, true}) {
     const Routed s = routed_setup(T, K, E, rng, pad);
     Tensor x = random_tensor({T, D}, rng);
-    Tensor x_ND = permute_rows(x, s.perm);
+    Tensor x_ND = permute_rows(ctx, x, s.perm);
     for (int64_t n = 0; n < s.perm.num_rows(); ++n) {
       const int32_t t = s.perm.row_token_N.i32()[n];
       for (int64_t d = 0; d < D; ++d) EXPECT_EQ(x_ND.f32()[n * D + d], t < 0 ? 0.0f : x.f32()[t * D + d]);
     }
-    Tensor out = unpermute_rows(x_ND, s.perm, s.r.weight_TK, T);
+    Tensor out = unpermute_rows(ctx, x_ND, s.perm, s.r.weight_TK, T);
     int64_t zero_tokens = 0;
     for (int64_t t = 0; t < T; ++t) {
       double w = 0;
@@ -242,9 +245,9 @@ TEST(MoeDispatch, BackwardPassesAreExactAdjoints) {
     Tensor x = random_tensor({T, D}, rng), g_ND = random_tensor({N, D}, rng);
     Tensor base = random_tensor({T, D}, rng), dx = Tensor::empty({T, D}, DType::f32, MemCategory::grad);
     dx.copy_from(base);
-    permute_rows_backward(g_ND, s.perm, dx);
+    permute_rows_backward(ctx, g_ND, s.perm, dx);
     for (int64_t i = 0; i < T * D; ++i) dx.f32()[i] -= base.f32()[i];
-    const double lhs = dot_d(permute_rows(x, s.perm), g_ND), rhs = dot_d(x, dx);
+    const double lhs = dot_d(permute_rows(ctx, x, s.perm), g_ND), rhs = dot_d(x, dx);
     // fp32 row sums of ≤ K terms, dotted in fp64: ~1e-6 relative.
     EXPECT_NEAR(lhs, rhs, 1e-5 * std::abs(lhs));
     EXPECT_GT(std::abs(lhs), 1e-3);
@@ -253,8 +256,8 @@ TEST(MoeDispatch, BackwardPassesAreExactAdjoints) {
     Tensor y = random_tensor({N, D}, rng), g_TD = random_tensor({T, D}, rng);
     Tensor dy = Tensor::empty({N, D}, DType::f32, MemCategory::grad), dw;
     std::fill(dy.f32(), dy.f32() + N * D, 7.0f);  // must be overwritten, padding included
-    unpermute_rows_backward(g_TD, y, s.perm, s.r.weight_TK, dy, dw);
-    const double f = dot_d(unpermute_rows(y, s.perm, s.r.weight_TK, T), g_TD);
+    unpermute_rows_backward(ctx, g_TD, y, s.perm, s.r.weight_TK, dy, dw);
+    const double f = dot_d(unpermute_rows(ctx, y, s.perm, s.r.weight_TK, T), g_TD);
     EXPECT_NEAR(dot_d(y, dy), f, 1e-5 * std::abs(f));
     EXPECT_NEAR(dot_d(s.r.weight_TK, dw), f, 1e-5 * std::abs(f));
     EXPECT_GT(std::abs(f), 1e-3);
@@ -303,8 +306,8 @@ double best_ms(int reps, F fn) {
 // memory-bound and gain less from threads than the GEMMs, so the 1-thread
 // ratio understates the real one a little; measured 1-2%, far under 25%.
 TEST(MoeDispatch, RoutingCostIsSmallNextToExpertGemmsAtBenchSize) {
-  const int saved_threads = omp_get_max_threads();
-  omp_set_num_threads(1);
+  const ExecContext one_thread = ExecContext::cpu(1);
+  const ExecContext& ctx = one_thread;
   std::mt19937 rng(61);
   const int64_t T = 4096, D = 512, E = 8, K = 2, F = 512;
   RouterOptions ro;
@@ -315,30 +318,29 @@ TEST(MoeDispatch, RoutingCostIsSmallNextToExpertGemmsAtBenchSize) {
   const double router_ms = best_ms(7, [&] {
     RouterSaved saved;
     RouterLosses losses;
-    router_forward(ro, x, gate, Tensor(), 512, saved, losses);
-    router_backward(ro, saved, gate, dw_TK, 1.0f, dgate);
+    router_forward(ctx, ro, x, gate, Tensor(), 512, saved, losses);
+    router_backward(ctx, ro, saved, gate, dw_TK, 1.0f, dgate);
   });
   RouterSaved saved;
   RouterLosses losses;
-  const Routing routing = router_forward(ro, x, gate, Tensor(), 512, saved, losses);
+  const Routing routing = router_forward(ctx, ro, x, gate, Tensor(), 512, saved, losses);
   Tensor dout = random_tensor({T, D}, rng), dx = Tensor::zeros({T, D}, DType::f32, MemCategory::grad);
   const double perm_ms = best_ms(7, [&] {
-    const Permutation p = make_permutation(routing.expert_TK, Tensor(), E, -1, false);
-    Tensor x_ND = permute_rows(x, p);
-    Tensor out = unpermute_rows(x_ND, p, routing.weight_TK, T);
+    const Permutation p = make_permutation(ctx, routing.expert_TK, Tensor(), E, -1, false);
+    Tensor x_ND = permute_rows(ctx, x, p);
+    Tensor out = unpermute_rows(ctx, x_ND, p, routing.weight_TK, T);
     Tensor dy, dweight;
-    unpermute_rows_backward(dout, x_ND, p, routing.weight_TK, dy, dweight);
-    permute_rows_backward(dy, p, dx);
+    unpermute_rows_backward(ctx, dout, x_ND, p, routing.weight_TK, dy, dweight);
+    permute_rows_backward(ctx, dy, p, dx);
   });
   Tensor a = random_tensor({T * K, D}, rng), b = random_tensor({F, D}, rng), c = random_tensor({T * K, F}, rng);
-  const double gemm_ms = best_ms(5, [&] { gemm(a, Trans::no, b, Trans::yes, c); });
+  const double gemm_ms = best_ms(5, [&] { gemm(ctx, a, Trans::no, b, Trans::yes, c); });
   std::printf("1 thread: router fwd+bwd %.2f ms, permute+unpermute fwd+bwd %.2f ms, one expert GEMM [%lld x %lld x %lld] %.2f ms\n",
               router_ms, perm_ms, static_cast<long long>(T * K), static_cast<long long>(D),
               static_cast<long long>(F), gemm_ms);
   const double expert_ms = 9 * gemm_ms, routing_ms = router_ms + perm_ms;
   EXPECT_LE(routing_ms, 0.25 * (routing_ms + expert_ms))
       << "routing " << routing_ms << " ms vs expert GEMMs ≥ " << expert_ms << " ms";
-  omp_set_num_threads(saved_threads);
 }
 
 }  // namespace

@@ -14,9 +14,12 @@
 #include "grad_check.h"
 #include "kernels/threads.h"
 #include "moe/experts.h"
+#include "test_context.h"
 
 namespace origami {
 namespace {
+
+const ExecContext& ctx = testing::test_context();
 
 using moe::ExpertWeights;
 using testing::expect_directional_grad;
@@ -97,7 +100,7 @@ TEST(MoeExperts, ForwardMatchesNaiveReferenceWithEmptyExpertAndPadding) {
   ExpertWeights w = random_experts(c.E, c.F, c.D, rng);
   Tensor x = group_input(c, rng);
   moe::ExpertsSaved saved;
-  Tensor y = moe::experts_forward(w, x, c.rows, saved);
+  Tensor y = moe::experts_forward(ctx, w, x, c.rows, saved);
   check_shape(y, {c.N, c.D}, "y");
   expect_close(y, naive_experts(w, x, c.rows));
   // Padding rows are zero in, so exactly zero out (SwiGLU(0) = 0, no bias).
@@ -111,12 +114,12 @@ TEST(MoeExperts, FiniteDifferenceGradients) {
   Tensor x = group_input(c, rng), r = random_tensor({c.N, c.D}, rng);
   auto objective = [&] {
     moe::ExpertsSaved s;
-    return testing::dot(moe::experts_forward(w, x, c.rows, s), r);
+    return testing::dot(moe::experts_forward(ctx, w, x, c.rows, s), r);
   };
   moe::ExpertsSaved saved;
-  moe::experts_forward(w, x, c.rows, saved);
+  moe::experts_forward(ctx, w, x, c.rows, saved);
   ExpertWeights g = zeros_like(w);
-  Tensor dx = moe::experts_backward(w, saved, r, g);
+  Tensor dx = moe::experts_backward(ctx, w, saved, r, g);
   expect_directional_grad("dx", x, dx, rng, objective);
   expect_directional_grad("dW1", w.w1_EFD, g.w1_EFD, rng, objective);
   expect_directional_grad("dW3", w.w3_EFD, g.w3_EFD, rng, objective);
@@ -158,9 +161,9 @@ TEST(MoeExperts, InterleavedSegmentsEqualSortedRows) {
       dys.f32()[sorted_row[r] * D + d] = dy.f32()[r * D + d];
     }
   moe::ExpertsSaved sa, sb;
-  Tensor ya = moe::experts_forward(w, x, segs, sa), yb = moe::experts_forward(w, xs, rows, sb);
+  Tensor ya = moe::experts_forward(ctx, w, x, segs, sa), yb = moe::experts_forward(ctx, w, xs, rows, sb);
   ExpertWeights ga = zeros_like(w), gb = zeros_like(w);
-  Tensor dxa = moe::experts_backward(w, sa, dy, ga), dxb = moe::experts_backward(w, sb, dys, gb);
+  Tensor dxa = moe::experts_backward(ctx, w, sa, dy, ga), dxb = moe::experts_backward(ctx, w, sb, dys, gb);
   // Same GEMM shapes per row, so forward rows agree to rounding; weight
   // gradients sum the same products in a different grouping (fp32, ~1e-6).
   for (int64_t r = 0; r < N; ++r)
@@ -178,11 +181,11 @@ TEST(MoeExperts, BackwardAccumulatesIntoGrad) {
   ExpertWeights w = random_experts(c.E, c.F, c.D, rng);
   Tensor x = group_input(c, rng), dy = random_tensor({c.N, c.D}, rng);
   moe::ExpertsSaved saved;
-  moe::experts_forward(w, x, c.rows, saved);
+  moe::experts_forward(ctx, w, x, c.rows, saved);
   ExpertWeights once = zeros_like(w), twice = zeros_like(w);
-  moe::experts_backward(w, saved, dy, once);
-  moe::experts_backward(w, saved, dy, twice);
-  moe::experts_backward(w, saved, dy, twice);
+  moe::experts_backward(ctx, w, saved, dy, once);
+  moe::experts_backward(ctx, w, saved, dy, twice);
+  moe::experts_backward(ctx, w, saved, dy, twice);
   for (auto [a, b] : {std::pair{&once.w1_EFD, &twice.w1_EFD}, std::pair{&once.w3_EFD, &twice.w3_EFD},
                       std::pair{&once.w2_EDF, &twice.w2_EDF}})
     for (int64_t i = 0; i < a->numel(); ++i) EXPECT_FLOAT_EQ(b->f32()[i], 2.0f * a->f32()[i]) << "element " << i;
@@ -199,7 +202,7 @@ TEST(MoeExperts, SharedExpertEqualsDenseSwiglu) {
   ExpertWeights w{wg.view({1, F, D}), wu.view({1, F, D}), wd.view({1, D, F})};
   Tensor x = random_tensor({T, D}, rng);
   moe::ExpertsSaved saved;
-  Tensor y = moe::experts_forward(w, x, std::vector<int64_t>{T}, saved);
+  Tensor y = moe::experts_forward(ctx, w, x, std::vector<int64_t>{T}, saved);
 
   std::vector<double> ref(T * D);
   for (int64_t t = 0; t < T; ++t) {
@@ -228,12 +231,12 @@ TEST(MoeExperts, SharedExpertFiniteDifferenceGradients) {
   Tensor x = random_tensor({T, D}, rng), r = random_tensor({T, D}, rng);
   auto objective = [&] {
     moe::ExpertsSaved s;
-    return testing::dot(moe::experts_forward(w, x, std::vector<int64_t>{T}, s), r);
+    return testing::dot(moe::experts_forward(ctx, w, x, std::vector<int64_t>{T}, s), r);
   };
   moe::ExpertsSaved saved;
-  moe::experts_forward(w, x, std::vector<int64_t>{T}, saved);
+  moe::experts_forward(ctx, w, x, std::vector<int64_t>{T}, saved);
   ExpertWeights g = zeros_like(w);
-  Tensor dx = moe::experts_backward(w, saved, r, g);
+  Tensor dx = moe::experts_backward(ctx, w, saved, r, g);
   expect_directional_grad("dx", x, dx, rng, objective);
   expect_directional_grad("dW1", w.w1_EFD, g.w1_EFD, rng, objective);
   expect_directional_grad("dW3", w.w3_EFD, g.w3_EFD, rng, objective);
@@ -254,9 +257,9 @@ TEST(MoeExperts, ThroughputReport) {
   for (int rep = 0; rep < 4; ++rep) {  // rep 0 warms caches and oneDNN's JIT
     moe::ExpertsSaved saved;
     const auto t0 = std::chrono::steady_clock::now();
-    Tensor y = moe::experts_forward(w, x, rows, saved);
+    Tensor y = moe::experts_forward(ctx, w, x, rows, saved);
     const auto t1 = std::chrono::steady_clock::now();
-    Tensor dx = moe::experts_backward(w, saved, dy, g);
+    Tensor dx = moe::experts_backward(ctx, w, saved, dy, g);
     const auto t2 = std::chrono::steady_clock::now();
     if (rep == 0) {
       EXPECT_GT(std::abs(y.f32()[N * D - 1]) + std::abs(dx.f32()[0]), 0.0f);

@@ -22,9 +22,12 @@
 
 #include "grad_check.h"
 #include "moe/moe_layer.h"
+#include "test_context.h"
 
 namespace origami {
 namespace {
+
+const ExecContext& ctx = testing::test_context();
 
 using moe::DropPolicy;
 using moe::ExpertWeights;
@@ -265,7 +268,7 @@ Tensor separated_input(const Case& c, const MoeLayerWeights& w, std::mt19937& rn
 void expect_matches_naive(const Case& c, const MoeLayerWeights& w, const Tensor& x) {
   moe::MoeLayerSaved saved;
   moe::MoeLayerStats stats;
-  Tensor y = moe::moe_layer_forward(c.opt, w, x, S, saved, stats);
+  Tensor y = moe::moe_layer_forward(ctx, c.opt, w, x, S, saved, stats);
   const Naive ref = naive_layer(c.opt, w, x);
   check_shape(y, {T, D}, "y");
   double max_abs = 0;
@@ -324,9 +327,9 @@ TEST(MoeLayer, PadToCapacityChangesNothingButRowCounts) {
   Tensor x = separated_input(c, w, rng);
   moe::MoeLayerSaved s1, s2;
   moe::MoeLayerStats st1, st2;
-  Tensor y1 = moe::moe_layer_forward(c.opt, w, x, S, s1, st1);
+  Tensor y1 = moe::moe_layer_forward(ctx, c.opt, w, x, S, s1, st1);
   c.opt.capacity.pad_to_capacity = true;
-  Tensor y2 = moe::moe_layer_forward(c.opt, w, x, S, s2, st2);
+  Tensor y2 = moe::moe_layer_forward(ctx, c.opt, w, x, S, s2, st2);
   const int64_t C = moe::expert_capacity(c.opt.capacity, T, K, E);
   EXPECT_EQ(s2.perm.rows_per_expert, std::vector<int64_t>(E, C));
   for (int64_t i = 0; i < T * D; ++i) EXPECT_NEAR(y1.f32()[i], y2.f32()[i], 1e-6) << "element " << i;
@@ -350,7 +353,7 @@ void check_layer_gradients(const Case& c, uint32_t seed, Drops drops, Objective 
 
   moe::MoeLayerSaved saved;
   moe::MoeLayerStats stats;
-  Tensor y = moe::moe_layer_forward(c.opt, w, x, S, saved, stats);
+  Tensor y = moe::moe_layer_forward(ctx, c.opt, w, x, S, saved, stats);
   EXPECT_GT(testing::dot(y, y), 1e-4) << "layer output is zero";
   const double losses = stats.losses.aux_loss + stats.losses.z_loss;
   EXPECT_GT(losses, 0.0);
@@ -370,7 +373,7 @@ void check_layer_gradients(const Case& c, uint32_t seed, Drops drops, Objective 
   auto objective = [&] {
     moe::MoeLayerSaved s;
     moe::MoeLayerStats st;
-    const Tensor yy = moe::moe_layer_forward(c.opt, w, x, S, s, st);
+    const Tensor yy = moe::moe_layer_forward(ctx, c.opt, w, x, S, s, st);
     EXPECT_TRUE(same(s.routing.expert_TK, saved.routing.expert_TK) &&
                 same(s.perm.row_token_N, saved.perm.row_token_N) && same(s.perm.row_slot_N, saved.perm.row_slot_N))
         << "a finite-difference step changed expert selection or capacity decisions";
@@ -381,7 +384,7 @@ void check_layer_gradients(const Case& c, uint32_t seed, Drops drops, Objective 
   g.gate_ED = zeros_like(w.gate_ED);
   g.experts = zeros_like(w.experts);
   g.shared = zeros_like(w.shared);
-  Tensor dx = moe::moe_layer_backward(c.opt, w, saved, r, aux_scale, g);
+  Tensor dx = moe::moe_layer_backward(ctx, c.opt, w, saved, r, aux_scale, g);
   check_shape(dx, {T, D}, "dx");
   expect_directional_grad("dx", x, dx, rng, objective);
   expect_directional_grad("dgate", w.gate_ED, g.gate_ED, rng, objective);

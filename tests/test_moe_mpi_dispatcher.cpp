@@ -32,9 +32,12 @@
 #include "moe/moe_layer.h"
 #include "moe/token_dispatcher.h"
 #include "mpi_test_main.h"
+#include "test_context.h"
 
 namespace origami {
 namespace {
+
+const ExecContext& ctx = testing::test_context();
 
 using comm::GroupKind;
 using moe::AllToAllDispatcher;
@@ -404,8 +407,8 @@ LayerRun run_layer(const MoeLayerOptions& opt, const MoeLayerWeights& w, const T
   LayerRun r;
   r.grad.gate_ED = Tensor::zeros(w.gate_ED.shape(), DType::f32, MemCategory::grad);
   r.grad.experts = zero_experts(w.experts.num_experts(), w.experts.w1_EFD.size(1));
-  r.y = moe::moe_layer_forward(opt, w, x, kSeq, r.saved, r.stats, reduce, disp);
-  r.dx = moe::moe_layer_backward(opt, w, r.saved, dy, 1.0f, r.grad, disp);
+  r.y = moe::moe_layer_forward(ctx, opt, w, x, kSeq, r.saved, r.stats, reduce, disp);
+  r.dx = moe::moe_layer_backward(ctx, opt, w, r.saved, dy, 1.0f, r.grad, disp);
   return r;
 }
 

@@ -14,9 +14,12 @@
 
 #include "grad_check.h"
 #include "moe/router.h"
+#include "test_context.h"
 
 namespace origami::moe {
 namespace {
+
+const ExecContext& ctx = testing::test_context();
 
 using testing::random_tensor;
 
@@ -145,7 +148,7 @@ Routing route(const RouterOptions& o, const Tensor& x, const Tensor& gate, const
               RouterLosses* losses = nullptr, const StatsReducer& reduce = nullptr) {
   RouterSaved saved;
   RouterLosses l;
-  Routing r = router_forward(o, x, gate, bias, seq_len, saved, l, reduce);
+  Routing r = router_forward(ctx, o, x, gate, bias, seq_len, saved, l, reduce);
   if (losses) *losses = l;
   return r;
 }
@@ -374,18 +377,18 @@ TEST_P(RouterGrad, FiniteDifferencesThroughXAndGate) {
 
   RouterSaved saved;
   RouterLosses losses;
-  const Routing base = router_forward(o, x, gate, bias, S, saved, losses);
+  const Routing base = router_forward(ctx, o, x, gate, bias, S, saved, losses);
   auto objective = [&] {
     RouterSaved s;
     RouterLosses l;
-    Routing r = router_forward(o, x, gate, bias, S, s, l);
+    Routing r = router_forward(ctx, o, x, gate, bias, S, s, l);
     for (int64_t i = 0; i < T * K; ++i)
       EXPECT_EQ(r.expert_TK.i32()[i], base.expert_TK.i32()[i]) << "selection flipped under the perturbation";
     return testing::dot(r.weight_TK, R) + aux_scale * (l.aux_loss + l.z_loss);
   };
   Tensor dgate = zeros({E, D});
   // No weight term: pass an undefined dweight (the aux-only caller's form).
-  Tensor dx = router_backward(o, saved, gate, with_weights ? R : Tensor(), aux_scale, dgate);
+  Tensor dx = router_backward(ctx, o, saved, gate, with_weights ? R : Tensor(), aux_scale, dgate);
   testing::expect_directional_grad("dx", x, dx, rng, objective);
   testing::expect_directional_grad("dgate", gate, dgate, rng, objective);
 }
@@ -461,9 +464,9 @@ TEST_P(RouterReducer, TwoRankGroupMatchesTheCombinedBatch) {
   EXPECT_DOUBLE_EQ(local_a[2 * S * E], double(T)) << "local token count";
 
   RouterSaved sa, sb, sc;
-  router_forward(o, xa, gate, Tensor(), Sl, sa, la, plus(local_b));
-  router_forward(o, xb, gate, Tensor(), Sl, sb, lb_, plus(local_a));
-  router_forward(o, xc, gate, Tensor(), 2 * Sl, sc, lc);
+  router_forward(ctx, o, xa, gate, Tensor(), Sl, sa, la, plus(local_b));
+  router_forward(ctx, o, xb, gate, Tensor(), Sl, sb, lb_, plus(local_a));
+  router_forward(ctx, o, xc, gate, Tensor(), 2 * Sl, sc, lc);
   EXPECT_EQ(calls, 4);
   EXPECT_DOUBLE_EQ(sa.aux_tokens, double(2 * T));
   // oneDNN may round a token's fp32 logits differently at M = 10 and M = 20
@@ -477,9 +480,9 @@ TEST_P(RouterReducer, TwoRankGroupMatchesTheCombinedBatch) {
   EXPECT_GT(std::abs(la_local.aux_loss - lc.aux_loss) + std::abs(la_local.z_loss - lc.z_loss), 1e-6 * lc.z_loss);
 
   Tensor ga = zeros({E, D}), gb = zeros({E, D}), gc = zeros({E, D});
-  Tensor dxa = router_backward(o, sa, gate, ra, 0.5f, ga);
-  Tensor dxb = router_backward(o, sb, gate, rb, 0.5f, gb);
-  Tensor dxc = router_backward(o, sc, gate, rc, 0.5f, gc);
+  Tensor dxa = router_backward(ctx, o, sa, gate, ra, 0.5f, ga);
+  Tensor dxb = router_backward(ctx, o, sb, gate, rb, 0.5f, gb);
+  Tensor dxc = router_backward(ctx, o, sc, gate, rc, 0.5f, gc);
   // fp32 GEMM sums over different token sets: 1e-5 of the largest entry.
   double scale = 0;
   for (int64_t i = 0; i < E * D; ++i) scale = std::max(scale, double(std::abs(gc.f32()[i])));

@@ -60,22 +60,23 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-Tensor random_param(Shape shape, const std::string& name, float std, int64_t global_offset = 0) {
+Tensor random_param(const ExecContext& ctx, Shape shape, const std::string& name, float std,
+                    int64_t global_offset = 0) {
   Tensor t = Tensor::empty(std::move(shape), DType::f32, MemCategory::param);
-  init_normal(t, 7, name, global_offset, std);
+  init_normal(ctx, t, 7, name, global_offset, std);
   return t;
 }
 
 // This rank's part of the expert weights `name` ([E, F, D] w1/w3, [E, D, F]
 // w2): experts [e0, e0 + El), F rows [f0, f0 + Fl). Each element is drawn by
 // its global index, so the layer's math does not depend on the layout.
-moe::ExpertWeights expert_slice(int64_t e0, int64_t El, int64_t F, int64_t f0, int64_t Fl, int64_t D,
-                                const std::string& name, float std) {
+moe::ExpertWeights expert_slice(const ExecContext& ctx, int64_t e0, int64_t El, int64_t F, int64_t f0, int64_t Fl,
+                                int64_t D, const std::string& name, float std) {
   auto efd = [&](const std::string& n) {
     Tensor t = Tensor::empty({El, Fl, D}, DType::f32, MemCategory::param);
     for (int64_t e = 0; e < El; ++e) {
       Tensor part = t.flat_view(e * Fl * D, Fl * D, {Fl * D});
-      init_normal(part, 7, n, ((e0 + e) * F + f0) * D, std);
+      init_normal(ctx, part, 7, n, ((e0 + e) * F + f0) * D, std);
     }
     return t;
   };
@@ -83,7 +84,7 @@ moe::ExpertWeights expert_slice(int64_t e0, int64_t El, int64_t F, int64_t f0, i
   for (int64_t e = 0; e < El; ++e)
     for (int64_t d = 0; d < D; ++d) {
       Tensor part = w2.flat_view((e * D + d) * Fl, Fl, {Fl});
-      init_normal(part, 7, name + ".w2", ((e0 + e) * D + d) * F + f0, std);
+      init_normal(ctx, part, 7, name + ".w2", ((e0 + e) * D + d) * F + f0, std);
     }
   return {efd(name + ".w1"), efd(name + ".w3"), std::move(w2)};
 }
@@ -218,22 +219,23 @@ struct Pass {
 // The layer's steps one by one, in the layer's order, timed per category;
 // `steps` does the exchange.
 template <class Steps>
-Pass time_components(const moe::MoeLayerOptions& opt, const moe::MoeLayerWeights& w, moe::MoeLayerWeights& g,
-                     const Tensor& x_TD, int64_t seq_len, const Tensor& dy_TD, Steps& steps, const Exchange& xch) {
+Pass time_components(const ExecContext& ctx, const moe::MoeLayerOptions& opt, const moe::MoeLayerWeights& w,
+                     moe::MoeLayerWeights& g, const Tensor& x_TD, int64_t seq_len, const Tensor& dy_TD, Steps& steps,
+                     const Exchange& xch) {
   Pass pass;
   Split& s = pass.split;
   const int64_t T = x_TD.rows(), E = opt.router.num_experts;
   auto t0 = Clock::now();
   moe::RouterSaved rs;
   moe::RouterLosses losses;
-  moe::Routing routing = moe::router_forward(opt.router, x_TD, w.gate_ED, w.bias_E, seq_len, rs, losses);
+  moe::Routing routing = moe::router_forward(ctx, opt.router, x_TD, w.gate_ED, w.bias_E, seq_len, rs, losses);
   s.router += seconds_since(t0);
 
   t0 = Clock::now();
   const int64_t C = moe::expert_capacity(opt.capacity, T, opt.router.top_k, E);
-  Tensor kept = moe::apply_capacity(opt.capacity, routing.expert_TK, routing.weight_TK, E, C);
-  moe::Permutation perm = moe::make_permutation(routing.expert_TK, kept, E, C, opt.capacity.pad_to_capacity);
-  Tensor x_ND = moe::permute_rows(x_TD, perm);  // (N, D)
+  Tensor kept = moe::apply_capacity(ctx, opt.capacity, routing.expert_TK, routing.weight_TK, E, C);
+  moe::Permutation perm = moe::make_permutation(ctx, routing.expert_TK, kept, E, C, opt.capacity.pad_to_capacity);
+  Tensor x_ND = moe::permute_rows(ctx, x_TD, perm);  // (N, D)
   s.permute += seconds_since(t0);
 
   moe::Dispatched d = timed(xch, s.exchange[kDispatch], [&] { return steps.dispatch(x_ND, perm.rows_per_expert); });
@@ -241,22 +243,22 @@ Pass time_components(const moe::MoeLayerOptions& opt, const moe::MoeLayerWeights
 
   t0 = Clock::now();
   moe::ExpertsSaved es;
-  Tensor y_MD = moe::experts_forward(w.experts, d.x_MD, h.segments, es);  // (M, D)
+  Tensor y_MD = moe::experts_forward(ctx, w.experts, d.x_MD, h.segments, es);  // (M, D)
   s.experts += seconds_since(t0);
 
   Tensor y_ND = timed(xch, s.exchange[kCombine], [&] { return steps.combine(h, y_MD); });  // (N, D)
 
   t0 = Clock::now();
-  pass.y_TD = moe::unpermute_rows(y_ND, perm, routing.weight_TK, T);  // (T, D)
+  pass.y_TD = moe::unpermute_rows(ctx, y_ND, perm, routing.weight_TK, T);  // (T, D)
   Tensor dy_ND, dweight;                                              // (N, D), (T, k)
-  moe::unpermute_rows_backward(dy_TD, y_ND, perm, routing.weight_TK, dy_ND, dweight);
+  moe::unpermute_rows_backward(ctx, dy_TD, y_ND, perm, routing.weight_TK, dy_ND, dweight);
   s.permute += seconds_since(t0);
 
   Tensor dy_MD =  // (M, D)
       timed(xch, s.exchange[kCombineBackward], [&] { return steps.combine_backward(h, dy_ND); });
 
   t0 = Clock::now();
-  Tensor dx_MD = moe::experts_backward(w.experts, es, dy_MD, g.experts);  // (M, D)
+  Tensor dx_MD = moe::experts_backward(ctx, w.experts, es, dy_MD, g.experts);  // (M, D)
   s.experts += seconds_since(t0);
 
   Tensor dx_ND =  // (N, D)
@@ -264,11 +266,11 @@ Pass time_components(const moe::MoeLayerOptions& opt, const moe::MoeLayerWeights
 
   t0 = Clock::now();
   pass.dx_TD = Tensor::zeros(x_TD.shape(), DType::f32, MemCategory::activation);  // (T, D)
-  moe::permute_rows_backward(dx_ND, perm, pass.dx_TD);
+  moe::permute_rows_backward(ctx, dx_ND, perm, pass.dx_TD);
   s.permute += seconds_since(t0);
 
   t0 = Clock::now();
-  moe::router_backward(opt.router, rs, w.gate_ED, dweight, 1.0f, g.gate_ED);
+  moe::router_backward(ctx, opt.router, rs, w.gate_ED, dweight, 1.0f, g.gate_ED);
   s.router += seconds_since(t0);
   pass.handle = h;
   return pass;
@@ -308,7 +310,9 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
   int world = 1, rank = 0;
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-  set_num_threads(cfg.runtime.threads > 0 ? static_cast<int>(cfg.runtime.threads) : default_threads_per_rank());
+  const int threads = cfg.runtime.threads > 0 ? static_cast<int>(cfg.runtime.threads) : default_threads_per_rank();
+  set_num_threads(threads);
+  const ExecContext ctx = ExecContext::cpu(threads);
   const int64_t D = cfg.model.hidden_size, E = m.num_experts, F = m.expert_ffn(cfg.model.ffn_hidden_size);
   const int64_t S = cfg.training.seq_len, T = cfg.training.micro_batch * S;
   const float std = static_cast<float>(cfg.model.init_std);
@@ -333,12 +337,12 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
                 static_cast<float>(m.z_loss_coeff)};
   opt.capacity = {m.capacity_factor, m.drop_policy, m.pad_to_capacity};
   moe::MoeLayerWeights w;
-  w.gate_ED = random_param({E, D}, "bench.gate", std);
+  w.gate_ED = random_param(ctx, {E, D}, "bench.gate", std);
   if (m.expert_bias) w.bias_E = Tensor::zeros({E}, DType::f32, MemCategory::param);
-  w.experts = expert_slice(disp.first_local_expert(), El, F, disp.etp_rank() * Fl, Fl, D, "bench.experts", std);
+  w.experts = expert_slice(ctx, disp.first_local_expert(), El, F, disp.etp_rank() * Fl, Fl, D, "bench.experts", std);
   if (m.shared_expert_hidden_size > 0) {
     const int64_t Fs = m.shared_expert_hidden_size;
-    w.shared = expert_slice(0, 1, Fs, 0, Fs, D, "bench.shared", std);
+    w.shared = expert_slice(ctx, 0, 1, Fs, 0, Fs, D, "bench.shared", std);
   }
   moe::MoeLayerWeights g;
   g.gate_ED = Tensor::zeros({E, D}, DType::f32, MemCategory::grad);
@@ -346,8 +350,8 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
   if (w.has_shared()) g.shared = zero_like(w.shared);
 
   // Each rank's own tokens: this rank's rows of a global [world · T, D] tensor.
-  Tensor x = random_param({T, D}, "bench.x", 1.0f, rank * T * D);    // (T, D)
-  Tensor dy = random_param({T, D}, "bench.dy", 1.0f, rank * T * D);  // (T, D)
+  Tensor x = random_param(ctx, {T, D}, "bench.x", 1.0f, rank * T * D);    // (T, D)
+  Tensor dy = random_param(ctx, {T, D}, "bench.dy", 1.0f, rank * T * D);  // (T, D)
   const bool ep_run = xch.active();
   std::vector<double> layer_t;
   std::vector<Split> splits, bare_splits;
@@ -358,8 +362,8 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
     moe::MoeLayerStats stats;
     double layer_s = 0;
     timed(xch, layer_s, [&] {
-      moe::moe_layer_forward(opt, w, x, S, saved, stats, nullptr, &disp);
-      return moe::moe_layer_backward(opt, w, saved, dy, 1.0f, g, &disp);
+      moe::moe_layer_forward(ctx, opt, w, x, S, saved, stats, nullptr, &disp);
+      return moe::moe_layer_backward(ctx, opt, w, saved, dy, 1.0f, g, &disp);
     });
     // The bare pass needs the counts of a first dispatcher pass; after that
     // the two alternate which goes first, so neither always runs in the
@@ -368,14 +372,14 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
     std::optional<Pass> b;
     auto bare_pass = [&] {
       xch.ep->reset_stats();
-      b.emplace(time_components(opt, w, g, x, S, dy, *bare, xch));
+      b.emplace(time_components(ctx, opt, w, g, x, S, dy, *bare, xch));
       const int64_t counted = xch.ep->stats(comm::CommOp::all_to_all_v).bytes;
       ORIGAMI_CHECK(counted == 2 * (bytes_fwd + bytes_rev), "bench: ep counted ", counted, " bytes, the counts say ",
                     2 * (bytes_fwd + bytes_rev));
     };
     const bool bare_first = bare && i % 2 == 1;
     if (bare_first) bare_pass();
-    const Pass p = time_components(opt, w, g, x, S, dy, through, xch);
+    const Pass p = time_components(ctx, opt, w, g, x, S, dy, through, xch);
     if (ep_run) {
       // Same tokens and weights every repeat, so the counts never change.
       if (!bare) {
@@ -441,7 +445,7 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
                                   {"ep", par.ep},
                                   {"etp", par.etp},
                                   {"edp", layout->edp()},
-                                  {"threads", num_threads()},
+                                  {"threads", ctx.threads()},
                                   {"tokens", T},
                                   {"experts", E},
                                   {"top_k", m.top_k},
@@ -473,7 +477,7 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
       std::printf(
           "bench moe-layer: %s, %lld tokens x %lld, %lld experts top-%lld (ffn %lld), %d thread(s), median of %d\n",
           a.config.c_str(), static_cast<long long>(T), static_cast<long long>(D), static_cast<long long>(E),
-          static_cast<long long>(m.top_k), static_cast<long long>(F), num_threads(), a.steps);
+          static_cast<long long>(m.top_k), static_cast<long long>(F), ctx.threads(), a.steps);
       if (world > 1)
         std::printf("  %d ranks: ep %lld, etp %lld, edp %lld; per rank %lld tokens, %lld experts x ffn %lld; "
                     "slowest rank's median\n",

@@ -59,7 +59,7 @@ std::vector<GemmCase> step_gemms(const Model& model, int64_t T) {
 }
 
 // Seconds for one pass over all cases (median of `repeats`), after warm-up.
-double time_gemms(const std::vector<GemmCase>& cases, int repeats, double* flops) {
+double time_gemms(const ExecContext& ctx, const std::vector<GemmCase>& cases, int repeats, double* flops) {
   struct Buffers {
     Tensor a, b, c;
   };
@@ -80,7 +80,7 @@ double time_gemms(const std::vector<GemmCase>& cases, int repeats, double* flops
   std::vector<double> times;
   for (int r = 0; r < repeats + 2; ++r) {
     const auto t0 = Clock::now();
-    for (size_t i = 0; i < cases.size(); ++i) gemm(bufs[i].a, cases[i].ta, bufs[i].b, cases[i].tb, bufs[i].c);
+    for (size_t i = 0; i < cases.size(); ++i) gemm(ctx, bufs[i].a, cases[i].ta, bufs[i].b, cases[i].tb, bufs[i].c);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     if (r >= 2) times.push_back(dt);  // the first two passes warm caches and oneDNN's kernel selection
   }
@@ -91,9 +91,11 @@ void run_bench_step(const std::string& config_path, const std::vector<std::strin
                     int warmup, bool json) {
   Config cfg = load_config(config_path, overrides);
   cfg.training.steps = std::max(cfg.training.steps, static_cast<int64_t>(steps + warmup));
-  set_num_threads(cfg.runtime.threads > 0 ? static_cast<int>(cfg.runtime.threads) : default_threads_per_rank());
+  const int threads = cfg.runtime.threads > 0 ? static_cast<int>(cfg.runtime.threads) : default_threads_per_rank();
+  set_num_threads(threads);
+  const ExecContext ctx = ExecContext::cpu(threads);
   const TrainingConfig& tc = cfg.training;
-  Model model(cfg.model, tc.seed, cfg.moe);
+  Model model(ctx, cfg.model, tc.seed, cfg.moe);
   AdamW optimizer(cfg.optimizer, cfg.lr_schedule, cfg.training.steps);
   const int64_t accum = tc.global_batch / tc.micro_batch;
   std::mt19937 rng(std::random_device{}());
@@ -110,7 +112,7 @@ void run_bench_step(const std::string& config_path, const std::vector<std::strin
       model.forward(tokens, saved);
       model.backward(saved, 1.0f / static_cast<float>(tc.global_batch * tc.seq_len));
     }
-    optimizer.step(model.params());
+    optimizer.step(ctx, model.params());
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     if (s >= warmup) step_times.push_back(dt);
   }
@@ -120,13 +122,14 @@ void run_bench_step(const std::string& config_path, const std::vector<std::strin
   const double tokens_per_s = static_cast<double>(tc.global_batch * tc.seq_len) / step_s;
 
   double gemm_flops = 0;
-  const double gemm_s = time_gemms(step_gemms(model, tc.micro_batch * tc.seq_len), std::max(steps, 3), &gemm_flops);
+  const double gemm_s =
+      time_gemms(ctx, step_gemms(model, tc.micro_batch * tc.seq_len), std::max(steps, 3), &gemm_flops);
   const double sgemm_gflops = gemm_flops / gemm_s / 1e9;
   const double ratio = step_gflops / sgemm_gflops;
 
   if (json) {
     nlohmann::ordered_json j = {{"config", config_path},
-                                {"threads", num_threads()},
+                                {"threads", ctx.threads()},
                                 {"params", model.params().total_params()},
                                 {"tokens_per_step", tc.global_batch * tc.seq_len},
                                 {"step_time_s", step_s},
@@ -140,7 +143,7 @@ void run_bench_step(const std::string& config_path, const std::vector<std::strin
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("bench step: %s, %lld params, %d thread(s), %lld tokens/step, median of %d steps\n",
-                config_path.c_str(), static_cast<long long>(model.params().total_params()), num_threads(),
+                config_path.c_str(), static_cast<long long>(model.params().total_params()), ctx.threads(),
                 static_cast<long long>(tc.global_batch * tc.seq_len), steps);
     std::printf("  step time        %10.4f s\n", step_s);
     std::printf("  tokens/s         %10.0f\n", tokens_per_s);

@@ -3,13 +3,14 @@
 //   p *= 1 − lr·wd;  m.lerp_(g, 1−β1);  v = β2·v + (1−β2)·g²;
 //   p −= (lr / bc1) · m / (sqrt(v) / sqrt(bc2) + eps)
 // Bias corrections are computed in double, as Python does, then rounded.
-#include "kernels/adamw.h"
-
 #include <cmath>
 
-namespace origami {
+#include "kernels/cpu/ops.h"
 
-void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWStep& s) {
+namespace origami::cpu {
+
+void adamw_update(const ExecContext& ctx, Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                  const AdamWStep& s) {
   ORIGAMI_CHECK(param.defined() && param.dtype() == DType::f32, "adamw param must be f32");
   const int64_t n = param.numel();
   const Tensor* state[] = {&grad, &exp_avg, &exp_avg_sq};
@@ -38,4 +39,4 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& ex
   }
 }
 
-}  // namespace origami
+}  // namespace origami::cpu

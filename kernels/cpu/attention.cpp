@@ -14,18 +14,17 @@
 // non-contiguous chunks): a key tile is skipped when its smallest position
 // exceeds every query's, and is mask-free when its largest position is <=
 // every query's.
-#include "kernels/attention.h"
-
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/gemm.h"
 
-namespace origami {
+namespace origami::cpu {
 
 namespace {
 
@@ -122,14 +121,15 @@ void check_inputs(const AttentionDims& d, const Tensor& q, const Tensor& k, cons
                 first_k, ")");
 }
 
-// Threads to use given the workspace the caller sized (for omp_get_max_threads()
-// at query time; the count may have changed since).
-int threads_for(const Tensor& workspace, int64_t fixed, int64_t per_thread, const char* what) {
-  ORIGAMI_CHECK(workspace.defined() && workspace.dtype() == DType::f32, what, " workspace must be f32");
-  const int64_t fit = (workspace.numel() - fixed) / per_thread;
-  ORIGAMI_CHECK(fit >= 1, what, " workspace has ", workspace.numel(), " floats, needs at least ",
-                fixed + per_thread);
-  return static_cast<int>(std::min<int64_t>(fit, omp_get_max_threads()));
+// Threads to use given the workspace the caller sized for this context
+// (*_workspace_bytes): the context's count, fewer if the workspace is short.
+int threads_for(const ExecContext& ctx, const Tensor& workspace, int64_t fixed, int64_t per_thread, const char* what) {
+  ORIGAMI_CHECK(workspace.defined(), what, " without a workspace");
+  const int64_t floats = static_cast<int64_t>(workspace.nbytes() / sizeof(float));
+  const int64_t fit = (floats - fixed) / per_thread;
+  ORIGAMI_CHECK(fit >= 1, what, " workspace has ", workspace.nbytes(), " bytes, needs at least ",
+                (fixed + per_thread) * 4);
+  return static_cast<int>(std::min<int64_t>(fit, ctx.threads()));
 }
 
 // Row helpers work on whole kTileK-wide rows so every loop has a constant trip
@@ -192,23 +192,23 @@ inline void row_dsoftmax(const float* __restrict p, float* __restrict ds, float 
 
 }  // namespace
 
-int64_t attention_forward_workspace(const AttentionDims& dims) {
-  return kv_transposed(dims) + omp_get_max_threads() * forward_per_thread(dims);
+size_t attention_forward_workspace_bytes(const ExecContext& ctx, const AttentionDims& dims) {
+  return static_cast<size_t>(kv_transposed(dims) + ctx.threads() * forward_per_thread(dims)) * sizeof(float);
 }
 
-int64_t attention_backward_workspace(const AttentionDims& dims) {
-  return backward_fixed(dims) + omp_get_max_threads() * backward_per_thread(dims);
+size_t attention_backward_workspace_bytes(const ExecContext& ctx, const AttentionDims& dims) {
+  return static_cast<size_t>(backward_fixed(dims) + ctx.threads() * backward_per_thread(dims)) * sizeof(float);
 }
 
-void attention_forward(const AttentionDims& d, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const Tensor& q_pos_S, const Tensor& kv_pos_S, float scale, Tensor& o, Tensor& lse_BHS,
-                       Tensor& workspace) {
+void attention_forward(const ExecContext& ctx, const AttentionDims& d, const Tensor& q, const Tensor& k,
+                       const Tensor& v, const Tensor& q_pos_S, const Tensor& kv_pos_S, float scale, Tensor& o,
+                       Tensor& lse_BHS, Tensor& workspace) {
   check_inputs(d, q, k, v, q_pos_S, kv_pos_S);
   check_shape(o, {d.batch, d.q_len, d.num_heads, d.head_dim}, "attention o");
   check_shape(lse_BHS, {d.batch, d.num_heads, d.q_len}, "attention lse");
   const int64_t per_thread = forward_per_thread(d);
   const int64_t kt_size = kv_transposed(d);
-  const int nthr = threads_for(workspace, kt_size, per_thread, "attention_forward");
+  const int nthr = threads_for(ctx, workspace, kt_size, per_thread, "attention_forward");
 
   const int64_t B = d.batch, Sq = d.q_len, Skv = d.kv_len, Hq = d.num_heads, Hkv = d.num_kv_heads,
                 hd = d.head_dim, group = Hq / Hkv;
@@ -221,7 +221,7 @@ void attention_forward(const AttentionDims& d, const Tensor& q, const Tensor& k,
   const int32_t* kpos = kv_pos_S.i32();
   float* od = o.f32();
   float* lsed = lse_BHS.f32();
-  float* Kt_all = workspace.f32();  // [B, Hkv, hd, Skv]
+  float* Kt_all = static_cast<float*>(workspace.raw());  // [B, Hkv, hd, Skv]
   float* ws = Kt_all + kt_size;
   transpose_heads(kd, Kt_all, B, Skv, Hkv, hd);
 
@@ -301,9 +301,10 @@ void attention_forward(const AttentionDims& d, const Tensor& q, const Tensor& k,
 // The item owns dK, dV of its kv head and dQ of its q-head group, so items
 // never write the same memory: no atomics, no reduction, and the result does
 // not depend on the thread count.
-void attention_backward(const AttentionDims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                        const Tensor& lse_BHS, const Tensor& do_, const Tensor& q_pos_S, const Tensor& kv_pos_S,
-                        float scale, Tensor& dq, Tensor& dk, Tensor& dv, Tensor& workspace) {
+void attention_backward(const ExecContext& ctx, const AttentionDims& d, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& o, const Tensor& lse_BHS, const Tensor& do_,
+                        const Tensor& q_pos_S, const Tensor& kv_pos_S, float scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                        Tensor& workspace) {
   check_inputs(d, q, k, v, q_pos_S, kv_pos_S);
   const Shape q_shape{d.batch, d.q_len, d.num_heads, d.head_dim};
   const Shape kv_shape{d.batch, d.kv_len, d.num_kv_heads, d.head_dim};
@@ -314,7 +315,7 @@ void attention_backward(const AttentionDims& d, const Tensor& q, const Tensor& k
   check_shape(dv, kv_shape, "attention dv");
   check_shape(lse_BHS, {d.batch, d.num_heads, d.q_len}, "attention lse");
   const int64_t per_thread = backward_per_thread(d), fixed = backward_fixed(d);
-  const int nthr = threads_for(workspace, fixed, per_thread, "attention_backward");
+  const int nthr = threads_for(ctx, workspace, fixed, per_thread, "attention_backward");
 
   const int64_t B = d.batch, Sq = d.q_len, Skv = d.kv_len, Hq = d.num_heads, Hkv = d.num_kv_heads,
                 hd = d.head_dim, group = Hq / Hkv;
@@ -330,7 +331,7 @@ void attention_backward(const AttentionDims& d, const Tensor& q, const Tensor& k
   float* dqd = dq.f32();
   float* dkd = dk.f32();
   float* dvd = dv.f32();
-  float* Dall = workspace.f32();  // [B, Hq, Sq] rowsum(dO ⊙ O)
+  float* Dall = static_cast<float*>(workspace.raw());  // [B, Hq, Sq] rowsum(dO ⊙ O)
   float* ws = Dall + fixed;
 
   // D and the zeroed dQ first: both are per query row.
@@ -401,4 +402,4 @@ void attention_backward(const AttentionDims& d, const Tensor& q, const Tensor& k
   }
 }
 
-}  // namespace origami
+}  // namespace origami::cpu

@@ -1,13 +1,13 @@
 // CPU elementwise ops and fp64 reductions. Reductions sum fixed contiguous
 // blocks per thread, then the block sums in order: bitwise reproducible for a
 // given thread count (an OpenMP reduction clause combines in arbitrary order).
-#include "kernels/elementwise.h"
-
 #include <omp.h>
 
 #include <algorithm>
 
-namespace origami {
+#include "kernels/cpu/ops.h"
+
+namespace origami::cpu {
 
 namespace {
 
@@ -20,12 +20,12 @@ void check_pair(const Tensor& y, const Tensor& x, const char* what) {
 constexpr int kMaxThreads = 256;
 
 template <class F>
-double reduce(const Tensor& x, const char* what, F term) {
+double reduce(const ExecContext& ctx, const Tensor& x, const char* what, F term) {
   ORIGAMI_CHECK(x.defined() && x.dtype() == DType::f32, what, " takes an f32 tensor");
   const int64_t n = x.numel();
   const float* d = x.f32();
   double partial[kMaxThreads] = {};
-  const int nthr = std::min(omp_get_max_threads(), kMaxThreads);
+  const int nthr = std::min(ctx.threads(), kMaxThreads);
   int used = 1;
 #pragma omp parallel num_threads(nthr)
   {
@@ -44,9 +44,7 @@ double reduce(const Tensor& x, const char* what, F term) {
 
 }  // namespace
 
-void add_inplace(Tensor& y, const Tensor& x) { axpy(1.0f, x, y); }
-
-void axpy(float a, const Tensor& x, Tensor& y) {
+void axpy(const ExecContext& ctx, float a, const Tensor& x, Tensor& y) {
   check_pair(y, x, "axpy");
   const int64_t n = y.numel();
   const float* xs = x.f32();
@@ -55,7 +53,7 @@ void axpy(float a, const Tensor& x, Tensor& y) {
   for (int64_t i = 0; i < n; ++i) ys[i] += a * xs[i];
 }
 
-void scale_inplace(Tensor& y, float a) {
+void scale_inplace(const ExecContext& ctx, Tensor& y, float a) {
   ORIGAMI_CHECK(y.defined() && y.dtype() == DType::f32, "scale_inplace takes an f32 tensor");
   const int64_t n = y.numel();
   float* ys = y.f32();
@@ -63,12 +61,12 @@ void scale_inplace(Tensor& y, float a) {
   for (int64_t i = 0; i < n; ++i) ys[i] *= a;
 }
 
-double sum_squares(const Tensor& x) {
-  return reduce(x, "sum_squares", [](double v) { return v * v; });
+double sum_squares(const ExecContext& ctx, const Tensor& x) {
+  return reduce(ctx, x, "sum_squares", [](double v) { return v * v; });
 }
 
-double sum(const Tensor& x) {
-  return reduce(x, "sum", [](double v) { return v; });
+double sum(const ExecContext& ctx, const Tensor& x) {
+  return reduce(ctx, x, "sum", [](double v) { return v; });
 }
 
-}  // namespace origami
+}  // namespace origami::cpu

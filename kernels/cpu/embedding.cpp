@@ -3,14 +3,14 @@
 // threads: every table element then accumulates its tokens in token order, so
 // the result is deterministic and independent of the thread count, with no
 // atomics and no scratch.
-#include "kernels/embedding.h"
-
 #include <omp.h>
 
 #include <algorithm>
 #include <cstring>
 
-namespace origami {
+#include "kernels/cpu/ops.h"
+
+namespace origami::cpu {
 
 namespace {
 
@@ -25,7 +25,8 @@ void check_args(const Tensor& ids_T, const Tensor& table_VD, const Tensor& rows_
 
 }  // namespace
 
-void embedding_forward(const Tensor& ids_T, const Tensor& table_VD, int64_t vocab_start, Tensor& out_TD) {
+void embedding_forward(const ExecContext& ctx, const Tensor& ids_T, const Tensor& table_VD, int64_t vocab_start,
+                       Tensor& out_TD) {
   check_args(ids_T, table_VD, out_TD, "embedding_forward");
   const int64_t T = ids_T.numel(), V = table_VD.size(0), D = table_VD.size(1);
   const int32_t* ids = ids_T.i32();
@@ -42,7 +43,8 @@ void embedding_forward(const Tensor& ids_T, const Tensor& table_VD, int64_t voca
   }
 }
 
-void embedding_backward(const Tensor& ids_T, const Tensor& dout_TD, int64_t vocab_start, Tensor& dtable_VD) {
+void embedding_backward(const ExecContext& ctx, const Tensor& ids_T, const Tensor& dout_TD, int64_t vocab_start,
+                        Tensor& dtable_VD) {
   check_args(ids_T, dtable_VD, dout_TD, "embedding_backward");
   const int64_t T = ids_T.numel(), V = dtable_VD.size(0), D = dtable_VD.size(1);
   const int32_t* ids = ids_T.i32();
@@ -66,4 +68,4 @@ void embedding_backward(const Tensor& ids_T, const Tensor& dout_TD, int64_t voca
   }
 }
 
-}  // namespace origami
+}  // namespace origami::cpu

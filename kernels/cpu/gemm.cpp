@@ -5,12 +5,12 @@
 // does so (tests/test_kernels_ops.cpp watches the thread count with nesting
 // enabled); sgemm_raw pins it anyway so no oneDNN version or OMP_* setting
 // can oversubscribe the cores.
-#include "kernels/gemm.h"
-
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
-namespace origami {
+#include "kernels/cpu/ops.h"
+
+namespace origami::cpu {
 
 namespace {
 
@@ -62,7 +62,8 @@ void sgemm_raw(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K, fl
                 ", ldb=", ldb, ", ldc=", ldc, ") returned status ", static_cast<int>(st));
 }
 
-void gemm(const Tensor& A, Trans trans_a, const Tensor& B, Trans trans_b, Tensor& C, float alpha, float beta) {
+void gemm(const ExecContext& ctx, const Tensor& A, Trans trans_a, const Tensor& B, Trans trans_b, Tensor& C,
+          float alpha, float beta) {
   ORIGAMI_CHECK(A.defined() && B.defined() && C.defined(), "gemm on an undefined tensor");
   ORIGAMI_CHECK(A.dtype() == DType::f32 && B.dtype() == DType::f32 && C.dtype() == DType::f32,
                 "gemm is fp32 on CPU; got A ", to_string(A.dtype()), ", B ", to_string(B.dtype()), ", C ",
@@ -81,4 +82,4 @@ void gemm(const Tensor& A, Trans trans_a, const Tensor& B, Trans trans_b, Tensor
   sgemm_raw(trans_a, trans_b, M, N, K, alpha, A.f32(), A.cols(), B.f32(), B.cols(), beta, C.f32(), C.cols());
 }
 
-}  // namespace origami
+}  // namespace origami::cpu

@@ -3,12 +3,12 @@
 // global_offset + j) and shards generated separately equal slices of the whole.
 // Normal samples use one Box-Muller draw per element (the cosine branch) from
 // two 53-bit uniforms, computed in double and rounded once.
-#include "kernels/init.h"
-
 #include <cmath>
 #include <numbers>
 
-namespace origami {
+#include "kernels/cpu/ops.h"
+
+namespace origami::cpu {
 
 namespace {
 
@@ -25,31 +25,8 @@ inline double uniform53(uint32_t hi, uint32_t lo) {  // [0, 1)
 
 }  // namespace
 
-uint64_t name_hash(std::string_view name) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : name) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
-std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> ctr, std::array<uint32_t, 2> key) {
-  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u, kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
-  for (int round = 0; round < 10; ++round) {
-    if (round > 0) {
-      key[0] += kW0;
-      key[1] += kW1;
-    }
-    uint32_t hi0, lo0, hi1, lo1;
-    mulhilo(kM0, ctr[0], hi0, lo0);
-    mulhilo(kM1, ctr[2], hi1, lo1);
-    ctr = {hi1 ^ ctr[1] ^ key[0], lo1, hi0 ^ ctr[3] ^ key[1], lo0};
-  }
-  return ctr;
-}
-
-void init_normal(Tensor& out, uint64_t seed, std::string_view name, int64_t global_offset, float std) {
+void init_normal(const ExecContext& ctx, Tensor& out, uint64_t seed, std::string_view name, int64_t global_offset,
+                 float std) {
   ORIGAMI_CHECK(out.defined() && out.dtype() == DType::f32, "init_normal fills an f32 tensor");
   ORIGAMI_CHECK(global_offset >= 0, "init_normal global_offset must be >= 0, got ", global_offset);
   const uint64_t h = name_hash(name);
@@ -68,12 +45,40 @@ void init_normal(Tensor& out, uint64_t seed, std::string_view name, int64_t glob
   }
 }
 
-void init_constant(Tensor& out, float value) {
+void init_constant(const ExecContext& ctx, Tensor& out, float value) {
   ORIGAMI_CHECK(out.defined() && out.dtype() == DType::f32, "init_constant fills an f32 tensor");
   const int64_t n = out.numel();
   float* d = out.f32();
 #pragma omp parallel for simd schedule(static)
   for (int64_t j = 0; j < n; ++j) d[j] = value;
+}
+
+}  // namespace origami::cpu
+
+namespace origami {
+
+uint64_t name_hash(std::string_view name) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> ctr, std::array<uint32_t, 2> key) {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u, kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      key[0] += kW0;
+      key[1] += kW1;
+    }
+    uint32_t hi0, lo0, hi1, lo1;
+    cpu::mulhilo(kM0, ctr[0], hi0, lo0);
+    cpu::mulhilo(kM1, ctr[2], hi1, lo1);
+    ctr = {hi1 ^ ctr[1] ^ key[0], lo1, hi0 ^ ctr[3] ^ key[1], lo0};
+  }
+  return ctr;
 }
 
 }  // namespace origami

@@ -6,8 +6,6 @@
 // serial token-major walk gives the documented order for free.
 // E is small (8..256), so top-k is an insertion into a k-long sorted list:
 // one pass over E, strict '>' comparisons keep the lower index on ties.
-#include "kernels/moe_ops.h"
-
 #include <omp.h>
 
 #include <algorithm>
@@ -16,9 +14,10 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd.h"
 
-namespace origami {
+namespace origami::cpu {
 
 namespace {
 
@@ -72,23 +71,8 @@ void check_kept(const Tensor& kept_TK, const Tensor& expert_TK) {
 
 }  // namespace
 
-void check_moe_topk_params(const MoeTopkParams& p, int64_t E) {
-  ORIGAMI_CHECK(E > 0 && p.top_k >= 1 && p.top_k <= E, "router top_k = ", p.top_k, " must be in [1, num_experts = ",
-                E, "]");
-  ORIGAMI_CHECK(p.num_groups >= 1 && E % p.num_groups == 0, "num_experts = ", E,
-                " must be divisible by router num_groups = ", p.num_groups);
-  if (p.num_groups > 1) {
-    ORIGAMI_CHECK(p.group_topk >= 1 && p.group_topk <= p.num_groups, "router group_topk = ", p.group_topk,
-                  " must be in [1, num_groups = ", p.num_groups, "]");
-    ORIGAMI_CHECK(p.top_k % p.group_topk == 0, "router top_k = ", p.top_k, " must be divisible by group_topk = ",
-                  p.group_topk);
-    ORIGAMI_CHECK(p.top_k / p.group_topk <= E / p.num_groups, "router top_k / group_topk = ",
-                  p.top_k / p.group_topk, " exceeds the experts per group (", E / p.num_groups, ")");
-  }
-}
-
-void moe_topk_forward(const Tensor& logits_TE, const Tensor& bias_E, const MoeTopkParams& p, Tensor& scores_TE,
-                      Tensor& expert_TK, Tensor& weight_TK, Tensor& lse_T) {
+void moe_topk_forward(const ExecContext& ctx, const Tensor& logits_TE, const Tensor& bias_E, const MoeTopkParams& p,
+                      Tensor& scores_TE, Tensor& expert_TK, Tensor& weight_TK, Tensor& lse_T) {
   ORIGAMI_CHECK(logits_TE.defined() && logits_TE.dtype() == DType::f32, "router logits must be f32");
   const int64_t T = logits_TE.rows(), E = logits_TE.cols(), K = p.top_k;
   check_moe_topk_params(p, E);
@@ -177,8 +161,8 @@ void moe_topk_forward(const Tensor& logits_TE, const Tensor& bias_E, const MoeTo
   }
 }
 
-void moe_routing_stats(const Tensor& scores_TE, const Tensor& expert_TK, MoeScore score, int64_t seg_len,
-                       double* counts_SE, double* scores_SE) {
+void moe_routing_stats(const ExecContext& ctx, const Tensor& scores_TE, const Tensor& expert_TK, MoeScore score,
+                       int64_t seg_len, double* counts_SE, double* scores_SE) {
   ORIGAMI_CHECK(scores_TE.defined() && scores_TE.dtype() == DType::f32, "router scores must be f32");
   const int64_t T = scores_TE.rows(), E = scores_TE.cols(), K = expert_TK.cols();
   check_i32(expert_TK, {T, K}, "router expert_TK");
@@ -227,9 +211,9 @@ void moe_routing_stats(const Tensor& scores_TE, const Tensor& expert_TK, MoeScor
 //               aux through s' (sigmoid: s'_e = s_e / N) gives (a_e − Σ a·s')/N.
 //   ∂f/∂z:      softmax s_e(g_e − Σ g·s); sigmoid g_e·s_e(1 − s_e);
 //               z-loss 2·z_coef·lse·softmax(z)_e.
-void moe_topk_backward(const Tensor& logits_TE, const Tensor& scores_TE, const Tensor& expert_TK,
-                       const Tensor& dweight_TK, const Tensor& aux_SE, int64_t seg_len, float z_coef,
-                       const MoeTopkParams& p, Tensor& dlogits_TE) {
+void moe_topk_backward(const ExecContext& ctx, const Tensor& logits_TE, const Tensor& scores_TE,
+                       const Tensor& expert_TK, const Tensor& dweight_TK, const Tensor& aux_SE, int64_t seg_len,
+                       float z_coef, const MoeTopkParams& p, Tensor& dlogits_TE) {
   ORIGAMI_CHECK(logits_TE.defined() && logits_TE.dtype() == DType::f32, "router logits must be f32");
   const int64_t T = logits_TE.rows(), E = logits_TE.cols(), K = p.top_k;
   check_f32(scores_TE, {T, E}, "router scores_TE");
@@ -301,7 +285,8 @@ void moe_topk_backward(const Tensor& logits_TE, const Tensor& scores_TE, const T
   }
 }
 
-void moe_expert_histogram(const Tensor& expert_TK, const Tensor& kept_TK, int64_t E, Tensor& count_E) {
+void moe_expert_histogram(const ExecContext& ctx, const Tensor& expert_TK, const Tensor& kept_TK, int64_t E,
+                          Tensor& count_E) {
   ORIGAMI_CHECK(expert_TK.defined() && expert_TK.dtype() == DType::i32, "expert_TK must be i32");
   check_kept(kept_TK, expert_TK);
   ORIGAMI_CHECK(count_E.defined() && count_E.dtype() == DType::i64, "count_E must be i64");
@@ -317,8 +302,8 @@ void moe_expert_histogram(const Tensor& expert_TK, const Tensor& kept_TK, int64_
   }
 }
 
-void moe_capacity_mask(const Tensor& expert_TK, const Tensor& weight_TK, int64_t E, int64_t capacity, MoeDrop policy,
-                       Tensor& kept_TK) {
+void moe_capacity_mask(const ExecContext& ctx, const Tensor& expert_TK, const Tensor& weight_TK, int64_t E,
+                       int64_t capacity, MoeDrop policy, Tensor& kept_TK) {
   ORIGAMI_CHECK(expert_TK.defined() && expert_TK.dtype() == DType::i32, "expert_TK must be i32");
   ORIGAMI_CHECK(capacity >= 0, "capacity mask needs a capacity >= 0, got ", capacity);
   ORIGAMI_CHECK(kept_TK.defined() && kept_TK.dtype() == DType::u8, "kept_TK must be u8");
@@ -363,8 +348,8 @@ void moe_capacity_mask(const Tensor& expert_TK, const Tensor& weight_TK, int64_t
   }
 }
 
-void moe_permutation_maps(const Tensor& expert_TK, const Tensor& kept_TK, const Tensor& rows_E, Tensor& row_of_TK,
-                          Tensor& row_token_N, Tensor& row_slot_N) {
+void moe_permutation_maps(const ExecContext& ctx, const Tensor& expert_TK, const Tensor& kept_TK, const Tensor& rows_E,
+                          Tensor& row_of_TK, Tensor& row_token_N, Tensor& row_slot_N) {
   ORIGAMI_CHECK(expert_TK.defined() && expert_TK.dtype() == DType::i32, "expert_TK must be i32");
   check_kept(kept_TK, expert_TK);
   ORIGAMI_CHECK(rows_E.defined() && rows_E.dtype() == DType::i64 && rows_E.dim() == 1, "rows_E must be i64 [E]");
@@ -403,7 +388,7 @@ void moe_permutation_maps(const Tensor& expert_TK, const Tensor& kept_TK, const 
   }
 }
 
-void moe_permute_rows(const Tensor& x_TD, const Tensor& row_token_N, Tensor& x_ND) {
+void moe_permute_rows(const ExecContext& ctx, const Tensor& x_TD, const Tensor& row_token_N, Tensor& x_ND) {
   ORIGAMI_CHECK(x_TD.defined() && x_TD.dtype() == DType::f32, "permute input must be f32");
   const int64_t T = x_TD.rows(), D = x_TD.cols(), N = row_token_N.numel();
   check_i32(row_token_N, {N}, "row_token_N");
@@ -423,7 +408,7 @@ void moe_permute_rows(const Tensor& x_TD, const Tensor& row_token_N, Tensor& x_N
   }
 }
 
-void moe_permute_rows_backward(const Tensor& dx_ND, const Tensor& row_of_TK, Tensor& dx_TD) {
+void moe_permute_rows_backward(const ExecContext& ctx, const Tensor& dx_ND, const Tensor& row_of_TK, Tensor& dx_TD) {
   ORIGAMI_CHECK(dx_ND.defined() && dx_ND.dtype() == DType::f32, "permute gradient must be f32");
   const int64_t N = dx_ND.rows(), D = dx_ND.cols(), T = row_of_TK.rows(), K = row_of_TK.cols();
   check_i32(row_of_TK, {T, K}, "row_of_TK");
@@ -445,7 +430,8 @@ void moe_permute_rows_backward(const Tensor& dx_ND, const Tensor& row_of_TK, Ten
   }
 }
 
-void moe_unpermute_rows(const Tensor& y_ND, const Tensor& row_of_TK, const Tensor& weight_TK, Tensor& out_TD) {
+void moe_unpermute_rows(const ExecContext& ctx, const Tensor& y_ND, const Tensor& row_of_TK, const Tensor& weight_TK,
+                        Tensor& out_TD) {
   ORIGAMI_CHECK(y_ND.defined() && y_ND.dtype() == DType::f32, "unpermute input must be f32");
   const int64_t N = y_ND.rows(), D = y_ND.cols(), T = row_of_TK.rows(), K = row_of_TK.cols();
   check_i32(row_of_TK, {T, K}, "row_of_TK");
@@ -471,9 +457,9 @@ void moe_unpermute_rows(const Tensor& y_ND, const Tensor& row_of_TK, const Tenso
   }
 }
 
-void moe_unpermute_rows_backward(const Tensor& dout_TD, const Tensor& y_ND, const Tensor& row_of_TK,
-                                 const Tensor& row_token_N, const Tensor& weight_TK, Tensor& dy_ND,
-                                 Tensor& dweight_TK) {
+void moe_unpermute_rows_backward(const ExecContext& ctx, const Tensor& dout_TD, const Tensor& y_ND,
+                                 const Tensor& row_of_TK, const Tensor& row_token_N, const Tensor& weight_TK,
+                                 Tensor& dy_ND, Tensor& dweight_TK) {
   ORIGAMI_CHECK(y_ND.defined() && y_ND.dtype() == DType::f32, "unpermute input must be f32");
   const int64_t N = y_ND.rows(), D = y_ND.cols(), T = row_of_TK.rows(), K = row_of_TK.cols();
   check_i32(row_of_TK, {T, K}, "row_of_TK");
@@ -517,6 +503,25 @@ void moe_unpermute_rows_backward(const Tensor& dout_TD, const Tensor& y_ND, cons
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n)
       if (tok[n] < 0) std::memset(dy + n * D, 0, static_cast<size_t>(D) * sizeof(float));
+  }
+}
+
+}  // namespace origami::cpu
+
+namespace origami {
+
+void check_moe_topk_params(const MoeTopkParams& p, int64_t E) {
+  ORIGAMI_CHECK(E > 0 && p.top_k >= 1 && p.top_k <= E, "router top_k = ", p.top_k, " must be in [1, num_experts = ", E,
+                "]");
+  ORIGAMI_CHECK(p.num_groups >= 1 && E % p.num_groups == 0, "num_experts = ", E,
+                " must be divisible by router num_groups = ", p.num_groups);
+  if (p.num_groups > 1) {
+    ORIGAMI_CHECK(p.group_topk >= 1 && p.group_topk <= p.num_groups, "router group_topk = ", p.group_topk,
+                  " must be in [1, num_groups = ", p.num_groups, "]");
+    ORIGAMI_CHECK(p.top_k % p.group_topk == 0, "router top_k = ", p.top_k,
+                  " must be divisible by group_topk = ", p.group_topk);
+    ORIGAMI_CHECK(p.top_k / p.group_topk <= E / p.num_groups, "router top_k / group_topk = ", p.top_k / p.group_topk,
+                  " exceeds the experts per group (", E / p.num_groups, ")");
   }
 }
 

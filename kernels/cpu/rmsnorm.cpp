@@ -2,14 +2,14 @@
 // OpenMP threads; dw is reduced from per-thread partials held in the caller's
 // workspace, combined in thread order so a given thread count is bitwise
 // reproducible (no float atomics).
-#include "kernels/rmsnorm.h"
-
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 
-namespace origami {
+#include "kernels/cpu/ops.h"
+
+namespace origami::cpu {
 
 namespace {
 
@@ -21,7 +21,8 @@ void check_rows(const Tensor& x, const Tensor& w, const char* what) {
 
 }  // namespace
 
-void rmsnorm_forward(const Tensor& x_TD, const Tensor& w_D, float eps, Tensor& y_TD, Tensor& rstd_T) {
+void rmsnorm_forward(const ExecContext& ctx, const Tensor& x_TD, const Tensor& w_D, float eps, Tensor& y_TD,
+                     Tensor& rstd_T) {
   check_rows(x_TD, w_D, "rmsnorm_forward");
   const int64_t T = x_TD.rows(), D = x_TD.cols();
   check_shape(y_TD, x_TD.shape(), "rmsnorm y");
@@ -45,28 +46,31 @@ void rmsnorm_forward(const Tensor& x_TD, const Tensor& w_D, float eps, Tensor& y
   }
 }
 
-int64_t rmsnorm_backward_workspace(int64_t T, int64_t D) { return static_cast<int64_t>(omp_get_max_threads()) * D; }
+size_t rmsnorm_backward_workspace_bytes(const ExecContext& ctx, int64_t T, int64_t D) {
+  return static_cast<size_t>(ctx.threads()) * static_cast<size_t>(D) * sizeof(float);
+}
 
 // With x̂ = x·r:  dx = r·(w⊙dy) − x·r³/D · Σ(w⊙dy⊙x),  dw += Σ_t dy⊙x̂.
-void rmsnorm_backward(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& w_D, const Tensor& rstd_T,
-                      Tensor& dx_TD, Tensor& dw_D, Tensor& workspace) {
+void rmsnorm_backward(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& w_D,
+                      const Tensor& rstd_T, Tensor& dx_TD, Tensor& dw_D, Tensor& workspace) {
   check_rows(x_TD, w_D, "rmsnorm_backward");
   const int64_t T = x_TD.rows(), D = x_TD.cols();
   check_shape(dy_TD, x_TD.shape(), "rmsnorm dy");
   check_shape(dx_TD, x_TD.shape(), "rmsnorm dx");
   check_shape(dw_D, {D}, "rmsnorm dw");
   ORIGAMI_CHECK(rstd_T.numel() == T, "rmsnorm rstd has ", rstd_T.numel(), " elements, expected ", T);
-  ORIGAMI_CHECK(workspace.defined() && workspace.dtype() == DType::f32, "rmsnorm workspace must be f32");
-  const int64_t fit = workspace.numel() / std::max<int64_t>(D, 1);
-  const int nthr = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), fit));
-  ORIGAMI_CHECK(nthr >= 1, "rmsnorm workspace has ", workspace.numel(), " floats, needs at least ", D);
+  ORIGAMI_CHECK(workspace.defined(), "rmsnorm_backward without a workspace");
+  const int64_t floats = static_cast<int64_t>(workspace.nbytes() / sizeof(float));
+  const int64_t fit = floats / std::max<int64_t>(D, 1);
+  const int nthr = static_cast<int>(std::min<int64_t>(ctx.threads(), fit));
+  ORIGAMI_CHECK(nthr >= 1, "rmsnorm workspace has ", workspace.nbytes(), " bytes, needs at least ", D * 4);
   const float* dy = dy_TD.f32();
   const float* x = x_TD.f32();
   const float* w = w_D.f32();
   const float* rstd = rstd_T.f32();
   float* dx = dx_TD.f32();
   float* dw = dw_D.f32();
-  float* partial = workspace.f32();
+  float* partial = static_cast<float*>(workspace.raw());
   int used = 1;
 
 #pragma omp parallel num_threads(nthr)
@@ -102,4 +106,4 @@ void rmsnorm_backward(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& w_D
   }
 }
 
-}  // namespace origami
+}  // namespace origami::cpu

@@ -2,11 +2,11 @@
 // Angles are formed in double (θ^(−2i/hd) · pos) and rounded once to float
 // cos/sin: positions reach 10⁵ under long context, where a float angle would
 // already be off by ~10⁻².
-#include "kernels/rope.h"
-
 #include <cmath>
 
-namespace origami {
+#include "kernels/cpu/ops.h"
+
+namespace origami::cpu {
 
 namespace {
 
@@ -53,12 +53,12 @@ void rotate(Tensor& x_BSHd, const Tensor& pos_S, float theta, double sign, const
 
 }  // namespace
 
-void rope_forward(Tensor& x_BSHd, const Tensor& pos_S, float theta) {
+void rope_forward(const ExecContext& ctx, Tensor& x_BSHd, const Tensor& pos_S, float theta) {
   rotate(x_BSHd, pos_S, theta, 1.0, "rope_forward");
 }
 
-void rope_backward(Tensor& dx_BSHd, const Tensor& pos_S, float theta) {
+void rope_backward(const ExecContext& ctx, Tensor& dx_BSHd, const Tensor& pos_S, float theta) {
   rotate(dx_BSHd, pos_S, theta, -1.0, "rope_backward");
 }
 
-}  // namespace origami
+}  // namespace origami::cpu

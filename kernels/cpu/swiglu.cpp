@@ -1,11 +1,10 @@
 // CPU SwiGLU activation: h = silu(g) ⊙ u and its backward. Elementwise over
 // flat [T, F] buffers; σ uses the vectorized exp_fast, since at small hidden
 // sizes a scalar expf per element is a visible share of the MLP's time.
-#include "kernels/swiglu.h"
-
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd.h"
 
-namespace origami {
+namespace origami::cpu {
 
 namespace {
 
@@ -18,7 +17,7 @@ void check_same(const Tensor& t, const Tensor& ref, const char* name) {
 
 }  // namespace
 
-void swiglu_forward(const Tensor& gate_TF, const Tensor& up_TF, Tensor& h_TF) {
+void swiglu_forward(const ExecContext& ctx, const Tensor& gate_TF, const Tensor& up_TF, Tensor& h_TF) {
   check_same(gate_TF, gate_TF, "swiglu gate");
   check_same(up_TF, gate_TF, "swiglu up");
   check_same(h_TF, gate_TF, "swiglu h");
@@ -31,8 +30,8 @@ void swiglu_forward(const Tensor& gate_TF, const Tensor& up_TF, Tensor& h_TF) {
 }
 
 // d silu(g)/dg = σ(g)·(1 + g·(1 − σ(g))).
-void swiglu_backward(const Tensor& dh_TF, const Tensor& gate_TF, const Tensor& up_TF, Tensor& dgate_TF,
-                     Tensor& dup_TF) {
+void swiglu_backward(const ExecContext& ctx, const Tensor& dh_TF, const Tensor& gate_TF, const Tensor& up_TF,
+                     Tensor& dgate_TF, Tensor& dup_TF) {
   check_same(gate_TF, gate_TF, "swiglu gate");
   check_same(up_TF, gate_TF, "swiglu up");
   check_same(dh_TF, gate_TF, "swiglu dh");
@@ -52,4 +51,4 @@ void swiglu_backward(const Tensor& dh_TF, const Tensor& gate_TF, const Tensor& u
   }
 }
 
-}  // namespace origami
+}  // namespace origami::cpu

@@ -1,0 +1,66 @@
+// ExecContext (see context.h).
+#include "kernels/context.h"
+
+#include <algorithm>
+
+#include "kernels/cuda/context.h"
+
+namespace origami {
+
+namespace {
+void no_state(ExecContext::CudaState*) {}
+}  // namespace
+
+ExecContext::ExecContext(Device device, int threads)
+    : device_(device), threads_(std::max(1, threads)), cuda_(nullptr, no_state) {}
+
+ExecContext::ExecContext(ExecContext&&) noexcept = default;
+ExecContext& ExecContext::operator=(ExecContext&&) noexcept = default;
+ExecContext::~ExecContext() = default;
+
+ExecContext ExecContext::cpu(int threads) {
+  ORIGAMI_CHECK(threads >= 1, "a CPU context needs at least one thread, got ", threads);
+  return ExecContext(Device::cpu(), threads);
+}
+
+ExecContext ExecContext::cuda(int device_index, int host_threads) {
+  if (!built_with_cuda())
+    ORIGAMI_USER_ERROR("cuda:", device_index,
+                       " requested, but origami was built without CUDA (configure with "
+                       "-DORIGAMI_CUDA=ON on a machine with the CUDA toolkit)");
+  const int count = cuda_device_count();
+  if (device_index < 0 || device_index >= count)
+    ORIGAMI_USER_ERROR("cuda:", device_index, " requested, but this process sees ", count, " CUDA device(s)",
+                       count == 0 ? " (no driver or no GPU)" : "");
+  ExecContext ctx(Device::cuda(device_index), host_threads);
+#if ORIGAMI_WITH_CUDA
+  ctx.cuda_ = std::unique_ptr<CudaState, void (*)(CudaState*)>(cuda::create_state(device_index), cuda::destroy_state);
+#endif
+  return ctx;
+}
+
+void* ExecContext::stream() const {
+#if ORIGAMI_WITH_CUDA
+  if (cuda_) return cuda::stream_of(cuda_.get());
+#endif
+  return nullptr;
+}
+
+void* ExecContext::blas() const {
+#if ORIGAMI_WITH_CUDA
+  if (cuda_) return cuda::blas_of(cuda_.get());
+#endif
+  return nullptr;
+}
+
+Tensor ExecContext::workspace(size_t bytes) const {
+  return Tensor::empty({static_cast<int64_t>(bytes)}, DType::u8, MemCategory::workspace, device_);
+}
+
+void ExecContext::synchronize() const {
+#if ORIGAMI_WITH_CUDA
+  if (cuda_) cuda::synchronize(cuda_.get());
+#endif
+}
+
+}  // namespace origami

@@ -1,0 +1,52 @@
+// ExecContext: where and how ops run (ARCHITECTURE.md §2) — the device, its
+// stream and BLAS handle, the CPU thread count, and workspace. One per rank,
+// created by whoever drives the ops (trainer, bench, tests) and handed down
+// explicitly to every op; nothing in kernels/ keeps a global one.
+// Workspace is two-phase, CUB style: an op that needs scratch exposes a
+// `<op>_workspace_bytes(ctx, ...)` query (sized by this context's threads,
+// never the OpenMP runtime's), the caller takes that many bytes from
+// workspace() and passes them in; the op never allocates behind it.
+#pragma once
+#include <cstddef>
+#include <memory>
+
+#include "kernels/device.h"
+#include "kernels/tensor.h"
+
+namespace origami {
+
+class ExecContext {
+ public:
+  // Host ops on `threads` OpenMP threads (oneDNN included), >= 1.
+  static ExecContext cpu(int threads);
+  // Ops on CUDA device `device_index` (its own stream and cuBLAS handle);
+  // host-side work keeps `host_threads`. A UserError naming the reason when
+  // the build has no CUDA backend or the device does not exist.
+  static ExecContext cuda(int device_index, int host_threads = 1);
+
+  ExecContext(ExecContext&&) noexcept;
+  ExecContext& operator=(ExecContext&&) noexcept;
+  ~ExecContext();
+
+  Device device() const { return device_; }
+  int threads() const { return threads_; }
+  // cudaStream_t / cublasHandle_t of a CUDA context; null on the host.
+  void* stream() const;
+  void* blas() const;
+
+  // `bytes` of scratch on this context's device, tracked as workspace, freed
+  // with the returned tensor (u8 [bytes]).
+  Tensor workspace(size_t bytes) const;
+  // Waits until every op issued through this context has finished.
+  void synchronize() const;
+
+  struct CudaState;  // stream and handle (kernels/cuda/context.cu)
+
+ private:
+  ExecContext(Device device, int threads);
+  Device device_;
+  int threads_ = 1;
+  std::unique_ptr<CudaState, void (*)(CudaState*)> cuda_;
+};
+
+}  // namespace origami

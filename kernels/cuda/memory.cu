@@ -1,0 +1,51 @@
+// CUDA memory primitives (see memory.h). Allocation failures return null so
+// the tracked allocator can report the ledger beside the failure; every
+// other runtime error is a CUDA_CHECK.
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/memory.h"
+
+namespace origami::cuda {
+
+namespace {
+
+void* device_allocate(size_t bytes, int device_index) {
+  CUDA_CHECK(cudaSetDevice(device_index));
+  void* ptr = nullptr;
+  if (cudaMalloc(&ptr, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky-free error so the report is ours
+    return nullptr;
+  }
+  return ptr;
+}
+
+void device_release(void* ptr, int device_index) {
+  // At process exit the runtime may already be unloading; a free then is moot.
+  const cudaError_t rc = cudaFree(ptr);
+  if (rc == cudaErrorCudartUnloading) return;
+  CUDA_CHECK(rc);
+}
+
+}  // namespace
+
+MemorySource device_memory_source() { return MemorySource{device_allocate, device_release}; }
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  CUDA_CHECK(cudaSetDevice(dst_device.is_host() ? src_device.index : dst_device.index));
+  CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+}
+
+void fill_zero(void* dst, size_t bytes, int device_index) {
+  CUDA_CHECK(cudaSetDevice(device_index));
+  CUDA_CHECK(cudaMemset(dst, 0, bytes));
+}
+
+}  // namespace origami::cuda

@@ -1,0 +1,23 @@
+// The CUDA backend's memory primitives (kernels/cuda/memory.cu): device
+// memory for the tracked allocator, copies between any two devices, fills,
+// and the device count. Declared in every build, defined only when
+// ORIGAMI_WITH_CUDA; host code calls them only behind that macro.
+#pragma once
+#include <cstddef>
+
+#include "kernels/allocator.h"
+#include "kernels/device.h"
+
+namespace origami::cuda {
+
+// cudaMalloc / cudaFree on the given device.
+MemorySource device_memory_source();
+// Visible CUDA devices; 0 when there is no driver or no device (never fails).
+int device_count();
+// Synchronous copy of `bytes` between host and/or device memory
+// (cudaMemcpyDefault: unified addressing tells the directions apart).
+void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+// Synchronous zero fill of device memory.
+void fill_zero(void* dst, size_t bytes, int device_index);
+
+}  // namespace origami::cuda

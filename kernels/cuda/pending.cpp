@@ -1,0 +1,143 @@
+// CUDA ops not written yet: each fails at run time naming the op, so a
+// model that reaches one on a CUDA context stops with a clear message. The
+// CUDA issue moves each op from here into its own kernels/cuda/<op>.cu.
+#include "kernels/cuda/ops.h"
+
+namespace origami::cuda {
+
+namespace {
+[[noreturn]] void pending(const char* op) {
+  ORIGAMI_CHECK(false, op, " has no CUDA implementation yet (kernels/cuda/", op, ".cu); run it on a CPU context");
+  __builtin_unreachable();
+}
+}  // namespace
+
+void gemm(const ExecContext& ctx, const Tensor& A, Trans trans_a, const Tensor& B, Trans trans_b, Tensor& C,
+          float alpha, float beta) {
+  pending("gemm");
+}
+void axpy(const ExecContext& ctx, float a, const Tensor& x, Tensor& y) { pending("axpy"); }
+void scale_inplace(const ExecContext& ctx, Tensor& y, float a) { pending("scale_inplace"); }
+double sum_squares(const ExecContext& ctx, const Tensor& x) { pending("sum_squares"); }
+double sum(const ExecContext& ctx, const Tensor& x) { pending("sum"); }
+void rmsnorm_forward(const ExecContext& ctx, const Tensor& x_TD, const Tensor& w_D, float eps, Tensor& y_TD,
+                     Tensor& rstd_T) {
+  pending("rmsnorm_forward");
+}
+size_t rmsnorm_backward_workspace_bytes(const ExecContext& ctx, int64_t T, int64_t D) {
+  pending("rmsnorm_backward_workspace_bytes");
+}
+void rmsnorm_backward(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& w_D,
+                      const Tensor& rstd_T, Tensor& dx_TD, Tensor& dw_D, Tensor& workspace) {
+  pending("rmsnorm_backward");
+}
+void rope_forward(const ExecContext& ctx, Tensor& x_BSHd, const Tensor& pos_S, float theta) { pending("rope_forward"); }
+void rope_backward(const ExecContext& ctx, Tensor& dx_BSHd, const Tensor& pos_S, float theta) {
+  pending("rope_backward");
+}
+size_t attention_forward_workspace_bytes(const ExecContext& ctx, const AttentionDims& dims) {
+  pending("attention_forward_workspace_bytes");
+}
+void attention_forward(const ExecContext& ctx, const AttentionDims& dims, const Tensor& q, const Tensor& k,
+                       const Tensor& v, const Tensor& q_pos_S, const Tensor& kv_pos_S, float scale, Tensor& o,
+                       Tensor& lse_BHS, Tensor& workspace) {
+  pending("attention_forward");
+}
+size_t attention_backward_workspace_bytes(const ExecContext& ctx, const AttentionDims& dims) {
+  pending("attention_backward_workspace_bytes");
+}
+void attention_backward(const ExecContext& ctx, const AttentionDims& dims, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& o, const Tensor& lse_BHS, const Tensor& do_,
+                        const Tensor& q_pos_S, const Tensor& kv_pos_S, float scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                        Tensor& workspace) {
+  pending("attention_backward");
+}
+void swiglu_forward(const ExecContext& ctx, const Tensor& gate_TF, const Tensor& up_TF, Tensor& h_TF) {
+  pending("swiglu_forward");
+}
+void swiglu_backward(const ExecContext& ctx, const Tensor& dh_TF, const Tensor& gate_TF, const Tensor& up_TF,
+                     Tensor& dgate_TF, Tensor& dup_TF) {
+  pending("swiglu_backward");
+}
+void embedding_forward(const ExecContext& ctx, const Tensor& ids_T, const Tensor& table_VD, int64_t vocab_start,
+                       Tensor& out_TD) {
+  pending("embedding_forward");
+}
+void embedding_backward(const ExecContext& ctx, const Tensor& ids_T, const Tensor& dout_TD, int64_t vocab_start,
+                        Tensor& dtable_VD) {
+  pending("embedding_backward");
+}
+void cross_entropy_forward(const ExecContext& ctx, const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T,
+                           Tensor& lse_T) {
+  pending("cross_entropy_forward");
+}
+void cross_entropy_backward(const ExecContext& ctx, const Tensor& logits_TV, const Tensor& targets_T,
+                            const Tensor& lse_T, float grad_scale, Tensor& dlogits_TV) {
+  pending("cross_entropy_backward");
+}
+void cross_entropy_local_max(const ExecContext& ctx, const Tensor& logits_TV, Tensor& max_T) {
+  pending("cross_entropy_local_max");
+}
+void cross_entropy_local_sums(const ExecContext& ctx, const Tensor& logits_TV, const Tensor& targets_T,
+                              const Tensor& max_T, int64_t vocab_start, int64_t vocab, Tensor& sums_2T) {
+  pending("cross_entropy_local_sums");
+}
+void cross_entropy_finish(const ExecContext& ctx, const Tensor& max_T, const Tensor& sums_2T, Tensor& loss_T,
+                          Tensor& lse_T) {
+  pending("cross_entropy_finish");
+}
+void cross_entropy_local_backward(const ExecContext& ctx, const Tensor& logits_TV, const Tensor& targets_T,
+                                  const Tensor& lse_T, int64_t vocab_start, float grad_scale, Tensor& dlogits_TV) {
+  pending("cross_entropy_local_backward");
+}
+void adamw_update(const ExecContext& ctx, Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                  const AdamWStep& s) {
+  pending("adamw_update");
+}
+void init_normal(const ExecContext& ctx, Tensor& out, uint64_t seed, std::string_view name, int64_t global_offset,
+                 float std) {
+  pending("init_normal");
+}
+void init_constant(const ExecContext& ctx, Tensor& out, float value) { pending("init_constant"); }
+void moe_topk_forward(const ExecContext& ctx, const Tensor& logits_TE, const Tensor& bias_E, const MoeTopkParams& p,
+                      Tensor& scores_TE, Tensor& expert_TK, Tensor& weight_TK, Tensor& lse_T) {
+  pending("moe_topk_forward");
+}
+void moe_routing_stats(const ExecContext& ctx, const Tensor& scores_TE, const Tensor& expert_TK, MoeScore score,
+                       int64_t seg_len, double* counts_SE, double* scores_SE) {
+  pending("moe_routing_stats");
+}
+void moe_topk_backward(const ExecContext& ctx, const Tensor& logits_TE, const Tensor& scores_TE,
+                       const Tensor& expert_TK, const Tensor& dweight_TK, const Tensor& aux_SE, int64_t seg_len,
+                       float z_coef, const MoeTopkParams& p, Tensor& dlogits_TE) {
+  pending("moe_topk_backward");
+}
+void moe_expert_histogram(const ExecContext& ctx, const Tensor& expert_TK, const Tensor& kept_TK, int64_t num_experts,
+                          Tensor& count_E) {
+  pending("moe_expert_histogram");
+}
+void moe_capacity_mask(const ExecContext& ctx, const Tensor& expert_TK, const Tensor& weight_TK, int64_t num_experts,
+                       int64_t capacity, MoeDrop policy, Tensor& kept_TK) {
+  pending("moe_capacity_mask");
+}
+void moe_permutation_maps(const ExecContext& ctx, const Tensor& expert_TK, const Tensor& kept_TK, const Tensor& rows_E,
+                          Tensor& row_of_TK, Tensor& row_token_N, Tensor& row_slot_N) {
+  pending("moe_permutation_maps");
+}
+void moe_permute_rows(const ExecContext& ctx, const Tensor& x_TD, const Tensor& row_token_N, Tensor& x_ND) {
+  pending("moe_permute_rows");
+}
+void moe_permute_rows_backward(const ExecContext& ctx, const Tensor& dx_ND, const Tensor& row_of_TK, Tensor& dx_TD) {
+  pending("moe_permute_rows_backward");
+}
+void moe_unpermute_rows(const ExecContext& ctx, const Tensor& y_ND, const Tensor& row_of_TK, const Tensor& weight_TK,
+                        Tensor& out_TD) {
+  pending("moe_unpermute_rows");
+}
+void moe_unpermute_rows_backward(const ExecContext& ctx, const Tensor& dout_TD, const Tensor& y_ND,
+                                 const Tensor& row_of_TK, const Tensor& row_token_N, const Tensor& weight_TK,
+                                 Tensor& dy_ND, Tensor& dweight_TK) {
+  pending("moe_unpermute_rows_backward");
+}
+
+}  // namespace origami::cuda

@@ -1,0 +1,434 @@
+// The dispatch layer (CUB's API → dispatch → implementation): each public op
+// of kernels/<op>.h checks that every tensor of the call is on the
+// context's device, then calls the CPU implementation (kernels/cpu/, under
+// the context's thread count) or the CUDA one (kernels/cuda/). A CPU build
+// has no CUDA branch to take: its contexts and tensors are all host ones.
+#include "kernels/dispatch.h"
+
+#include <omp.h>
+
+#include <optional>
+
+#include "kernels/cpu/ops.h"
+#if ORIGAMI_WITH_CUDA
+#include "kernels/cuda/ops.h"
+#define ORIGAMI_ON_CUDA(op) cuda::op
+#else
+#define ORIGAMI_ON_CUDA(op) (without_cuda(#op), cpu::op)
+#endif
+
+namespace origami {
+
+namespace {
+template <class Args, class DeviceOf>
+std::string mismatch(const char* op, Device device, const Args& args, DeviceOf device_of) {
+  std::string problem;
+  for (const auto& a : args) {
+    const std::optional<Device> d = device_of(a);
+    if (!d || *d == device) continue;
+    problem += (problem.empty() ? std::string(op) + ": the context runs on " + to_string(device) + " but " : ", ");
+    problem += std::string(a.name) + " is on " + to_string(*d);
+  }
+  return problem;
+}
+}  // namespace
+
+std::string device_mismatch(const char* op, Device device, std::initializer_list<NamedDevice> args) {
+  return mismatch(op, device, args, [](const NamedDevice& a) { return std::optional<Device>(a.device); });
+}
+
+std::string device_mismatch(const char* op, Device device, std::initializer_list<OpArg> args) {
+  return mismatch(op, device, args, [](const OpArg& a) {
+    return a.tensor->defined() ? std::optional<Device>(a.tensor->device()) : std::nullopt;
+  });
+}
+
+namespace {
+
+[[maybe_unused]] [[noreturn]] void without_cuda(const char* op) {
+  ORIGAMI_CHECK(false, op, " on a CUDA context: built without CUDA");
+  __builtin_unreachable();
+}
+
+// True when the op runs on the CUDA backend; an internal error when a tensor
+// is elsewhere than the context's device.
+bool on_cuda(const ExecContext& ctx, const char* op, std::initializer_list<OpArg> args) {
+  const Device device = ctx.device();
+  for (const OpArg& a : args)
+    if (a.tensor->defined() && !(a.tensor->device() == device)) [[unlikely]]
+      ORIGAMI_CHECK(false, device_mismatch(op, device, args));
+  return !device.is_host();
+}
+
+// CPU implementations run with the context's OpenMP thread count (oneDNN
+// reads the same setting); the caller's is restored afterwards.
+class CpuThreads {
+ public:
+  explicit CpuThreads(const ExecContext& ctx) : saved_(omp_get_max_threads()) {
+    if (saved_ != ctx.threads()) omp_set_num_threads(ctx.threads());
+  }
+  ~CpuThreads() {
+    if (omp_get_max_threads() != saved_) omp_set_num_threads(saved_);
+  }
+  CpuThreads(const CpuThreads&) = delete;
+  CpuThreads& operator=(const CpuThreads&) = delete;
+
+ private:
+  int saved_;
+};
+
+}  // namespace
+
+void add_inplace(const ExecContext& ctx, Tensor& y, const Tensor& x) {
+  axpy(ctx, 1.0f, x, y);
+}
+
+void gemm(const ExecContext& ctx, const Tensor& A, Trans trans_a, const Tensor& B, Trans trans_b, Tensor& C,
+          float alpha, float beta) {
+  if (on_cuda(ctx, "gemm", {{"A", &A}, {"B", &B}, {"C", &C}}))
+    return ORIGAMI_ON_CUDA(gemm)(ctx, A, trans_a, B, trans_b, C, alpha, beta);
+  const CpuThreads threads(ctx);
+  return cpu::gemm(ctx, A, trans_a, B, trans_b, C, alpha, beta);
+}
+
+void axpy(const ExecContext& ctx, float a, const Tensor& x, Tensor& y) {
+  if (on_cuda(ctx, "axpy", {{"x", &x}, {"y", &y}})) return ORIGAMI_ON_CUDA(axpy)(ctx, a, x, y);
+  const CpuThreads threads(ctx);
+  return cpu::axpy(ctx, a, x, y);
+}
+
+void scale_inplace(const ExecContext& ctx, Tensor& y, float a) {
+  if (on_cuda(ctx, "scale_inplace", {{"y", &y}})) return ORIGAMI_ON_CUDA(scale_inplace)(ctx, y, a);
+  const CpuThreads threads(ctx);
+  return cpu::scale_inplace(ctx, y, a);
+}
+
+double sum_squares(const ExecContext& ctx, const Tensor& x) {
+  if (on_cuda(ctx, "sum_squares", {{"x", &x}})) return ORIGAMI_ON_CUDA(sum_squares)(ctx, x);
+  const CpuThreads threads(ctx);
+  return cpu::sum_squares(ctx, x);
+}
+
+double sum(const ExecContext& ctx, const Tensor& x) {
+  if (on_cuda(ctx, "sum", {{"x", &x}})) return ORIGAMI_ON_CUDA(sum)(ctx, x);
+  const CpuThreads threads(ctx);
+  return cpu::sum(ctx, x);
+}
+
+void rmsnorm_forward(const ExecContext& ctx, const Tensor& x_TD, const Tensor& w_D, float eps, Tensor& y_TD,
+                     Tensor& rstd_T) {
+  if (on_cuda(ctx, "rmsnorm_forward", {{"x_TD", &x_TD}, {"w_D", &w_D}, {"y_TD", &y_TD}, {"rstd_T", &rstd_T}}))
+    return ORIGAMI_ON_CUDA(rmsnorm_forward)(ctx, x_TD, w_D, eps, y_TD, rstd_T);
+  const CpuThreads threads(ctx);
+  return cpu::rmsnorm_forward(ctx, x_TD, w_D, eps, y_TD, rstd_T);
+}
+
+size_t rmsnorm_backward_workspace_bytes(const ExecContext& ctx, int64_t T, int64_t D) {
+  if (on_cuda(ctx, "rmsnorm_backward_workspace_bytes", {}))
+    return ORIGAMI_ON_CUDA(rmsnorm_backward_workspace_bytes)(ctx, T, D);
+  const CpuThreads threads(ctx);
+  return cpu::rmsnorm_backward_workspace_bytes(ctx, T, D);
+}
+
+void rmsnorm_backward(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& w_D,
+                      const Tensor& rstd_T, Tensor& dx_TD, Tensor& dw_D, Tensor& workspace) {
+  if (on_cuda(ctx, "rmsnorm_backward",
+              {{"dy_TD", &dy_TD},
+               {"x_TD", &x_TD},
+               {"w_D", &w_D},
+               {"rstd_T", &rstd_T},
+               {"dx_TD", &dx_TD},
+               {"dw_D", &dw_D},
+               {"workspace", &workspace}}))
+    return ORIGAMI_ON_CUDA(rmsnorm_backward)(ctx, dy_TD, x_TD, w_D, rstd_T, dx_TD, dw_D, workspace);
+  const CpuThreads threads(ctx);
+  return cpu::rmsnorm_backward(ctx, dy_TD, x_TD, w_D, rstd_T, dx_TD, dw_D, workspace);
+}
+
+void rope_forward(const ExecContext& ctx, Tensor& x_BSHd, const Tensor& pos_S, float theta) {
+  if (on_cuda(ctx, "rope_forward", {{"x_BSHd", &x_BSHd}, {"pos_S", &pos_S}}))
+    return ORIGAMI_ON_CUDA(rope_forward)(ctx, x_BSHd, pos_S, theta);
+  const CpuThreads threads(ctx);
+  return cpu::rope_forward(ctx, x_BSHd, pos_S, theta);
+}
+
+void rope_backward(const ExecContext& ctx, Tensor& dx_BSHd, const Tensor& pos_S, float theta) {
+  if (on_cuda(ctx, "rope_backward", {{"dx_BSHd", &dx_BSHd}, {"pos_S", &pos_S}}))
+    return ORIGAMI_ON_CUDA(rope_backward)(ctx, dx_BSHd, pos_S, theta);
+  const CpuThreads threads(ctx);
+  return cpu::rope_backward(ctx, dx_BSHd, pos_S, theta);
+}
+
+size_t attention_forward_workspace_bytes(const ExecContext& ctx, const AttentionDims& dims) {
+  if (on_cuda(ctx, "attention_forward_workspace_bytes", {}))
+    return ORIGAMI_ON_CUDA(attention_forward_workspace_bytes)(ctx, dims);
+  const CpuThreads threads(ctx);
+  return cpu::attention_forward_workspace_bytes(ctx, dims);
+}
+
+void attention_forward(const ExecContext& ctx, const AttentionDims& dims, const Tensor& q, const Tensor& k,
+                       const Tensor& v, const Tensor& q_pos_S, const Tensor& kv_pos_S, float scale, Tensor& o,
+                       Tensor& lse_BHS, Tensor& workspace) {
+  if (on_cuda(ctx, "attention_forward",
+              {{"q", &q},
+               {"k", &k},
+               {"v", &v},
+               {"q_pos_S", &q_pos_S},
+               {"kv_pos_S", &kv_pos_S},
+               {"o", &o},
+               {"lse_BHS", &lse_BHS},
+               {"workspace", &workspace}}))
+    return ORIGAMI_ON_CUDA(attention_forward)(ctx, dims, q, k, v, q_pos_S, kv_pos_S, scale, o, lse_BHS, workspace);
+  const CpuThreads threads(ctx);
+  return cpu::attention_forward(ctx, dims, q, k, v, q_pos_S, kv_pos_S, scale, o, lse_BHS, workspace);
+}
+
+size_t attention_backward_workspace_bytes(const ExecContext& ctx, const AttentionDims& dims) {
+  if (on_cuda(ctx, "attention_backward_workspace_bytes", {}))
+    return ORIGAMI_ON_CUDA(attention_backward_workspace_bytes)(ctx, dims);
+  const CpuThreads threads(ctx);
+  return cpu::attention_backward_workspace_bytes(ctx, dims);
+}
+
+void attention_backward(const ExecContext& ctx, const AttentionDims& dims, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& o, const Tensor& lse_BHS, const Tensor& do_,
+                        const Tensor& q_pos_S, const Tensor& kv_pos_S, float scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                        Tensor& workspace) {
+  if (on_cuda(ctx, "attention_backward",
+              {{"q", &q},
+               {"k", &k},
+               {"v", &v},
+               {"o", &o},
+               {"lse_BHS", &lse_BHS},
+               {"do_", &do_},
+               {"q_pos_S", &q_pos_S},
+               {"kv_pos_S", &kv_pos_S},
+               {"dq", &dq},
+               {"dk", &dk},
+               {"dv", &dv},
+               {"workspace", &workspace}}))
+    return ORIGAMI_ON_CUDA(attention_backward)(ctx, dims, q, k, v, o, lse_BHS, do_, q_pos_S, kv_pos_S, scale, dq, dk,
+                                               dv, workspace);
+  const CpuThreads threads(ctx);
+  return cpu::attention_backward(ctx, dims, q, k, v, o, lse_BHS, do_, q_pos_S, kv_pos_S, scale, dq, dk, dv, workspace);
+}
+
+void swiglu_forward(const ExecContext& ctx, const Tensor& gate_TF, const Tensor& up_TF, Tensor& h_TF) {
+  if (on_cuda(ctx, "swiglu_forward", {{"gate_TF", &gate_TF}, {"up_TF", &up_TF}, {"h_TF", &h_TF}}))
+    return ORIGAMI_ON_CUDA(swiglu_forward)(ctx, gate_TF, up_TF, h_TF);
+  const CpuThreads threads(ctx);
+  return cpu::swiglu_forward(ctx, gate_TF, up_TF, h_TF);
+}
+
+void swiglu_backward(const ExecContext& ctx, const Tensor& dh_TF, const Tensor& gate_TF, const Tensor& up_TF,
+                     Tensor& dgate_TF, Tensor& dup_TF) {
+  if (on_cuda(
+          ctx, "swiglu_backward",
+          {{"dh_TF", &dh_TF}, {"gate_TF", &gate_TF}, {"up_TF", &up_TF}, {"dgate_TF", &dgate_TF}, {"dup_TF", &dup_TF}}))
+    return ORIGAMI_ON_CUDA(swiglu_backward)(ctx, dh_TF, gate_TF, up_TF, dgate_TF, dup_TF);
+  const CpuThreads threads(ctx);
+  return cpu::swiglu_backward(ctx, dh_TF, gate_TF, up_TF, dgate_TF, dup_TF);
+}
+
+void embedding_forward(const ExecContext& ctx, const Tensor& ids_T, const Tensor& table_VD, int64_t vocab_start,
+                       Tensor& out_TD) {
+  if (on_cuda(ctx, "embedding_forward", {{"ids_T", &ids_T}, {"table_VD", &table_VD}, {"out_TD", &out_TD}}))
+    return ORIGAMI_ON_CUDA(embedding_forward)(ctx, ids_T, table_VD, vocab_start, out_TD);
+  const CpuThreads threads(ctx);
+  return cpu::embedding_forward(ctx, ids_T, table_VD, vocab_start, out_TD);
+}
+
+void embedding_backward(const ExecContext& ctx, const Tensor& ids_T, const Tensor& dout_TD, int64_t vocab_start,
+                        Tensor& dtable_VD) {
+  if (on_cuda(ctx, "embedding_backward", {{"ids_T", &ids_T}, {"dout_TD", &dout_TD}, {"dtable_VD", &dtable_VD}}))
+    return ORIGAMI_ON_CUDA(embedding_backward)(ctx, ids_T, dout_TD, vocab_start, dtable_VD);
+  const CpuThreads threads(ctx);
+  return cpu::embedding_backward(ctx, ids_T, dout_TD, vocab_start, dtable_VD);
+}
+
+void cross_entropy_forward(const ExecContext& ctx, const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T,
+                           Tensor& lse_T) {
+  if (on_cuda(ctx, "cross_entropy_forward",
+              {{"logits_TV", &logits_TV}, {"targets_T", &targets_T}, {"loss_T", &loss_T}, {"lse_T", &lse_T}}))
+    return ORIGAMI_ON_CUDA(cross_entropy_forward)(ctx, logits_TV, targets_T, loss_T, lse_T);
+  const CpuThreads threads(ctx);
+  return cpu::cross_entropy_forward(ctx, logits_TV, targets_T, loss_T, lse_T);
+}
+
+void cross_entropy_backward(const ExecContext& ctx, const Tensor& logits_TV, const Tensor& targets_T,
+                            const Tensor& lse_T, float grad_scale, Tensor& dlogits_TV) {
+  if (on_cuda(ctx, "cross_entropy_backward",
+              {{"logits_TV", &logits_TV}, {"targets_T", &targets_T}, {"lse_T", &lse_T}, {"dlogits_TV", &dlogits_TV}}))
+    return ORIGAMI_ON_CUDA(cross_entropy_backward)(ctx, logits_TV, targets_T, lse_T, grad_scale, dlogits_TV);
+  const CpuThreads threads(ctx);
+  return cpu::cross_entropy_backward(ctx, logits_TV, targets_T, lse_T, grad_scale, dlogits_TV);
+}
+
+void cross_entropy_local_max(const ExecContext& ctx, const Tensor& logits_TV, Tensor& max_T) {
+  if (on_cuda(ctx, "cross_entropy_local_max", {{"logits_TV", &logits_TV}, {"max_T", &max_T}}))
+    return ORIGAMI_ON_CUDA(cross_entropy_local_max)(ctx, logits_TV, max_T);
+  const CpuThreads threads(ctx);
+  return cpu::cross_entropy_local_max(ctx, logits_TV, max_T);
+}
+
+void cross_entropy_local_sums(const ExecContext& ctx, const Tensor& logits_TV, const Tensor& targets_T,
+                              const Tensor& max_T, int64_t vocab_start, int64_t vocab, Tensor& sums_2T) {
+  if (on_cuda(ctx, "cross_entropy_local_sums",
+              {{"logits_TV", &logits_TV}, {"targets_T", &targets_T}, {"max_T", &max_T}, {"sums_2T", &sums_2T}}))
+    return ORIGAMI_ON_CUDA(cross_entropy_local_sums)(ctx, logits_TV, targets_T, max_T, vocab_start, vocab, sums_2T);
+  const CpuThreads threads(ctx);
+  return cpu::cross_entropy_local_sums(ctx, logits_TV, targets_T, max_T, vocab_start, vocab, sums_2T);
+}
+
+void cross_entropy_finish(const ExecContext& ctx, const Tensor& max_T, const Tensor& sums_2T, Tensor& loss_T,
+                          Tensor& lse_T) {
+  if (on_cuda(ctx, "cross_entropy_finish",
+              {{"max_T", &max_T}, {"sums_2T", &sums_2T}, {"loss_T", &loss_T}, {"lse_T", &lse_T}}))
+    return ORIGAMI_ON_CUDA(cross_entropy_finish)(ctx, max_T, sums_2T, loss_T, lse_T);
+  const CpuThreads threads(ctx);
+  return cpu::cross_entropy_finish(ctx, max_T, sums_2T, loss_T, lse_T);
+}
+
+void cross_entropy_local_backward(const ExecContext& ctx, const Tensor& logits_TV, const Tensor& targets_T,
+                                  const Tensor& lse_T, int64_t vocab_start, float grad_scale, Tensor& dlogits_TV) {
+  if (on_cuda(ctx, "cross_entropy_local_backward",
+              {{"logits_TV", &logits_TV}, {"targets_T", &targets_T}, {"lse_T", &lse_T}, {"dlogits_TV", &dlogits_TV}}))
+    return ORIGAMI_ON_CUDA(cross_entropy_local_backward)(ctx, logits_TV, targets_T, lse_T, vocab_start, grad_scale,
+                                                         dlogits_TV);
+  const CpuThreads threads(ctx);
+  return cpu::cross_entropy_local_backward(ctx, logits_TV, targets_T, lse_T, vocab_start, grad_scale, dlogits_TV);
+}
+
+void adamw_update(const ExecContext& ctx, Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                  const AdamWStep& s) {
+  if (on_cuda(ctx, "adamw_update",
+              {{"param", &param}, {"grad", &grad}, {"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}}))
+    return ORIGAMI_ON_CUDA(adamw_update)(ctx, param, grad, exp_avg, exp_avg_sq, s);
+  const CpuThreads threads(ctx);
+  return cpu::adamw_update(ctx, param, grad, exp_avg, exp_avg_sq, s);
+}
+
+void init_normal(const ExecContext& ctx, Tensor& out, uint64_t seed, std::string_view name, int64_t global_offset,
+                 float std) {
+  if (on_cuda(ctx, "init_normal", {{"out", &out}}))
+    return ORIGAMI_ON_CUDA(init_normal)(ctx, out, seed, name, global_offset, std);
+  const CpuThreads threads(ctx);
+  return cpu::init_normal(ctx, out, seed, name, global_offset, std);
+}
+
+void init_constant(const ExecContext& ctx, Tensor& out, float value) {
+  if (on_cuda(ctx, "init_constant", {{"out", &out}})) return ORIGAMI_ON_CUDA(init_constant)(ctx, out, value);
+  const CpuThreads threads(ctx);
+  return cpu::init_constant(ctx, out, value);
+}
+
+void moe_topk_forward(const ExecContext& ctx, const Tensor& logits_TE, const Tensor& bias_E, const MoeTopkParams& p,
+                      Tensor& scores_TE, Tensor& expert_TK, Tensor& weight_TK, Tensor& lse_T) {
+  if (on_cuda(ctx, "moe_topk_forward",
+              {{"logits_TE", &logits_TE},
+               {"bias_E", &bias_E},
+               {"scores_TE", &scores_TE},
+               {"expert_TK", &expert_TK},
+               {"weight_TK", &weight_TK},
+               {"lse_T", &lse_T}}))
+    return ORIGAMI_ON_CUDA(moe_topk_forward)(ctx, logits_TE, bias_E, p, scores_TE, expert_TK, weight_TK, lse_T);
+  const CpuThreads threads(ctx);
+  return cpu::moe_topk_forward(ctx, logits_TE, bias_E, p, scores_TE, expert_TK, weight_TK, lse_T);
+}
+
+void moe_routing_stats(const ExecContext& ctx, const Tensor& scores_TE, const Tensor& expert_TK, MoeScore score,
+                       int64_t seg_len, double* counts_SE, double* scores_SE) {
+  if (on_cuda(ctx, "moe_routing_stats", {{"scores_TE", &scores_TE}, {"expert_TK", &expert_TK}}))
+    return ORIGAMI_ON_CUDA(moe_routing_stats)(ctx, scores_TE, expert_TK, score, seg_len, counts_SE, scores_SE);
+  const CpuThreads threads(ctx);
+  return cpu::moe_routing_stats(ctx, scores_TE, expert_TK, score, seg_len, counts_SE, scores_SE);
+}
+
+void moe_topk_backward(const ExecContext& ctx, const Tensor& logits_TE, const Tensor& scores_TE,
+                       const Tensor& expert_TK, const Tensor& dweight_TK, const Tensor& aux_SE, int64_t seg_len,
+                       float z_coef, const MoeTopkParams& p, Tensor& dlogits_TE) {
+  if (on_cuda(ctx, "moe_topk_backward",
+              {{"logits_TE", &logits_TE},
+               {"scores_TE", &scores_TE},
+               {"expert_TK", &expert_TK},
+               {"dweight_TK", &dweight_TK},
+               {"aux_SE", &aux_SE},
+               {"dlogits_TE", &dlogits_TE}}))
+    return ORIGAMI_ON_CUDA(moe_topk_backward)(ctx, logits_TE, scores_TE, expert_TK, dweight_TK, aux_SE, seg_len, z_coef,
+                                              p, dlogits_TE);
+  const CpuThreads threads(ctx);
+  return cpu::moe_topk_backward(ctx, logits_TE, scores_TE, expert_TK, dweight_TK, aux_SE, seg_len, z_coef, p,
+                                dlogits_TE);
+}
+
+void moe_expert_histogram(const ExecContext& ctx, const Tensor& expert_TK, const Tensor& kept_TK, int64_t num_experts,
+                          Tensor& count_E) {
+  if (on_cuda(ctx, "moe_expert_histogram", {{"expert_TK", &expert_TK}, {"kept_TK", &kept_TK}, {"count_E", &count_E}}))
+    return ORIGAMI_ON_CUDA(moe_expert_histogram)(ctx, expert_TK, kept_TK, num_experts, count_E);
+  const CpuThreads threads(ctx);
+  return cpu::moe_expert_histogram(ctx, expert_TK, kept_TK, num_experts, count_E);
+}
+
+void moe_capacity_mask(const ExecContext& ctx, const Tensor& expert_TK, const Tensor& weight_TK, int64_t num_experts,
+                       int64_t capacity, MoeDrop policy, Tensor& kept_TK) {
+  if (on_cuda(ctx, "moe_capacity_mask", {{"expert_TK", &expert_TK}, {"weight_TK", &weight_TK}, {"kept_TK", &kept_TK}}))
+    return ORIGAMI_ON_CUDA(moe_capacity_mask)(ctx, expert_TK, weight_TK, num_experts, capacity, policy, kept_TK);
+  const CpuThreads threads(ctx);
+  return cpu::moe_capacity_mask(ctx, expert_TK, weight_TK, num_experts, capacity, policy, kept_TK);
+}
+
+void moe_permutation_maps(const ExecContext& ctx, const Tensor& expert_TK, const Tensor& kept_TK, const Tensor& rows_E,
+                          Tensor& row_of_TK, Tensor& row_token_N, Tensor& row_slot_N) {
+  if (on_cuda(ctx, "moe_permutation_maps",
+              {{"expert_TK", &expert_TK},
+               {"kept_TK", &kept_TK},
+               {"rows_E", &rows_E},
+               {"row_of_TK", &row_of_TK},
+               {"row_token_N", &row_token_N},
+               {"row_slot_N", &row_slot_N}}))
+    return ORIGAMI_ON_CUDA(moe_permutation_maps)(ctx, expert_TK, kept_TK, rows_E, row_of_TK, row_token_N, row_slot_N);
+  const CpuThreads threads(ctx);
+  return cpu::moe_permutation_maps(ctx, expert_TK, kept_TK, rows_E, row_of_TK, row_token_N, row_slot_N);
+}
+
+void moe_permute_rows(const ExecContext& ctx, const Tensor& x_TD, const Tensor& row_token_N, Tensor& x_ND) {
+  if (on_cuda(ctx, "moe_permute_rows", {{"x_TD", &x_TD}, {"row_token_N", &row_token_N}, {"x_ND", &x_ND}}))
+    return ORIGAMI_ON_CUDA(moe_permute_rows)(ctx, x_TD, row_token_N, x_ND);
+  const CpuThreads threads(ctx);
+  return cpu::moe_permute_rows(ctx, x_TD, row_token_N, x_ND);
+}
+
+void moe_permute_rows_backward(const ExecContext& ctx, const Tensor& dx_ND, const Tensor& row_of_TK, Tensor& dx_TD) {
+  if (on_cuda(ctx, "moe_permute_rows_backward", {{"dx_ND", &dx_ND}, {"row_of_TK", &row_of_TK}, {"dx_TD", &dx_TD}}))
+    return ORIGAMI_ON_CUDA(moe_permute_rows_backward)(ctx, dx_ND, row_of_TK, dx_TD);
+  const CpuThreads threads(ctx);
+  return cpu::moe_permute_rows_backward(ctx, dx_ND, row_of_TK, dx_TD);
+}
+
+void moe_unpermute_rows(const ExecContext& ctx, const Tensor& y_ND, const Tensor& row_of_TK, const Tensor& weight_TK,
+                        Tensor& out_TD) {
+  if (on_cuda(ctx, "moe_unpermute_rows",
+              {{"y_ND", &y_ND}, {"row_of_TK", &row_of_TK}, {"weight_TK", &weight_TK}, {"out_TD", &out_TD}}))
+    return ORIGAMI_ON_CUDA(moe_unpermute_rows)(ctx, y_ND, row_of_TK, weight_TK, out_TD);
+  const CpuThreads threads(ctx);
+  return cpu::moe_unpermute_rows(ctx, y_ND, row_of_TK, weight_TK, out_TD);
+}
+
+void moe_unpermute_rows_backward(const ExecContext& ctx, const Tensor& dout_TD, const Tensor& y_ND,
+                                 const Tensor& row_of_TK, const Tensor& row_token_N, const Tensor& weight_TK,
+                                 Tensor& dy_ND, Tensor& dweight_TK) {
+  if (on_cuda(ctx, "moe_unpermute_rows_backward",
+              {{"dout_TD", &dout_TD},
+               {"y_ND", &y_ND},
+               {"row_of_TK", &row_of_TK},
+               {"row_token_N", &row_token_N},
+               {"weight_TK", &weight_TK},
+               {"dy_ND", &dy_ND},
+               {"dweight_TK", &dweight_TK}}))
+    return ORIGAMI_ON_CUDA(moe_unpermute_rows_backward)(ctx, dout_TD, y_ND, row_of_TK, row_token_N, weight_TK, dy_ND,
+                                                        dweight_TK);
+  const CpuThreads threads(ctx);
+  return cpu::moe_unpermute_rows_backward(ctx, dout_TD, y_ND, row_of_TK, row_token_N, weight_TK, dy_ND, dweight_TK);
+}
+
+}  // namespace origami

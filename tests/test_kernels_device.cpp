@@ -1,0 +1,210 @@
+// Devices, execution contexts, per-device ledgers, Tensor::to / copy_from /
+// fill_zero and the dispatch's device rule. The host half runs everywhere;
+// the CUDA half needs a CUDA build and a device and skips (naming which is
+// missing) otherwise. Values are fresh random floats compared bitwise: a copy
+// either moves every bit or it is wrong.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "kernels/allocator.h"
+#include "kernels/context.h"
+#include "kernels/dispatch.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/tensor.h"
+
+namespace origami {
+namespace {
+
+Tensor random_host(Shape shape, uint32_t seed, MemCategory cat = MemCategory::activation) {
+  Tensor t = Tensor::empty(std::move(shape), DType::f32, cat);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = d(rng);
+  return t;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.numel() == b.numel() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+// Why the CUDA half cannot run here, or "" when it can.
+std::string no_cuda_reason() {
+  if (!built_with_cuda()) return "built without CUDA (-DORIGAMI_CUDA=OFF or no toolkit)";
+  if (cuda_device_count() == 0) return "built with CUDA, but this machine has no CUDA device";
+  return "";
+}
+
+TEST(Device, Names) {
+  EXPECT_EQ(to_string(Device::cpu()), "cpu");
+  EXPECT_EQ(to_string(Device::cuda(3)), "cuda:3");
+  EXPECT_TRUE(Device::cpu().is_host());
+  EXPECT_FALSE(Device::cuda(0).is_host());
+  EXPECT_NE(Device::cuda(0), Device::cuda(1));
+}
+
+TEST(Dispatch, DeviceRuleNamesTheOpTheContextAndEachStrayTensor) {
+  EXPECT_EQ(device_mismatch("gemm", Device::cpu(), {{"A", Device::cpu()}, {"B", Device::cpu()}}), "");
+  EXPECT_EQ(
+      device_mismatch("gemm", Device::cpu(), {{"A", Device::cpu()}, {"B", Device::cuda(0)}, {"C", Device::cpu()}}),
+      "gemm: the context runs on cpu but B is on cuda:0");
+  EXPECT_EQ(device_mismatch("axpy", Device::cuda(1), {{"x", Device::cuda(0)}, {"y", Device::cpu()}}),
+            "axpy: the context runs on cuda:1 but x is on cuda:0, y is on cpu");
+  // The tensor form skips undefined (optional) arguments.
+  const Tensor host = random_host({3}, 1), none;
+  EXPECT_EQ(device_mismatch("moe_topk_forward", Device::cpu(), {{"logits_TE", &host}, {"bias_E", &none}}), "");
+  EXPECT_EQ(device_mismatch("gemm", Device::cuda(0), {{"A", &host}, {"B", &none}}),
+            "gemm: the context runs on cuda:0 but A is on cpu");
+}
+
+TEST(ExecContext, CpuContextRunsOpsOnItsThreadsAndRestoresTheCallers) {
+  const ExecContext one = ExecContext::cpu(1), three = ExecContext::cpu(3);
+  EXPECT_EQ(one.device(), Device::cpu());
+  EXPECT_EQ(three.threads(), 3);
+  EXPECT_EQ(one.stream(), nullptr);
+  EXPECT_EQ(one.blas(), nullptr);
+  const int before = omp_get_max_threads();
+  Tensor x = random_host({4097}, 2);
+  // sum_squares sums fixed per-thread blocks, so the thread count shows in
+  // the last bits only; what matters is the caller's setting afterwards.
+  const double a = sum_squares(one, x), b = sum_squares(three, x);
+  EXPECT_NEAR(a, b, 1e-12 * a);
+  EXPECT_GT(a, 0.0);
+  EXPECT_EQ(omp_get_max_threads(), before);
+}
+
+TEST(ExecContext, WorkspaceIsTrackedBytesOnTheContextsDevice) {
+  const ExecContext ctx = ExecContext::cpu(2);
+  const int ws = static_cast<int>(MemCategory::workspace);
+  const int64_t before = TrackedAllocator::host().snapshot().current[ws];
+  {
+    const Tensor w = ctx.workspace(1000);
+    EXPECT_EQ(w.nbytes(), 1000u);
+    EXPECT_EQ(w.device(), Device::cpu());
+    EXPECT_EQ(TrackedAllocator::host().snapshot().current[ws] - before, 1000);
+  }
+  EXPECT_EQ(TrackedAllocator::host().snapshot().current[ws], before);
+}
+
+TEST(ExecContext, CudaContextWithoutBackendOrDeviceIsAUserError) {
+  const std::string reason = no_cuda_reason();
+  if (reason.empty()) GTEST_SKIP() << "a CUDA device is present; the error path needs a machine without one";
+  try {
+    (void)ExecContext::cuda(0);
+    FAIL() << "ExecContext::cuda(0) succeeded without a device";
+  } catch (const UserError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("cuda:0 requested"), std::string::npos) << what;
+    if (!built_with_cuda()) {
+      EXPECT_NE(what.find("built without CUDA"), std::string::npos) << what;
+    } else {
+      EXPECT_NE(what.find("sees 0 CUDA device(s)"), std::string::npos) << what;
+    }
+  }
+}
+
+TEST(Tensor, HostToHostCopiesAndFills) {
+  const Tensor src = random_host({5, 7}, 3);
+  const Tensor copy = src.to(Device::cpu());
+  EXPECT_NE(copy.raw(), src.raw()) << "to() must copy, not alias";
+  EXPECT_EQ(copy.shape(), src.shape());
+  EXPECT_EQ(copy.category(), src.category());
+  EXPECT_TRUE(same_bits(copy, src));
+  Tensor dst = Tensor::empty({35}, DType::f32, MemCategory::activation);
+  dst.copy_from(src);
+  EXPECT_TRUE(same_bits(dst, src));
+  dst.fill_zero();
+  for (int64_t i = 0; i < dst.numel(); ++i) ASSERT_EQ(dst.f32()[i], 0.0f);
+  EXPECT_NE(src.f32()[0], 0.0f) << "fill_zero reached the source";
+}
+
+// ---- CUDA (device present) -------------------------------------------------
+
+class CudaDevice : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string reason = no_cuda_reason();
+    if (!reason.empty()) GTEST_SKIP() << reason;
+  }
+};
+
+TEST_F(CudaDevice, RoundTripIsBitwiseAndTheDeviceLedgerCountsIt) {
+  const Tensor host = random_host({257, 33}, 4, MemCategory::param);
+  const int param = static_cast<int>(MemCategory::param);
+  TrackedAllocator& dev = TrackedAllocator::of(Device::cuda(0));
+  const int64_t dev_before = dev.snapshot().current[param];
+  const int64_t host_before = TrackedAllocator::host().snapshot().current[param];
+  {
+    const Tensor d = host.to(Device::cuda(0));
+    EXPECT_EQ(d.device(), Device::cuda(0));
+    EXPECT_EQ(d.category(), MemCategory::param);
+    EXPECT_EQ(dev.snapshot().current[param] - dev_before, static_cast<int64_t>(host.nbytes()));
+    EXPECT_EQ(TrackedAllocator::host().snapshot().current[param], host_before) << "a device tensor counted on the host";
+    const Tensor back = d.to(Device::cpu());
+    EXPECT_TRUE(same_bits(back, host));
+    // Device to device, then a view's copy_from in both directions.
+    Tensor d2 = Tensor::empty(host.shape(), DType::f32, MemCategory::param, Device::cuda(0));
+    d2.copy_from(d);
+    EXPECT_TRUE(same_bits(d2.to(Device::cpu()), host));
+    Tensor rows_host = Tensor::empty({10, 33}, DType::f32, MemCategory::activation);
+    rows_host.copy_from(d2.slice(100, 10));
+    EXPECT_EQ(std::memcmp(rows_host.raw(), host.slice(100, 10).raw(), rows_host.nbytes()), 0);
+  }
+  EXPECT_EQ(dev.snapshot().current[param], dev_before);
+}
+
+TEST_F(CudaDevice, FillZeroOnTheDevice) {
+  const Tensor host = random_host({1000}, 5);
+  Tensor d = host.to(Device::cuda(0));
+  d.slice(100, 200).fill_zero();
+  const Tensor back = d.to(Device::cpu());
+  for (int64_t i = 0; i < 1000; ++i) {
+    if (i >= 100 && i < 300) {
+      ASSERT_EQ(back.f32()[i], 0.0f) << i;
+    } else {
+      ASSERT_EQ(back.f32()[i], host.f32()[i]) << i;
+    }
+  }
+}
+
+TEST_F(CudaDevice, ContextHasAStreamAndAHandle) {
+  const ExecContext ctx = ExecContext::cuda(0);
+  EXPECT_EQ(ctx.device(), Device::cuda(0));
+  EXPECT_NE(ctx.stream(), nullptr);
+  EXPECT_NE(ctx.blas(), nullptr);
+  const Tensor w = ctx.workspace(4096);
+  EXPECT_EQ(w.device(), Device::cuda(0));
+  ctx.synchronize();
+}
+
+using CudaDeviceDeathTest = CudaDevice;
+
+TEST_F(CudaDeviceDeathTest, HostReadOfADeviceTensorIsAClearError) {
+  const Tensor d = random_host({8}, 6).to(Device::cuda(0));
+  EXPECT_EXIT((void)d.f32(), ::testing::ExitedWithCode(kExitInternal),
+              "host access to the elements of a f32 \\[8\\] tensor on cuda:0");
+}
+
+TEST_F(CudaDeviceDeathTest, AnOpWithoutACudaTwinFailsNamingIt) {
+  const ExecContext ctx = ExecContext::cuda(0);
+  const Tensor a = random_host({4, 4}, 7).to(Device::cuda(0));
+  Tensor c = Tensor::empty({4, 4}, DType::f32, MemCategory::activation, Device::cuda(0));
+  EXPECT_EXIT(gemm(ctx, a, Trans::no, a, Trans::no, c), ::testing::ExitedWithCode(kExitInternal),
+              "gemm has no CUDA implementation yet");
+}
+
+TEST_F(CudaDeviceDeathTest, MixedDevicesAreRefusedBeforeAnyBackendRuns) {
+  const ExecContext ctx = ExecContext::cpu(1);
+  const Tensor host = random_host({4, 4}, 8);
+  const Tensor dev = host.to(Device::cuda(0));
+  Tensor c = Tensor::empty({4, 4}, DType::f32, MemCategory::activation);
+  EXPECT_EXIT(gemm(ctx, host, Trans::no, dev, Trans::no, c), ::testing::ExitedWithCode(kExitInternal),
+              "gemm: the context runs on cpu but B is on cuda:0");
+}
+
+}  // namespace
+}  // namespace origami
