@@ -60,7 +60,8 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe_cfg, co
              int zero_stage, const std::vector<int64_t>& pp_layers)
     : cfg_(cfg), moe_cfg_(moe_cfg), units_(cfg, moe_cfg) {
   const int64_t E = moe_cfg.num_experts;
-  attn_opt_ = dense::AttentionOptions{cfg.num_heads, cfg.num_kv_heads, cfg.head_dim(), static_cast<float>(cfg.rope_theta)};
+  attn_opt_ = dense::AttentionOptions{cfg.num_heads, cfg.num_kv_heads, cfg.head_dim(),
+                                      static_cast<float>(cfg.rope_theta)};
   moe_opt_ = moe_options(moe_cfg);
 
   // Expert ownership and the MoE layers' groups (size-1 groups are left out:

@@ -47,8 +47,8 @@ void ParamStore::add_units(const UnitTable& table, const comm::Layout& layout, c
       const TensorSlice& s = local.slices[k];
       add_param(unit, t.name, s.shape, t.init, s.shard, spec.tp_replicated(t));
     }
-    ORIGAMI_CHECK(unit.numel == local.numel, "unit ", spec.name, ": ", unit.numel, " elements registered, the table says ",
-                  local.numel);
+    ORIGAMI_CHECK(unit.numel == local.numel, "unit ", spec.name, ": ", unit.numel,
+                  " elements registered, the table says ", local.numel);
   }
 }
 

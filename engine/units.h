@@ -32,6 +32,12 @@
 // Pipeline (§7): the embedding lives on the first stage, "final" on the last,
 // a layer's units on the stage owning the layer (engine/pipeline.h).
 //
+// Asking the table (what a checkpoint writer or reader does): for each unit
+// u with u.on_stage(stage), local_unit(u, layout, coords) lists the tensors
+// the rank holds, each with its global shape (TensorSpec::global_shape) and
+// its slice (TensorSlice::shard: dimension and start), in the order of the
+// unit's flat buffer; local_slice answers for one tensor and any rank.
+//
 // Invariants: names are unique; over all ranks of one replica group (the
 // ranks agreeing on every coordinate but tp, ep and etp) the slices tile
 // each tensor's global shape exactly once.

@@ -86,7 +86,8 @@ TEST(Units, NamesAreUniqueAndTheOneRankModelRegistersTheTableInOrder) {
     EXPECT_EQ(p.expert, c.expert);
     EXPECT_EQ(p.matmul_active, c.matmul_active);
     // By hand: everything, then top_k/E of the routed experts.
-    const int64_t E = cfg.moe.num_experts, Fe = cfg.moe.expert_ffn(cfg.model.ffn_hidden_size), D = cfg.model.hidden_size;
+    const int64_t E = cfg.moe.num_experts, Fe = cfg.moe.expert_ffn(cfg.model.ffn_hidden_size);
+    const int64_t D = cfg.model.hidden_size;
     int64_t moe_layers = 0;
     for (int64_t l = 0; l < cfg.model.num_layers; ++l) moe_layers += cfg.moe.is_moe_layer(l);
     EXPECT_EQ(c.expert, moe_layers * 3 * E * Fe * D);
