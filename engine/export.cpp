@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "engine/files.h"
@@ -18,9 +19,10 @@ std::string bias_name(int64_t l) {
 
 const char* score_name(moe::ScoreFunction f) { return f == moe::ScoreFunction::softmax ? "softmax" : "sigmoid"; }
 // A tp-sliced dense tensor made whole on world rank 0 (undefined elsewhere):
-// the slices of rank 0's tp group are gathered in rank order; slices along
-// dim 0 then stand in place, slices along dim 1 are interleaved row by row.
-Tensor gather_tp_slices(const ParamInfo& p, const Tensor& local, comm::Communicator& tp, bool root) {
+// the slices of rank 0's tp group are gathered in rank order and each put in
+// its place, as the unit table cuts the tensor for that member.
+Tensor gather_tp_slices(const UnitTable& table, const ParamInfo& p, const Tensor& local, const comm::Groups& groups,
+                        comm::Communicator& tp, bool root) {
   const int n = tp.size();
   int64_t mine = local.numel();
   std::vector<int64_t> counts(n);
@@ -28,17 +30,56 @@ Tensor gather_tp_slices(const ParamInfo& p, const Tensor& local, comm::Communica
   const Shape& g = p.global_shape();
   Tensor all = Tensor::empty(g, DType::f32, MemCategory::comm);
   tp.all_gather_v(std::span<const float>(local.f32(), mine), std::span<float>(all.f32(), all.numel()), counts);
-  if (!root || p.shard.dim == 0) return root ? all : Tensor();
+  if (!root) return Tensor();
+  const TensorSpec& spec = table.tensor(p.name);
   Tensor whole = Tensor::empty(g, DType::f32, MemCategory::comm);
-  const int64_t rows = g[0], cols = g[1];
-  int64_t col = 0, off = 0;
+  int64_t off = 0;
   for (int r = 0; r < n; ++r) {
-    const int64_t w = counts[r] / rows;
-    for (int64_t i = 0; i < rows; ++i) std::copy_n(all.f32() + off + i * w, w, whole.f32() + i * cols + col);
-    col += w;
+    const TensorSlice s = table.local_slice(spec, groups.layout(), groups.layout().coords(tp.members()[r]));
+    ORIGAMI_CHECK(s.numel() == counts[r], "export: tp rank ", r, " sent ", counts[r], " elements of ", p.name,
+                  ", the unit table gives it ", s.numel());
+    place_slice(s, all.f32() + off, whole.f32());
     off += counts[r];
   }
   return whole;
+}
+
+// Every expert weight of the model's stage, whole, by HF name — on the
+// stage's first rank (every coordinate 0 but pp); empty elsewhere.
+// Collective over that rank's tp-ep group (which holds each expert slice
+// once); the other ranks return at once. Member m's unit holds the tensors
+// the unit table gives its coordinates, in table order.
+std::map<std::string, Tensor> gather_experts(const Model& model, const comm::Groups& groups) {
+  std::map<std::string, Tensor> full;  // every slice lands in its whole tensor
+  comm::Communicator& shards = groups.get(comm::GroupKind::tp_ep);
+  const int stage_root = stage_root_rank(groups);
+  if (shards.members().front() != stage_root) return full;  // another replica of the experts
+  const UnitTable& table = model.units();
+  for (const UnitSpec& spec : table.units()) {
+    if (!spec.expert || !spec.on_stage(model.stage())) continue;
+    const std::vector<ParamUnit>& held = model.params().units();
+    const auto it = std::find_if(held.begin(), held.end(), [&](const ParamUnit& p) { return p.name == spec.name; });
+    ORIGAMI_CHECK(it != held.end(), "export: unit ", spec.name, " is not on this stage");
+    const ParamUnit& u = *it;
+    const int64_t n = shards.size();
+    Tensor all = Tensor::empty({n * u.numel}, DType::f32, MemCategory::comm);
+    shards.all_gather(std::span<const float>(u.param.f32(), u.numel), std::span<float>(all.f32(), n * u.numel));
+    if (groups.world_rank() != stage_root) continue;
+    for (int64_t m = 0; m < n; ++m) {
+      const LocalUnit local = table.local_unit(spec, groups.layout(), groups.layout().coords(shards.members()[m]));
+      ORIGAMI_CHECK(local.numel == u.numel, "export: unit ", spec.name, " of ", u.numel, " elements, the table gives ",
+                    "tp-ep member ", m, " ", local.numel);
+      const float* base = all.f32() + m * u.numel;
+      for (size_t k = 0; k < local.tensors.size(); ++k) {
+        const TensorSpec& t = spec.tensors[local.tensors[k]];
+        Tensor& whole = full[t.name];
+        if (!whole.defined()) whole = Tensor::empty(t.global_shape, DType::f32, MemCategory::comm);
+        place_slice(local.slices[k], base, whole.f32());
+        base += local.slices[k].numel();
+      }
+    }
+  }
+  return full;
 }
 
 // Pipeline stages hand their consolidated tensors to stage 0 over the pp
@@ -105,7 +146,7 @@ void export_hf(const Model& model, const std::string& dir, const comm::Groups* g
   const bool spread = groups && groups->get(comm::GroupKind::tp_ep).size() > 1;
   std::vector<NamedTensor> tensors;
   if (spread)
-    for (auto& [name, t] : model.gather_experts(*groups)) tensors.push_back({name, t});
+    for (auto& [name, t] : gather_experts(model, *groups)) tensors.push_back({name, t});
   // Tensor-parallel slices of the dense weights: rank 0's tp group gathers them.
   comm::Communicator* tp = groups && groups->get(comm::GroupKind::tp).size() > 1 ? &groups->get(comm::GroupKind::tp)
                                                                                  : nullptr;
@@ -116,7 +157,7 @@ void export_hf(const Model& model, const std::string& dir, const comm::Groups* g
     for (const ParamUnit& u : model.params().units())
       for (size_t i = 0; i < u.params.size(); ++i)
         if (!u.expert && u.params[i].shard.dim >= 0)
-          if (Tensor t = gather_tp_slices(u.params[i], u.param_view(i), *tp, root); root)
+          if (Tensor t = gather_tp_slices(model.units(), u.params[i], u.param_view(i), *groups, *tp, root); root)
             tensors.push_back({u.params[i].name, t});
   }
   if (!root) return;

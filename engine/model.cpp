@@ -1,20 +1,12 @@
 // Model assembly (see model.h).
 #include "engine/model.h"
 
-#include <algorithm>
-#include <map>
-
 #include "dense/embedding.h"
 #include "kernels/elementwise.h"
 
 namespace origami {
 
 namespace {
-std::string layer_prefix(int64_t l) { return "model.layers." + std::to_string(l) + "."; }
-std::string expert_name(int64_t l, int64_t e, const char* w) {
-  return layer_prefix(l) + "block_sparse_moe.experts." + std::to_string(e) + "." + w + ".weight";
-}
-
 moe::MoeLayerOptions moe_options(const MoeConfig& m) {
   moe::MoeLayerOptions o;
   o.router.num_experts = m.num_experts;
@@ -66,11 +58,10 @@ double ForwardStats::z_loss() const {
 
 Model::Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe_cfg,
              const comm::Groups* groups, int zero_stage, const std::vector<int64_t>& pp_layers)
-    : ctx_(&ctx), cfg_(cfg), moe_cfg_(moe_cfg) {
-  const int64_t D = cfg.hidden_size, V = cfg.vocab_size, F = cfg.ffn_hidden_size, hd = cfg.head_dim();
-  const int64_t Hq = cfg.num_heads, Hkv = cfg.num_kv_heads;
-  const int64_t E = moe_cfg.num_experts, Fe = moe_cfg.expert_ffn(F), Fs = moe_cfg.shared_expert_hidden_size;
-  attn_opt_ = dense::AttentionOptions{Hq, Hkv, hd, static_cast<float>(cfg.rope_theta)};
+    : ctx_(&ctx), cfg_(cfg), moe_cfg_(moe_cfg), units_(cfg, moe_cfg) {
+  const int64_t E = moe_cfg.num_experts;
+  attn_opt_ = dense::AttentionOptions{cfg.num_heads, cfg.num_kv_heads, cfg.head_dim(),
+                                      static_cast<float>(cfg.rope_theta)};
   moe_opt_ = moe_options(moe_cfg);
 
   // Expert ownership and the MoE layers' groups (size-1 groups are left out:
@@ -82,81 +73,21 @@ Model::Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, cons
     dispatcher_ = std::make_unique<moe::AllToAllDispatcher>(E, group(comm::GroupKind::ep), group(comm::GroupKind::etp));
     first_expert_ = dispatcher_->first_local_expert();
     local_experts_ = dispatcher_->num_local_experts();
-    ORIGAMI_CHECK(Fe % dispatcher_->etp_size() == 0, "expert ffn ", Fe, " does not split over etp ",
-                  dispatcher_->etp_size());
     const bool global = moe_cfg.load_balancing == moe::LoadBalancing::global_aux_loss;
     if (comm::Communicator* c = group(global ? comm::GroupKind::tp_dp_cp : comm::GroupKind::tp_cp))
       reduce_stats_ = [c](double* data, int64_t n) { c->all_reduce(std::span<double>(data, static_cast<size_t>(n))); };
   }
-  const int64_t etp = dispatcher_ ? dispatcher_->etp_size() : 1, Fl = Fe / etp;
-  const int64_t f0 = dispatcher_ ? dispatcher_->etp_rank() * Fl : 0;
-
-  // Tensor and context parallel slices (dense/tensor_parallel.h rules).
+  // Tensor and context parallel groups; this rank's heads (dense/tensor_parallel.h).
   tp_ = group(comm::GroupKind::tp);
   cp_ = group(comm::GroupKind::cp);
-  const dense::TpAttentionShard heads = dense::tp_attention_shard(attn_opt_, tp_);
-  local_attn_opt_ = heads.local;
-  const dense::TpRange vocab = dense::tp_vocab_range(V, tp_), ffn = dense::tp_mlp_range(F, tp_);
-  const bool split = tp_ != nullptr;
-  auto rows_of = [&](dense::TpRange r, Shape global) {
-    return split ? ShardSpec{0, r.start, std::move(global)} : ShardSpec{};
-  };
-  auto cols_of = [&](dense::TpRange r, Shape global) {
-    return split ? ShardSpec{1, r.start, std::move(global)} : ShardSpec{};
-  };
-  const bool rep = true;  // tp-replicated
+  local_attn_opt_ = dense::tp_attention_shard(attn_opt_, tp_).local;
   stage_ = pipeline_stage(cfg.num_layers, groups ? groups->layout().pp() : 1, groups ? groups->coords().pp : 0,
                           pp_layers);
 
-  if (stage_.first()) {
-    ParamUnit& emb = params_.add_unit("embedding");
-    params_.add_param(emb, "model.embed_tokens.weight", {vocab.count, D}, InitKind::normal, rows_of(vocab, {V, D}));
-  }
-  for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l) {
-    const std::string p = layer_prefix(l);
-    ParamUnit& u = params_.add_unit("layers." + std::to_string(l));
-    params_.add_param(u, p + "input_layernorm.weight", {D}, InitKind::ones, {}, rep);
-    params_.add_param(u, p + "self_attn.q_proj.weight", {heads.q_rows.count, D}, InitKind::normal,
-                      rows_of(heads.q_rows, {Hq * hd, D}));
-    params_.add_param(u, p + "self_attn.k_proj.weight", {heads.kv_rows.count, D}, InitKind::normal,
-                      rows_of(heads.kv_rows, {Hkv * hd, D}));
-    params_.add_param(u, p + "self_attn.v_proj.weight", {heads.kv_rows.count, D}, InitKind::normal,
-                      rows_of(heads.kv_rows, {Hkv * hd, D}));
-    params_.add_param(u, p + "self_attn.o_proj.weight", {D, heads.q_rows.count}, InitKind::normal_scaled_output,
-                      cols_of(heads.q_rows, {D, Hq * hd}));
-    params_.add_param(u, p + "post_attention_layernorm.weight", {D}, InitKind::ones, {}, rep);
-    if (!moe_cfg.is_moe_layer(l)) {
-      params_.add_param(u, p + "mlp.gate_proj.weight", {ffn.count, D}, InitKind::normal, rows_of(ffn, {F, D}));
-      params_.add_param(u, p + "mlp.up_proj.weight", {ffn.count, D}, InitKind::normal, rows_of(ffn, {F, D}));
-      params_.add_param(u, p + "mlp.down_proj.weight", {D, ffn.count}, InitKind::normal_scaled_output,
-                        cols_of(ffn, {D, F}));
-      continue;
-    }
-    // The router and the shared expert run whole on each tp rank's own tokens.
-    params_.add_param(u, p + "block_sparse_moe.gate.weight", {E, D}, InitKind::normal, {}, rep);
-    if (Fs > 0) {
-      params_.add_param(u, p + "block_sparse_moe.shared_expert.gate_proj.weight", {Fs, D}, InitKind::normal, {}, rep);
-      params_.add_param(u, p + "block_sparse_moe.shared_expert.up_proj.weight", {Fs, D}, InitKind::normal, {}, rep);
-      params_.add_param(u, p + "block_sparse_moe.shared_expert.down_proj.weight", {D, Fs},
-                        InitKind::normal_scaled_output, {}, rep);
-    }
-    // Experts get their own unit (reduced and sharded over edp, not dp-cp):
-    // this rank's experts only, each its F-slice (w1/w3 rows, w2 columns).
-    // All w1, then all w3, then all w2, so each is one contiguous [El, ...] block.
-    ParamUnit& x = params_.add_unit("layers." + std::to_string(l) + ".experts", /*expert=*/true);
-    const int64_t e0 = first_expert_, e1 = first_expert_ + local_experts_;
-    const ShardSpec rows = etp > 1 ? ShardSpec{0, f0, {Fe, D}} : ShardSpec{};
-    const ShardSpec cols = etp > 1 ? ShardSpec{1, f0, {D, Fe}} : ShardSpec{};
-    for (int64_t e = e0; e < e1; ++e) params_.add_param(x, expert_name(l, e, "w1"), {Fl, D}, InitKind::normal, rows);
-    for (int64_t e = e0; e < e1; ++e) params_.add_param(x, expert_name(l, e, "w3"), {Fl, D}, InitKind::normal, rows);
-    for (int64_t e = e0; e < e1; ++e)
-      params_.add_param(x, expert_name(l, e, "w2"), {D, Fl}, InitKind::normal_scaled_output, cols);
-  }
-  if (stage_.last()) {
-    ParamUnit& fin = params_.add_unit("final");
-    params_.add_param(fin, "model.norm.weight", {D}, InitKind::ones, {}, rep);
-    params_.add_param(fin, "lm_head.weight", {vocab.count, D}, InitKind::normal, rows_of(vocab, {V, D}));
-  }
+  // This rank's part of every unit of its stage, as the unit table cuts it.
+  const comm::Layout one_rank = single_rank_layout(moe_cfg);
+  params_.add_units(units_, groups ? groups->layout() : one_rank, groups ? groups->coords() : comm::RankCoords{},
+                    stage_);
   params_.allocate(zero_shard_plan(zero_stage, groups));
   params_.initialize(ctx, seed, static_cast<float>(cfg.init_std), cfg.num_layers);
   layer_unit_.assign(cfg.num_layers, 0);
@@ -178,8 +109,10 @@ Model::Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, cons
 }
 
 Model::LayerWeights Model::layer_views(int64_t l, bool grads) const {
-  const std::string p = layer_prefix(l);
-  auto get = [&](const std::string& n) { return grads ? params_.grad(p + n) : params_.param(p + n); };
+  auto get = [&](const char* n) {
+    const std::string name = layer_param_name(l, n);
+    return grads ? params_.grad(name) : params_.param(name);
+  };
   LayerWeights w;
   w.attn_norm = get("input_layernorm.weight");
   w.attn = {get("self_attn.q_proj.weight"), get("self_attn.k_proj.weight"), get("self_attn.v_proj.weight"),
@@ -194,7 +127,7 @@ Model::LayerWeights Model::layer_views(int64_t l, bool grads) const {
   w.moe.gate_ED = get("block_sparse_moe.gate.weight");
   if (!grads) w.moe.bias_E = expert_bias_[l];
   auto block = [&](const char* first, Shape shape) {
-    auto [u, i] = params_.find(expert_name(l, first_expert_, first));
+    auto [u, i] = params_.find(expert_param_name(l, first_expert_, first));
     const ParamUnit& unit = params_.units()[u];
     const int64_t n = shape_numel(shape);
     return (grads ? unit.grad : unit.param).flat_view(unit.params[i].offset, n, std::move(shape));
@@ -208,55 +141,7 @@ Model::LayerWeights Model::layer_views(int64_t l, bool grads) const {
   return w;
 }
 
-std::vector<std::pair<std::string, Tensor>> Model::gather_experts(const comm::Groups& groups) const {
-  std::vector<std::pair<std::string, Tensor>> out;
-  comm::Communicator& shards = groups.get(comm::GroupKind::tp_ep);
-  const int stage_root = stage_root_rank(groups);
-  if (shards.members().front() != stage_root) return out;  // another replica of the experts
-  const int64_t El = local_experts_, D = cfg_.hidden_size, Fe = moe_cfg_.expert_ffn(cfg_.ffn_hidden_size);
-  const int64_t Fl = Fe / (dispatcher_ ? dispatcher_->etp_size() : 1);
-  std::map<std::string, Tensor> full;  // every slice lands in its whole tensor
-  for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l) {
-    if (!moe_cfg_.is_moe_layer(l)) continue;
-    const ParamUnit& u = params_.units()[params_.find(expert_name(l, first_expert_, "w1")).first];
-    const int64_t n = shards.size();
-    Tensor all = Tensor::empty({n * u.numel}, DType::f32, MemCategory::comm);
-    shards.all_gather(std::span<const float>(u.param.f32(), u.numel), std::span<float>(all.f32(), n * u.numel));
-    if (groups.world_rank() != stage_root) continue;
-    // Member m's unit: w1 of its El experts ([Fl, D] each), then w3, then w2 ([D, Fl]).
-    for (int64_t m = 0; m < n; ++m) {
-      const comm::RankCoords c = groups.layout().coords(shards.members()[m]);
-      const float* base = all.f32() + m * u.numel;
-      for (int64_t j = 0; j < El; ++j) {
-        const int64_t e = c.ep * El + j, f0 = c.etp * Fl;
-        auto whole = [&](const char* w, Shape shape) -> Tensor& {
-          Tensor& t = full[expert_name(l, e, w)];
-          if (!t.defined()) t = Tensor::empty(std::move(shape), DType::f32, MemCategory::comm);
-          return t;
-        };
-        Tensor &w1 = whole("w1", {Fe, D}), &w3 = whole("w3", {Fe, D}), &w2 = whole("w2", {D, Fe});
-        std::copy_n(base + j * Fl * D, Fl * D, w1.f32() + f0 * D);  // rows [f0, f0 + Fl)
-        std::copy_n(base + (El + j) * Fl * D, Fl * D, w3.f32() + f0 * D);
-        const float* w2_slice = base + 2 * El * Fl * D + j * D * Fl;  // columns [f0, f0 + Fl)
-        for (int64_t d = 0; d < D; ++d) std::copy_n(w2_slice + d * Fl, Fl, w2.f32() + d * Fe + f0);
-      }
-    }
-  }
-  for (auto& [name, t] : full) out.emplace_back(name, t);
-  return out;
-}
-
-int64_t Model::active_matmul_params() const {
-  const int64_t D = cfg_.hidden_size, hd = cfg_.head_dim();
-  const int64_t attn = D * hd * (2 * cfg_.num_heads + 2 * cfg_.num_kv_heads);
-  const int64_t dense_mlp = 3 * D * cfg_.ffn_hidden_size;
-  const int64_t moe_mlp = D * moe_cfg_.num_experts +
-                          moe_cfg_.top_k * 3 * D * moe_cfg_.expert_ffn(cfg_.ffn_hidden_size) +
-                          3 * D * moe_cfg_.shared_expert_hidden_size;
-  int64_t n = cfg_.vocab_size * D;
-  for (int64_t l = 0; l < cfg_.num_layers; ++l) n += attn + (moe_cfg_.is_moe_layer(l) ? moe_mlp : dense_mlp);
-  return n;
-}
+int64_t Model::active_matmul_params() const { return units_.counts().matmul_active; }
 
 StepFlops Model::training_flops(int64_t batch, int64_t seq_len) const {
   StepFlops f;

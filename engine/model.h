@@ -1,8 +1,8 @@
 // Model assembly (ARCHITECTURE.md §4): embedding → L pre-norm decoder layers
 // (attention + dense SwiGLU or MoE, by the moe layer pattern) → final norm →
-// LM head → token cross-entropy. Owns the parameter store, the expert-bias
-// state and the per-micro-batch saved activations; forward and backward are
-// adjacent.
+// LM head → token cross-entropy. Owns the unit table (engine/units.h), the
+// parameter store holding this rank's part of it, the expert-bias state and
+// the per-micro-batch saved activations; forward and backward are adjacent.
 #pragma once
 #include <memory>
 #include <vector>
@@ -17,6 +17,7 @@
 #include "engine/config.h"
 #include "engine/params.h"
 #include "engine/pipeline.h"
+#include "engine/units.h"
 #include "engine/zero.h"
 #include "moe/moe_layer.h"
 
@@ -114,12 +115,9 @@ class Model {
   int64_t first_local_expert() const { return first_expert_; }
   int64_t num_local_experts() const { return local_experts_; }
 
-  // Every expert weight of this stage's layers, whole, by HF name — on the
-  // stage's first rank (every coordinate 0 but pp); empty elsewhere.
-  // Collective over that rank's tp-ep group (which holds each expert slice
-  // once); the other ranks return at once.
-  std::vector<std::pair<std::string, Tensor>> gather_experts(const comm::Groups& groups) const;
-  int64_t active_matmul_params() const;
+  // Every parameter of the whole model: global shapes and shard rules.
+  const UnitTable& units() const { return units_; }
+  int64_t active_matmul_params() const;  // units().counts().matmul_active
   StepFlops training_flops(int64_t batch, int64_t seq_len) const;
 
   // Expert bias per layer (undefined for dense layers, other stages' layers
@@ -162,6 +160,7 @@ class Model {
   const ExecContext* ctx_;
   ModelConfig cfg_;
   MoeConfig moe_cfg_;
+  UnitTable units_;                         // built once; params_ holds this rank's part
   dense::AttentionOptions attn_opt_;        // global head counts
   dense::AttentionOptions local_attn_opt_;  // this tp rank's heads
   comm::Communicator* tp_ = nullptr;        // null when tp = 1

@@ -36,6 +36,22 @@ ParamUnit& ParamStore::add_unit(const std::string& name, bool expert) {
   return units_.back();
 }
 
+void ParamStore::add_units(const UnitTable& table, const comm::Layout& layout, const comm::RankCoords& coords,
+                           const PipelineStage& stage) {
+  for (const UnitSpec& spec : table.units()) {
+    if (!spec.on_stage(stage)) continue;
+    ParamUnit& unit = add_unit(spec.name, spec.expert);
+    const LocalUnit local = table.local_unit(spec, layout, coords);
+    for (size_t k = 0; k < local.tensors.size(); ++k) {
+      const TensorSpec& t = spec.tensors[local.tensors[k]];
+      const TensorSlice& s = local.slices[k];
+      add_param(unit, t.name, s.shape, t.init, s.shard, spec.tp_replicated(t));
+    }
+    ORIGAMI_CHECK(unit.numel == local.numel, "unit ", spec.name, ": ", unit.numel,
+                  " elements registered, the table says ", local.numel);
+  }
+}
+
 void ParamStore::add_param(ParamUnit& unit, const std::string& name, Shape shape, InitKind init, ShardSpec shard,
                            bool tp_replicated) {
   ORIGAMI_CHECK(!index_.count(name), "parameter ", name, " registered twice");

@@ -5,6 +5,8 @@
 // each rank owns one contiguous 1/N of it (UnitShard). Which buffers are
 // whole and which are shards follows the ZeRO stage; engine/zero.h gathers,
 // frees and reduces them.
+// What a rank holds comes from the unit table (engine/units.h): add_units
+// registers this rank's part of every unit of its stage.
 // Invariant: tensors of a unit are laid out in registration order, contiguous.
 #pragma once
 #include <cstdint>
@@ -13,20 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "engine/units.h"
 #include "kernels/context.h"
 #include "kernels/tensor.h"
 
 namespace origami {
-
-enum class InitKind { normal, normal_scaled_output, ones };
-
-// Which slice of a parameter's global tensor this rank holds (a split of one
-// dimension, e.g. an expert's F over etp). Whole tensors have dim = -1.
-struct ShardSpec {
-  int dim = -1;
-  int64_t start = 0;  // first global index along dim
-  Shape global_shape;
-};
 
 struct ParamInfo {
   std::string name;  // Hugging Face name, e.g. model.layers.0.self_attn.q_proj.weight
@@ -77,6 +70,10 @@ struct ParamUnit {
 class ParamStore {
  public:
   // Registration phase: declare units and their tensors, then allocate().
+  // add_units: the units of `table` on `stage`, each with the tensors the
+  // rank at `coords` of `layout` holds, cut to its slices (UnitTable::local_unit).
+  void add_units(const UnitTable& table, const comm::Layout& layout, const comm::RankCoords& coords,
+                 const PipelineStage& stage);
   ParamUnit& add_unit(const std::string& name, bool expert = false);
   void add_param(ParamUnit& unit, const std::string& name, Shape shape, InitKind init, ShardSpec shard = {},
                  bool tp_replicated = false);

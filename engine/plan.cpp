@@ -15,6 +15,7 @@
 #include <cmath>
 #include <numeric>
 #include <optional>
+#include <tuple>
 
 #include "kernels/check.h"
 #include "moe/dispatch.h"
@@ -138,30 +139,7 @@ PlanInput plan_input(const Config& cfg) {
   return in;
 }
 
-ParamCounts param_counts(const ModelConfig& m, const MoeConfig& e) {
-  const int64_t D = m.hidden_size, V = m.vocab_size, F = m.ffn_hidden_size, hd = m.head_dim();
-  const int64_t E = e.num_experts, Fe = e.expert_ffn(F), Fs = e.shared_expert_hidden_size;
-  const int64_t attn = D * hd * (2 * m.num_heads + 2 * m.num_kv_heads);  // q, o [Hq·hd, D]; k, v [Hkv·hd, D]
-  ParamCounts c;
-  c.total = 2 * V * D + D;  // embedding, lm_head [V, D]; final norm [D]
-  c.active = c.total;
-  c.matmul_active = V * D;  // the head multiplies activations, the embedding is a lookup
-  for (int64_t l = 0; l < m.num_layers; ++l) {
-    const int64_t dense = 2 * D + attn;  // two norms, attention
-    if (!e.is_moe_layer(l)) {
-      c.total += dense + 3 * D * F;
-      c.active += dense + 3 * D * F;
-      c.matmul_active += attn + 3 * D * F;
-      continue;
-    }
-    const int64_t router_shared = E * D + 3 * D * Fs;
-    c.total += dense + router_shared + 3 * E * Fe * D;
-    c.expert += 3 * E * Fe * D;
-    c.active += dense + router_shared + 3 * e.top_k * Fe * D;
-    c.matmul_active += attn + router_shared + 3 * e.top_k * Fe * D;
-  }
-  return c;
-}
+ParamCounts param_counts(const ModelConfig& m, const MoeConfig& e) { return UnitTable(m, e).counts(); }
 
 std::vector<int64_t> stage_layers(int64_t num_layers, int64_t pp, const std::vector<int64_t>& explicit_layers) {
   if (!explicit_layers.empty()) {
@@ -181,53 +159,27 @@ std::vector<int64_t> stage_layers(int64_t num_layers, int64_t pp, const std::vec
 }
 
 std::vector<UnitPlan> plan_units(const PlanInput& in, const comm::Layout& layout) {
-  const ModelConfig& m = in.model;
-  const MoeConfig& e = in.moe;
-  const int64_t D = m.hidden_size, V = m.vocab_size, F = m.ffn_hidden_size, hd = m.head_dim();
-  const int64_t E = e.num_experts, Fe = e.expert_ffn(F), Fs = e.shared_expert_hidden_size;
-  const int64_t tp = layout.tp(), Vl = ceil_div(V, tp);
-  const int64_t dense_group = layout.dp() * layout.cp(), expert_group = layout.edp();
-  const std::vector<int64_t> per_stage = stage_layers(m.num_layers, layout.pp(), in.pp_layers);
-  std::vector<int64_t> stage_of(m.num_layers);
-  for (int64_t s = 0, l = 0; s < layout.pp(); ++s)
-    for (int64_t i = 0; i < per_stage[s]; ++i) stage_of[l++] = s;
+  return plan_units(in, UnitTable(in.model, in.moe), layout);
+}
 
+std::vector<UnitPlan> plan_units(const PlanInput& in, const UnitTable& table, const comm::Layout& layout) {
+  const std::vector<int64_t> per_stage = stage_layers(in.model.num_layers, layout.pp(), in.pp_layers);
   std::vector<UnitPlan> units;
-  auto add = [&](std::string name, bool expert, int64_t layer, int64_t numel, int64_t local, int64_t replicated,
-                 int64_t stage) {
+  for (const UnitSpec& spec : table.units()) {
     UnitPlan u;
-    u.name = std::move(name);
-    u.expert = expert;
-    u.layer = layer;
-    u.numel = numel;
-    u.local = local;
-    u.tp_replicated = replicated;
-    u.group = expert ? expert_group : dense_group;
-    u.padded = padded_numel(local, u.group, in.zero_stage);
-    u.stage = stage;
-    u.state = zero_state_bytes(local, u.group, in.zero_stage, in.recipe);
+    u.name = spec.name;
+    u.expert = spec.expert;
+    u.layer = spec.layer;
+    u.stage = spec.stage(per_stage);
+    comm::RankCoords first;  // the stage's first rank: every coordinate 0 but pp
+    first.pp = u.stage;
+    u.numel = spec.numel;
+    std::tie(u.local, u.tp_replicated) = table.local_numel(spec, layout, first);
+    u.group = spec.zero_group_size(layout);
+    u.padded = padded_numel(u.local, u.group, in.zero_stage);
+    u.state = zero_state_bytes(u.local, u.group, in.zero_stage, in.recipe);
     units.push_back(std::move(u));
-  };
-  // Vocab-parallel embedding: [V/tp, D] rows per rank.
-  add("embedding", false, -1, V * D, Vl * D, 0, 0);
-  const int64_t attn = D * hd * (2 * m.num_heads + 2 * m.num_kv_heads);
-  for (int64_t l = 0; l < m.num_layers; ++l) {
-    const std::string name = "layers." + std::to_string(l);
-    // Norms [D] ×2 replicated over tp; q/k/v column- and o row-parallel (heads / tp).
-    const int64_t norms = 2 * D;
-    if (!e.is_moe_layer(l)) {
-      // gate/up column-, down row-parallel: [F/tp, D] ×2 + [D, F/tp].
-      add(name, false, l, norms + attn + 3 * D * F, norms + attn / tp + 3 * D * F / tp, norms, stage_of[l]);
-      continue;
-    }
-    // Router [E, D] replicated over tp; shared expert tensor-parallel like the dense MLP.
-    add(name, false, l, norms + attn + E * D + 3 * D * Fs, norms + attn / tp + E * D + 3 * D * Fs / tp, norms + E * D,
-        stage_of[l]);
-    // E/EP experts, each its F/ETP slice: w1, w3 [Fe/etp, D], w2 [D, Fe/etp].
-    add(name + ".experts", true, l, 3 * E * Fe * D, 3 * (E / layout.ep()) * (Fe / layout.etp()) * D, 0, stage_of[l]);
   }
-  // Final norm [D] replicated; vocab-parallel head [V/tp, D].
-  add("final", false, -1, D + V * D, D + Vl * D, D, layout.pp() - 1);
   return units;
 }
 
@@ -472,6 +424,11 @@ std::string layout_problem(const PlanInput& in, const comm::Layout& layout) {
 }
 
 LayoutPlan plan_layout(const PlanInput& in, const comm::Layout& layout, const Machine& machine) {
+  return plan_layout(in, UnitTable(in.model, in.moe), layout, machine);
+}
+
+LayoutPlan plan_layout(const PlanInput& in, const UnitTable& table, const comm::Layout& layout,
+                       const Machine& machine) {
   if (std::string p = layout_problem(in, layout); !p.empty()) ORIGAMI_USER_ERROR(p);
   LayoutPlan lp;
   lp.world = layout.world();
@@ -480,7 +437,7 @@ LayoutPlan plan_layout(const PlanInput& in, const comm::Layout& layout, const Ma
   lp.order = layout.order();
   const TrainingConfig& tr = in.training;
   lp.micro_batches = tr.global_batch / (tr.micro_batch * lp.dp);
-  lp.units = plan_units(in, layout);
+  lp.units = plan_units(in, table, layout);
   lp.act = activation_bytes(in, layout);
   const RecipeBytes rb = recipe_bytes(in.recipe);
 
@@ -524,7 +481,7 @@ LayoutPlan plan_layout(const PlanInput& in, const comm::Layout& layout, const Ma
   // bubble = (pp−1)/(m+pp−1); comm = Σ_group bytes / bandwidth (intra-node
   // when the group lies in one node of ranks_per_node ranks), no overlap;
   // the slowest stage's comm counts.
-  const ParamCounts pc = param_counts(in.model, in.moe);
+  const ParamCounts pc = table.counts();
   const double B = static_cast<double>(tr.global_batch), S = static_cast<double>(tr.seq_len);
   lp.flops = 6.0 * static_cast<double>(pc.matmul_active) * B * S +
              12.0 * B * static_cast<double>(in.model.num_heads * in.model.head_dim()) * S * (S + 1) / 2.0 *
@@ -557,6 +514,7 @@ std::vector<LayoutPlan> rank_layouts(const PlanInput& in, int64_t world, const s
   const bool moe = in.moe.num_experts > 0;
   PlanInput even = in;
   even.pp_layers.clear();  // candidates split layers evenly
+  const UnitTable table(in.model, in.moe);  // once for every candidate
   std::vector<LayoutPlan> out;
   for (int64_t tp : div)
     for (int64_t cp : div)
@@ -572,7 +530,7 @@ std::vector<LayoutPlan> rank_layouts(const PlanInput& in, int64_t world, const s
             candidate.order = order;
             if (!origami::layout_problem(even.model, even.moe, even.training, candidate, world).empty()) continue;
             const comm::Layout layout(world, comm::LayoutOptions{tp, cp, pp, ep, etp, order, in.moe.num_experts});
-            LayoutPlan p = plan_layout(even, layout, machine);
+            LayoutPlan p = plan_layout(even, table, layout, machine);
             p.units = {};
             p.comm = {};
             out.push_back(std::move(p));

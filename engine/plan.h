@@ -5,13 +5,14 @@
 //
 // Conventions (every figure is per rank):
 //  - Bytes; GB = 1e9 bytes.
-//  - Units are the ParamStore's: "embedding", "layers.l" (attention, norms,
-//    dense MLP or router + shared expert), "layers.l.experts", "final" (final
-//    norm + LM head). A rank's part of a unit ("local") is the unit after the
-//    TP split (column/row-parallel matmuls and the vocab-parallel
-//    embedding/head split over tp; norms and the router replicated over tp)
+//  - Units are the unit table's (engine/units.h), which the ParamStore
+//    registers: "embedding", "layers.l" (attention, norms, dense MLP or
+//    router + shared expert), "layers.l.experts", "final" (final norm + LM
+//    head). A rank's part of a unit ("local") is the unit after the TP split
+//    (column/row-parallel matmuls and the vocab-parallel embedding/head split
+//    over tp; norms, the router and the shared expert replicated over tp)
 //    and, for expert units, after EP (E/EP experts) and ETP (F/ETP each).
-//    The vocab split gives the worst rank ceil(V/tp) rows.
+//    The vocab split gives the worst rank (tp rank 0) ceil(V/tp) rows.
 //  - ZeRO (§6): N = the unit's shard group, dp·cp for dense units, edp for
 //    expert units. A sharded unit (stage ≥ 1 and N > 1) is padded to
 //    padded = ceil(local/N)·N elements and each rank owns padded/N; at stage 0
@@ -46,6 +47,7 @@
 #include "comm/communicator.h"
 #include "comm/layout.h"
 #include "engine/config.h"
+#include "engine/units.h"
 
 namespace origami::plan {
 
@@ -97,28 +99,26 @@ struct UnitPlan {
   int64_t layer = -1;         // -1: embedding / final
   int64_t numel = 0;          // whole model: equals Model(...).params() unit numel on one rank
   int64_t local = 0;          // this rank's part (after TP, or EP·ETP for experts)
-  int64_t tp_replicated = 0;  // elements of `local` replicated over tp (norms, router)
+  int64_t tp_replicated = 0;  // elements of `local` replicated over tp (norms, router, shared expert)
   int64_t group = 1;          // N: dp·cp (dense) or edp (experts)
   int64_t padded = 0;         // padded_numel(local, group, zero_stage)
   int64_t stage = 0;          // pipeline stage
   StateBytes state;           // zero_state_bytes(local, group, zero_stage, recipe)
 };
 
-// Parameter counts of the whole model (tp = ep = etp = 1).
-struct ParamCounts {
-  int64_t total = 0;
-  int64_t active = 0;         // per token: all non-expert params + top_k/E of the routed experts
-  int64_t expert = 0;         // routed experts
-  int64_t matmul_active = 0;  // Model::active_matmul_params(): what 6·N·tokens counts
-};
+// Parameter counts of the whole model: UnitTable(m, e).counts()
+// (engine/units.h; matmul_active is Model::active_matmul_params()).
+using ParamCounts = origami::ParamCounts;
 ParamCounts param_counts(const ModelConfig& m, const MoeConfig& e);
 
 // Layers per stage: `explicit_layers` if given (validated), else even with
 // the remainder on the first stages.
 std::vector<int64_t> stage_layers(int64_t num_layers, int64_t pp, const std::vector<int64_t>& explicit_layers = {});
 
-// Every unit of the model with its per-rank figures on this layout.
+// Every unit of the unit table (engine/units.h) with the figures of its
+// stage's first rank on this layout (UnitTable::local_unit).
 std::vector<UnitPlan> plan_units(const PlanInput& in, const comm::Layout& layout);
+std::vector<UnitPlan> plan_units(const PlanInput& in, const UnitTable& table, const comm::Layout& layout);
 
 // Saved-for-backward activation bytes of one micro-batch on one rank
 // (plan.cpp derives them tensor by tensor from the modules' Saved structs).
@@ -192,6 +192,9 @@ struct LayoutPlan {
 // Validates the layout against the model (layout_problem; UserError naming
 // the key and rule) and plans it. `layout` already passed comm::Layout's rules.
 LayoutPlan plan_layout(const PlanInput& in, const comm::Layout& layout, const Machine& machine);
+// The same with the input's unit table already built (UnitTable(in.model, in.moe)).
+LayoutPlan plan_layout(const PlanInput& in, const UnitTable& table, const comm::Layout& layout,
+                       const Machine& machine);
 // The rule a layout breaks, or "": exactly train's (origami::layout_problem
 // in engine/config.h, with the input's pp_layers).
 std::string layout_problem(const PlanInput& in, const comm::Layout& layout);

@@ -223,13 +223,7 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
   AdamW optimizer(cfg.optimizer, cfg.lr_schedule, tc.steps);
   PendingFailure pending;
   TrainSummary summary;
-  // Parameters of the whole model: each tensor's global shape (tp and etp
-  // slices are parts of it), this rank holds 1/EP of the experts and its
-  // stage's layers.
-  for (const ParamUnit& u : model.params().units())
-    for (const ParamInfo& p : u.params)
-      summary.params += shape_numel(p.global_shape()) * (u.expert ? groups.layout().ep() : 1);
-  if (pp) pp->all_reduce(std::span<int64_t>(&summary.params, 1));
+  summary.params = model.units().counts().total;  // the whole model, every stage and expert
 
   if (rank == 0 && opts.print_steps && !opts.json_lines)
     std::printf("origami: %lld parameters, %lld steps of %lld samples x %lld tokens, %d rank(s), %d thread(s)\n",
