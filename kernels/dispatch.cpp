@@ -91,6 +91,22 @@ void gemm(const ExecContext& ctx, const Tensor& A, Trans trans_a, const Tensor& 
   return cpu::gemm(ctx, A, trans_a, B, trans_b, C, alpha, beta);
 }
 
+void grouped_gemm(const ExecContext& ctx, const Tensor& X_NK, const Tensor& W, Trans trans_w,
+                  std::span<const GemmSegment> segments, Tensor& Y_NM, float beta) {
+  if (on_cuda(ctx, "grouped_gemm", {{"X_NK", &X_NK}, {"W", &W}, {"Y_NM", &Y_NM}}))
+    return ORIGAMI_ON_CUDA(grouped_gemm)(ctx, X_NK, W, trans_w, segments, Y_NM, beta);
+  const CpuThreads threads(ctx);
+  return cpu::grouped_gemm(ctx, X_NK, W, trans_w, segments, Y_NM, beta);
+}
+
+void grouped_gemm_wgrad(const ExecContext& ctx, const Tensor& dY_NM, const Tensor& X_NK,
+                        std::span<const GemmSegment> segments, Tensor& dW_GMK, float beta) {
+  if (on_cuda(ctx, "grouped_gemm_wgrad", {{"dY_NM", &dY_NM}, {"X_NK", &X_NK}, {"dW_GMK", &dW_GMK}}))
+    return ORIGAMI_ON_CUDA(grouped_gemm_wgrad)(ctx, dY_NM, X_NK, segments, dW_GMK, beta);
+  const CpuThreads threads(ctx);
+  return cpu::grouped_gemm_wgrad(ctx, dY_NM, X_NK, segments, dW_GMK, beta);
+}
+
 void axpy(const ExecContext& ctx, float a, const Tensor& x, Tensor& y) {
   if (on_cuda(ctx, "axpy", {{"x", &x}, {"y", &y}})) return ORIGAMI_ON_CUDA(axpy)(ctx, a, x, y);
   const CpuThreads threads(ctx);

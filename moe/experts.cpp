@@ -1,13 +1,13 @@
 // Grouped SwiGLU experts on CPU (see experts.h). Each segment is a contiguous
-// row block of x_ND owned by one expert, so every product is one
-// dnnl_sgemm on a row-block view of the activations and an [F, D] / [D, F]
-// view of the stacked weights: no gather, no copy, no per-row loop. The SwiGLU
-// nonlinearity is elementwise, so it runs once over all N rows rather than per
-// expert. Gate and up stay two GEMMs: w1 and w3 are separate tensors (HF
-// layout), so fusing them would need a weight copy every step.
+// row block of x_ND owned by one expert, so each projection is one grouped
+// GEMM (kernels/grouped_gemm.h) over the segments and the stacked weights: no
+// gather, no copy, no per-row loop. The SwiGLU nonlinearity is elementwise, so
+// it runs once over all N rows rather than per expert. Gate and up stay two
+// GEMMs: w1 and w3 are separate tensors (HF layout), so fusing them would need
+// a weight copy every step.
 #include "moe/experts.h"
 
-#include "kernels/gemm.h"
+#include "kernels/grouped_gemm.h"
 #include "kernels/swiglu.h"
 
 namespace origami::moe {
@@ -16,10 +16,12 @@ namespace {
 
 Tensor activation(Shape shape) { return Tensor::empty(std::move(shape), DType::f32, MemCategory::activation); }
 
-// Expert e's [rows, cols] matrix inside a stacked [E, rows, cols] weight.
-Tensor expert_matrix(const Tensor& w, int64_t e) {
-  const int64_t r = w.size(1), c = w.size(2);
-  return w.flat_view(e * r * c, r * c, {r, c});
+// The segments as the grouped GEMM reads them (group = expert).
+std::vector<GemmSegment> gemm_segments(const ExpertSegments& segments) {
+  std::vector<GemmSegment> g;
+  g.reserve(segments.size());
+  for (const auto [e, n] : segments) g.push_back({e, n});
+  return g;
 }
 
 void check_weights(const ExpertWeights& w, const char* what) {
@@ -66,25 +68,13 @@ Tensor experts_forward(const ExecContext& ctx, const ExpertWeights& w, const Ten
   saved.h_NF = activation({N, F});     // silu(gate) ⊙ up
   Tensor y_ND = activation({N, D});
 
-  int64_t off = 0;
-  for (const auto [e, n] : segments) {
-    if (n == 0) continue;
-    const Tensor x = x_ND.slice(off, n);  // (n, D)
-    Tensor g = saved.gate_NF.slice(off, n), u = saved.up_NF.slice(off, n);
-    gemm(ctx, x, Trans::no, expert_matrix(w.w1_EFD, e), Trans::yes, g);  // (n, F)
-    gemm(ctx, x, Trans::no, expert_matrix(w.w3_EFD, e), Trans::yes, u);  // (n, F)
-    off += n;
-  }
+  const std::vector<GemmSegment> groups = gemm_segments(segments);
+  grouped_gemm(ctx, x_ND, w.w1_EFD, Trans::yes, groups, saved.gate_NF);  // (N, F) = x·W1ᵀ per segment
+  grouped_gemm(ctx, x_ND, w.w3_EFD, Trans::yes, groups, saved.up_NF);    // (N, F) = x·W3ᵀ
   // Every row belongs to some segment (segments tile N), so gate/up are fully
   // written and one elementwise pass covers all experts.
   swiglu_forward(ctx, saved.gate_NF, saved.up_NF, saved.h_NF);
-  off = 0;
-  for (const auto [e, n] : segments) {
-    if (n == 0) continue;
-    Tensor y = y_ND.slice(off, n);
-    gemm(ctx, saved.h_NF.slice(off, n), Trans::no, expert_matrix(w.w2_EDF, e), Trans::yes, y);  // (n, D)
-    off += n;
-  }
+  grouped_gemm(ctx, saved.h_NF, w.w2_EDF, Trans::yes, groups, y_ND);  // (N, D) = h·W2ᵀ
   return y_ND;
 }
 
@@ -98,36 +88,20 @@ Tensor experts_backward(const ExecContext& ctx, const ExpertWeights& w, const Ex
   check_shape(dy_ND, {N, D}, "experts dy_ND");
   check_segments(saved.segments, E, N);
 
-  // dh = dy·W2 and dW2 += dyᵀ·h, per expert.
+  const std::vector<GemmSegment> groups = gemm_segments(saved.segments);
+  // dh = dy·W2 and dW2 += dyᵀ·h, per segment.
   Tensor dh_NF = activation({N, F});
-  int64_t off = 0;
-  for (const auto [e, n] : saved.segments) {
-    if (n == 0) continue;
-    const Tensor dy = dy_ND.slice(off, n);  // (n, D)
-    Tensor dh = dh_NF.slice(off, n);
-    Tensor dw2 = expert_matrix(grad.w2_EDF, e);
-    gemm(ctx, dy, Trans::no, expert_matrix(w.w2_EDF, e), Trans::no, dh);              // (n, F)
-    gemm(ctx, dy, Trans::yes, saved.h_NF.slice(off, n), Trans::no, dw2, 1.0f, 1.0f);  // (D, F)
-    off += n;
-  }
+  grouped_gemm(ctx, dy_ND, w.w2_EDF, Trans::no, groups, dh_NF);           // (N, F)
+  grouped_gemm_wgrad(ctx, dy_ND, saved.h_NF, groups, grad.w2_EDF, 1.0f);  // (E, D, F)
   Tensor dgate_NF = activation({N, F}), dup_NF = activation({N, F});
   swiglu_backward(ctx, dh_NF, saved.gate_NF, saved.up_NF, dgate_NF, dup_NF);
 
-  // dW1 += dgateᵀ·x, dW3 += dupᵀ·x, dx = dgate·W1 + dup·W3, per expert.
+  // dW1 += dgateᵀ·x, dW3 += dupᵀ·x, dx = dgate·W1 + dup·W3, per segment.
+  grouped_gemm_wgrad(ctx, dgate_NF, saved.x_ND, groups, grad.w1_EFD, 1.0f);  // (E, F, D)
+  grouped_gemm_wgrad(ctx, dup_NF, saved.x_ND, groups, grad.w3_EFD, 1.0f);    // (E, F, D)
   Tensor dx_ND = activation({N, D});
-  off = 0;
-  for (const auto [e, n] : saved.segments) {
-    if (n == 0) continue;
-    const Tensor x = saved.x_ND.slice(off, n);
-    const Tensor dg = dgate_NF.slice(off, n), du = dup_NF.slice(off, n);
-    Tensor dw1 = expert_matrix(grad.w1_EFD, e), dw3 = expert_matrix(grad.w3_EFD, e);
-    Tensor dx = dx_ND.slice(off, n);
-    gemm(ctx, dg, Trans::yes, x, Trans::no, dw1, 1.0f, 1.0f);             // (F, D)
-    gemm(ctx, du, Trans::yes, x, Trans::no, dw3, 1.0f, 1.0f);             // (F, D)
-    gemm(ctx, dg, Trans::no, expert_matrix(w.w1_EFD, e), Trans::no, dx);  // (n, D)
-    gemm(ctx, du, Trans::no, expert_matrix(w.w3_EFD, e), Trans::no, dx, 1.0f, 1.0f);
-    off += n;
-  }
+  grouped_gemm(ctx, dgate_NF, w.w1_EFD, Trans::no, groups, dx_ND);       // (N, D)
+  grouped_gemm(ctx, dup_NF, w.w3_EFD, Trans::no, groups, dx_ND, 1.0f);  // (N, D) +=
   return dx_ND;
 }
 

@@ -1,8 +1,9 @@
 // Grouped SwiGLU experts: rows in runs of one expert each (segments) run
-// y = (silu(x·W1ᵀ) ⊙ x·W3ᵀ)·W2ᵀ with their expert's weights; one GEMM per
-// non-empty segment on CPU. The one-rank layout (Permutation) is one segment
-// per expert; the expert-parallel layout is whatever order the exchange
-// delivered (source rank, then expert), consumed in place rather than sorted.
+// y = (silu(x·W1ᵀ) ⊙ x·W3ᵀ)·W2ᵀ with their expert's weights; one grouped
+// GEMM per projection (kernels/grouped_gemm.h). The one-rank layout
+// (Permutation) is one segment per expert; the expert-parallel layout is
+// whatever order the exchange delivered (source rank, then expert), consumed
+// in place rather than sorted.
 // The shared expert is the same module with one expert over all tokens.
 // Under expert tensor parallelism the weights are this rank's F-slice and y
 // is a partial sum over F. Names follow HF Mixtral: w1 = gate, w3 = up, w2 = down.

@@ -13,6 +13,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
+#include "kernels/grouped_gemm.h"
 #include "kernels/init.h"
 #include "kernels/moe_ops.h"
 #include "kernels/rmsnorm.h"

@@ -16,6 +16,14 @@ void gemm(const ExecContext& ctx, const Tensor& A, Trans trans_a, const Tensor& 
           float alpha, float beta) {
   pending("gemm");
 }
+void grouped_gemm(const ExecContext& ctx, const Tensor& X_NK, const Tensor& W, Trans trans_w,
+                  std::span<const GemmSegment> segments, Tensor& Y_NM, float beta) {
+  pending("grouped_gemm");
+}
+void grouped_gemm_wgrad(const ExecContext& ctx, const Tensor& dY_NM, const Tensor& X_NK,
+                        std::span<const GemmSegment> segments, Tensor& dW_GMK, float beta) {
+  pending("grouped_gemm_wgrad");
+}
 void axpy(const ExecContext& ctx, float a, const Tensor& x, Tensor& y) { pending("axpy"); }
 void scale_inplace(const ExecContext& ctx, Tensor& y, float a) { pending("scale_inplace"); }
 double sum_squares(const ExecContext& ctx, const Tensor& x) { pending("sum_squares"); }
