@@ -1,6 +1,7 @@
-// Backend-independent half of Communicator: argument checks, sequence numbers,
-// byte counters (ring convention), and the bounded wait that turns a hang into
-// a named abort.
+// Backend-independent half of Communicator: the one path every call takes
+// (span or Tensor: argument checks, where the memory lives and whether the
+// backend moves it, sequence numbers, byte counters in the ring convention),
+// and the bounded wait that turns a hang into a named abort.
 #include "comm/communicator.h"
 
 #include <mpi.h>
@@ -35,8 +36,45 @@ size_t elem_size(ElemType t) {
     case ElemType::f64: return 8;
     case ElemType::i32: return 4;
     case ElemType::i64: return 8;
+    case ElemType::bf16: return 2;
   }
   return 0;
+}
+
+std::string_view elem_name(ElemType t) {
+  switch (t) {
+    case ElemType::f32: return "f32";
+    case ElemType::f64: return "f64";
+    case ElemType::i32: return "i32";
+    case ElemType::i64: return "i64";
+    case ElemType::bf16: return "bf16";
+  }
+  return "?";
+}
+
+std::string device_string(Device d) {
+  return d.kind == DeviceKind::cpu ? std::string("cpu") : "cuda:" + std::to_string(d.index);
+}
+
+std::string memory_refusal(Backend backend, Device memory, ElemType type, CommOp op) {
+  const bool host = memory.kind == DeviceKind::cpu;
+  if (op == CommOp::barrier) return {};  // moves no memory
+  if (backend == Backend::mpi) {
+    if (!host)
+      return origami::detail::concat("memory on ", device_string(memory),
+                            ", but the MPI backend moves host memory only (MPI is not assumed CUDA-aware): device "
+                            "tensors go over NCCL, in Groups created with a CUDA compute device");
+    // MPI has no bf16 type: moves travel as 16-bit words, but a sum of words
+    // is not a sum of bf16 values. The host path reduces in fp32 by design.
+    if (type == ElemType::bf16 && (op == CommOp::all_reduce || op == CommOp::reduce_scatter))
+      return origami::detail::concat("a bf16 ", op_name(op),
+                            " over MPI is refused: MPI has no bf16 type and host reductions are fp32 by design "
+                            "(reduce an f32 copy, or device memory over NCCL)");
+    return {};
+  }
+  if (host)
+    return "host memory, but the NCCL backend moves device memory only: host tensors go over MPI";
+  return {};
 }
 
 namespace ring_bytes {
@@ -77,9 +115,11 @@ namespace {
 
 [[noreturn]] void abort_on_timeout(detail::PendingOp& op, double waited_s) {
   char msg[512];
-  std::snprintf(msg, sizeof msg, "[rank %d] collective timeout: group %s op %s seq %lld bytes %lld after %.1f s",
+  std::snprintf(msg, sizeof msg,
+                "[rank %d] collective timeout: group %s op %s seq %lld bytes %lld memory %s after %.1f s",
                 world_rank_for_diagnostics(), op.group.c_str(), std::string(op_name(op.op)).c_str(),
-                static_cast<long long>(op.seq), static_cast<long long>(op.bytes), waited_s);
+                static_cast<long long>(op.seq), static_cast<long long>(op.bytes), device_string(op.memory).c_str(),
+                waited_s);
   // The message goes out first: a backend abort that itself stalls must not
   // swallow it.
   std::fprintf(stderr, "%s\n", msg);
@@ -109,6 +149,15 @@ void Request::wait(bool sleep_when_idle) {
     }
   }
   op_.reset();
+}
+
+void Request::wait_on(void* cuda_stream) {
+  if (!op_) return;
+  if (op_->enqueue_wait(cuda_stream)) {
+    op_.reset();  // the stream holds the dependency now; the event may go
+    return;
+  }
+  wait();
 }
 
 bool Request::wait_for(double seconds) {
@@ -159,7 +208,7 @@ void Communicator::check_block_counts(std::span<const int64_t> counts, int64_t b
                 buffer);
 }
 
-Request Communicator::launch(const Call& c, int64_t bytes) {
+Request Communicator::launch(Call c, int64_t bytes) {
   const int64_t n = size();
   switch (c.op) {
     case CommOp::all_gather:
@@ -199,22 +248,120 @@ Request Communicator::launch(const Call& c, int64_t bytes) {
     }
     default: break;
   }
+  if (!c.memory) c.memory = locate(c);
+  const std::string refused = refusal(c);
+  ORIGAMI_CHECK(refused.empty(), "group ", name_, " ", op_name(c.op), " of ", elem_name(c.type), ": ", refused);
   const int64_t seq = seq_++;
   OpStats& st = stats_[static_cast<size_t>(c.op)];
   st.calls += 1;
   st.bytes += bytes;
+  if (c.memory->kind != DeviceKind::cpu) {
+    st.device_calls += 1;
+    st.device_bytes += bytes;
+  }
   std::unique_ptr<detail::PendingOp> op = start(c);
   op->group = name_;
   op->op = c.op;
   op->seq = seq;
   op->bytes = bytes;
+  op->memory = *c.memory;
   op->timeout_s = options_.timeout_s;
   return Request(std::move(op));
 }
 
+// ---- the one path of every call ----------------------------------------------------------------------
+
+void Communicator::pair(Call& c, const Buffer& send, const Buffer& recv) const {
+  ORIGAMI_CHECK(send.type == recv.type, "group ", name_, " ", op_name(c.op), ": send is ", elem_name(send.type),
+                ", recv is ", elem_name(recv.type));
+  ORIGAMI_CHECK(send.memory.has_value() == recv.memory.has_value() && (!send.memory || *send.memory == *recv.memory),
+                "group ", name_, " ", op_name(c.op), ": send memory on ",
+                send.memory ? device_string(*send.memory) : "(span)", ", recv memory on ",
+                recv.memory ? device_string(*recv.memory) : "(span)", " (one call moves memory of one device)");
+  c.type = send.type;
+  c.memory = send.memory;
+  c.send = send.data;
+  c.recv = const_cast<void*>(recv.data);  // a Buffer holds either side; recv sides are writable
+  c.send_count = send.count;
+  c.recv_count = recv.count;
+}
+
+Request Communicator::start_all_reduce(const Buffer& data, ReduceOp op) {
+  Call c;
+  c.op = CommOp::all_reduce;
+  c.reduce = op;
+  pair(c, data, data);
+  return launch(c, ring_bytes::all_reduce(c.send_count, elem_size(c.type), rank(), size()));
+}
+
+Request Communicator::start_all_gather(const Buffer& send, const Buffer& recv, std::span<const int64_t> recv_counts) {
+  Call c;
+  c.op = CommOp::all_gather;
+  pair(c, send, recv);
+  c.recv_counts = recv_counts;
+  return launch(c, ring_bytes::all_gather(c.send_count, elem_size(c.type), size()));
+}
+
+Request Communicator::start_reduce_scatter(const Buffer& send, const Buffer& recv, std::span<const int64_t> counts,
+                                           ReduceOp op) {
+  Call c;
+  c.op = CommOp::reduce_scatter;
+  c.reduce = op;
+  pair(c, send, recv);
+  c.send_counts = counts;
+  const size_t es = elem_size(c.type);
+  return launch(c, counts.empty() ? ring_bytes::reduce_scatter(c.recv_count, es, size())
+                                  : ring_bytes::reduce_scatter_v(counts, es, rank()));
+}
+
+Request Communicator::start_all_to_all_v(const Buffer& send, std::span<const int64_t> send_counts, const Buffer& recv,
+                                         std::span<const int64_t> recv_counts) {
+  Call c;
+  c.op = CommOp::all_to_all_v;
+  pair(c, send, recv);
+  c.send_counts = send_counts;
+  c.recv_counts = recv_counts;
+  return launch(c, ring_bytes::all_to_all_v(send_counts, elem_size(c.type), rank()));
+}
+
+Request Communicator::start_send(const Buffer& data, int peer, int tag) {
+  check_peer(peer, "send");
+  Call c;
+  c.op = CommOp::send;
+  c.type = data.type;
+  c.memory = data.memory;
+  c.send = data.data;
+  c.send_count = data.count;
+  c.peer = peer;
+  c.tag = tag;
+  return launch(c, c.send_count * static_cast<int64_t>(elem_size(c.type)));
+}
+
+Request Communicator::start_recv(const Buffer& data, int peer, int tag) {
+  check_peer(peer, "recv");
+  Call c;
+  c.op = CommOp::recv;
+  c.type = data.type;
+  c.memory = data.memory;
+  c.recv = const_cast<void*>(data.data);
+  c.recv_count = data.count;
+  c.peer = peer;
+  c.tag = tag;
+  return launch(c, 0);
+}
+
+Request Communicator::start_broadcast(const Buffer& data, int root) {
+  check_peer(root, "broadcast root");
+  Call c;
+  c.op = CommOp::broadcast;
+  pair(c, data, data);
+  c.peer = root;
+  return launch(c, ring_bytes::broadcast(c.send_count, elem_size(c.type), rank(), root, size()));
+}
+
 Request Communicator::barrier_async() {
   Call c;
-  c.op = CommOp::barrier;
+  c.op = CommOp::barrier;  // no buffers: locate() says which memory's backend synchronizes
   return launch(c, 0);
 }
 

@@ -1,13 +1,22 @@
 // comm::Communicator: one rank group's collectives behind one interface, with
 // an MPI backend (host memory) and an NCCL backend (device memory).
 //
-// Every call takes typed spans with element counts, gets a sequence number,
-// and adds to this group's per-op byte counter. Every op is nonblocking
-// underneath; the `_async` form returns a Request, the plain form waits on it.
-// Waits are bounded by CommOptions::timeout_s: a call that does not complete
-// in time prints
-//   [rank R] collective timeout: group G op OP seq N bytes B after T s
-// to stderr and aborts the whole job (MPI_Abort) — never a silent hang.
+// Every call takes typed spans or Tensors with element counts, gets a sequence
+// number, and adds to this group's per-op byte counter. Every op is
+// nonblocking underneath; the `_async` form returns a Request, the plain form
+// waits on it. Waits are bounded by CommOptions::timeout_s: a call that does
+// not complete in time prints
+//   [rank R] collective timeout: group G op OP seq N bytes B memory M after T s
+// (M = cpu or cuda:N, where the op's buffers live) to stderr and aborts the
+// whole job (MPI_Abort) — never a silent hang.
+//
+// Where the memory lives: a Tensor call carries its tensor's device; a span
+// call's memory is the backend's own (host for MPI, the communicator's device
+// for NCCL), except on the routed communicator of comm/routed_communicator.h,
+// which asks CUDA where a span's pointer points. Each call records it (OpStats'
+// device_* counters, the timeout message) and a backend refuses memory it
+// cannot move (memory_refusal below): host memory to NCCL, device memory to
+// MPI (MPI is not assumed CUDA-aware), bf16 reductions to MPI.
 //
 // Measured comm volume = bytes this rank SENDS under the ring algorithms
 // (what nccl-tests' bus bandwidth assumes), for a group of n ranks:
@@ -25,21 +34,25 @@
 //   send           count · elem;  recv, barrier: 0
 // These are per-rank figures; summed over a group they give the classic
 // totals: 2(n−1)·S for all_reduce, (n−1)·S for all_gather, reduce_scatter,
-// broadcast and an evenly split all_to_all_v (S = the full buffer).
+// broadcast and an evenly split all_to_all_v (S = the full buffer). A Tensor
+// call counts exactly what the span call over the same elements counts.
 // The sequence number counts every call on this communicator, so ranks that
 // issue the same collectives in the same order agree on it; a timeout message
 // naming seq N says which call a rank got stuck in.
 //
-// Requests must complete (wait or test true) before their communicator is
-// destroyed; the buffers of an op belong to it until then.
+// Requests must complete (wait, wait_on or test true) before their
+// communicator is destroyed; the buffers of an op belong to it until then.
 #pragma once
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#include "kernels/tensor.h"
 
 namespace origami::comm {
 
@@ -48,8 +61,10 @@ inline constexpr int kNumCommOps = 8;
 std::string_view op_name(CommOp op);
 
 enum class ReduceOp : int { sum, max };
-enum class ElemType : int { f32, f64, i32, i64 };
+// bf16 has no C++ element type here: it travels as Tensors only.
+enum class ElemType : int { f32, f64, i32, i64, bf16 };
 size_t elem_size(ElemType t);
+std::string_view elem_name(ElemType t);
 
 template <class T>
 struct elem_type_of;
@@ -79,6 +94,15 @@ concept SameElement = std::is_same_v<std::remove_const_t<S>, T>;
 
 enum class Backend : int { mpi, nccl };
 
+// "cpu" or "cuda:N" (the spelling of kernels' device names).
+std::string device_string(Device d);
+
+// Why `backend` cannot run `op` over `type` elements in memory on `memory`, or
+// empty when it can: MPI moves host memory only and has no bf16 reduction;
+// NCCL moves device memory only. The single statement of those rules, read by
+// both backends and by tests.
+std::string memory_refusal(Backend backend, Device memory, ElemType type, CommOp op);
+
 struct CommOptions {
   double timeout_s = 300.0;  // runtime.collective_timeout_s
 };
@@ -86,6 +110,10 @@ struct CommOptions {
 struct OpStats {
   int64_t calls = 0;
   int64_t bytes = 0;  // sent by this rank, ring convention (header comment)
+  // The part of calls and bytes whose memory was on a device (the rest was
+  // host memory): what went over NCCL on a routed communicator.
+  int64_t device_calls = 0;
+  int64_t device_bytes = 0;
 };
 
 // Per-rank ring volumes in bytes (the convention above), for tests and plans.
@@ -106,10 +134,15 @@ class PendingOp {
   virtual ~PendingOp() = default;
   virtual bool test() = 0;         // true once complete (buffers may be reused)
   virtual void abort_backend() {}  // called before MPI_Abort on a timeout
+  // Makes `stream` (a cudaStream_t) wait for this op without blocking the
+  // host; false when the backend cannot (its memory is host memory, so the
+  // host must wait).
+  virtual bool enqueue_wait(void* /*stream*/) { return false; }
   std::string group;
   CommOp op = CommOp::barrier;
   int64_t seq = 0;
   int64_t bytes = 0;
+  Device memory;  // where the op's buffers live
   double timeout_s = 0;
 };
 }  // namespace detail
@@ -135,6 +168,14 @@ class Request {
   // sleep_when_idle: after a millisecond of polling the thread sleeps
   // between polls and leaves the core to ranks that compute.
   void wait(bool sleep_when_idle = false);
+  // Orders the work queued on `cuda_stream` (a cudaStream_t; null = the
+  // legacy default stream) after this op, and leaves the request empty. An
+  // NCCL op makes the stream wait on its completion event (cudaStreamWaitEvent)
+  // and the host goes on at once: its buffers then belong to the stream's
+  // later work, and a hang shows at the next host synchronization rather than
+  // as a timeout here. An MPI op waits on the host, as wait() does — host
+  // memory is ready before anything later is queued.
+  void wait_on(void* cuda_stream);
   // True when complete (or empty); never blocks.
   bool test();
   // Waits at most `seconds` (sleeping between polls): true when complete,
@@ -158,41 +199,63 @@ class Communicator {
   int rank() const { return rank_; }  // in this group
   int size() const { return static_cast<int>(members_.size()); }
   const std::vector<int>& members() const { return members_; }  // world ranks, ascending
+  // The backend device memory goes over (nccl), or mpi when there is none;
+  // host memory always goes over MPI.
   virtual Backend backend() const = 0;
   double timeout_s() const { return options_.timeout_s; }
 
+  // ---- spans: element type from the span, memory the backend's own --------------------------------
+
   // In place over `data`.
   template <CommElement T>
-  Request all_reduce_async(std::span<T> data, ReduceOp op = ReduceOp::sum);
+  Request all_reduce_async(std::span<T> data, ReduceOp op = ReduceOp::sum) {
+    return start_all_reduce(buffer(data), op);
+  }
   // recv holds size() blocks of send.size() elements, in group-rank order.
   template <CommElement S, CommElement T>
-  requires SameElement<S, T> Request all_gather_async(std::span<S> send, std::span<T> recv);
+  requires SameElement<S, T> Request all_gather_async(std::span<S> send, std::span<T> recv) {
+    return start_all_gather(buffer(send), buffer(recv), {});
+  }
   // send holds size() blocks of recv.size() elements; block r reduces onto rank r.
   template <CommElement S, CommElement T>
   requires SameElement<S, T> Request reduce_scatter_async(std::span<S> send, std::span<T> recv,
-                                                          ReduceOp op = ReduceOp::sum);
+                                                          ReduceOp op = ReduceOp::sum) {
+    return start_reduce_scatter(buffer(send), buffer(recv), {}, op);
+  }
   // Variable blocks: rank p contributes recv_counts[p] elements (its send
   // holds exactly recv_counts[rank]); recv gets them packed in rank order.
   template <CommElement S, CommElement T>
   requires SameElement<S, T> Request all_gather_v_async(std::span<S> send, std::span<T> recv,
-                                                        std::span<const int64_t> recv_counts);
+                                                        std::span<const int64_t> recv_counts) {
+    return start_all_gather(buffer(send), buffer(recv), recv_counts);
+  }
   // Variable blocks: send holds counts[p] elements for each rank p, packed in
   // rank order; block p reduces onto rank p, whose recv holds counts[p].
   template <CommElement S, CommElement T>
   requires SameElement<S, T> Request reduce_scatter_v_async(std::span<S> send, std::span<T> recv,
                                                             std::span<const int64_t> counts,
-                                                            ReduceOp op = ReduceOp::sum);
+                                                            ReduceOp op = ReduceOp::sum) {
+    return start_reduce_scatter(buffer(send), buffer(recv), counts, op);
+  }
   // Block p of send (send_counts[p] elements, packed in rank order) goes to
   // rank p; recv gets recv_counts[p] elements from rank p. Zero counts are fine.
   template <CommElement S, CommElement T>
   requires SameElement<S, T> Request all_to_all_v_async(std::span<S> send, std::span<const int64_t> send_counts,
-                                                        std::span<T> recv, std::span<const int64_t> recv_counts);
+                                                        std::span<T> recv, std::span<const int64_t> recv_counts) {
+    return start_all_to_all_v(buffer(send), send_counts, buffer(recv), recv_counts);
+  }
   template <CommElement S>
-  Request send_async(std::span<S> data, int peer, int tag = 0);
+  Request send_async(std::span<S> data, int peer, int tag = 0) {
+    return start_send(buffer(data), peer, tag);
+  }
   template <CommElement T>
-  Request recv_async(std::span<T> data, int peer, int tag = 0);
+  Request recv_async(std::span<T> data, int peer, int tag = 0) {
+    return start_recv(buffer(data), peer, tag);
+  }
   template <CommElement T>
-  Request broadcast_async(std::span<T> data, int root);
+  Request broadcast_async(std::span<T> data, int root) {
+    return start_broadcast(buffer(data), root);
+  }
   Request barrier_async();
 
   template <CommElement T>
@@ -238,6 +301,43 @@ class Communicator {
   }
   void barrier() { barrier_async().wait(); }
 
+  // ---- Tensors: element type from the dtype (f32, f64, i32, i64, bf16), memory on the tensor's
+  // device. The same contracts as the span forms, over the tensors' elements
+  // (any shape: counts are numel); send and recv must agree on dtype and device.
+  // Defined in comm/tensor_calls.cpp.
+
+  Request all_reduce_async(const Tensor& data, ReduceOp op = ReduceOp::sum);
+  Request all_gather_async(const Tensor& send, const Tensor& recv);
+  Request reduce_scatter_async(const Tensor& send, const Tensor& recv, ReduceOp op = ReduceOp::sum);
+  Request all_gather_v_async(const Tensor& send, const Tensor& recv, std::span<const int64_t> recv_counts);
+  Request reduce_scatter_v_async(const Tensor& send, const Tensor& recv, std::span<const int64_t> counts,
+                                 ReduceOp op = ReduceOp::sum);
+  Request all_to_all_v_async(const Tensor& send, std::span<const int64_t> send_counts, const Tensor& recv,
+                             std::span<const int64_t> recv_counts);
+  Request send_async(const Tensor& data, int peer, int tag = 0);
+  Request recv_async(const Tensor& data, int peer, int tag = 0);
+  Request broadcast_async(const Tensor& data, int root);
+
+  void all_reduce(const Tensor& data, ReduceOp op = ReduceOp::sum) { all_reduce_async(data, op).wait(); }
+  void all_gather(const Tensor& send, const Tensor& recv) { all_gather_async(send, recv).wait(); }
+  void reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op = ReduceOp::sum) {
+    reduce_scatter_async(send, recv, op).wait();
+  }
+  void all_gather_v(const Tensor& send, const Tensor& recv, std::span<const int64_t> recv_counts) {
+    all_gather_v_async(send, recv, recv_counts).wait();
+  }
+  void reduce_scatter_v(const Tensor& send, const Tensor& recv, std::span<const int64_t> counts,
+                        ReduceOp op = ReduceOp::sum) {
+    reduce_scatter_v_async(send, recv, counts, op).wait();
+  }
+  void all_to_all_v(const Tensor& send, std::span<const int64_t> send_counts, const Tensor& recv,
+                    std::span<const int64_t> recv_counts) {
+    all_to_all_v_async(send, send_counts, recv, recv_counts).wait();
+  }
+  void send(const Tensor& data, int peer, int tag = 0) { send_async(data, peer, tag).wait(); }
+  void recv(const Tensor& data, int peer, int tag = 0) { recv_async(data, peer, tag).wait(); }
+  void broadcast(const Tensor& data, int root) { broadcast_async(data, root).wait(); }
+
   const OpStats& stats(CommOp op) const { return stats_[static_cast<size_t>(op)]; }
   int64_t total_bytes() const;
   int64_t next_seq() const { return seq_; }  // sequence number the next call gets
@@ -258,13 +358,51 @@ class Communicator {
     std::span<const int64_t> send_counts, recv_counts;
     int peer = 0;                                       // send/recv peer, broadcast root (group ranks)
     int tag = 0;
+    // Where send and recv live. Empty for a span call until launch() asks
+    // locate(); always set when a backend's refusal() or start() sees it.
+    std::optional<Device> memory;
   };
 
   Communicator(std::string name, std::vector<int> members, int rank, CommOptions options);
+  // Where a span call's memory lives (the backend's own memory, unless the
+  // backend can ask).
+  virtual Device locate(const Call& call) const = 0;
+  // Why this backend cannot run `call` (empty: it can); launch() checks it
+  // before the call takes a sequence number.
+  virtual std::string refusal(const Call& call) const = 0;
   virtual std::unique_ptr<detail::PendingOp> start(const Call& call) = 0;
+  // For a communicator that hands calls to others (comm/routed_communicator.h):
+  // C++ lets a derived class reach protected members of its own kind only.
+  static std::string refusal_of(const Communicator& c, const Call& call) { return c.refusal(call); }
+  static std::unique_ptr<detail::PendingOp> start_on(Communicator& c, const Call& call) { return c.start(call); }
 
  private:
-  Request launch(const Call& call, int64_t bytes);
+  // One side of a call: its elements and, for a Tensor, its device.
+  struct Buffer {
+    const void* data = nullptr;
+    int64_t count = 0;
+    ElemType type = ElemType::f32;
+    std::optional<Device> memory;
+  };
+  template <CommElement T>
+  static Buffer buffer(std::span<T> s) {
+    return {s.data(), static_cast<int64_t>(s.size()), elem_type_of<std::remove_const_t<T>>::value, std::nullopt};
+  }
+  static Buffer buffer(const Tensor& t, const char* op, const char* which, const std::string& group);
+
+  // The one path of every call, span or Tensor (comm/communicator.cpp).
+  Request start_all_reduce(const Buffer& data, ReduceOp op);
+  Request start_all_gather(const Buffer& send, const Buffer& recv, std::span<const int64_t> recv_counts);
+  Request start_reduce_scatter(const Buffer& send, const Buffer& recv, std::span<const int64_t> counts, ReduceOp op);
+  Request start_all_to_all_v(const Buffer& send, std::span<const int64_t> send_counts, const Buffer& recv,
+                             std::span<const int64_t> recv_counts);
+  Request start_send(const Buffer& data, int peer, int tag);
+  Request start_recv(const Buffer& data, int peer, int tag);
+  Request start_broadcast(const Buffer& data, int root);
+  // Both sides of a two-buffer call into `c`: same element type and memory.
+  void pair(Call& c, const Buffer& send, const Buffer& recv) const;
+
+  Request launch(Call call, int64_t bytes);
   void check_peer(int peer, const char* what) const;
   void check_block_counts(std::span<const int64_t> counts, int64_t buffer, const char* op, const char* which) const;
 
@@ -275,131 +413,5 @@ class Communicator {
   int64_t seq_ = 0;
   std::array<OpStats, kNumCommOps> stats_{};
 };
-
-// ---- typed front ends ---------------------------------------------------------------------------
-
-template <CommElement T>
-Request Communicator::all_reduce_async(std::span<T> data, ReduceOp op) {
-  Call c;
-  c.op = CommOp::all_reduce;
-  c.type = elem_type_of<T>::value;
-  c.reduce = op;
-  c.send = data.data();
-  c.recv = data.data();
-  c.send_count = c.recv_count = static_cast<int64_t>(data.size());
-  return launch(c, ring_bytes::all_reduce(c.send_count, sizeof(T), rank(), size()));
-}
-
-template <CommElement S, CommElement T>
-requires SameElement<S, T> Request Communicator::all_gather_async(std::span<S> send, std::span<T> recv) {
-  Call c;
-  c.op = CommOp::all_gather;
-  c.type = elem_type_of<T>::value;
-  c.send = send.data();
-  c.recv = recv.data();
-  c.send_count = static_cast<int64_t>(send.size());
-  c.recv_count = static_cast<int64_t>(recv.size());
-  return launch(c, ring_bytes::all_gather(c.send_count, sizeof(T), size()));
-}
-
-template <CommElement S, CommElement T>
-requires SameElement<S, T> Request Communicator::reduce_scatter_async(std::span<S> send, std::span<T> recv,
-                                                                      ReduceOp op) {
-  Call c;
-  c.op = CommOp::reduce_scatter;
-  c.type = elem_type_of<T>::value;
-  c.reduce = op;
-  c.send = send.data();
-  c.recv = recv.data();
-  c.send_count = static_cast<int64_t>(send.size());
-  c.recv_count = static_cast<int64_t>(recv.size());
-  return launch(c, ring_bytes::reduce_scatter(c.recv_count, sizeof(T), size()));
-}
-
-template <CommElement S, CommElement T>
-requires SameElement<S, T> Request Communicator::all_gather_v_async(std::span<S> send, std::span<T> recv,
-                                                                    std::span<const int64_t> recv_counts) {
-  Call c;
-  c.op = CommOp::all_gather;
-  c.type = elem_type_of<T>::value;
-  c.send = send.data();
-  c.recv = recv.data();
-  c.send_count = static_cast<int64_t>(send.size());
-  c.recv_count = static_cast<int64_t>(recv.size());
-  c.recv_counts = recv_counts;
-  return launch(c, ring_bytes::all_gather(c.send_count, sizeof(T), size()));
-}
-
-template <CommElement S, CommElement T>
-requires SameElement<S, T> Request Communicator::reduce_scatter_v_async(std::span<S> send, std::span<T> recv,
-                                                                        std::span<const int64_t> counts,
-                                                                        ReduceOp op) {
-  Call c;
-  c.op = CommOp::reduce_scatter;
-  c.type = elem_type_of<T>::value;
-  c.reduce = op;
-  c.send = send.data();
-  c.recv = recv.data();
-  c.send_count = static_cast<int64_t>(send.size());
-  c.recv_count = static_cast<int64_t>(recv.size());
-  c.send_counts = counts;
-  return launch(c, ring_bytes::reduce_scatter_v(counts, sizeof(T), rank()));
-}
-
-template <CommElement S, CommElement T>
-requires SameElement<S, T> Request Communicator::all_to_all_v_async(std::span<S> send,
-                                                                    std::span<const int64_t> send_counts,
-                                                                    std::span<T> recv,
-                                                                    std::span<const int64_t> recv_counts) {
-  Call c;
-  c.op = CommOp::all_to_all_v;
-  c.type = elem_type_of<T>::value;
-  c.send = send.data();
-  c.recv = recv.data();
-  c.send_count = static_cast<int64_t>(send.size());
-  c.recv_count = static_cast<int64_t>(recv.size());
-  c.send_counts = send_counts;
-  c.recv_counts = recv_counts;
-  return launch(c, ring_bytes::all_to_all_v(send_counts, sizeof(T), rank()));
-}
-
-template <CommElement S>
-Request Communicator::send_async(std::span<S> data, int peer, int tag) {
-  check_peer(peer, "send");
-  Call c;
-  c.op = CommOp::send;
-  c.type = elem_type_of<std::remove_const_t<S>>::value;
-  c.send = data.data();
-  c.send_count = static_cast<int64_t>(data.size());
-  c.peer = peer;
-  c.tag = tag;
-  return launch(c, c.send_count * static_cast<int64_t>(sizeof(S)));
-}
-
-template <CommElement T>
-Request Communicator::recv_async(std::span<T> data, int peer, int tag) {
-  check_peer(peer, "recv");
-  Call c;
-  c.op = CommOp::recv;
-  c.type = elem_type_of<T>::value;
-  c.recv = data.data();
-  c.recv_count = static_cast<int64_t>(data.size());
-  c.peer = peer;
-  c.tag = tag;
-  return launch(c, 0);
-}
-
-template <CommElement T>
-Request Communicator::broadcast_async(std::span<T> data, int root) {
-  check_peer(root, "broadcast root");
-  Call c;
-  c.op = CommOp::broadcast;
-  c.type = elem_type_of<T>::value;
-  c.send = data.data();
-  c.recv = data.data();
-  c.send_count = c.recv_count = static_cast<int64_t>(data.size());
-  c.peer = root;
-  return launch(c, ring_bytes::broadcast(c.send_count, sizeof(T), rank(), root, size()));
-}
 
 }  // namespace origami::comm

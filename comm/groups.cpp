@@ -1,39 +1,56 @@
 // Groups: one MPI_Comm_split per group kind (the same sequence on every rank,
-// as MPI requires), wrapped as MPI communicators or used to bootstrap NCCL.
+// as MPI requires), kept as the group's MPI communicator and, with a CUDA
+// compute device, also used to bootstrap the group's NCCL communicator.
 #include "comm/groups.h"
 
 #include <string>
 
 #include "comm/mpi_communicator.h"
 #include "comm/nccl_communicator.h"
+#include "comm/routed_communicator.h"
 #include "kernels/check.h"
 
 namespace origami::comm {
 
-Groups Groups::create(const Layout& layout, MPI_Comm world, Backend backend, CommOptions options) {
+Groups Groups::create(const Layout& layout, MPI_Comm world, const GroupsOptions& options) {
   int rank = 0, size = 0;
   MPI_CHECK(MPI_Comm_rank(world, &rank));
   MPI_CHECK(MPI_Comm_size(world, &size));
   if (layout.world() != size)
     ORIGAMI_USER_ERROR("layout is for a world of ", layout.world(), " ranks but the job has ", size);
-  if (backend == Backend::nccl && !nccl_available())
-    ORIGAMI_USER_ERROR("the NCCL backend was asked for, but this build has no NCCL (configure with CUDA)");
-  if (backend == Backend::nccl) select_local_device();
+  const bool cuda = options.compute_device.kind == DeviceKind::cuda;
+  if (cuda && !nccl_available())
+    ORIGAMI_USER_ERROR("compute device ", device_string(options.compute_device),
+                       " needs the NCCL backend, but this build has no NCCL (configure with CUDA)");
+  if (cuda) use_cuda_device(options.compute_device);
 
-  Groups g(layout, rank, backend);
+  Groups g(layout, rank, options.compute_device);
   auto wrap = [&](std::unique_ptr<MpiCommunicator> mpi) -> std::unique_ptr<Communicator> {
-    if (!mpi || backend == Backend::mpi) return mpi;
-    return make_nccl_communicator(*mpi, options);  // bootstraps over the MPI group, which then goes away
+    if (!mpi || !cuda) return mpi;
+    std::unique_ptr<Communicator> nccl = make_nccl_communicator(*mpi, options.comm);  // bootstraps over the MPI group
+    return std::make_unique<RoutedCommunicator>(std::move(mpi), std::move(nccl));
   };
   std::vector<int> all(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) all[static_cast<size_t>(r)] = r;
-  g.world_ = wrap(split_mpi(world, RankGroups{all}, "world", options));
+  g.world_ = wrap(split_mpi(world, RankGroups{all}, "world", options.comm));
   for (GroupKind k : kAllGroupKinds) {
     // Kind names are unique across both views (etp, edp, ...), so a timeout
     // message's group name says which group hung.
-    g.comms_[static_cast<size_t>(k)] = wrap(split_mpi(world, layout.groups(k), std::string(group_name(k)), options));
+    g.comms_[static_cast<size_t>(k)] =
+        wrap(split_mpi(world, layout.groups(k), std::string(group_name(k)), options.comm));
   }
   return g;
+}
+
+Groups Groups::create(const Layout& layout, MPI_Comm world, Backend backend, CommOptions options) {
+  GroupsOptions o;
+  o.comm = options;
+  if (backend == Backend::nccl) {
+    if (!nccl_available())
+      ORIGAMI_USER_ERROR("the NCCL backend was asked for, but this build has no NCCL (configure with CUDA)");
+    o.compute_device = local_cuda_device();
+  }
+  return create(layout, world, o);
 }
 
 Groups::~Groups() = default;

@@ -2,6 +2,13 @@
 // kind of the Layout, plus the whole world. There is no global registry
 // (ARCHITECTURE.md §1): whoever builds Groups passes it (or single
 // Communicators from it) down explicitly.
+//
+// Every group has an MPI communicator, always: host metadata (counts,
+// statistics, records) goes over it. With a CUDA compute device each group
+// also has an NCCL communicator on that device, and get() hands out a
+// RoutedCommunicator (comm/routed_communicator.h) that sends each call to the
+// backend of its memory — callers never branch. With the CPU compute device
+// get() is the MPI communicator itself, exactly as before.
 #pragma once
 #include <mpi.h>
 
@@ -13,12 +20,21 @@
 
 namespace origami::comm {
 
+struct GroupsOptions {
+  // cpu: MPI only. cuda:N: NCCL communicators on device N beside the MPI ones
+  // (needs a build with NCCL; UserError otherwise).
+  Device compute_device = Device::cpu();
+  CommOptions comm;
+};
+
 class Groups {
  public:
   // Collective over `world` (MPI_COMM_WORLD or a duplicate of it): every rank
   // calls it with the same layout, whose world size must equal the
-  // communicator's. Backend::nccl needs a build with NCCL (UserError
-  // otherwise) and selects the device OMPI_COMM_WORLD_LOCAL_RANK (mod devices).
+  // communicator's. A CUDA compute device becomes the current device.
+  static Groups create(const Layout& layout, MPI_Comm world, const GroupsOptions& options);
+  // The same with the compute device named by backend: mpi = cpu; nccl = this
+  // rank's local CUDA device (OMPI_COMM_WORLD_LOCAL_RANK mod devices).
   static Groups create(const Layout& layout, MPI_Comm world, Backend backend, CommOptions options);
 
   Groups(Groups&&) noexcept = default;
@@ -28,7 +44,9 @@ class Groups {
   const Layout& layout() const { return layout_; }
   int world_rank() const { return world_rank_; }
   RankCoords coords() const { return layout_.coords(world_rank_); }
-  Backend backend() const { return backend_; }
+  Device compute_device() const { return compute_device_; }
+  // Device tensors' backend: nccl with a CUDA compute device, else mpi.
+  Backend backend() const { return compute_device_.kind == DeviceKind::cpu ? Backend::mpi : Backend::nccl; }
 
   // False only for `embedding` on middle pipeline stages.
   bool has(GroupKind k) const { return comms_[static_cast<size_t>(k)] != nullptr; }
@@ -38,11 +56,11 @@ class Groups {
   Communicator& world() const { return *world_; }
 
  private:
-  Groups(const Layout& layout, int world_rank, Backend backend)
-      : layout_(layout), world_rank_(world_rank), backend_(backend) {}
+  Groups(const Layout& layout, int world_rank, Device compute_device)
+      : layout_(layout), world_rank_(world_rank), compute_device_(compute_device) {}
   Layout layout_;
   int world_rank_ = 0;
-  Backend backend_ = Backend::mpi;
+  Device compute_device_;
   std::array<std::unique_ptr<Communicator>, kNumGroupKinds> comms_;
   std::unique_ptr<Communicator> world_;
 };

@@ -17,6 +17,7 @@ MPI_Datatype mpi_type(ElemType t) {
     case ElemType::f64: return MPI_DOUBLE;
     case ElemType::i32: return MPI_INT32_T;
     case ElemType::i64: return MPI_INT64_T;
+    case ElemType::bf16: return MPI_UINT16_T;  // moves only: refusal() keeps it out of reductions
   }
   return MPI_DATATYPE_NULL;
 }

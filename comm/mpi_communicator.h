@@ -1,6 +1,8 @@
 // MpiCommunicator: the host-memory backend — one MPI_Comm per rank group, made
 // with MPI_Comm_split, every op issued as its nonblocking MPI call (MPI_Iallreduce,
 // MPI_Ialltoallv, ...) so the shared bounded wait can poll it with MPI_Test.
+// Host memory only (MPI is not assumed CUDA-aware); bf16 moves as 16-bit
+// words, bf16 reductions are refused (memory_refusal).
 #pragma once
 #include <mpi.h>
 
@@ -20,6 +22,10 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm handle() const { return comm_; }
 
  protected:
+  Device locate(const Call&) const override { return Device::cpu(); }
+  std::string refusal(const Call& call) const override {
+    return memory_refusal(Backend::mpi, *call.memory, call.type, call.op);
+  }
   std::unique_ptr<detail::PendingOp> start(const Call& call) override;
 
  private:

@@ -17,7 +17,9 @@ namespace origami::comm {
 #if !ORIGAMI_WITH_NCCL
 
 bool nccl_available() { return false; }
-void select_local_device() { ORIGAMI_USER_ERROR("this build has no CUDA support"); }
+Device local_cuda_device() { ORIGAMI_USER_ERROR("this build has no CUDA support"); }
+void use_cuda_device(Device) { ORIGAMI_USER_ERROR("this build has no CUDA support"); }
+Device memory_device(const void*) { return Device::cpu(); }
 std::unique_ptr<Communicator> make_nccl_communicator(const MpiCommunicator&, CommOptions) {
   ORIGAMI_USER_ERROR("this build has no NCCL support (configure with CUDA)");
 }
@@ -43,6 +45,7 @@ ncclDataType_t nccl_type(ElemType t) {
     case ElemType::f64: return ncclFloat64;
     case ElemType::i32: return ncclInt32;
     case ElemType::i64: return ncclInt64;
+    case ElemType::bf16: return ncclBfloat16;
   }
   return ncclFloat32;
 }
@@ -69,6 +72,12 @@ class NcclPending final : public detail::PendingOp {
   }
   // Stops NCCL kernels that would otherwise spin forever on a missing peer.
   void abort_backend() override { ncclCommAbort(comm_); }
+  // The stream's later work waits on the op's event; the event may then be
+  // destroyed (the wait captured it), so the request can go at once.
+  bool enqueue_wait(void* stream) override {
+    ORIGAMI_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event_, 0));
+    return true;
+  }
 
  private:
   ncclComm_t comm_;
@@ -80,6 +89,9 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(const MpiCommunicator& boot, CommOptions options)
       : Communicator(boot.name(), boot.members(), boot.rank(), options) {
+    int device = 0;
+    ORIGAMI_CUDA_CHECK(cudaGetDevice(&device));
+    device_ = Device{DeviceKind::cuda, device};
     ncclUniqueId id{};
     if (boot.rank() == 0) ORIGAMI_NCCL_CHECK(ncclGetUniqueId(&id));
     MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, boot.handle()));
@@ -96,6 +108,13 @@ class NcclCommunicator final : public Communicator {
   Backend backend() const override { return Backend::nccl; }
 
  protected:
+  Device locate(const Call&) const override { return device_; }
+  std::string refusal(const Call& c) const override {
+    std::string why = memory_refusal(Backend::nccl, *c.memory, c.type, c.op);
+    if (why.empty() && c.op != CommOp::barrier && !(*c.memory == device_))
+      why = "memory on " + device_string(*c.memory) + ", but this NCCL communicator runs on " + device_string(device_);
+    return why;
+  }
   std::unique_ptr<detail::PendingOp> start(const Call& c) override {
     auto p = std::make_unique<NcclPending>(comm_, stream_);
     const ncclDataType_t t = nccl_type(c.type);
@@ -169,19 +188,44 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   void* scratch_ = nullptr;
+  Device device_;
 };
 
 }  // namespace
 
 bool nccl_available() { return true; }
 
-void select_local_device() {
+int visible_devices() {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
-    ORIGAMI_USER_ERROR("the NCCL backend needs a CUDA device, and this rank sees none");
+  if (cudaGetDeviceCount(&count) != cudaSuccess) return 0;
+  return count;
+}
+
+Device local_cuda_device() {
+  const int count = visible_devices();
+  if (count == 0) ORIGAMI_USER_ERROR("the NCCL backend needs a CUDA device, and this rank sees none");
   const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
   const int local = env ? std::atoi(env) : 0;
-  ORIGAMI_CUDA_CHECK(cudaSetDevice(local % count));
+  return Device{DeviceKind::cuda, local % count};
+}
+
+void use_cuda_device(Device d) {
+  const int count = visible_devices();
+  if (d.kind != DeviceKind::cuda || d.index < 0 || d.index >= count)
+    ORIGAMI_USER_ERROR("compute device ", device_string(d), " is not a CUDA device this rank sees (", count,
+                       " visible)");
+  ORIGAMI_CUDA_CHECK(cudaSetDevice(d.index));
+}
+
+Device memory_device(const void* p) {
+  if (!p) return Device::cpu();
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();  // an unknown pointer is host memory; clear the sticky-free error
+    return Device::cpu();
+  }
+  if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) return Device{DeviceKind::cuda, a.device};
+  return Device::cpu();
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator(const MpiCommunicator& bootstrap, CommOptions options) {

@@ -1,13 +1,16 @@
 // NCCL backend (device memory) behind the Communicator interface. Compiled for
 // real only when the build found CUDA and NCCL (ORIGAMI_WITH_NCCL); otherwise
-// nccl_available() is false and Groups refuses Backend::nccl with a UserError.
+// nccl_available() is false and Groups refuses a CUDA compute device with a
+// UserError. Device memory only (memory_refusal); Groups puts each NCCL
+// communicator beside its group's MPI one (comm/routed_communicator.h).
 //
 // Each NCCL communicator is bootstrapped over the MPI communicator of the same
 // group (ncclGetUniqueId on group rank 0, MPI_Bcast, ncclCommInitRank), and
 // runs its ops on its own CUDA stream. That stream is a blocking stream, so it
 // orders after work already queued on the legacy default stream: buffers the
 // caller filled there are ready. Completion is a CUDA event polled by the
-// shared bounded wait; a timeout calls ncclCommAbort before MPI_Abort. NCCL has
+// shared bounded wait, or handed to a caller's stream (Request::wait_on,
+// cudaStreamWaitEvent); a timeout calls ncclCommAbort before MPI_Abort. NCCL has
 // no message tags: send/recv between two ranks match in call order.
 #pragma once
 #include <memory>
@@ -20,11 +23,19 @@ class MpiCommunicator;
 
 bool nccl_available();
 
-// cudaSetDevice(local rank mod device count), the local rank taken from
+// cuda:(local rank mod device count), the local rank taken from
 // OMPI_COMM_WORLD_LOCAL_RANK. UserError when there is no device.
-void select_local_device();
+Device local_cuda_device();
+// cudaSetDevice(d.index): NCCL communicators and their streams live on the
+// current device. UserError for a device this rank does not see.
+void use_cuda_device(Device d);
 
-// Collective over `bootstrap`'s group. Same name, members and group ranks.
+// Where `p` points: cuda:N for device (or managed) memory, cpu for host memory,
+// memory CUDA does not know, and null. Always cpu in a build without NCCL.
+Device memory_device(const void* p);
+
+// Collective over `bootstrap`'s group. Same name, members and group ranks; on
+// the current device.
 std::unique_ptr<Communicator> make_nccl_communicator(const MpiCommunicator& bootstrap, CommOptions options);
 
 }  // namespace origami::comm

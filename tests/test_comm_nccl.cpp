@@ -1,7 +1,9 @@
 // The NCCL backend against the same rank-tagged expectations as the MPI tests,
 // on device buffers. Skips (with the reason) in builds without NCCL and on
 // machines without a CUDA device. Runs as one rank under CTest; under
-// `mpirun -np N` on N GPUs it exercises real exchanges.
+// `mpirun -np N` on N GPUs it exercises real exchanges. Groups with a CUDA
+// compute device route each call by its memory: host Tensors over MPI,
+// device buffers over NCCL, one sequence of call numbers for both.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -9,6 +11,7 @@
 
 #include "comm/groups.h"
 #include "comm/nccl_communicator.h"
+#include "kernels/tensor.h"
 
 #if ORIGAMI_WITH_NCCL
 #include <cuda_runtime.h>
@@ -152,6 +155,59 @@ TEST(CommNccl, EveryOpOnEveryGroupMatchesTheTaggedExpectation) {
   exercise(g.world());
   for (GroupKind k : kAllGroupKinds)
     if (g.has(k)) exercise(g[k]);
+#endif
+}
+
+TEST(CommNccl, GroupsRouteHostTensorsOverMpiAndDeviceMemoryOverNccl) {
+#if !ORIGAMI_WITH_NCCL
+  GTEST_SKIP() << "this build has no NCCL backend (configured without CUDA)";
+#else
+  if (!have_device()) GTEST_SKIP() << "no CUDA device on this machine";
+  ensure_mpi();
+  int w = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &w);
+  LayoutOptions o;
+  o.ep = w;
+  GroupsOptions go;
+  go.compute_device = local_cuda_device();
+  go.comm = CommOptions{60};
+  Groups g = Groups::create(Layout(w, o), MPI_COMM_WORLD, go);
+  ASSERT_EQ(g.backend(), Backend::nccl);
+  Communicator& c = g[GroupKind::ep];
+  ASSERT_EQ(memory_device(nullptr), Device::cpu());
+  const int me = world_rank();
+  // Host metadata: a host Tensor goes over MPI and counts as host memory.
+  Tensor counts = Tensor::empty({3}, DType::i64, MemCategory::comm);
+  for (int64_t i = 0; i < 3; ++i) counts.data<int64_t>()[i] = tag<int64_t>(me, i);
+  const int64_t seq0 = c.next_seq();
+  c.all_reduce(counts);
+  for (int64_t i = 0; i < 3; ++i) {
+    int64_t e = 0;
+    for (int m : c.members()) e += tag<int64_t>(m, i);
+    ASSERT_EQ(counts.data<int64_t>()[i], e);
+  }
+  EXPECT_EQ(c.stats(CommOp::all_reduce).device_calls, 0);
+  // Device memory (a span CUDA locates) goes over NCCL; waited on a stream.
+  std::vector<float> x(9);
+  for (int64_t i = 0; i < 9; ++i) x[i] = tag<float>(me, i);
+  DeviceVec<float> dx(x);
+  ASSERT_EQ(memory_device(dx.span().data()).kind, DeviceKind::cuda);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  c.all_reduce_async(dx.span()).wait_on(stream);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const std::vector<float> sum = dx.host();
+  for (int64_t i = 0; i < 9; ++i) {
+    float e = 0;
+    for (int m : c.members()) e += tag<float>(m, i);
+    ASSERT_EQ(sum[i], e);
+  }
+  cudaStreamDestroy(stream);
+  EXPECT_EQ(c.stats(CommOp::all_reduce).calls, 2);
+  EXPECT_EQ(c.stats(CommOp::all_reduce).device_calls, 1);
+  EXPECT_EQ(c.stats(CommOp::all_reduce).device_bytes, ring_bytes::all_reduce(9, 4, c.rank(), c.size()));
+  EXPECT_EQ(c.next_seq(), seq0 + 2) << "one sequence of call numbers over both backends";
+  c.barrier();  // a host synchronization over MPI
 #endif
 }
 

@@ -1,6 +1,7 @@
 // A rank that skips a collective must not hang the job: the ranks waiting in
 // it time out after collective_timeout_s, print rank, group, op, sequence
-// number and bytes, and MPI_Abort takes every rank down with a non-zero exit.
+// number, bytes and where the memory lives, and MPI_Abort takes every rank
+// down with a non-zero exit.
 //
 // The test (one process, no MPI) launches this same binary under mpirun in
 // child mode (`--hang-child SCENARIO TIMEOUT`), where one rank skips a
@@ -93,7 +94,7 @@ TEST(CommTimeout, SkippedAllReduceAbortsEveryRankNamingTheCall) {
   // all_reduce of 8 floats over 3 ranks: rank 0 owns block 0 (3 elements) and
   // sends 2·5·4 = 40 bytes; rank 2 owns 2 elements and sends 2·6·4 = 48.
   EXPECT_TRUE(std::regex_search(o.result.output, std::regex(R"(\[rank (0|2)\] collective timeout: group dp op )"
-                                                            R"(all_reduce seq 2 bytes (40|48) after 3\.\d s)")))
+                                                            R"(all_reduce seq 2 bytes (40|48) memory cpu after 3\.\d s)")))
       << o.result.output;
   EXPECT_EQ(o.result.output.find("still alive"), std::string::npos) << o.result.output;
 }
@@ -104,7 +105,7 @@ TEST(CommTimeout, SkippedExpertAllToAllAbortsNamingTheExpertGroup) {
   EXPECT_LT(o.seconds, kTimeout + 10) << o.result.output;
   // Rank 2's ep group is [2, 3]; it sends its 2 floats to rank 3: 8 bytes.
   EXPECT_TRUE(std::regex_search(o.result.output, std::regex(R"(\[rank 2\] collective timeout: group ep op )"
-                                                            R"(all_to_all_v seq 2 bytes 8 after 3\.\d s)")))
+                                                            R"(all_to_all_v seq 2 bytes 8 memory cpu after 3\.\d s)")))
       << o.result.output;
   EXPECT_EQ(o.result.output.find("still alive"), std::string::npos) << o.result.output;
 }
