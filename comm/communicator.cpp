@@ -52,16 +52,12 @@ std::string_view elem_name(ElemType t) {
   return "?";
 }
 
-std::string device_string(Device d) {
-  return d.kind == DeviceKind::cpu ? std::string("cpu") : "cuda:" + std::to_string(d.index);
-}
-
 std::string memory_refusal(Backend backend, Device memory, ElemType type, CommOp op) {
   const bool host = memory.kind == DeviceKind::cpu;
   if (op == CommOp::barrier) return {};  // moves no memory
   if (backend == Backend::mpi) {
     if (!host)
-      return origami::detail::concat("memory on ", device_string(memory),
+      return origami::detail::concat("memory on ", to_string(memory),
                             ", but the MPI backend moves host memory only (MPI is not assumed CUDA-aware): device "
                             "tensors go over NCCL, in Groups created with a CUDA compute device");
     // MPI has no bf16 type: moves travel as 16-bit words, but a sum of words
@@ -118,7 +114,7 @@ namespace {
   std::snprintf(msg, sizeof msg,
                 "[rank %d] collective timeout: group %s op %s seq %lld bytes %lld memory %s after %.1f s",
                 world_rank_for_diagnostics(), op.group.c_str(), std::string(op_name(op.op)).c_str(),
-                static_cast<long long>(op.seq), static_cast<long long>(op.bytes), device_string(op.memory).c_str(),
+                static_cast<long long>(op.seq), static_cast<long long>(op.bytes), to_string(op.memory).c_str(),
                 waited_s);
   // The message goes out first: a backend abort that itself stalls must not
   // swallow it.
@@ -276,8 +272,8 @@ void Communicator::pair(Call& c, const Buffer& send, const Buffer& recv) const {
                 ", recv is ", elem_name(recv.type));
   ORIGAMI_CHECK(send.memory.has_value() == recv.memory.has_value() && (!send.memory || *send.memory == *recv.memory),
                 "group ", name_, " ", op_name(c.op), ": send memory on ",
-                send.memory ? device_string(*send.memory) : "(span)", ", recv memory on ",
-                recv.memory ? device_string(*recv.memory) : "(span)", " (one call moves memory of one device)");
+                send.memory ? to_string(*send.memory) : "(span)", ", recv memory on ",
+                recv.memory ? to_string(*recv.memory) : "(span)", " (one call moves memory of one device)");
   c.type = send.type;
   c.memory = send.memory;
   c.send = send.data;

@@ -52,6 +52,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/device.h"
 #include "kernels/tensor.h"
 
 namespace origami::comm {
@@ -93,9 +94,6 @@ template <class S, class T>
 concept SameElement = std::is_same_v<std::remove_const_t<S>, T>;
 
 enum class Backend : int { mpi, nccl };
-
-// "cpu" or "cuda:N" (the spelling of kernels' device names).
-std::string device_string(Device d);
 
 // Why `backend` cannot run `op` over `type` elements in memory on `memory`, or
 // empty when it can: MPI moves host memory only and has no bf16 reduction;

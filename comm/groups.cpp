@@ -20,7 +20,7 @@ Groups Groups::create(const Layout& layout, MPI_Comm world, const GroupsOptions&
     ORIGAMI_USER_ERROR("layout is for a world of ", layout.world(), " ranks but the job has ", size);
   const bool cuda = options.compute_device.kind == DeviceKind::cuda;
   if (cuda && !nccl_available())
-    ORIGAMI_USER_ERROR("compute device ", device_string(options.compute_device),
+    ORIGAMI_USER_ERROR("compute device ", to_string(options.compute_device),
                        " needs the NCCL backend, but this build has no NCCL (configure with CUDA)");
   if (cuda) use_cuda_device(options.compute_device);
 

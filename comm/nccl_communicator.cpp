@@ -112,7 +112,7 @@ class NcclCommunicator final : public Communicator {
   std::string refusal(const Call& c) const override {
     std::string why = memory_refusal(Backend::nccl, *c.memory, c.type, c.op);
     if (why.empty() && c.op != CommOp::barrier && !(*c.memory == device_))
-      why = "memory on " + device_string(*c.memory) + ", but this NCCL communicator runs on " + device_string(device_);
+      why = "memory on " + to_string(*c.memory) + ", but this NCCL communicator runs on " + to_string(device_);
     return why;
   }
   std::unique_ptr<detail::PendingOp> start(const Call& c) override {
@@ -212,7 +212,7 @@ Device local_cuda_device() {
 void use_cuda_device(Device d) {
   const int count = visible_devices();
   if (d.kind != DeviceKind::cuda || d.index < 0 || d.index >= count)
-    ORIGAMI_USER_ERROR("compute device ", device_string(d), " is not a CUDA device this rank sees (", count,
+    ORIGAMI_USER_ERROR("compute device ", to_string(d), " is not a CUDA device this rank sees (", count,
                        " visible)");
   ORIGAMI_CUDA_CHECK(cudaSetDevice(d.index));
 }

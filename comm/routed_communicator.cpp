@@ -22,8 +22,8 @@ Device RoutedCommunicator::locate(const Call& c) const {
   const Device recv = memory_device(c.recv_count > 0 ? c.recv : nullptr);
   const bool send_known = c.send && c.send_count > 0, recv_known = c.recv && c.recv_count > 0;
   if (send_known && recv_known)
-    ORIGAMI_CHECK(send == recv, "group ", name(), " ", op_name(c.op), ": send memory on ", device_string(send),
-                  ", recv memory on ", device_string(recv), " (one call moves memory of one device)");
+    ORIGAMI_CHECK(send == recv, "group ", name(), " ", op_name(c.op), ": send memory on ", to_string(send),
+                  ", recv memory on ", to_string(recv), " (one call moves memory of one device)");
   return send_known ? send : recv;  // cpu when neither holds anything
 }
 

@@ -310,6 +310,7 @@ TEST(CommMpiTensors, MemoryOfATensorView) {
   EXPECT_EQ(m.type, ElemType::i32);
   EXPECT_EQ(m.device, Device::cpu());
   EXPECT_EQ(comm_elem_type(DType::bf16), ElemType::bf16);
+  EXPECT_EQ(comm_elem_type(DType::f64), ElemType::f64);
   EXPECT_EQ(comm_elem_type(DType::u8), std::nullopt);
   EXPECT_EQ(elem_size(ElemType::bf16), 2u);
 }
@@ -333,7 +334,7 @@ TEST(CommMpiTensors, RefusalRules) {
             std::string::npos);
   EXPECT_EQ(memory_refusal(Backend::nccl, gpu, ElemType::bf16, CommOp::all_reduce), "");
   EXPECT_EQ(memory_refusal(Backend::nccl, Device::cpu(), ElemType::f32, CommOp::barrier), "");
-  EXPECT_EQ(device_string(gpu), "cuda:1");
+  EXPECT_EQ(to_string(gpu), "cuda:1");
 }
 
 }  // namespace
