@@ -107,7 +107,7 @@ Tensor cp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt,
     saved.kv_pos_S = pos_local_S;
   } else {
     Tensor kv_recv = comm_buffer(n * 2 * n_kv);  // (cp, 2, B, S/cp, Hkv·hd)
-    cp->all_gather(std::span<const float>(kv_send.f32(), 2 * n_kv), std::span<float>(kv_recv.f32(), n * 2 * n_kv));
+    cp->all_gather(kv_send, kv_recv);
     saved.k_BSHd = activation({batch, S, Hkv, hd});
     saved.v_BSHd = activation({batch, S, Hkv, hd});
     float* part[2] = {saved.k_BSHd.f32(), saved.v_BSHd.f32()};
@@ -165,7 +165,7 @@ Tensor cp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt
       std::memcpy(send.f32() + wire_off, part[p] + full_off, run * sizeof(float));
     });
     Tensor recv = comm_buffer(2 * n_kv);  // (2, B, S/cp, Hkv·hd)
-    cp->reduce_scatter(std::span<const float>(send.f32(), n * 2 * n_kv), std::span<float>(recv.f32(), 2 * n_kv));
+    cp->reduce_scatter(send, recv);
     dk = recv.flat_view(0, n_kv, {d.batch, d.q_len, d.num_kv_heads, d.head_dim});
     dv = recv.flat_view(n_kv, n_kv, {d.batch, d.q_len, d.num_kv_heads, d.head_dim});
   }

@@ -22,8 +22,6 @@ Tensor activation(Shape shape) { return Tensor::empty(std::move(shape), DType::f
 
 bool single(const comm::Communicator* tp) { return tp == nullptr || tp->size() == 1; }
 
-std::span<float> span_of(const Tensor& t) { return {t.f32(), static_cast<size_t>(t.numel())}; }
-
 TpRange even_range(int64_t n, const comm::Communicator* tp, const char* what) {
   const int64_t size = tp_size(tp), rank = tp_rank(tp);
   ORIGAMI_CHECK(n % size == 0, what, " (", n, ") is not divisible by the tp size ", size);
@@ -77,7 +75,7 @@ Tensor tp_all_gather_tokens(const Tensor& shard_TD, comm::Communicator* tp) {
   if (single(tp)) return shard_TD;
   const int64_t n = tp->size();
   Tensor full = activation({shard_TD.rows() * n, shard_TD.cols()});  // (T, D)
-  tp->all_gather(std::span<const float>(shard_TD.f32(), static_cast<size_t>(shard_TD.numel())), span_of(full));
+  tp->all_gather(shard_TD, full);
   return full;
 }
 
@@ -85,13 +83,12 @@ Tensor tp_reduce_scatter_tokens(const Tensor& partial_TD, comm::Communicator* tp
   if (single(tp)) return partial_TD;
   const TpRange rows = tp_token_range(partial_TD.rows(), tp);
   Tensor shard = activation({rows.count, partial_TD.cols()});  // (T/n, D)
-  tp->reduce_scatter(std::span<const float>(partial_TD.f32(), static_cast<size_t>(partial_TD.numel())),
-                     span_of(shard));
+  tp->reduce_scatter(partial_TD, shard);
   return shard;
 }
 
 void tp_all_reduce_replicated_grad(Tensor& grad, comm::Communicator* tp) {
-  if (!single(tp)) tp->all_reduce(span_of(grad));
+  if (!single(tp)) tp->all_reduce(grad);
 }
 
 // ---- attention ----------------------------------------------------------------------------------
@@ -192,10 +189,10 @@ double tp_lm_head_forward(const ExecContext& ctx, const Tensor& w_local, int64_t
     // fp64, SUM over tp; then the log-sum-exp and loss of every token.
     Tensor mx = Tensor::empty({T}, DType::f32, MemCategory::comm);
     cross_entropy_local_max(ctx, saved.logits_TV, mx);
-    tp->all_reduce(std::span<float>(mx.f32(), static_cast<size_t>(T)), comm::ReduceOp::max);
+    tp->all_reduce(mx, comm::ReduceOp::max);
     Tensor sums = Tensor::empty({2, T}, DType::f64, MemCategory::comm);
     cross_entropy_local_sums(ctx, saved.logits_TV, targets_T, mx, v.start, vocab, sums);
-    tp->all_reduce(std::span<double>(sums.data<double>(), static_cast<size_t>(2 * T)));
+    tp->all_reduce(sums);
     cross_entropy_finish(ctx, mx, sums, losses, saved.lse_T);
   }
   if (loss_T) *loss_T = losses;

@@ -125,7 +125,7 @@ void ParamStore::initialize(const ExecContext& ctx, uint64_t seed, float init_st
       }
     }
     if (sharded) {
-      std::copy_n(u.param.f32() + u.shard.begin, u.shard.size, u.param_shard.f32());
+      u.param_shard.copy_from(u.param.flat_view(u.shard.begin, u.shard.size, {u.shard.size}));
       u.param = Tensor();
     }
   }

@@ -72,8 +72,7 @@ StageTiming run_one_f_one_b(comm::Communicator* pp, int64_t micro_batches, const
     const bool fwd = op.kind == PipeOp::forward;
     if (fwd ? first : last) return {};
     Tensor x = Tensor::empty(boundary, DType::f32, MemCategory::activation);
-    comm::Request r = pp->recv_async(std::span<float>(x.f32(), static_cast<size_t>(x.numel())),
-                                     static_cast<int>(fwd ? stage - 1 : stage + 1), fwd ? kActivationTag : kGradientTag);
+    comm::Request r = pp->recv_async(x, static_cast<int>(fwd ? stage - 1 : stage + 1), fwd ? kActivationTag : kGradientTag);
     return {std::move(x), std::move(r)};
   };
   auto wait = [&](comm::Request& r) {
@@ -94,8 +93,7 @@ StageTiming run_one_f_one_b(comm::Communicator* pp, int64_t micro_batches, const
     if (fwd ? !last : !first) {
       ORIGAMI_CHECK(out.defined() && out.shape() == boundary, "pipeline stage ", stage, ": boundary tensor of shape ",
                     out.defined() ? shape_string(out.shape()) : "(none)", ", expected ", shape_string(boundary));
-      std::span<const float> data(out.f32(), static_cast<size_t>(out.numel()));
-      comm::Request r = pp->send_async(data, static_cast<int>(fwd ? stage + 1 : stage - 1),
+      comm::Request r = pp->send_async(out, static_cast<int>(fwd ? stage + 1 : stage - 1),
                                        fwd ? kActivationTag : kGradientTag);
       outgoing = {std::move(out), std::move(r)};
     }

@@ -11,7 +11,8 @@ namespace origami {
 
 namespace {
 
-std::span<float> span_of(const Tensor& t, int64_t begin, int64_t n) { return {t.f32() + begin, static_cast<size_t>(n)}; }
+// Elements [begin, begin + n) of a flat buffer, as a tensor the collectives take.
+Tensor part(const Tensor& t, int64_t begin, int64_t n) { return t.flat_view(begin, n, {n}); }
 
 }  // namespace
 
@@ -42,7 +43,7 @@ ZeroStore::ZeroStore(const ExecContext& ctx, ParamStore& params, const comm::Gro
 void ZeroStore::reduce_replicated(ParamUnit& u) {
   if (!tp_) return;
   for (const ParamInfo& p : u.params)
-    if (p.tp_replicated) tp_->all_reduce(span_of(u.grad, p.offset, p.numel()));
+    if (p.tp_replicated) tp_->all_reduce(part(u.grad, p.offset, p.numel()));
 }
 
 ZeroStore::~ZeroStore() {
@@ -69,13 +70,13 @@ void ZeroStore::finish_gradients() {
     if (!c) continue;
     const UnitShard& s = u.shard;
     if (!s.optim) {  // stage 0: every rank keeps the whole sum
-      c->all_reduce(span_of(u.grad, 0, u.numel));
+      c->all_reduce(part(u.grad, 0, u.numel));
       continue;
     }
     // Stage 1: each rank needs only its slice of the sum.
     Tensor mine = Tensor::empty({s.size}, DType::f32, MemCategory::comm);
-    c->reduce_scatter(std::span<const float>(span_of(u.grad, 0, s.padded)), span_of(mine, 0, s.size));
-    std::copy_n(mine.f32(), s.size, u.grad.f32() + s.begin);
+    c->reduce_scatter(part(u.grad, 0, s.padded), part(mine, 0, s.size));
+    part(u.grad, s.begin, s.size).copy_from(mine);
   }
 }
 
@@ -84,8 +85,8 @@ void ZeroStore::finish_step() {
     comm::Communicator* c = group_of(u);
     if (!c || !u.shard.optim || u.shard.params) continue;
     // In place: this rank's slice already sits at its block of the whole.
-    c->all_gather(std::span<const float>(span_of(u.param, u.shard.begin, u.shard.size)),
-                  span_of(u.param, 0, u.shard.padded));
+    c->all_gather(part(u.param, u.shard.begin, u.shard.size),
+                  part(u.param, 0, u.shard.padded));
   }
 }
 
@@ -109,8 +110,8 @@ void ZeroStore::start_gather(size_t i) {
   ParamUnit& u = params_.units()[i];
   Gather& g = gathers_[i];
   u.param = Tensor::empty({u.shard.padded}, DType::f32, MemCategory::param);
-  g.request.emplace(group_of(u)->all_gather_async(std::span<const float>(span_of(u.param_shard, 0, u.shard.size)),
-                                                  span_of(u.param, 0, u.shard.padded)));
+  g.request.emplace(group_of(u)->all_gather_async(part(u.param_shard, 0, u.shard.size),
+                                                  part(u.param, 0, u.shard.padded)));
   g.live = true;
   gathered_bytes_ += u.shard.padded * static_cast<int64_t>(sizeof(float));
   peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
@@ -183,8 +184,8 @@ void ZeroStore::after_backward(size_t i) {
     // This micro-batch's whole gradient → the owners' slices, accumulated.
     reduce_replicated(u);
     Tensor mine = Tensor::empty({u.shard.size}, DType::f32, MemCategory::comm);
-    group_of(u)->reduce_scatter(std::span<const float>(span_of(u.grad, 0, u.shard.padded)),
-                                span_of(mine, 0, u.shard.size));
+    group_of(u)->reduce_scatter(part(u.grad, 0, u.shard.padded),
+                                part(mine, 0, u.shard.size));
     add_inplace(*ctx_, u.grad_shard, mine);
     u.grad = Tensor();
   }

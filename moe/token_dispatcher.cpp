@@ -21,8 +21,6 @@ std::vector<int64_t> times(const std::vector<int64_t>& rows, int64_t D) {
 
 Tensor rows_buffer(int64_t rows, int64_t D, MemCategory cat) { return Tensor::empty({rows, D}, DType::f32, cat); }
 
-std::span<const float> cspan(const Tensor& t) { return {t.f32(), static_cast<size_t>(t.numel())}; }
-std::span<float> mspan(const Tensor& t) { return {t.f32(), static_cast<size_t>(t.numel())}; }
 
 }  // namespace
 
@@ -104,11 +102,11 @@ Tensor AllToAllDispatcher::forward_exchange(const DispatchHandle& h, const Tenso
   if (ep_size_ > 1) {
     const int64_t n = sum(h.recv_rows_per_ep);
     received = rows_buffer(n, D, etp_size_ > 1 ? MemCategory::comm : MemCategory::activation);
-    ep_->all_to_all_v(cspan(rows_ND), times(h.send_rows_per_ep, D), mspan(received), times(h.recv_rows_per_ep, D));
+    ep_->all_to_all_v(rows_ND, times(h.send_rows_per_ep, D), received, times(h.recv_rows_per_ep, D));
   }
   if (etp_size_ == 1) return received;
   Tensor gathered = rows_buffer(h.num_rows_out, D, MemCategory::activation);  // 3. over etp
-  etp_->all_gather_v(cspan(received), mspan(gathered), times(h.recv_rows_per_etp, D));
+  etp_->all_gather_v(received, gathered, times(h.recv_rows_per_etp, D));
   return gathered;
 }
 
@@ -119,11 +117,11 @@ Tensor AllToAllDispatcher::reverse_exchange(const DispatchHandle& h, const Tenso
   Tensor mine = rows_MD;  // reverse of 3: sum the F-partials, keep this peer's block
   if (etp_size_ > 1) {
     mine = rows_buffer(h.recv_rows_per_etp[etp_rank_], D, ep_size_ > 1 ? MemCategory::comm : MemCategory::activation);
-    etp_->reduce_scatter_v(cspan(rows_MD), mspan(mine), times(h.recv_rows_per_etp, D));
+    etp_->reduce_scatter_v(rows_MD, mine, times(h.recv_rows_per_etp, D));
   }
   if (ep_size_ == 1) return mine;
   Tensor out = rows_buffer(h.num_rows_in, D, MemCategory::activation);  // reverse of 2
-  ep_->all_to_all_v(cspan(mine), times(h.recv_rows_per_ep, D), mspan(out), times(h.send_rows_per_ep, D));
+  ep_->all_to_all_v(mine, times(h.recv_rows_per_ep, D), out, times(h.send_rows_per_ep, D));
   return out;
 }
 
