@@ -115,7 +115,9 @@ TrackedAllocator& TrackedAllocator::of(Device device) {
                 " CUDA device(s)");
   std::lock_guard<std::mutex> lock(mu);
   std::unique_ptr<TrackedAllocator>& a = device_allocators[device.index];
+#if ORIGAMI_WITH_CUDA
   if (!a) a = std::make_unique<TrackedAllocator>(device, cuda::device_memory_source());
+#endif
   return *a;
 }
 
