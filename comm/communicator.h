@@ -412,4 +412,11 @@ class Communicator {
   std::array<OpStats, kNumCommOps> stats_{};
 };
 
+// The one statement of "a null Communicator* is a group of one rank":
+// modules take a pointer that is null when there is nothing to communicate,
+// so a one-rank group costs no call at all (Groups hands such pointers out:
+// multi_rank in comm/groups.h). These read them.
+inline int group_size(const Communicator* c) { return c ? c->size() : 1; }
+inline int group_rank(const Communicator* c) { return c ? c->rank() : 0; }
+
 }  // namespace origami::comm

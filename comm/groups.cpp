@@ -60,4 +60,8 @@ Communicator& Groups::get(GroupKind k) const {
   return *comms_[static_cast<size_t>(k)];
 }
 
+Communicator* multi_rank(const Groups* groups, GroupKind k) {
+  return groups && groups->has(k) && groups->get(k).size() > 1 ? &groups->get(k) : nullptr;
+}
+
 }  // namespace origami::comm

@@ -65,4 +65,9 @@ class Groups {
   std::unique_ptr<Communicator> world_;
 };
 
+// This rank's group of kind k as modules take it (comm/communicator.h,
+// group_size): null for null groups, a kind this rank lacks, or a group of one.
+Communicator* multi_rank(const Groups* groups, GroupKind k);
+inline Communicator* multi_rank(const Groups& groups, GroupKind k) { return multi_rank(&groups, k); }
+
 }  // namespace origami::comm

@@ -20,10 +20,10 @@ namespace {
 
 Tensor activation(Shape shape) { return Tensor::empty(std::move(shape), DType::f32, MemCategory::activation); }
 
-bool single(const comm::Communicator* tp) { return tp == nullptr || tp->size() == 1; }
+bool single(const comm::Communicator* tp) { return comm::group_size(tp) == 1; }
 
 TpRange even_range(int64_t n, const comm::Communicator* tp, const char* what) {
-  const int64_t size = tp_size(tp), rank = tp_rank(tp);
+  const int64_t size = comm::group_size(tp), rank = comm::group_rank(tp);
   ORIGAMI_CHECK(n % size == 0, what, " (", n, ") is not divisible by the tp size ", size);
   return {rank * (n / size), n / size};
 }
@@ -35,9 +35,6 @@ void check_matrix(const Tensor& t, int64_t rows, int64_t cols, const char* name)
 
 }  // namespace
 
-int tp_size(const comm::Communicator* tp) { return tp ? tp->size() : 1; }
-int tp_rank(const comm::Communicator* tp) { return tp ? tp->rank() : 0; }
-
 TpRange tp_token_range(int64_t tokens, const comm::Communicator* tp) {
   return even_range(tokens, tp, "sequence parallelism: the micro-batch's token count B·S");
 }
@@ -47,7 +44,7 @@ TpRange tp_mlp_range(int64_t ffn_hidden, const comm::Communicator* tp) {
 }
 
 TpRange tp_vocab_range(int64_t vocab, const comm::Communicator* tp) {
-  return tp_vocab_range(vocab, tp_rank(tp), tp_size(tp));
+  return tp_vocab_range(vocab, comm::group_rank(tp), comm::group_size(tp));
 }
 
 TpRange tp_vocab_range(int64_t vocab, int rank_, int size_) {
@@ -147,7 +144,7 @@ Tensor tp_embedding_forward(const ExecContext& ctx, const Tensor& ids_T, const T
   const TpRange v = tp_vocab_range(vocab, tp);
   ORIGAMI_CHECK(table_local.dim() == 2 && table_local.rows() == v.count, "tp embedding: local table ",
                 shape_string(table_local.shape()), " should hold ", v.count, " rows (vocab ", vocab, ", tp rank ",
-                tp_rank(tp), " of ", tp_size(tp), ")");
+                comm::group_rank(tp), " of ", comm::group_size(tp), ")");
   tp_token_range(ids_T.numel(), tp);  // checks T % n
   Tensor partial = activation({ids_T.numel(), table_local.cols()});  // (T, D): zero rows for ids not owned
   embedding_forward(ctx, ids_T, table_local, v.start, partial);

@@ -66,9 +66,6 @@ struct TpRange {
   int64_t start = 0, count = 0;
 };
 
-int tp_size(const comm::Communicator* tp);  // 1 when tp is null
-int tp_rank(const comm::Communicator* tp);  // 0 when tp is null
-
 // The shard rules above. Each checks its divisibility rule with a message
 // naming the sizes.
 TpRange tp_token_range(int64_t tokens, const comm::Communicator* tp);  // rows of the SP shard

@@ -143,13 +143,12 @@ void check_finite(const std::string& path, const std::string& name, const Tensor
 }  // namespace
 
 void export_hf(const Model& model, const std::string& dir, const comm::Groups* groups) {
-  const bool spread = groups && groups->get(comm::GroupKind::tp_ep).size() > 1;
+  const bool spread = comm::multi_rank(groups, comm::GroupKind::tp_ep) != nullptr;
   std::vector<NamedTensor> tensors;
   if (spread)
     for (auto& [name, t] : gather_experts(model, *groups)) tensors.push_back({name, t});
   // Tensor-parallel slices of the dense weights: rank 0's tp group gathers them.
-  comm::Communicator* tp = groups && groups->get(comm::GroupKind::tp).size() > 1 ? &groups->get(comm::GroupKind::tp)
-                                                                                 : nullptr;
+  comm::Communicator* tp = comm::multi_rank(groups, comm::GroupKind::tp);
   // Each pipeline stage's first rank consolidates its stage's tensors.
   const int stage_root = groups ? stage_root_rank(*groups) : 0;
   const bool root = !groups || groups->world_rank() == stage_root;

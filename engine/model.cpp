@@ -66,9 +66,7 @@ Model::Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, cons
 
   // Expert ownership and the MoE layers' groups (size-1 groups are left out:
   // no communication on one rank).
-  auto group = [&](comm::GroupKind k) -> comm::Communicator* {
-    return groups && groups->get(k).size() > 1 ? &groups->get(k) : nullptr;
-  };
+  auto group = [&](comm::GroupKind k) { return comm::multi_rank(groups, k); };
   if (E > 0) {
     dispatcher_ = std::make_unique<moe::AllToAllDispatcher>(E, group(comm::GroupKind::ep), group(comm::GroupKind::etp));
     first_expert_ = dispatcher_->first_local_expert();
@@ -102,42 +100,69 @@ Model::Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, cons
     }
   }
 
+  if (stage_.first()) embedding_ = params_.ref("model.embed_tokens.weight");
+  if (stage_.last()) final_norm_ = params_.ref("model.norm.weight"), head_ = params_.ref("lm_head.weight");
+  for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l) layer_refs_.push_back(resolve_layer(l));
+
   expert_bias_.resize(cfg.num_layers);
   if (moe_cfg.expert_bias)
     for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l)
       if (moe_cfg.is_moe_layer(l)) expert_bias_[l] = Tensor::zeros({E}, DType::f32, MemCategory::param);
 }
 
-Model::LayerWeights Model::layer_views(int64_t l, bool grads) const {
-  auto get = [&](const char* n) {
-    const std::string name = layer_param_name(l, n);
-    return grads ? params_.grad(name) : params_.param(name);
-  };
-  LayerWeights w;
-  w.attn_norm = get("input_layernorm.weight");
-  w.attn = {get("self_attn.q_proj.weight"), get("self_attn.k_proj.weight"), get("self_attn.v_proj.weight"),
-            get("self_attn.o_proj.weight")};
-  w.mlp_norm = get("post_attention_layernorm.weight");
+Model::LayerRefs Model::resolve_layer(int64_t l) const {
+  auto ref = [&](const char* n) { return params_.ref(layer_param_name(l, n)); };
+  LayerRefs r;
+  r.attn_norm = ref("input_layernorm.weight");
+  r.q = ref("self_attn.q_proj.weight");
+  r.k = ref("self_attn.k_proj.weight");
+  r.v = ref("self_attn.v_proj.weight");
+  r.o = ref("self_attn.o_proj.weight");
+  r.mlp_norm = ref("post_attention_layernorm.weight");
   if (!moe_cfg_.is_moe_layer(l)) {
-    w.mlp = {get("mlp.gate_proj.weight"), get("mlp.up_proj.weight"), get("mlp.down_proj.weight")};
+    r.gate = ref("mlp.gate_proj.weight");
+    r.up = ref("mlp.up_proj.weight");
+    r.down = ref("mlp.down_proj.weight");
+    return r;
+  }
+  r.router = ref("block_sparse_moe.gate.weight");
+  r.w1 = params_.ref(expert_param_name(l, first_expert_, "w1"));
+  r.w3 = params_.ref(expert_param_name(l, first_expert_, "w3"));
+  r.w2 = params_.ref(expert_param_name(l, first_expert_, "w2"));
+  if (moe_cfg_.shared_expert_hidden_size > 0) {
+    r.shared_gate = ref("block_sparse_moe.shared_expert.gate_proj.weight");
+    r.shared_up = ref("block_sparse_moe.shared_expert.up_proj.weight");
+    r.shared_down = ref("block_sparse_moe.shared_expert.down_proj.weight");
+  }
+  return r;
+}
+
+Model::LayerWeights Model::layer_views(int64_t l, bool grads) const {
+  const LayerRefs& r = layer_refs_[l - stage_.first_layer];
+  auto get = [&](ParamRef p) { return grads ? params_.grad(p) : params_.param(p); };
+  LayerWeights w;
+  w.attn_norm = get(r.attn_norm);
+  w.attn = {get(r.q), get(r.k), get(r.v), get(r.o)};
+  w.mlp_norm = get(r.mlp_norm);
+  if (!moe_cfg_.is_moe_layer(l)) {
+    w.mlp = {get(r.gate), get(r.up), get(r.down)};
     return w;
   }
   const int64_t El = local_experts_, D = cfg_.hidden_size;
   const int64_t Fl = moe_cfg_.expert_ffn(cfg_.ffn_hidden_size) / dispatcher_->etp_size();
-  w.moe.gate_ED = get("block_sparse_moe.gate.weight");
+  w.moe.gate_ED = get(r.router);
   if (!grads) w.moe.bias_E = expert_bias_[l];
-  auto block = [&](const char* first, Shape shape) {
-    auto [u, i] = params_.find(expert_param_name(l, first_expert_, first));
-    const ParamUnit& unit = params_.units()[u];
+  // The local experts' tensors of one kind sit back to back in the unit: one
+  // [El, ...] view from the first one's offset.
+  auto block = [&](ParamRef p, Shape shape) {
+    const ParamUnit& unit = params_.units()[p.unit];
     const int64_t n = shape_numel(shape);
-    return (grads ? unit.grad : unit.param).flat_view(unit.params[i].offset, n, std::move(shape));
+    return (grads ? unit.grad : unit.param).flat_view(unit.params[p.index].offset, n, std::move(shape));
   };
-  w.moe.experts = {block("w1", {El, Fl, D}), block("w3", {El, Fl, D}), block("w2", {El, D, Fl})};
-  if (const int64_t Fs = moe_cfg_.shared_expert_hidden_size; Fs > 0) {
-    w.moe.shared = {get("block_sparse_moe.shared_expert.gate_proj.weight").view({1, Fs, D}),
-                    get("block_sparse_moe.shared_expert.up_proj.weight").view({1, Fs, D}),
-                    get("block_sparse_moe.shared_expert.down_proj.weight").view({1, D, Fs})};
-  }
+  w.moe.experts = {block(r.w1, {El, Fl, D}), block(r.w3, {El, Fl, D}), block(r.w2, {El, D, Fl})};
+  if (const int64_t Fs = moe_cfg_.shared_expert_hidden_size; Fs > 0)
+    w.moe.shared = {get(r.shared_gate).view({1, Fs, D}), get(r.shared_up).view({1, Fs, D}),
+                    get(r.shared_down).view({1, D, Fs})};
   return w;
 }
 
@@ -199,20 +224,21 @@ Tensor Model::layer_forward(int64_t l, const Tensor& h_in, int64_t B, int64_t S,
 }
 
 Shape Model::boundary_shape(int64_t batch, int64_t seq_len) const {
-  const int64_t cp = cp_ ? cp_->size() : 1, tp = tp_ ? tp_->size() : 1;
+  const int64_t cp = comm::group_size(cp_), tp = comm::group_size(tp_);
   return {batch * seq_len / cp / tp, cfg_.hidden_size};
 }
 
-double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_T, ForwardStats* stats,
-                      UnitHooks* unit_hooks, const Tensor& h_in, Tensor* h_out) const {
+void Model::forward(StageIO& io, ModelSaved& saved) const {
   const ExecContext& ctx = *ctx_;
-  const Hooks hooks{unit_hooks};
+  const Hooks hooks{io.hooks};
+  const Tensor& tokens_BS1 = io.tokens_BS1;
+  ORIGAMI_CHECK(tokens_BS1.defined() && tokens_BS1.dim() == 2, "forward: tokens must be [B, S+1]");
   const int64_t B = tokens_BS1.size(0), S = tokens_BS1.size(1) - 1, V = cfg_.vocab_size;
   const float eps = static_cast<float>(cfg_.norm_eps);
   // This cp rank's tokens of each window (all of them when cp = 1): inputs,
   // shifted targets and their global positions. Replicated over tp; the
   // residual stream below is the tp rank's shard of these rows.
-  dense::CpTokens own = dense::cp_shard_tokens(tokens_BS1, cp_ ? cp_->size() : 1, cp_ ? cp_->rank() : 0);
+  dense::CpTokens own = dense::cp_shard_tokens(tokens_BS1, comm::group_size(cp_), comm::group_rank(cp_));
   saved.ids_T = own.ids_T;
   saved.pos_S = own.pos_S;
   saved.batch = B;
@@ -221,13 +247,13 @@ double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_
   Tensor h;  // (T/tp, D)
   if (stage_.first()) {
     hooks.before_forward(embedding_unit_);
-    h = dense::tp_embedding_forward(ctx, saved.ids_T, params_.param("model.embed_tokens.weight"), V, tp_);
+    h = dense::tp_embedding_forward(ctx, saved.ids_T, params_.param(embedding_), V, tp_);
     hooks.after_forward(embedding_unit_);
   } else {
-    ORIGAMI_CHECK(h_in.defined() && h_in.shape() == boundary_shape(B, S), "stage ", stage_.index,
-                  ": input of shape ", h_in.defined() ? shape_string(h_in.shape()) : "(none)", ", expected ",
+    ORIGAMI_CHECK(io.h_in.defined() && io.h_in.shape() == boundary_shape(B, S), "stage ", stage_.index,
+                  ": input of shape ", io.h_in.defined() ? shape_string(io.h_in.shape()) : "(none)", ", expected ",
                   shape_string(boundary_shape(B, S)));
-    h = h_in;
+    h = io.h_in;
   }
   std::vector<MoeLayerRecord> records;
   saved.layers.assign(stage_.end_layer - stage_.first_layer, LayerSaved{});
@@ -248,36 +274,45 @@ double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_
     hooks.after_forward(layer_unit_[l]);
     if (is_moe) hooks.after_forward(expert_unit_[l]);
   }
-  if (stats) stats->accumulate(records);
+  if (io.stats) io.stats->accumulate(records);
+  io.loss = 0;
   if (!stage_.last()) {
-    ORIGAMI_CHECK(h_out, "stage ", stage_.index, " of ", stage_.count, ": forward needs somewhere to put its output");
-    *h_out = h;
-    return 0.0;
+    io.h_out = h;
+    return;
   }
   hooks.before_forward(final_unit_);
-  Tensor y = dense::rmsnorm_module_forward(ctx, h, params_.param("model.norm.weight"), eps, saved.final_norm);
-  const double loss =
-      dense::tp_lm_head_forward(ctx, params_.param("lm_head.weight"), V, y, own.targets_T, tp_, saved.head, loss_T);
+  Tensor y = dense::rmsnorm_module_forward(ctx, h, params_.param(final_norm_), eps, saved.final_norm);
+  io.loss = dense::tp_lm_head_forward(ctx, params_.param(head_), V, y, own.targets_T, tp_, saved.head);
   hooks.after_forward(final_unit_);
-  return loss;
 }
 
-Tensor Model::backward(ModelSaved& saved, float lm_grad_scale, float aux_scale, UnitHooks* unit_hooks,
-                       Tensor dh_out) {
+double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, ForwardStats* stats) const {
+  ORIGAMI_CHECK(stage_.count == 1, "forward(tokens, saved) runs the whole model; stage ", stage_.index, " of ",
+                stage_.count, " needs forward(StageIO&)");
+  StageIO io;
+  io.tokens_BS1 = tokens_BS1;
+  io.stats = stats;
+  forward(io, saved);
+  return io.loss;
+}
+
+
+
+void Model::backward(StageGradIO& io, ModelSaved& saved) {
   const ExecContext& ctx = *ctx_;
-  const Hooks hooks{unit_hooks};
+  const Hooks hooks{io.hooks};
+  const float aux_scale = io.aux_scale;
   Tensor dh;
   if (stage_.last()) {
     hooks.before_backward(final_unit_);
-    Tensor dnorm_w = params_.grad("model.norm.weight"), dhead_w = params_.grad("lm_head.weight");
-    Tensor dy =
-        dense::tp_lm_head_backward(ctx, params_.param("lm_head.weight"), saved.head, lm_grad_scale, tp_, dhead_w);
-    dh = dense::rmsnorm_module_backward(ctx, dy, params_.param("model.norm.weight"), saved.final_norm, dnorm_w);
+    Tensor dnorm_w = params_.grad(final_norm_), dhead_w = params_.grad(head_);
+    Tensor dy = dense::tp_lm_head_backward(ctx, params_.param(head_), saved.head, io.lm_grad_scale, tp_, dhead_w);
+    dh = dense::rmsnorm_module_backward(ctx, dy, params_.param(final_norm_), saved.final_norm, dnorm_w);
     hooks.after_backward(final_unit_);
   } else {
-    ORIGAMI_CHECK(dh_out.defined() && dh_out.shape() == boundary_shape(saved.batch, saved.seq_len), "stage ",
+    ORIGAMI_CHECK(io.dh_out.defined() && io.dh_out.shape() == boundary_shape(saved.batch, saved.seq_len), "stage ",
                   stage_.index, ": output gradient of the wrong shape");
-    dh = std::move(dh_out);  // accumulated into below: the caller hands it over
+    dh = std::move(io.dh_out);  // accumulated into below: the caller hands it over
   }
   for (int64_t l = stage_.end_layer - 1; l >= stage_.first_layer; --l) {
     const bool is_moe = moe_cfg_.is_moe_layer(l);
@@ -305,13 +340,22 @@ Tensor Model::backward(ModelSaved& saved, float lm_grad_scale, float aux_scale, 
   }
   if (stage_.first()) {
     hooks.before_backward(embedding_unit_);
-    Tensor demb = params_.grad("model.embed_tokens.weight");
+    Tensor demb = params_.grad(embedding_);
     dense::tp_embedding_backward(ctx, saved.ids_T, dh, cfg_.vocab_size, tp_, demb);
     hooks.after_backward(embedding_unit_);
     dh = Tensor();
   }
   saved = ModelSaved{};
-  return dh;
+  io.dh_in = std::move(dh);
+}
+
+void Model::backward(ModelSaved& saved, float lm_grad_scale, float aux_scale) {
+  ORIGAMI_CHECK(stage_.count == 1, "backward(saved, ...) runs the whole model; stage ", stage_.index, " of ",
+                stage_.count, " needs backward(StageGradIO&)");
+  StageGradIO io;
+  io.lm_grad_scale = lm_grad_scale;
+  io.aux_scale = aux_scale;
+  backward(io, saved);
 }
 
 }  // namespace origami

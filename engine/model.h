@@ -57,6 +57,25 @@ struct ForwardStats {
   double z_loss() const;
 };
 
+// What one micro-batch's forward reads and hands back on this stage.
+struct StageIO {
+  Tensor tokens_BS1;              // in: i32 [B, S+1] windows
+  Tensor h_in;                    // in: the previous stage's output (stages after the first)
+  ForwardStats* stats = nullptr;  // in/out: this stage's MoE layers' statistics accumulate here
+  UnitHooks* hooks = nullptr;     // ZeRO gathers and frees around each unit
+  double loss = 0;                // out: Σ token LM loss (last stage; 0 on the others)
+  Tensor h_out;                   // out: this stage's output (stages before the last)
+};
+
+// What one micro-batch's backward reads and hands back on this stage.
+struct StageGradIO {
+  float lm_grad_scale = 1.0f;  // weight of Σ token loss in the objective
+  float aux_scale = 1.0f;      // weight of each layer's aux and z losses
+  UnitHooks* hooks = nullptr;
+  Tensor dh_out;  // in: gradient of this stage's output (stages before the last; consumed)
+  Tensor dh_in;   // out: gradient of its input (stages after the first)
+};
+
 // FLOPs of one training step's matmuls and attention, for throughput figures:
 // 6·N_active·tokens (forward 2, backward 4; N_active = parameters a token
 // multiplies: every linear, the router, top_k experts and the shared expert,
@@ -127,22 +146,17 @@ class Model {
   const std::vector<Tensor>& expert_bias() const { return expert_bias_; }
   void update_expert_bias(const std::vector<MoeLayerRecord>& global_batch_loads);
 
-  // tokens: i32 [B, S+1] windows (every stage reads them: the first embeds
-  // the ids, the last scores the targets, all use the positions). Returns
-  // Σ token LM loss on the last stage (0 on the others); fills saved for
-  // backward and, if given, per-layer MoE statistics of this stage's layers.
-  // hooks (ZeRO) are told before and after each unit's use. Pipeline: h_in
-  // is the previous stage's output (ignored on the first stage); the others
-  // but the last put their output in *h_out.
-  double forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_T = nullptr,
-                 ForwardStats* stats = nullptr, UnitHooks* hooks = nullptr, const Tensor& h_in = {},
-                 Tensor* h_out = nullptr) const;
+  // One micro-batch through this rank's stage. Every stage reads the tokens
+  // (the first embeds the ids, the last scores the targets, all use the
+  // positions). Fills saved for backward; hooks (ZeRO) are told before and
+  // after each unit's use.
+  void forward(StageIO& io, ModelSaved& saved) const;
   // Accumulates d(lm_grad_scale · Σ loss + aux_scale · Σ_layers (aux + z))/dθ
-  // into the grad buffers; consumes saved. Pipeline: dh_out is the gradient
-  // of this stage's output (ignored on the last stage); returns the gradient
-  // of its input (undefined on the first stage).
-  Tensor backward(ModelSaved& saved, float lm_grad_scale, float aux_scale = 1.0f, UnitHooks* hooks = nullptr,
-                  Tensor dh_out = {});
+  // into the grad buffers; consumes saved.
+  void backward(StageGradIO& io, ModelSaved& saved);
+  // The whole model on one stage, no hooks: Σ token LM loss; and its backward.
+  double forward(const Tensor& tokens_BS1, ModelSaved& saved, ForwardStats* stats = nullptr) const;
+  void backward(ModelSaved& saved, float lm_grad_scale, float aux_scale = 1.0f);
 
  private:
   struct LayerWeights {
@@ -152,6 +166,15 @@ class Model {
     dense::MlpWeights mlp;
     moe::MoeLayerWeights moe;
   };
+  // A layer's parameters, resolved once at construction (names built and
+  // looked up here only); layer_views takes this micro-batch's views.
+  struct LayerRefs {
+    ParamRef attn_norm, q, k, v, o, mlp_norm;
+    ParamRef gate, up, down;                       // dense MLP
+    ParamRef router, w1, w3, w2;                   // MoE: w1/w3/w2 of the first local expert (blocks are contiguous)
+    ParamRef shared_gate, shared_up, shared_down;  // MoE with a shared expert
+  };
+  LayerRefs resolve_layer(int64_t l) const;
   LayerWeights layer_views(int64_t l, bool grads) const;
   // One decoder layer: h_in [T/tp, D] → output; fills ls and, for MoE layers, *record.
   Tensor layer_forward(int64_t l, const Tensor& h_in, int64_t batch, int64_t seq_len, const Tensor& pos_S,
@@ -172,6 +195,8 @@ class Model {
   PipelineStage stage_;
   int64_t first_expert_ = 0, local_experts_ = 0;
   size_t embedding_unit_ = 0, final_unit_ = 0;    // first / last stage only
+  ParamRef embedding_, final_norm_, head_;         // first / last stage only
+  std::vector<LayerRefs> layer_refs_;              // per layer of this stage
   std::vector<size_t> layer_unit_, expert_unit_;  // per layer of this stage (expert_unit_: MoE layers only)
   std::unique_ptr<moe::AllToAllDispatcher> dispatcher_;  // null without MoE layers
   moe::StatsReducer reduce_stats_;                        // null when the group is one rank

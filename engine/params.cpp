@@ -137,20 +137,10 @@ int64_t ParamStore::total_params() const {
   return n;
 }
 
-std::pair<size_t, size_t> ParamStore::find(const std::string& name) const {
+ParamRef ParamStore::ref(const std::string& name) const {
   auto it = index_.find(name);
   ORIGAMI_CHECK(it != index_.end(), "no parameter named ", name);
-  return it->second;
-}
-
-Tensor ParamStore::param(const std::string& name) const {
-  auto [u, i] = find(name);
-  return units_[u].param_view(i);
-}
-
-Tensor ParamStore::grad(const std::string& name) const {
-  auto [u, i] = find(name);
-  return units_[u].grad_view(i);
+  return {it->second.first, it->second.second};
 }
 
 void ParamStore::zero_grads() {

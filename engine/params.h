@@ -67,6 +67,14 @@ struct ParamUnit {
   }
 };
 
+// A parameter resolved once (its unit and its place in the unit's params):
+// views through a ref need no name lookup, so modules resolve names at
+// construction and take views per use (a ZeRO-3 unit's buffer changes between
+// gathers; the ref does not).
+struct ParamRef {
+  size_t unit = 0, index = 0;
+};
+
 class ParamStore {
  public:
   // Registration phase: declare units and their tensors, then allocate().
@@ -88,10 +96,12 @@ class ParamStore {
   std::vector<ParamUnit>& units() { return units_; }
   const std::vector<ParamUnit>& units() const { return units_; }
   int64_t total_params() const;
-  // Lookup by HF name: (unit index, param index).
-  std::pair<size_t, size_t> find(const std::string& name) const;
-  Tensor param(const std::string& name) const;
-  Tensor grad(const std::string& name) const;
+  // Lookup by HF name (checked: the name exists).
+  ParamRef ref(const std::string& name) const;
+  Tensor param(const std::string& name) const { return param(ref(name)); }
+  Tensor grad(const std::string& name) const { return grad(ref(name)); }
+  Tensor param(ParamRef r) const { return units_[r.unit].param_view(r.index); }
+  Tensor grad(ParamRef r) const { return units_[r.unit].grad_view(r.index); }
   void zero_grads();
 
  private:

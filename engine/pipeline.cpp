@@ -61,7 +61,7 @@ struct Transfer {
 // neighbours' matching operations are posted before either waits).
 StageTiming run_one_f_one_b(comm::Communicator* pp, int64_t micro_batches, const Shape& boundary,
                             const StageForward& forward, const StageBackward& backward) {
-  const int64_t stage = pp ? pp->rank() : 0, stages = pp ? pp->size() : 1;
+  const int64_t stage = comm::group_rank(pp), stages = comm::group_size(pp);
   const bool first = stage == 0, last = stage == stages - 1;
   const std::vector<PipeOp> ops = one_f_one_b(stage, stages, micro_batches);
   StageTiming t;

@@ -16,6 +16,7 @@
 #include "engine/files.h"
 #include "engine/indexed_dataset.h"
 #include "engine/model.h"
+#include "engine/moe_records.h"
 #include "engine/optimizer.h"
 #include "engine/pipeline.h"
 #include "engine/preflight.h"
@@ -58,68 +59,6 @@ void snapshot_memory(const ExecContext& ctx, StepMetrics& m) {
 comm::Layout make_layout(const Config& cfg, int world) {
   const ParallelConfig& p = cfg.parallel;
   return comm::Layout(world, comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, cfg.moe.num_experts});
-}
-
-// The group of kind k when it has more than one rank (nothing to do otherwise).
-comm::Communicator* multi(const comm::Groups& g, comm::GroupKind k) {
-  return g.get(k).size() > 1 ? &g.get(k) : nullptr;
-}
-
-// Sums a step's per-rank statistics into the global batch's. Routing counts
-// are of distinct tokens on every rank of tp-dp-cp (the router sees its
-// rank's own tokens); a micro-batch's aux and z losses are already the value
-// over its tp-cp group, so they sum over dp only.
-void reduce_moe_records(std::vector<MoeLayerRecord>& records, const comm::Groups& g) {
-  comm::Communicator* tokens = multi(g, comm::GroupKind::tp_dp_cp);
-  comm::Communicator* batches = multi(g, comm::GroupKind::dp);
-  for (MoeLayerRecord& r : records) {
-    if (tokens) {
-      for (auto* v : {&r.routed_per_expert, &r.kept_per_expert, &r.tokens_per_ep_rank})
-        tokens->all_reduce(std::span<int64_t>(*v));
-    }
-    if (batches) {
-      double losses[2] = {r.aux_loss, r.z_loss};
-      batches->all_reduce(std::span<double>(losses, 2));
-      r.aux_loss = losses[0];
-      r.z_loss = losses[1];
-    }
-  }
-}
-
-// Every MoE layer's record of the whole model, on every rank: each pipeline
-// stage holds its own layers' (already summed over its ranks), the others
-// add zeros over `pp`.
-std::vector<MoeLayerRecord> whole_model_records(const std::vector<MoeLayerRecord>& own, const Config& cfg,
-                                                int64_t ep, comm::Communicator* pp) {
-  if (!pp) return own;
-  const int64_t E = cfg.moe.num_experts;
-  std::vector<MoeLayerRecord> all;
-  for (int64_t l = 0; l < cfg.model.num_layers; ++l)
-    if (cfg.moe.is_moe_layer(l))
-      all.push_back({l, std::vector<int64_t>(E), std::vector<int64_t>(E), std::vector<int64_t>(ep), 0.0, 0.0});
-  for (const MoeLayerRecord& r : own)
-    for (MoeLayerRecord& a : all)
-      if (a.layer == r.layer) a = r;
-  std::vector<int64_t> counts;
-  std::vector<double> losses;
-  for (const MoeLayerRecord& r : all) {
-    for (auto* v : {&r.routed_per_expert, &r.kept_per_expert, &r.tokens_per_ep_rank})
-      counts.insert(counts.end(), v->begin(), v->end());
-    losses.insert(losses.end(), {r.aux_loss, r.z_loss});
-  }
-  pp->all_reduce(std::span<int64_t>(counts));
-  pp->all_reduce(std::span<double>(losses));
-  auto next = counts.begin();
-  auto li = losses.begin();
-  for (MoeLayerRecord& r : all) {
-    for (auto* v : {&r.routed_per_expert, &r.kept_per_expert, &r.tokens_per_ep_rank}) {
-      std::copy_n(next, v->size(), v->begin());
-      next += static_cast<std::ptrdiff_t>(v->size());
-    }
-    r.aux_loss = *li++;
-    r.z_loss = *li++;
-  }
-  return all;
 }
 
 // Every stage's timing (stage order), from its ranks in this rank's pp group.
@@ -179,181 +118,246 @@ void load_micro_batch(const GptDataset& data, int64_t mb, int64_t seq_len, Index
 
 }  // namespace
 
-TrainSummary train(const Config& cfg, const TrainOptions& opts) {
-  const int rank = world_rank(), world = world_size();
+// One run's state, in construction order (members are built by the
+// constructor's meetings before any collective of training).
+struct Trainer::Run {
+  Config cfg;  // a copy: the trainer outlives no caller's config
+  TrainOptions opts;
+  int rank = 0, world = 1;
+  std::unique_ptr<comm::Communicator> everyone;
+  std::unique_ptr<IndexedDataset> indexed;
+  std::unique_ptr<GptDataset> data;
+  std::optional<MetricsWriter> metrics;
+  std::optional<ExecContext> ctx;
+  std::optional<comm::Groups> groups;
+  std::optional<Model> model;
+  std::optional<ZeroStore> zero;
+  std::optional<AdamW> optimizer;
+  GradNormGroups norm_groups;
+  comm::Communicator* pp = nullptr;
+  std::vector<comm::Communicator*> counted;  // every group of more than one rank, for the comm volume
+  int64_t dp = 1, dp_rank = 0, accum = 1, micro_batches = 1;
+  float grad_scale = 1, aux_scale = 1;
+  StepFlops flops;  // per rank
+  Shape boundary;
+  PendingFailure pending;
+  TrainSummary summary;
+  int64_t step = 0;
+  Clock::time_point start;
+
+  Run(const Config& c, const TrainOptions& o) : cfg(c), opts(o), rank(world_rank()), world(world_size()) {}
+  void print_banner() const;
+};
+
+Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_unique<Run>(cfg, opts)) {
+  Run& r = *run_;
   const TrainingConfig& tc = cfg.training;
   // The run's meetings of every rank (comm/agreement.h): first that all
   // ranks run the same binary and config, then everything that can fail on
   // some ranks only (a data file one node cannot read, an output directory
   // rank 0 cannot write), before any rank commits to a collective of training.
-  const auto everyone = comm::whole_mpi(MPI_COMM_WORLD, "everyone", comm::CommOptions{cfg.runtime.collective_timeout_s});
-  check_same_run(*everyone, cfg);
-  std::unique_ptr<IndexedDataset> indexed;
-  std::unique_ptr<GptDataset> data;
-  std::optional<MetricsWriter> metrics;
-  comm::run_agreed(*everyone, [&] {
-    validate_for_world(cfg, world);
-    validate_for_machine(cfg, world, ranks_on_this_node());
+  r.everyone = comm::whole_mpi(MPI_COMM_WORLD, "everyone", comm::CommOptions{cfg.runtime.collective_timeout_s});
+  check_same_run(*r.everyone, cfg);
+  comm::run_agreed(*r.everyone, [&] {
+    validate_for_world(cfg, r.world);
+    validate_for_machine(cfg, r.world, ranks_on_this_node());
     if (tc.steps > 0) {
-      indexed = std::make_unique<IndexedDataset>(IndexedDataset::open(cfg.data.path, cfg.model.vocab_size));
-      data = std::make_unique<GptDataset>(*indexed, tc.seq_len, cfg.data.shuffle, tc.seed);
+      r.indexed = std::make_unique<IndexedDataset>(IndexedDataset::open(cfg.data.path, cfg.model.vocab_size));
+      r.data = std::make_unique<GptDataset>(*r.indexed, tc.seq_len, cfg.data.shuffle, tc.seed);
     }
-    metrics.emplace(rank == 0 ? cfg.logging.dir : std::string());
-    if (rank == 0 && !cfg.exp.dir.empty()) check_writable_dir(cfg.exp.dir, "export.dir");
+    r.metrics.emplace(r.rank == 0 ? cfg.logging.dir : std::string());
+    if (r.rank == 0 && !cfg.exp.dir.empty()) check_writable_dir(cfg.exp.dir, "export.dir");
   });
-  const ExecContext ctx = make_context(cfg.runtime);
-  const comm::Groups groups = comm::Groups::create(make_layout(cfg, world), MPI_COMM_WORLD, comm::Backend::mpi,
-                                                   comm::CommOptions{cfg.runtime.collective_timeout_s});
-  const int64_t dp = groups.layout().dp(), dp_rank = groups.coords().dp;
-  const int64_t accum = tc.global_batch / (tc.micro_batch * dp);
-  // Every group of more than one rank, for the per-step comm volume.
-  std::vector<comm::Communicator*> counted;
+  r.ctx.emplace(make_context(cfg.runtime));
+  r.groups.emplace(comm::Groups::create(make_layout(cfg, r.world), MPI_COMM_WORLD, comm::Backend::mpi,
+                                        comm::CommOptions{cfg.runtime.collective_timeout_s}));
+  const comm::Groups& groups = *r.groups;
+  r.dp = groups.layout().dp();
+  r.dp_rank = groups.coords().dp;
+  r.accum = tc.global_batch / (tc.micro_batch * r.dp);
   for (comm::GroupKind k : comm::kAllGroupKinds)
-    if (groups.has(k) && groups.get(k).size() > 1) counted.push_back(&groups.get(k));
+    if (comm::Communicator* c = comm::multi_rank(groups, k)) r.counted.push_back(c);
 
-  Model model(ctx, cfg.model, tc.seed, cfg.moe, &groups, static_cast<int>(cfg.parallel.zero_stage),
-              cfg.parallel.pp_layers);
-  model.set_recompute(tc.recompute);
-  comm::Communicator* pp = multi(groups, comm::GroupKind::pp);
+  r.model.emplace(*r.ctx, cfg.model, tc.seed, cfg.moe, &groups, static_cast<int>(cfg.parallel.zero_stage),
+                  cfg.parallel.pp_layers);
+  r.model->set_recompute(tc.recompute);
+  r.pp = comm::multi_rank(groups, comm::GroupKind::pp);
   // Gradient reductions (SUMs, §6) and ZeRO sharding: dense units over dp-cp,
   // expert units over edp.
-  ZeroStore zero(ctx, model.params(), groups, cfg.parallel.reshard_after_forward);
-  const GradNormGroups norm_groups{multi(groups, comm::GroupKind::dp_cp), multi(groups, comm::GroupKind::edp),
-                                   multi(groups, comm::GroupKind::tp_ep), multi(groups, comm::GroupKind::tp), pp};
-  AdamW optimizer(cfg.optimizer, cfg.lr_schedule, tc.steps);
-  PendingFailure pending;
-  TrainSummary summary;
-  summary.params = model.units().counts().total;  // the whole model, every stage and expert
+  r.zero.emplace(*r.ctx, r.model->params(), groups, cfg.parallel.reshard_after_forward);
+  r.norm_groups = {comm::multi_rank(groups, comm::GroupKind::dp_cp), comm::multi_rank(groups, comm::GroupKind::edp),
+                   comm::multi_rank(groups, comm::GroupKind::tp_ep), comm::multi_rank(groups, comm::GroupKind::tp),
+                   r.pp};
+  r.optimizer.emplace(cfg.optimizer, cfg.lr_schedule, tc.steps);
+  r.summary.params = r.model->units().counts().total;  // the whole model, every stage and expert
 
-  if (rank == 0 && opts.print_steps && !opts.json_lines)
-    std::printf("origami: %lld parameters, %lld steps of %lld samples x %lld tokens, %d rank(s), %d thread(s)\n",
-                static_cast<long long>(summary.params), static_cast<long long>(tc.steps),
-                static_cast<long long>(tc.global_batch), static_cast<long long>(tc.seq_len), world, ctx.threads());
-  if (rank == 0 && opts.print_steps && !opts.json_lines) {
-    const LedgerSnapshot s = TrackedAllocator::of(ctx.device()).snapshot();
-    std::printf("origami: persistent state per rank (ZeRO stage %lld): param %s grad %s optim %s\n",
-                static_cast<long long>(cfg.parallel.zero_stage),
-                format_bytes(s.current[static_cast<int>(MemCategory::param)]).c_str(),
-                format_bytes(s.current[static_cast<int>(MemCategory::grad)]).c_str(),
-                format_bytes(s.current[static_cast<int>(MemCategory::optim)]).c_str());
-  }
-
-  const float grad_scale = 1.0f / static_cast<float>(tc.global_batch * tc.seq_len);
+  r.grad_scale = 1.0f / static_cast<float>(tc.global_batch * tc.seq_len);
   // Each micro-batch's aux and z losses enter the objective divided by the
   // number of micro-batches in the global batch (ARCHITECTURE.md §6).
-  const int64_t micro_batches = accum * dp;
-  const float aux_scale = 1.0f / static_cast<float>(micro_batches);
+  r.micro_batches = r.accum * r.dp;
+  r.aux_scale = 1.0f / static_cast<float>(r.micro_batches);
   // Per rank: tp and cp ranks share each DP rank's tokens, pipeline stages
   // its layers (taken as equal shares).
-  StepFlops flops = model.training_flops(tc.global_batch / dp, tc.seq_len);
+  r.flops = r.model->training_flops(tc.global_batch / r.dp, tc.seq_len);
   const double split = static_cast<double>(groups.layout().tp() * groups.layout().cp() * groups.layout().pp());
-  flops.matmul /= split;
-  flops.attention /= split;
-  const Shape boundary = model.boundary_shape(tc.micro_batch, tc.seq_len);
-  const auto t_start = Clock::now();
-  for (int64_t step = 1; step <= tc.steps; ++step) {
-    const auto t0 = Clock::now();
-    TrackedAllocator::of(ctx.device()).reset_peaks();
-    if (!ctx.device().is_host()) TrackedAllocator::host().reset_peaks();
-    std::vector<int64_t> bytes_before;
-    for (comm::Communicator* c : counted) bytes_before.push_back(c->total_bytes());
-    zero.begin_step();
-    double loss_sum = 0;  // last stage only
-    ForwardStats fstats;
-    // One step's micro-batches through this stage's 1F1B schedule (one
-    // stage: forward and backward of each in turn). Every stage reads each
-    // micro-batch's tokens (§8 indices; positions and targets live there).
-    std::vector<ModelSaved> saved(static_cast<size_t>(accum));
-    auto forward = [&](int64_t a, Tensor h_in) {
-      Tensor tokens = Tensor::empty({tc.micro_batch, tc.seq_len + 1}, DType::i32, MemCategory::activation);
-      load_micro_batch(*data, tc.micro_batch, tc.seq_len,
-                       [&](int64_t i) {
-                         return sample_index(step - 1, tc.global_batch, a, dp, dp_rank, tc.micro_batch, i);
-                       },
-                       tokens);
-      Tensor h_out;
-      loss_sum += model.forward(tokens, saved[a], nullptr, &fstats, &zero, h_in, &h_out);
-      return h_out;
-    };
-    auto backward = [&](int64_t a, Tensor dh_out) {
-      return model.backward(saved[a], grad_scale, aux_scale, &zero, std::move(dh_out));
-    };
-    const StageTiming timing = run_one_f_one_b(pp, accum, boundary, forward, backward);
-    zero.finish_gradients();
-    if (comm::Communicator* c = multi(groups, comm::GroupKind::dp_cp)) c->all_reduce(std::span<double>(&loss_sum, 1));
-    if (pp) pp->all_reduce(std::span<double>(&loss_sum, 1));  // from the last stage to all
-    reduce_moe_records(fstats.moe, groups);
-    fstats.moe = whole_model_records(fstats.moe, cfg, groups.layout().ep(), pp);
-    const double lm_loss = loss_sum / static_cast<double>(tc.global_batch * tc.seq_len);
-    const double aux_loss = fstats.aux_loss() / static_cast<double>(micro_batches);
-    const double z_loss = fstats.z_loss() / static_cast<double>(micro_batches);
-    const double grad_norm = optimizer.grad_norm(ctx, model.params(), norm_groups);
-    // Every rank's verdict on this step, and any failure left from the last,
-    // meet here before the weights change: a diverged step stops the run
-    // (kExitDiverged) with the weights of the step before.
-    {
-      const std::string diverged = divergence(cfg, step, lm_loss, aux_loss, z_loss, grad_norm);
-      int status = pending.status;
-      std::string message = pending.message;
-      if (!diverged.empty()) {
-        status = std::max(status, kExitDiverged);
-        message += (message.empty() ? "" : "; ") + diverged;
-      }
-      comm::agree(*everyone, status, message);
-    }
-    StepStats st = optimizer.update(ctx, model.params(), grad_norm);
-    zero.finish_step();
-    model.update_expert_bias(fstats.moe);  // the global batch's loads
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.flops.matmul /= split;
+  r.flops.attention /= split;
+  r.boundary = r.model->boundary_shape(tc.micro_batch, tc.seq_len);
+  r.print_banner();
+  r.start = Clock::now();
+}
 
-    StepMetrics m;
-    m.step = step;
-    m.total_steps = tc.steps;
-    m.lm_loss = lm_loss;
-    m.aux_loss = aux_loss;
-    m.z_loss = z_loss;
-    m.moe = fstats.moe;
-    m.grad_norm = st.grad_norm;
-    m.lr = st.lr;
-    m.tokens = tc.global_batch * tc.seq_len;
-    m.step_time_s = dt;
-    m.tokens_per_s = static_cast<double>(m.tokens) / dt;
-    m.gflops = flops.total() / dt / 1e9;
-    snapshot_memory(ctx, m);
-    m.stages = every_stage(timing, pp);
-    for (size_t g = 0; g < counted.size(); ++g)
-      m.comm_bytes.emplace_back(counted[g]->name(), counted[g]->total_bytes() - bytes_before[g]);
-    summary.losses.push_back(m.lm_loss);
-    if (rank == 0) {
-      try {
-        metrics->write(m);
-      } catch (const UserError& e) {
-        pending.take(e);
-      }
-      if (opts.print_steps && (step % cfg.logging.interval == 0 || step == 1 || step == tc.steps)) {
-        std::printf("%s\n", opts.json_lines ? to_json(m).dump().c_str() : format_step_line(m).c_str());
-        std::fflush(stdout);
-      }
+Trainer::~Trainer() = default;
+
+int64_t Trainer::steps_done() const { return run_->step; }
+
+void Trainer::Run::print_banner() const {
+  if (rank != 0 || !opts.print_steps || opts.json_lines) return;
+  const TrainingConfig& tc = cfg.training;
+  std::printf("origami: %lld parameters, %lld steps of %lld samples x %lld tokens, %d rank(s), %d thread(s)\n",
+              static_cast<long long>(summary.params), static_cast<long long>(tc.steps),
+              static_cast<long long>(tc.global_batch), static_cast<long long>(tc.seq_len), world, ctx->threads());
+  const LedgerSnapshot s = TrackedAllocator::of(ctx->device()).snapshot();
+  std::printf("origami: persistent state per rank (ZeRO stage %lld): param %s grad %s optim %s\n",
+              static_cast<long long>(cfg.parallel.zero_stage),
+              format_bytes(s.current[static_cast<int>(MemCategory::param)]).c_str(),
+              format_bytes(s.current[static_cast<int>(MemCategory::grad)]).c_str(),
+              format_bytes(s.current[static_cast<int>(MemCategory::optim)]).c_str());
+}
+
+StepMetrics Trainer::run_step() {
+  Run& r = *run_;
+  const Config& cfg = r.cfg;
+  const TrainingConfig& tc = cfg.training;
+  ORIGAMI_CHECK(r.step < tc.steps, "run_step after the last of ", tc.steps, " steps");
+  const int64_t step = ++r.step;
+  const ExecContext& ctx = *r.ctx;
+  Model& model = *r.model;
+  ZeroStore& zero = *r.zero;
+  const auto t0 = Clock::now();
+  TrackedAllocator::of(ctx.device()).reset_peaks();
+  if (!ctx.device().is_host()) TrackedAllocator::host().reset_peaks();
+  std::vector<int64_t> bytes_before;
+  for (comm::Communicator* c : r.counted) bytes_before.push_back(c->total_bytes());
+  zero.begin_step();
+  double loss_sum = 0;  // last stage only
+  ForwardStats fstats;
+  // One step's micro-batches through this stage's 1F1B schedule (one
+  // stage: forward and backward of each in turn). Every stage reads each
+  // micro-batch's tokens (§8 indices; positions and targets live there).
+  std::vector<ModelSaved> saved(static_cast<size_t>(r.accum));
+  auto forward = [&](int64_t a, Tensor h_in) {
+    StageIO io;
+    io.tokens_BS1 = Tensor::empty({tc.micro_batch, tc.seq_len + 1}, DType::i32, MemCategory::activation);
+    load_micro_batch(*r.data, tc.micro_batch, tc.seq_len,
+                     [&](int64_t i) {
+                       return sample_index(step - 1, tc.global_batch, a, r.dp, r.dp_rank, tc.micro_batch, i);
+                     },
+                     io.tokens_BS1);
+    io.h_in = std::move(h_in);
+    io.stats = &fstats;
+    io.hooks = &zero;
+    model.forward(io, saved[a]);
+    loss_sum += io.loss;
+    return io.h_out;
+  };
+  auto backward = [&](int64_t a, Tensor dh_out) {
+    StageGradIO io;
+    io.lm_grad_scale = r.grad_scale;
+    io.aux_scale = r.aux_scale;
+    io.hooks = &zero;
+    io.dh_out = std::move(dh_out);
+    model.backward(io, saved[a]);
+    return io.dh_in;
+  };
+  const StageTiming timing = run_one_f_one_b(r.pp, r.accum, r.boundary, forward, backward);
+  zero.finish_gradients();
+  if (comm::Communicator* c = comm::multi_rank(*r.groups, comm::GroupKind::dp_cp))
+    c->all_reduce(std::span<double>(&loss_sum, 1));
+  if (r.pp) r.pp->all_reduce(std::span<double>(&loss_sum, 1));  // from the last stage to all
+  reduce_moe_records(fstats.moe, *r.groups);
+  fstats.moe = whole_model_records(fstats.moe, cfg, r.groups->layout().ep(), r.pp);
+  const double lm_loss = loss_sum / static_cast<double>(tc.global_batch * tc.seq_len);
+  const double aux_loss = fstats.aux_loss() / static_cast<double>(r.micro_batches);
+  const double z_loss = fstats.z_loss() / static_cast<double>(r.micro_batches);
+  const double grad_norm = r.optimizer->grad_norm(ctx, model.params(), r.norm_groups);
+  // Every rank's verdict on this step, and any failure left from the last,
+  // meet here before the weights change: a diverged step stops the run
+  // (kExitDiverged) with the weights of the step before.
+  {
+    const std::string diverged = divergence(cfg, step, lm_loss, aux_loss, z_loss, grad_norm);
+    int status = r.pending.status;
+    std::string message = r.pending.message;
+    if (!diverged.empty()) {
+      status = std::max(status, kExitDiverged);
+      message += (message.empty() ? "" : "; ") + diverged;
     }
-    if (opts.on_step) opts.on_step(m);
+    comm::agree(*r.everyone, status, message);
   }
-  summary.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+  StepStats st = r.optimizer->update(ctx, model.params(), grad_norm);
+  zero.finish_step();
+  model.update_expert_bias(fstats.moe);  // the global batch's loads
+  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+
+  StepMetrics m;
+  m.step = step;
+  m.total_steps = tc.steps;
+  m.lm_loss = lm_loss;
+  m.aux_loss = aux_loss;
+  m.z_loss = z_loss;
+  m.moe = std::move(fstats.moe);
+  m.grad_norm = st.grad_norm;
+  m.lr = st.lr;
+  m.tokens = tc.global_batch * tc.seq_len;
+  m.step_time_s = dt;
+  m.tokens_per_s = static_cast<double>(m.tokens) / dt;
+  m.gflops = r.flops.total() / dt / 1e9;
+  snapshot_memory(ctx, m);
+  m.stages = every_stage(timing, r.pp);
+  for (size_t g = 0; g < r.counted.size(); ++g)
+    m.comm_bytes.emplace_back(r.counted[g]->name(), r.counted[g]->total_bytes() - bytes_before[g]);
+  r.summary.losses.push_back(m.lm_loss);
+  if (r.rank == 0) {
+    try {
+      r.metrics->write(m);
+    } catch (const UserError& e) {
+      r.pending.take(e);
+    }
+    if (r.opts.print_steps && (step % cfg.logging.interval == 0 || step == 1 || step == tc.steps)) {
+      std::printf("%s\n", r.opts.json_lines ? to_json(m).dump().c_str() : format_step_line(m).c_str());
+      std::fflush(stdout);
+    }
+  }
+  if (r.opts.on_step) r.opts.on_step(m);
+  return m;
+}
+
+TrainSummary Trainer::finish() {
+  Run& r = *run_;
+  r.summary.seconds = std::chrono::duration<double>(Clock::now() - r.start).count();
   // The last meetings: a failure of the last step's metrics or of closing
   // the file, then of rank 0's export write, stops every rank alike.
-  comm::run_agreed(*everyone, [&] {
-    if (pending.status != 0) throw UserError(pending.message, pending.status);
-    metrics->close();
+  comm::run_agreed(*r.everyone, [&] {
+    if (r.pending.status != 0) throw UserError(r.pending.message, r.pending.status);
+    r.metrics->close();
   });
-  if (!cfg.exp.dir.empty()) {
-    zero.gather_all();
+  const std::string& dir = r.cfg.exp.dir;
+  if (!dir.empty()) {
+    r.zero->gather_all();
     // Collective, then rank 0 alone writes the consolidated model: its
     // failure reaches every rank at this meeting.
-    comm::run_agreed(*everyone, [&] { export_hf(model, cfg.exp.dir, &groups); });
-    zero.release_all();
-    if (rank == 0 && opts.print_steps && !opts.json_lines)
-      std::printf("exported Hugging Face weights to %s\n", cfg.exp.dir.c_str());
+    comm::run_agreed(*r.everyone, [&] { export_hf(*r.model, dir, &*r.groups); });
+    r.zero->release_all();
+    if (r.rank == 0 && r.opts.print_steps && !r.opts.json_lines)
+      std::printf("exported Hugging Face weights to %s\n", dir.c_str());
   }
-  return summary;
+  return r.summary;
+}
+
+TrainSummary train(const Config& cfg, const TrainOptions& opts) {
+  Trainer trainer(cfg, opts);
+  while (trainer.steps_done() < cfg.training.steps) trainer.run_step();
+  return trainer.finish();
 }
 
 EvalResult evaluate(const Config& cfg, const std::string& weights_dir, const std::string& data_prefix,

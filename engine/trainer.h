@@ -1,9 +1,13 @@
-// Training loop: for each optimizer step, gradient accumulation over
-// global_batch / (micro_batch · DP) micro-batches drawn per §8, loss scaled by
-// 1 / (global token count), then one AdamW step; metrics per step; HF export
-// at the end. Also evaluation of exported weights.
+// Training: a Trainer owns one run's state (groups, model, ZeRO store,
+// optimizer, data, metrics). run_step() is one optimizer step: gradient
+// accumulation over global_batch / (micro_batch · DP) micro-batches drawn per
+// §8 through this stage's 1F1B schedule, loss scaled by 1 / (global token
+// count), the step's MoE statistics summed (engine/moe_records.h), every
+// rank's verdict met, then one AdamW step and the metrics. finish() writes the
+// HF export. Also evaluation of exported weights.
 #pragma once
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "engine/config.h"
@@ -23,6 +27,29 @@ struct TrainSummary {
   int64_t params = 0;
 };
 
+// Collective over MPI_COMM_WORLD: every rank constructs, steps and finishes
+// alike. A failure on any rank (a UserError) stops all of them at the next
+// meeting.
+class Trainer {
+ public:
+  Trainer(const Config& cfg, const TrainOptions& opts = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  int64_t steps_done() const;
+  // The next optimizer step (steps_done() + 1 <= training.steps); its metrics
+  // (the same on every rank; written and printed by rank 0).
+  StepMetrics run_step();
+  // The last meetings (metrics file, then the export); once, after the steps.
+  TrainSummary finish();
+
+ private:
+  struct Run;
+  std::unique_ptr<Run> run_;
+};
+
+// The whole run: construct, training.steps × run_step(), finish().
 TrainSummary train(const Config& cfg, const TrainOptions& opts = {});
 
 struct EvalResult {

@@ -34,10 +34,9 @@ std::function<UnitShard(const ParamUnit&)> zero_shard_plan(int stage, const comm
 
 ZeroStore::ZeroStore(const ExecContext& ctx, ParamStore& params, const comm::Groups& groups, bool reshard_after_forward)
     : ctx_(&ctx), params_(params), reshard_after_forward_(reshard_after_forward), gathers_(params.units().size()) {
-  auto multi = [&](comm::GroupKind k) { return groups.get(k).size() > 1 ? &groups.get(k) : nullptr; };
-  dense_ = multi(comm::GroupKind::dp_cp);
-  expert_ = multi(comm::GroupKind::edp);
-  tp_ = multi(comm::GroupKind::tp);
+  dense_ = comm::multi_rank(groups, comm::GroupKind::dp_cp);
+  expert_ = comm::multi_rank(groups, comm::GroupKind::edp);
+  tp_ = comm::multi_rank(groups, comm::GroupKind::tp);
 }
 
 void ZeroStore::reduce_replicated(ParamUnit& u) {

@@ -66,13 +66,13 @@ TEST(MoeModel, FiniteDifferenceThroughEveryParameterWithAuxAndZLoss) {
   auto objective = [&] {
     ModelSaved saved;
     ForwardStats stats;
-    const double lm = model.forward(tokens, saved, nullptr, &stats);
+    const double lm = model.forward(tokens, saved, &stats);
     return lm_scale * lm + aux_scale * (stats.aux_loss() + stats.z_loss());
   };
   model.params().zero_grads();
   ModelSaved saved;
   ForwardStats stats;
-  model.forward(tokens, saved, nullptr, &stats);
+  model.forward(tokens, saved, &stats);
   EXPECT_GT(stats.aux_loss(), 0.0);
   EXPECT_GT(stats.z_loss(), 0.0);
   model.backward(saved, lm_scale, aux_scale);

@@ -296,12 +296,15 @@ void check_parity(const comm::LayoutOptions& o, const std::vector<int64_t>& pp_l
   double loss = 0;
   ForwardStats stats;
   const StageForward forward = [&](int64_t mb, Tensor h_in) {
-    Tensor h_out;
-    loss += model.forward(tokens[mb], saved[mb], nullptr, &stats, &zero, h_in, &h_out);
-    return h_out;
+    StageIO io{tokens[mb], std::move(h_in), &stats, &zero};
+    model.forward(io, saved[mb]);
+    loss += io.loss;
+    return io.h_out;
   };
   const StageBackward backward = [&](int64_t mb, Tensor dh_out) {
-    return model.backward(saved[mb], lm_scale, aux_scale, &zero, std::move(dh_out));
+    StageGradIO io{lm_scale, aux_scale, &zero, std::move(dh_out)};
+    model.backward(io, saved[mb]);
+    return io.dh_in;
   };
   const StageTiming t = run_one_f_one_b(pp, kMicroBatches, model.boundary_shape(kBatch, kSeq), forward, backward);
   zero.finish_gradients();
@@ -328,7 +331,7 @@ void check_parity(const comm::LayoutOptions& o, const std::vector<int64_t>& pp_l
   ForwardStats ref_stats;
   for (int64_t mb = 0; mb < kMicroBatches; ++mb) {
     ModelSaved s;
-    ref_loss += ref.forward(tokens[mb], s, nullptr, &ref_stats);
+    ref_loss += ref.forward(tokens[mb], s, &ref_stats);
     ref.backward(s, lm_scale, aux_scale);
   }
   // fp32 activations, the same ops; tp only reorders sums: relative 1e-5.

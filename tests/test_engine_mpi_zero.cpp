@@ -115,8 +115,11 @@ StepResult train_step(Model& model, ZeroStore& zero, AdamW& opt, uint32_t seed) 
   zero.begin_step();
   ModelSaved saved;
   StepResult r;
-  r.loss = model.forward(tokens, saved, nullptr, nullptr, &zero);
-  model.backward(saved, 1.0f / (2 * 16 * kN), 1.0f / kN, &zero);
+  StageIO io{tokens, Tensor(), nullptr, &zero};
+  model.forward(io, saved);
+  r.loss = io.loss;
+  StageGradIO grad_io{1.0f / (2 * 16 * kN), 1.0f / kN, &zero};
+  model.backward(grad_io, saved);
   zero.finish_gradients();
   const int64_t d1 = dense.total_bytes(), e1 = expert.total_bytes();
   opt.step(ctx, model.params(), {&dense, &expert, nullptr});
