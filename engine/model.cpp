@@ -212,7 +212,7 @@ double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, Tensor* loss_
   // This cp rank's tokens of each window (all of them when cp = 1): inputs,
   // shifted targets and their global positions. Replicated over tp; the
   // residual stream below is the tp rank's shard of these rows.
-  dense::CpTokens own = dense::cp_shard_tokens(tokens_BS1, cp_ ? cp_->size() : 1, cp_ ? cp_->rank() : 0);
+  dense::CpTokens own = dense::cp_shard_tokens(ctx, tokens_BS1, cp_ ? cp_->size() : 1, cp_ ? cp_->rank() : 0);
   saved.ids_T = own.ids_T;
   saved.pos_S = own.pos_S;
   saved.batch = B;
