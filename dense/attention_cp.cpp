@@ -1,12 +1,13 @@
 // Context-parallel attention (see attention_cp.h). The call sequence is
 // attention.cpp's, with the K, V gather between RoPE and the kernel, and the
-// dK, dV reduce-scatter between the kernel's backward and RoPE's.
+// dK, dV reduce-scatter between the kernel's backward and RoPE's. The zigzag
+// positions, the token shard and the K/V wire packing are kernels ops
+// (kernels/context_parallel.h, which documents the wire layout).
 #include "dense/attention_cp.h"
 
 #include <cmath>
-#include <cstring>
-#include <span>
 
+#include "kernels/context_parallel.h"
 #include "kernels/gemm.h"
 #include "kernels/rope.h"
 
@@ -15,58 +16,30 @@ namespace origami::dense {
 namespace {
 
 Tensor activation(Shape shape) { return Tensor::empty(std::move(shape), DType::f32, MemCategory::activation); }
+Tensor positions(int64_t n) { return Tensor::empty({n}, DType::i32, MemCategory::activation); }
 Tensor comm_buffer(int64_t n) { return Tensor::empty({n}, DType::f32, MemCategory::comm); }
-
-// The wire layout of K and V (and of dK, dV) is packed per rank:
-//   [cp rank r][part: 0 = K, 1 = V][b][local row i][Hkv·hd]
-// — one all_gather block per rank, one reduce_scatter block per owner. The
-// saved layout is [b][global position][Hkv·hd] per part. Visits every run of
-// C = S/(2·cp) consecutive rows that the two share: f(wire offset, part,
-// offset in the part's global buffer), both in floats, C·E floats long.
-template <class F>
-void for_each_chunk(int64_t cp, int64_t B, int64_t S, int64_t E, F&& f) {
-  const int64_t Sl = S / cp, C = Sl / 2;
-  for (int64_t r = 0; r < cp; ++r)
-    for (int64_t part = 0; part < 2; ++part)
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t half = 0; half < 2; ++half) {
-          const int64_t chunk = half == 0 ? r : 2 * cp - 1 - r;
-          f((((r * 2 + part) * B + b) * Sl + half * C) * E, part, (b * S + chunk * C) * E);
-        }
-}
 
 }  // namespace
 
-Tensor cp_positions(int64_t seq_len, int64_t cp, int64_t rank) {
+Tensor cp_positions(const ExecContext& ctx, int64_t seq_len, int64_t cp, int64_t rank) {
   ORIGAMI_CHECK(cp >= 1 && rank >= 0 && rank < cp, "cp_positions: rank ", rank, " of cp ", cp);
   ORIGAMI_CHECK(seq_len > 0 && seq_len % (2 * cp) == 0, "cp_positions: seq_len ", seq_len,
                 " must be a positive multiple of 2·cp = ", 2 * cp);
-  const int64_t C = seq_len / (2 * cp);
-  Tensor pos = Tensor::empty({2 * C}, DType::i32, MemCategory::activation);
-  int32_t* p = pos.i32();
-  for (int64_t i = 0; i < C; ++i) {
-    p[i] = static_cast<int32_t>(rank * C + i);
-    p[C + i] = static_cast<int32_t>((2 * cp - 1 - rank) * C + i);
-  }
-  return pos;
+  Tensor pos_S = positions(seq_len / cp);
+  cp_zigzag_positions(ctx, cp, rank, pos_S);
+  return pos_S;
 }
 
-CpTokens cp_shard_tokens(const Tensor& tokens_BS1, int64_t cp, int64_t rank) {
+CpTokens cp_shard_tokens(const ExecContext& ctx, const Tensor& tokens_BS1, int64_t cp, int64_t rank) {
   ORIGAMI_CHECK(tokens_BS1.dtype() == DType::i32 && tokens_BS1.dim() == 2 && tokens_BS1.size(1) >= 2,
                 "cp_shard_tokens: windows must be i32 [B, S+1], got ", shape_string(tokens_BS1.shape()));
   const int64_t B = tokens_BS1.size(0), S = tokens_BS1.size(1) - 1;
   CpTokens out;
-  out.pos_S = cp_positions(S, cp, rank);
+  out.pos_S = cp_positions(ctx, S, cp, rank);
   const int64_t Sl = out.pos_S.numel();
   out.ids_T = Tensor::empty({B * Sl}, DType::i32, MemCategory::activation);
   out.targets_T = Tensor::empty({B * Sl}, DType::i32, MemCategory::activation);
-  const int32_t* tok = tokens_BS1.i32();
-  const int32_t* pos = out.pos_S.i32();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < Sl; ++i) {
-      out.ids_T.i32()[b * Sl + i] = tok[b * (S + 1) + pos[i]];
-      out.targets_T.i32()[b * Sl + i] = tok[b * (S + 1) + pos[i] + 1];
-    }
+  cp_gather_tokens(ctx, tokens_BS1, out.pos_S, out.ids_T, out.targets_T);
   return out;
 }
 
@@ -78,11 +51,9 @@ Tensor cp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt,
   const int64_t Hq = opt.num_heads, Hkv = opt.num_kv_heads, hd = opt.head_dim;
   ORIGAMI_CHECK(Sl * batch == T && pos_local_S.numel() == Sl, "cp attention: T=", T, " batch=", batch,
                 " positions=", pos_local_S.numel());
-  if (n > 1) {  // the gathered keys' positions are implied by the layout, so the layout must hold
-    const Tensor want = cp_positions(S, n, cp->rank());
-    ORIGAMI_CHECK(std::memcmp(want.raw(), pos_local_S.raw(), want.nbytes()) == 0, "cp attention: cp rank ",
-                  cp->rank(), " of ", n, " was given positions that are not its zigzag shard of S=", S);
-  }
+  if (n > 1)  // the gathered keys' positions are implied by the layout, so the layout must hold
+    ORIGAMI_CHECK(cp_zigzag_positions_match(ctx, pos_local_S, n, cp->rank()), "cp attention: cp rank ", cp->rank(),
+                  " of ", n, " was given positions that are not its zigzag shard of S=", S);
   saved.dims = AttentionDims{batch, Sl, n > 1 ? S : Sl, Hq, Hkv, hd};
   saved.cp_size = n;
   saved.x_TD = x_TD;
@@ -106,18 +77,13 @@ Tensor cp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt,
     saved.v_BSHd = v_local;
     saved.kv_pos_S = pos_local_S;
   } else {
-    Tensor kv_recv = comm_buffer(n * 2 * n_kv);  // (cp, 2, B, S/cp, Hkv·hd)
+    Tensor kv_recv = comm_buffer(n * 2 * n_kv);  // wire (cp, 2, B, S/cp, Hkv·hd)
     cp->all_gather(kv_send, kv_recv);
     saved.k_BSHd = activation({batch, S, Hkv, hd});
     saved.v_BSHd = activation({batch, S, Hkv, hd});
-    float* part[2] = {saved.k_BSHd.f32(), saved.v_BSHd.f32()};
-    const float* wire = kv_recv.f32();
-    const int64_t run = (S / (2 * n)) * Hkv * hd;
-    for_each_chunk(n, batch, S, Hkv * hd, [&](int64_t wire_off, int64_t p, int64_t full_off) {
-      std::memcpy(part[p] + full_off, wire + wire_off, run * sizeof(float));
-    });
-    saved.kv_pos_S = Tensor::empty({S}, DType::i32, MemCategory::activation);
-    for (int64_t s = 0; s < S; ++s) saved.kv_pos_S.i32()[s] = static_cast<int32_t>(s);
+    cp_unpack_kv(ctx, kv_recv.view({n, 2, batch, Sl, Hkv * hd}), saved.k_BSHd, saved.v_BSHd);  // global order
+    saved.kv_pos_S = positions(S);
+    cp_zigzag_positions(ctx, 1, 0, saved.kv_pos_S);  // one rank's zigzag is the iota 0..S−1
   }
 
   saved.o_BSHd = activation({batch, Sl, Hq, hd});
@@ -158,12 +124,9 @@ Tensor cp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt
 
   if (n > 1) {  // sum every rank's share onto the keys' owners
     const int64_t n_kv = d.batch * d.q_len * Ekv;
-    Tensor send = comm_buffer(n * 2 * n_kv);  // (cp, 2, B, S/cp, Hkv·hd)
-    const float* part[2] = {dk.f32(), dv.f32()};
-    const int64_t run = (d.kv_len / (2 * n)) * Ekv;
-    for_each_chunk(n, d.batch, d.kv_len, Ekv, [&](int64_t wire_off, int64_t p, int64_t full_off) {
-      std::memcpy(send.f32() + wire_off, part[p] + full_off, run * sizeof(float));
-    });
+    Tensor send = comm_buffer(n * 2 * n_kv);  // wire (cp, 2, B, S/cp, Hkv·hd): block r for rank r's keys
+    Tensor send_wire = send.view({n, 2, d.batch, d.q_len, Ekv});
+    cp_pack_kv(ctx, dk, dv, send_wire);
     Tensor recv = comm_buffer(2 * n_kv);  // (2, B, S/cp, Hkv·hd)
     cp->reduce_scatter(send, recv);
     dk = recv.flat_view(0, n_kv, {d.batch, d.q_len, d.num_kv_heads, d.head_dim});

@@ -22,7 +22,9 @@
 // the caller sums them over cp — in training over dp-cp together with the
 // data-parallel reduction, which the ZeRO reduce-scatter does anyway.
 //
-// Host (CPU) tensors only, like the rest of dense/ today.
+// The index maps and copies (positions, token shard, the K/V wire layout)
+// are kernels ops, kernels/context_parallel.h. Buffers are allocated on the
+// host, like the rest of dense/ today.
 #pragma once
 #include <cstdint>
 
@@ -36,7 +38,7 @@ namespace origami::dense {
 // Global positions of cp rank `rank`'s tokens, i32 [S/cp]: chunk `rank`, then
 // chunk 2·cp−1−rank (see above). Checks S % (2·cp) == 0 (a config rule that
 // engine/plan.cpp validates at load) and 0 <= rank < cp. cp = 1: 0..S−1.
-Tensor cp_positions(int64_t seq_len, int64_t cp, int64_t rank);
+Tensor cp_positions(const ExecContext& ctx, int64_t seq_len, int64_t cp, int64_t rank);
 
 // One rank's share of a micro-batch of windows.
 struct CpTokens {
@@ -47,7 +49,7 @@ struct CpTokens {
 // tokens_BS1: i32 [B, S+1] windows (inputs window[0, S), targets window[1, S]).
 // Rows are batch-major, as every [T, ·] activation: the cp = 1 result is
 // exactly the unsharded split of engine::Model::forward.
-CpTokens cp_shard_tokens(const Tensor& tokens_BS1, int64_t cp, int64_t rank);
+CpTokens cp_shard_tokens(const ExecContext& ctx, const Tensor& tokens_BS1, int64_t cp, int64_t rank);
 
 struct CpAttentionSaved {
   AttentionDims dims;  // q_len = S/cp (local), kv_len = S (gathered)

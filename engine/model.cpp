@@ -238,7 +238,7 @@ void Model::forward(StageIO& io, ModelSaved& saved) const {
   // This cp rank's tokens of each window (all of them when cp = 1): inputs,
   // shifted targets and their global positions. Replicated over tp; the
   // residual stream below is the tp rank's shard of these rows.
-  dense::CpTokens own = dense::cp_shard_tokens(tokens_BS1, comm::group_size(cp_), comm::group_rank(cp_));
+  dense::CpTokens own = dense::cp_shard_tokens(ctx, tokens_BS1, comm::group_size(cp_), comm::group_rank(cp_));
   saved.ids_T = own.ids_T;
   saved.pos_S = own.pos_S;
   saved.batch = B;

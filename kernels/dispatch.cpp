@@ -447,4 +447,41 @@ void moe_unpermute_rows_backward(const ExecContext& ctx, const Tensor& dout_TD, 
   return cpu::moe_unpermute_rows_backward(ctx, dout_TD, y_ND, row_of_TK, row_token_N, weight_TK, dy_ND, dweight_TK);
 }
 
+void cp_zigzag_positions(const ExecContext& ctx, int64_t cp, int64_t rank, Tensor& pos_S) {
+  if (on_cuda(ctx, "cp_zigzag_positions", {{"pos_S", &pos_S}}))
+    return ORIGAMI_ON_CUDA(cp_zigzag_positions)(ctx, cp, rank, pos_S);
+  const CpuThreads threads(ctx);
+  return cpu::cp_zigzag_positions(ctx, cp, rank, pos_S);
+}
+
+bool cp_zigzag_positions_match(const ExecContext& ctx, const Tensor& pos_S, int64_t cp, int64_t rank) {
+  if (on_cuda(ctx, "cp_zigzag_positions_match", {{"pos_S", &pos_S}}))
+    return ORIGAMI_ON_CUDA(cp_zigzag_positions_match)(ctx, pos_S, cp, rank);
+  const CpuThreads threads(ctx);
+  return cpu::cp_zigzag_positions_match(ctx, pos_S, cp, rank);
+}
+
+void cp_gather_tokens(const ExecContext& ctx, const Tensor& tokens_BS1, const Tensor& pos_S, Tensor& ids_T,
+                      Tensor& targets_T) {
+  if (on_cuda(ctx, "cp_gather_tokens",
+              {{"tokens_BS1", &tokens_BS1}, {"pos_S", &pos_S}, {"ids_T", &ids_T}, {"targets_T", &targets_T}}))
+    return ORIGAMI_ON_CUDA(cp_gather_tokens)(ctx, tokens_BS1, pos_S, ids_T, targets_T);
+  const CpuThreads threads(ctx);
+  return cpu::cp_gather_tokens(ctx, tokens_BS1, pos_S, ids_T, targets_T);
+}
+
+void cp_pack_kv(const ExecContext& ctx, const Tensor& k_BSHd, const Tensor& v_BSHd, Tensor& wire) {
+  if (on_cuda(ctx, "cp_pack_kv", {{"k_BSHd", &k_BSHd}, {"v_BSHd", &v_BSHd}, {"wire", &wire}}))
+    return ORIGAMI_ON_CUDA(cp_pack_kv)(ctx, k_BSHd, v_BSHd, wire);
+  const CpuThreads threads(ctx);
+  return cpu::cp_pack_kv(ctx, k_BSHd, v_BSHd, wire);
+}
+
+void cp_unpack_kv(const ExecContext& ctx, const Tensor& wire, Tensor& k_BSHd, Tensor& v_BSHd) {
+  if (on_cuda(ctx, "cp_unpack_kv", {{"wire", &wire}, {"k_BSHd", &k_BSHd}, {"v_BSHd", &v_BSHd}}))
+    return ORIGAMI_ON_CUDA(cp_unpack_kv)(ctx, wire, k_BSHd, v_BSHd);
+  const CpuThreads threads(ctx);
+  return cpu::cp_unpack_kv(ctx, wire, k_BSHd, v_BSHd);
+}
+
 }  // namespace origami

@@ -150,7 +150,7 @@ TEST(ContextParallel, PositionsPartitionTheSequenceWithEqualCausalWork) {
       std::vector<int> seen(static_cast<size_t>(S), 0);
       int64_t work0 = -1;
       for (int64_t r = 0; r < cp; ++r) {
-        const Tensor pos = dense::cp_positions(S, cp, r);
+        const Tensor pos = dense::cp_positions(ctx, S, cp, r);
         ASSERT_EQ(pos.numel(), S / cp);
         int64_t work = 0;  // causal (query, key) pairs of this rank's queries
         for (int64_t i = 0; i < pos.numel(); ++i) {
@@ -174,7 +174,7 @@ TEST(ContextParallel, PositionsPartitionTheSequenceWithEqualCausalWork) {
 TEST(ContextParallel, GroupRanksTogetherHoldEveryPositionOnce) {
   comm::Communicator& cp = cp_group();
   const int64_t S = 16 * cp.size();
-  const Tensor pos = dense::cp_positions(S, cp.size(), cp.rank());
+  const Tensor pos = dense::cp_positions(ctx, S, cp.size(), cp.rank());
   ASSERT_EQ(pos.numel(), S / cp.size());
   std::vector<int32_t> all(static_cast<size_t>(S));
   cp.all_gather(std::span<const int32_t>(pos.i32(), pos.numel()), std::span<int32_t>(all));
@@ -190,8 +190,8 @@ TEST(ContextParallel, ShardTokensReadsInputsAndNextTokensAtTheRanksPositions) {
   for (int64_t cp : {1, 2, 3, 4}) {
     std::vector<int> input_seen(static_cast<size_t>(B * S), 0);
     for (int64_t r = 0; r < cp; ++r) {
-      const dense::CpTokens t = dense::cp_shard_tokens(windows, cp, r);
-      const Tensor want_pos = dense::cp_positions(S, cp, r);
+      const dense::CpTokens t = dense::cp_shard_tokens(ctx, windows, cp, r);
+      const Tensor want_pos = dense::cp_positions(ctx, S, cp, r);
       const int64_t Sl = S / cp;
       ASSERT_EQ(t.pos_S.numel(), Sl);
       ASSERT_EQ(t.ids_T.numel(), B * Sl);
@@ -235,7 +235,7 @@ void check_against_single_rank(const Case& c, uint32_t seed) {
   dense::AttentionWeights g_ref = zero_grads(w);
   const Tensor dx_ref = dense::attention_module_backward(ctx, opt, w, ref_saved, dy, g_ref);
 
-  const Tensor pos = dense::cp_positions(c.S, n, cp.rank());
+  const Tensor pos = dense::cp_positions(ctx, c.S, n, cp.rank());
   const Tensor x_local = take_rows(x, c.B, pos), dy_local = take_rows(dy, c.B, pos);
   cp.reset_stats();
   dense::CpAttentionSaved saved;

@@ -8,6 +8,7 @@
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
 #include "kernels/context.h"
+#include "kernels/context_parallel.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"

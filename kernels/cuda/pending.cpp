@@ -147,5 +147,21 @@ void moe_unpermute_rows_backward(const ExecContext& ctx, const Tensor& dout_TD, 
                                  Tensor& dy_ND, Tensor& dweight_TK) {
   pending("moe_unpermute_rows_backward");
 }
+void cp_zigzag_positions(const ExecContext& ctx, int64_t cp, int64_t rank, Tensor& pos_S) {
+  pending("cp_zigzag_positions");
+}
+bool cp_zigzag_positions_match(const ExecContext& ctx, const Tensor& pos_S, int64_t cp, int64_t rank) {
+  pending("cp_zigzag_positions_match");
+}
+void cp_gather_tokens(const ExecContext& ctx, const Tensor& tokens_BS1, const Tensor& pos_S, Tensor& ids_T,
+                      Tensor& targets_T) {
+  pending("cp_gather_tokens");
+}
+void cp_pack_kv(const ExecContext& ctx, const Tensor& k_BSHd, const Tensor& v_BSHd, Tensor& wire) {
+  pending("cp_pack_kv");
+}
+void cp_unpack_kv(const ExecContext& ctx, const Tensor& wire, Tensor& k_BSHd, Tensor& v_BSHd) {
+  pending("cp_unpack_kv");
+}
 
 }  // namespace origami::cuda
