@@ -3,9 +3,11 @@
 // op's entry (tests/backend_ops/) against its naive fp64 reference; the CUDA
 // case runs the same problems (same seed, same inputs, copied with
 // Tensor::to) on cuda:0 against the CPU result, or skips naming why (built
-// without CUDA / no CUDA device). An op still pending on CUDA
-// (kernels/cuda/pending.cpp) stops its process naming the op: under CTest
-// every case is its own process, so only that case fails. Each call's
+// without CUDA / no CUDA device). CTest runs the halves as BackendOps.cpu
+// and BackendOps.cuda (tests/CMakeLists.txt). An op still pending on CUDA
+// (kernels/cuda/pending.cpp) stops the process naming the op; while the
+// backend is partial, run the written ops' cases by name
+// (--gtest_filter='*gemm_cuda:*axpy_cuda'). Each call's
 // arguments sit between sentinel regions that must come back bitwise
 // intact, overwritten outputs start poisoned and must be written
 // everywhere, and inputs must come back unchanged.
