@@ -100,7 +100,8 @@ inline NaiveTopk naive_topk(const std::vector<double>& z, int64_t E, const MoeTo
         gs[g] = std::accumulate(in.begin(), in.begin() + m, 0.0);
       }
       const std::vector<int> gr = rank(gs);
-      for (int64_t i = p.group_topk; i < G; ++i) std::fill(v.begin() + gr[i] * Eg, v.begin() + (gr[i] + 1) * Eg, -1e300);
+      for (int64_t i = p.group_topk; i < G; ++i)
+        std::fill(v.begin() + gr[i] * Eg, v.begin() + (gr[i] + 1) * Eg, -1e300);
     }
     std::vector<int> er = rank(v);
     if (fixed_experts) std::copy(fixed_experts->begin() + t * K, fixed_experts->begin() + (t + 1) * K, er.begin());

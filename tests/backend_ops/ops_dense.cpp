@@ -71,8 +71,8 @@ OpEntry reduction_entry(const char* name, bool squares) {
               Problem p("n " + std::to_string(n));
               p.in("x", randn({n}, g, 3.0f));
               // Both sides sum fp32 values (squares exact in fp64) in fp64, in different orders.
-              p.out("result", {1}, DType::f64,
-                    {1.2e-16 * double(n), 0, "fp64 sums of n terms in any order: <= n·eps64 of Σ|terms|"}, Where::host);
+              const Tol tol{1.2e-16 * double(n), 0, "fp64 sums of n terms in any order: <= n·eps64 of Σ|terms|"};
+              p.out("result", {1}, DType::f64, tol, Where::host);
               p.call = [squares](const ExecContext& ctx, Bound& t) {
                 t.at("result").data<double>()[0] = squares ? sum_squares(ctx, t.at("x")) : sum(ctx, t.at("x"));
               };
@@ -369,7 +369,8 @@ OpEntry adamw_entry() {
               for (int64_t i = 0; i < n; ++i) v.f32()[i] *= v.f32()[i];  // a second moment: >= 0
               // The step (O(lr)) is small next to |p|: the bound is 1e-4 of the step
               // plus 4e-7 of |p| (fp32 rounding of p(1 − lr·wd) and of the update).
-              p.inout("param", randn({n}, g), {1e-4, 0, "1e-4 of the step + a few ulp of |p| (scale |Δ| + 4e-3·|p|)"});
+              p.inout("param", randn({n}, g),
+                      {1e-4, 0, "1e-4 of the step + a few ulp of |p| (scale |Δ| + 4e-3·|p|)"});
               p.in("grad", randn({n}, g, 0.5f));
               const Tol moments{4e-7, 0, "two rounded products and a sum: a few ulp of |β·m| + |(1−β)·g|"};
               p.inout("exp_avg", randn({n}, g, 0.1f), moments).inout("exp_avg_sq", v, moments);

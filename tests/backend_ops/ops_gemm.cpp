@@ -123,7 +123,8 @@ OpEntry grouped_gemm_entry() {
               for (Trans trans_w : {Trans::yes, Trans::no})  // forward Y = X·Wᵀ; data gradient dX = dY·W
                 for (const float beta : {0.0f, 1.0f, 0.5f}) {
                   const int64_t N = total_rows(c.segs);
-                  const int64_t in_cols = trans_w == Trans::yes ? c.K : c.M, out_cols = trans_w == Trans::yes ? c.M : c.K;
+                  const bool fwd = trans_w == Trans::yes;
+                  const int64_t in_cols = fwd ? c.K : c.M, out_cols = fwd ? c.M : c.K;
                   Problem p(std::string(c.name) + (trans_w == Trans::yes ? ", X·Wᵀ" : ", dY·W") + ", beta " +
                             std::to_string(beta));
                   p.in("X", randn({N, in_cols}, g)).in("W", randn({c.G, c.M, c.K}, g));

@@ -152,7 +152,7 @@ OpEntry cross_entropy_local_sums_entry() {
                         std::to_string(s.Vr) + ") of " + std::to_string(s.vocab));
               p.in("logits_TV", x).in("targets_T", i32s(c.targets)).in("max_T", from_doubles(row_max(x), {s.T}));
               p.out("sums_2T", {2, s.T}, DType::f64,
-                    {2e-6, 0, "row 0: exp of the fp32-rounded logit − max (~1e-6 at |difference| <= 20); row 1 copied"});
+                    {2e-6, 0, "row 0: exp of the fp32-rounded logit − max (~1e-6 at |x − max| <= 20); row 1 copied"});
               p.call = [s](const ExecContext& ctx, Bound& t) {
                 cross_entropy_local_sums(ctx, t.at("logits_TV"), t.at("targets_T"), t.at("max_T"), s.start, s.vocab,
                                          t.at("sums_2T"));
@@ -225,8 +225,8 @@ OpEntry cross_entropy_local_backward_entry() {
                                              t.at("dlogits_TV"));
               };
               p.reference = [s, c, scale](const Bound& in, Refs& want) {
-                want["dlogits_TV"].value =
-                    ref_dlogits(values(in.at("logits_TV")), s.T, s.Vr, c.targets, values(in.at("lse_T")), s.start, scale);
+                const std::vector<double> x = values(in.at("logits_TV")), lse = values(in.at("lse_T"));
+                want["dlogits_TV"].value = ref_dlogits(x, s.T, s.Vr, c.targets, lse, s.start, scale);
               };
               ps.push_back(std::move(p));
             }

@@ -133,7 +133,8 @@ OpEntry topk_forward_entry() {
               if (c.lse) p.out("lse_T", {T}, DType::f32, {1e-6, 0, "fp32 log-sum-exp (scale 1 + |lse|)"});
               const MoeTopkParams params = c.p;
               p.call = [params](const ExecContext& ctx, Bound& t) {
-                Tensor bias = t.count("bias_E") ? t.at("bias_E") : Tensor(), lse = t.count("lse_T") ? t.at("lse_T") : Tensor();
+                Tensor bias = t.count("bias_E") ? t.at("bias_E") : Tensor();
+                Tensor lse = t.count("lse_T") ? t.at("lse_T") : Tensor();
                 moe_topk_forward(ctx, t.at("logits_TE"), bias, params, t.at("scores_TE"), t.at("expert_TK"),
                                  t.at("weight_TK"), lse);
               };
@@ -164,19 +165,19 @@ std::vector<double> naive_topk_backward(const std::vector<double>& z, int64_t E,
   for (int64_t t = 0; t < T; ++t) {
     const double* s = &n.scores[t * E];
     std::vector<double> gs(E, 0.0);
-    if (!R.empty()) {
-      double sel = 0.0, rs = 0.0;
-      for (int64_t j = 0; j < K; ++j) sel += s[experts[t * K + j]], rs += R[t * K + j] * s[experts[t * K + j]];
-      for (int64_t j = 0; j < K; ++j)
-        gs[experts[t * K + j]] += p.normalize ? p.scaling * (R[t * K + j] / (sel + 1e-20) - rs / ((sel + 1e-20) * (sel + 1e-20)))
-                                              : p.scaling * R[t * K + j];
+    if (!R.empty()) {  // p_j = c·s_j / (Σ_sel s + ε) when normalized, else c·s_j
+      double den = 1e-20, rs = 0.0;
+      for (int64_t j = 0; j < K; ++j) den += s[experts[t * K + j]], rs += R[t * K + j] * s[experts[t * K + j]];
+      for (int64_t j = 0; j < K; ++j) {
+        const double r = R[t * K + j];
+        gs[experts[t * K + j]] += p.normalize ? p.scaling * (r / den - rs / (den * den)) : p.scaling * r;
+      }
     }
-    if (!A.empty()) {
+    if (!A.empty()) {  // s' = s (softmax) or s / (Σ_e s + ε) (sigmoid)
       const double* a = &A[(t / seg_len) * E];
-      double norm = 0.0, as = 0.0;
-      for (int64_t e = 0; e < E; ++e) norm += s[e], as += a[e] * s[e];
-      for (int64_t e = 0; e < E; ++e)
-        gs[e] += p.score == MoeScore::softmax ? a[e] : a[e] / (norm + 1e-20) - as / ((norm + 1e-20) * (norm + 1e-20));
+      double den = 1e-20, as = 0.0;
+      for (int64_t e = 0; e < E; ++e) den += s[e], as += a[e] * s[e];
+      for (int64_t e = 0; e < E; ++e) gs[e] += p.score == MoeScore::softmax ? a[e] : a[e] / den - as / (den * den);
     }
     double gdot = 0.0;
     for (int64_t e = 0; e < E; ++e) gdot += gs[e] * s[e];
@@ -199,7 +200,8 @@ OpEntry topk_backward_entry() {
             };
             std::vector<Case> cases;
             for (MoeScore sc : {MoeScore::softmax, MoeScore::sigmoid})
-              for (bool norm : {false, true}) cases.push_back({{12, 8, {sc, 3, 2, 1, norm, 1.3f}, false, false}, 4, true, true, 0.07f});
+              for (bool norm : {false, true})
+                cases.push_back({{12, 8, {sc, 3, 2, 1, norm, 1.3f}, false, false}, 4, true, true, 0.07f});
             cases.push_back({{12, 8, {MoeScore::softmax, 2, 1, 1, false, 1.0f}, false, false}, 12, false, true, 0.0f});
             cases.push_back({{12, 8, {MoeScore::sigmoid, 2, 1, 1, true, 1.0f}, false, false}, 4, true, false, 0.07f});
             cases.push_back({{1, 2, {MoeScore::sigmoid, 1, 1, 1, false, 1.0f}, false, false}, 1, true, true, 0.1f});
@@ -221,8 +223,8 @@ OpEntry topk_backward_entry() {
               p.call = [=](const ExecContext& ctx, Bound& t) {
                 Tensor dw = t.count("dweight_TK") ? t.at("dweight_TK") : Tensor();
                 Tensor aux = t.count("aux_SE") ? t.at("aux_SE") : Tensor();
-                moe_topk_backward(ctx, t.at("logits_TE"), t.at("scores_TE"), t.at("expert_TK"), dw, aux, seg, zc, params,
-                                  t.at("dlogits_TE"));
+                moe_topk_backward(ctx, t.at("logits_TE"), t.at("scores_TE"), t.at("expert_TK"), dw, aux, seg, zc,
+                                  params, t.at("dlogits_TE"));
               };
               p.reference = [=](const Bound& in, Refs& want) {
                 const std::vector<double> ex = values(in.at("expert_TK"));
@@ -270,8 +272,8 @@ OpEntry routing_stats_entry() {
                   for (int64_t j = 0; j < c.K; ++j) counts[(t / c.seg) * c.E + int64_t(ex[t * c.K + j])] += 1;
                   double norm = 0.0;
                   for (int64_t e = 0; e < c.E; ++e) norm += s[t * c.E + e];
-                  for (int64_t e = 0; e < c.E; ++e)
-                    sums[(t / c.seg) * c.E + e] += c.score == MoeScore::softmax ? s[t * c.E + e] : s[t * c.E + e] / (norm + 1e-20);
+                  const double div = c.score == MoeScore::softmax ? 1.0 : norm + 1e-20;
+                  for (int64_t e = 0; e < c.E; ++e) sums[(t / c.seg) * c.E + e] += s[t * c.E + e] / div;
                 }
                 want["counts_SE"].value = counts;
                 want["scores_SE"] = {sums, sums};
@@ -455,7 +457,8 @@ OpEntry unpermute_rows_entry() {
               const int64_t D = kRowWidths[i], N = total_rows(r), K = r.K;
               const Maps m = naive_maps(r);
               Problem p(r.name + ", D " + std::to_string(D));
-              p.in("y_ND", randn({N, D}, g)).in("row_of_TK", i32s(m.row_of, {r.T, K})).in("weight_TK", randn({r.T, K}, g));
+              p.in("y_ND", randn({N, D}, g)).in("row_of_TK", i32s(m.row_of, {r.T, K}));
+              p.in("weight_TK", randn({r.T, K}, g));
               // Dropped-everywhere tokens get zeros (the hand-made and random cases have some slots dropped).
               p.out("out_TD", {r.T, D}, DType::f32,
                     {2.4e-7 * double(K), 1e-30, "K rounded products and their fp32 sum: <= 2K·u of Σ|terms|"});
