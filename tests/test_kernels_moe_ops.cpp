@@ -1,10 +1,8 @@
-// MoE routing kernels against naive references (ARCHITECTURE.md §9): top-k
-// forward on constructed logits (exact ties, group ties, bias, lse), the
-// per-token backward against fp64 central differences of a naive forward,
-// routing statistics over segments that straddle the 256-token chunks,
-// histograms; sentinel regions around outputs to catch out-of-bounds writes;
-// bitwise-equal results at 1 and 3 threads. moe/ tests cover capacity and the
-// permutation layout through the module API.
+// MoE routing kernels beyond a plain reference comparison (those live in the
+// op × backend harness, tests/backend_ops/ops_moe.cpp): top-k tie-breaking
+// on constructed logits (equal experts, equal groups, bias moving selection
+// but not weights), the top-k backward against fp64 central differences of
+// a naive forward, and bitwise-equal results at 1 and 3 threads.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -16,14 +14,15 @@
 #include <vector>
 
 #include "kernels/moe_ops.h"
+#include "naive_ops.h"
 #include "test_context.h"
 
 namespace origami {
 namespace {
 
 const ExecContext& ctx = testing::test_context();
-
-constexpr float kSentinel = -12345.0f;
+using testing::naive_topk;
+using testing::NaiveTopk;
 
 Tensor make(Shape s, DType dt = DType::f32) { return Tensor::empty(std::move(s), dt, MemCategory::activation); }
 
@@ -32,77 +31,6 @@ Tensor randn(Shape s, std::mt19937& g, float sd = 1.0f) {
   std::normal_distribution<float> nd(0.0f, sd);
   for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = nd(g);
   return t;
-}
-
-// An f32 output view with 16 sentinel floats on each side of it.
-struct Guarded {
-  Tensor storage, view;
-  explicit Guarded(Shape s) {
-    const int64_t n = shape_numel(s);
-    storage = make({n + 32});
-    std::fill(storage.f32(), storage.f32() + n + 32, kSentinel);
-    view = storage.flat_view(16, n, std::move(s));
-  }
-  void expect_intact(const char* what) const {
-    const int64_t n = view.numel();
-    for (int i = 0; i < 16; ++i) {
-      EXPECT_EQ(storage.f32()[i], kSentinel) << what << ": write before the output";
-      EXPECT_EQ(storage.f32()[16 + n + i], kSentinel) << what << ": write past the output";
-    }
-  }
-};
-
-// ------------------------------------------------------------ naive top-k (fp64)
-
-struct NaiveTopk {
-  std::vector<int> experts;
-  std::vector<double> weights, scores, lse;
-};
-
-NaiveTopk naive_topk(const std::vector<double>& z, int64_t E, const MoeTopkParams& p, const std::vector<double>& bias,
-                     const std::vector<int>* fixed_experts = nullptr) {
-  const int64_t T = int64_t(z.size()) / E, K = p.top_k;
-  NaiveTopk r;
-  for (int64_t t = 0; t < T; ++t) {
-    const double* zt = &z[t * E];
-    const double mx = *std::max_element(zt, zt + E);
-    double se = 0;
-    for (int64_t e = 0; e < E; ++e) se += std::exp(zt[e] - mx);
-    r.lse.push_back(mx + std::log(se));
-    std::vector<double> v(E);
-    for (int64_t e = 0; e < E; ++e) {
-      const double s = p.score == MoeScore::softmax ? std::exp(zt[e] - mx) / se : 1 / (1 + std::exp(-zt[e]));
-      r.scores.push_back(s);
-      v[e] = s + (bias.empty() ? 0.0 : bias[e]);
-    }
-    auto rank = [](const std::vector<double>& x) {
-      std::vector<int> idx(x.size());
-      std::iota(idx.begin(), idx.end(), 0);
-      std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return x[a] > x[b]; });
-      return idx;
-    };
-    if (p.num_groups > 1) {
-      const int64_t G = p.num_groups, Eg = E / G, m = K / p.group_topk;
-      std::vector<double> gs(G);
-      for (int64_t g = 0; g < G; ++g) {
-        std::vector<double> in(v.begin() + g * Eg, v.begin() + (g + 1) * Eg);
-        std::sort(in.rbegin(), in.rend());
-        gs[g] = std::accumulate(in.begin(), in.begin() + m, 0.0);
-      }
-      const std::vector<int> gr = rank(gs);
-      for (int64_t i = p.group_topk; i < G; ++i) std::fill(v.begin() + gr[i] * Eg, v.begin() + (gr[i] + 1) * Eg, -1e300);
-    }
-    std::vector<int> er = rank(v);
-    if (fixed_experts) std::copy(fixed_experts->begin() + t * K, fixed_experts->begin() + (t + 1) * K, er.begin());
-    double sum = 0;
-    for (int64_t j = 0; j < K; ++j) sum += r.scores[t * E + er[j]];
-    for (int64_t j = 0; j < K; ++j) {
-      r.experts.push_back(er[j]);
-      const double s = r.scores[t * E + er[j]];
-      r.weights.push_back((p.normalize ? s / (sum + 1e-20) : s) * p.scaling);
-    }
-  }
-  return r;
 }
 
 std::vector<double> to_double(const Tensor& t) { return std::vector<double>(t.f32(), t.f32() + t.numel()); }
@@ -116,28 +44,6 @@ TopkOut run_topk(const Tensor& logits, const Tensor& bias, const MoeTopkParams& 
   TopkOut o{make({T, E}), make({T, p.top_k}, DType::i32), make({T, p.top_k}), make({T})};
   moe_topk_forward(ctx, logits, bias, p, o.scores, o.experts, o.weights, o.lse);
   return o;
-}
-
-TEST(KernelsMoe, TopkForwardMatchesNaiveWithLse) {
-  std::mt19937 rng(71);
-  const int64_t T = 50;
-  struct Case { int64_t E, K, G, gk; MoeScore sc; bool norm, bias; };
-  for (const Case& c : {Case{8, 2, 1, 1, MoeScore::softmax, false, false}, Case{16, 4, 4, 2, MoeScore::sigmoid, true, true},
-                        Case{32, 6, 8, 3, MoeScore::softmax, true, true}, Case{5, 5, 1, 1, MoeScore::sigmoid, false, true}}) {
-    MoeTopkParams p{c.sc, c.K, c.G, c.gk, c.norm, 1.5f};
-    Tensor logits = randn({T, c.E}, rng, 2.0f);
-    Tensor bias = c.bias ? randn({c.E}, rng, 0.1f) : Tensor();
-    const TopkOut o = run_topk(logits, bias, p);
-    const NaiveTopk n = naive_topk(to_double(logits), c.E, p, c.bias ? to_double(bias) : std::vector<double>{});
-    for (int64_t i = 0; i < T * c.K; ++i) {
-      EXPECT_EQ(o.experts.i32()[i], n.experts[i]) << "E " << c.E << " slot " << i;
-      // exp_fast and fp32 sums: < 1e-6 relative.
-      EXPECT_NEAR(o.weights.f32()[i], n.weights[i], 2e-6 * n.weights[i]);
-      EXPECT_GT(o.weights.f32()[i], 0.0f);
-    }
-    for (int64_t i = 0; i < T * c.E; ++i) EXPECT_NEAR(o.scores.f32()[i], n.scores[i], 2e-6 * n.scores[i] + 1e-12);
-    for (int64_t t = 0; t < T; ++t) EXPECT_NEAR(o.lse.f32()[t], n.lse[t], 1e-6 * (1 + std::abs(n.lse[t])));
-  }
 }
 
 TEST(KernelsMoe, TopkTiesOnConstructedLogits) {
@@ -214,44 +120,7 @@ TEST(KernelsMoe, TopkBackwardMatchesFp64CentralDifferences) {
   }
 }
 
-TEST(KernelsMoe, RoutingStatsPerSegmentAcrossChunkBoundaries) {
-  std::mt19937 rng(79);
-  const int64_t seg = 300, S = 3, T = seg * S, E = 6;  // segments straddle the 256-token chunks
-  for (MoeScore sc : {MoeScore::softmax, MoeScore::sigmoid}) {
-    MoeTopkParams p{sc, 2, 1, 1, false, 1.0f};
-    const TopkOut o = run_topk(randn({T, E}, rng), Tensor(), p);
-    std::vector<double> counts(S * E), sums(S * E);
-    moe_routing_stats(ctx, o.scores, o.experts, sc, seg, counts.data(), sums.data());
-    std::vector<double> wc(S * E, 0.0), ws(S * E, 0.0);
-    for (int64_t t = 0; t < T; ++t) {
-      for (int j = 0; j < 2; ++j) wc[(t / seg) * E + o.experts.i32()[t * 2 + j]] += 1;
-      double norm = 0;
-      for (int64_t e = 0; e < E; ++e) norm += o.scores.f32()[t * E + e];
-      for (int64_t e = 0; e < E; ++e)
-        ws[(t / seg) * E + e] += o.scores.f32()[t * E + e] / (sc == MoeScore::sigmoid ? norm : 1.0);
-    }
-    for (int64_t i = 0; i < S * E; ++i) {
-      EXPECT_EQ(counts[i], wc[i]) << i;
-      EXPECT_NEAR(sums[i], ws[i], 1e-5 * ws[i]);  // fp32 per-token normalization
-      EXPECT_GT(sums[i], 0.0);
-    }
-    EXPECT_EQ(std::accumulate(counts.begin(), counts.end(), 0.0), double(T * 2));
-  }
-}
-
-TEST(KernelsMoe, HistogramCountsKeptSlots) {
-  Tensor ex = make({4, 2}, DType::i32), kept = make({4, 2}, DType::u8), cnt = make({3}, DType::i64);
-  const int32_t e[] = {0, 2, 2, 1, 2, 0, 1, 2};
-  const uint8_t k[] = {1, 1, 0, 1, 1, 1, 0, 1};
-  std::copy(e, e + 8, ex.i32());
-  std::copy(k, k + 8, kept.data<uint8_t>());
-  moe_expert_histogram(ctx, ex, Tensor(), 3, cnt);
-  EXPECT_EQ(std::vector<int64_t>(cnt.data<int64_t>(), cnt.data<int64_t>() + 3), (std::vector<int64_t>{2, 2, 4}));
-  moe_expert_histogram(ctx, ex, kept, 3, cnt);
-  EXPECT_EQ(std::vector<int64_t>(cnt.data<int64_t>(), cnt.data<int64_t>() + 3), (std::vector<int64_t>{2, 1, 3}));
-}
-
-// Row maps for a small routing with one drop and padding to 3 rows/expert.
+// Row maps with rows_each rows per expert.
 struct Maps {
   Tensor row_of, token, slot;
 };
@@ -261,36 +130,6 @@ Maps small_maps(const Tensor& ex, const Tensor& kept, int64_t E, int64_t rows_ea
   Maps m{make(ex.shape(), DType::i32), make({E * rows_each}, DType::i32), make({E * rows_each}, DType::i32)};
   moe_permutation_maps(ctx, ex, kept, rows, m.row_of, m.token, m.slot);
   return m;
-}
-
-TEST(KernelsMoe, GathersStayInsideTheirOutputs) {
-  std::mt19937 rng(83);
-  const int64_t T = 5, K = 2, E = 3, D = 7;
-  Tensor ex = make({T, K}, DType::i32), kept = make({T, K}, DType::u8);
-  const int32_t e[] = {0, 1, 1, 2, 0, 2, 1, 0, 2, 1};
-  std::copy(e, e + 10, ex.i32());
-  std::fill(kept.data<uint8_t>(), kept.data<uint8_t>() + 10, 1);
-  kept.data<uint8_t>()[9] = 0;  // token 4's expert-1 slot dropped
-  const Maps m = small_maps(ex, kept, E, 4);
-  Tensor x = randn({T, D}, rng), w = randn({T, K}, rng);
-  Guarded x_ND({E * 4, D}), out({T, D}), dy({E * 4, D}), dw({T, K});
-  moe_permute_rows(ctx, x, m.token, x_ND.view);
-  moe_unpermute_rows(ctx, x_ND.view, m.row_of, w, out.view);
-  moe_unpermute_rows_backward(ctx, x, x_ND.view, m.row_of, m.token, w, dy.view, dw.view);
-  x_ND.expect_intact("permute");
-  out.expect_intact("unpermute");
-  dy.expect_intact("unpermute dy");
-  dw.expect_intact("unpermute dweight");
-  // Expert 1 holds tokens 0, 1, 3 (slots 1, 0, 0) and one padding row.
-  const int32_t want_tok[] = {0, 2, 3, -1, 0, 1, 3, -1, 1, 2, 4, -1};
-  for (int i = 0; i < 12; ++i) EXPECT_EQ(m.token.i32()[i], want_tok[i]) << "row " << i;
-  EXPECT_EQ(m.row_of.i32()[9], -1);
-  EXPECT_EQ(dw.view.f32()[9], 0.0f);
-  for (int64_t d = 0; d < D; ++d) {
-    EXPECT_EQ(x_ND.view.f32()[3 * D + d], 0.0f);
-    EXPECT_EQ(x_ND.view.f32()[4 * D + d], x.f32()[0 * D + d]);
-    EXPECT_NEAR(out.view.f32()[4 * D + d], w.f32()[8] * x.f32()[4 * D + d], 1e-6);  // one kept slot
-  }
 }
 
 // Every op gives bitwise-identical results at 1 and 3 threads.

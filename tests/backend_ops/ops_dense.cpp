@@ -1,0 +1,478 @@
+// The harness's table, dense part: elementwise and reductions, rmsnorm,
+// rope, swiglu, embedding, adamw, init. Each entry:
+// problems over several shapes (edge sizes included) from fresh random
+// inputs, a naive fp64 reference, and a tolerance per output with its reason.
+#include <cmath>
+#include <numbers>
+
+#include "backend_ops/harness.h"
+#include "kernels/adamw.h"
+#include "kernels/elementwise.h"
+#include "kernels/embedding.h"
+#include "kernels/init.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
+#include "naive_ops.h"
+
+namespace origami::testing::backend_ops {
+namespace {
+
+// ---------------------------------------------------------------- elementwise and reductions
+
+OpEntry axpy_entry() {
+  return {"axpy", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            auto add = [&](int64_t n, float a, bool integers) {
+              Problem p("n " + std::to_string(n) + ", a " + std::to_string(a) + (integers ? ", integers" : ", randn"));
+              p.in("x", integers ? randint({n}, g, -9, 9) : randn({n}, g));
+              p.inout("y", integers ? randint({n}, g, -9, 9) : randn({n}, g),
+                      integers ? Tol{0, 0, "integers plus a short binary fraction times integers: exact"}
+                               : Tol{2.4e-7, 0, "a·x and the sum each rounded once: <= 2u of |y| + |a·x|"});
+              p.call = [a](const ExecContext& ctx, Bound& t) { axpy(ctx, a, t.at("x"), t.at("y")); };
+              p.reference = [a](const Bound& in, Refs& want) {
+                const std::vector<double> x = values(in.at("x")), y = values(in.at("y"));
+                Ref& r = want["y"];
+                for (size_t i = 0; i < x.size(); ++i) {
+                  r.value.push_back(y[i] + double(a) * x[i]);
+                  r.scale.push_back(std::abs(y[i]) + std::abs(double(a) * x[i]));
+                }
+              };
+              ps.push_back(std::move(p));
+            };
+            for (int64_t n : {1, 17, 4099}) add(n, -2.5f, true);  // odd lengths: vector-loop tails
+            add(1000, 0.3f, false);
+            return ps;
+          }};
+}
+
+OpEntry scale_inplace_entry() {
+  return {"scale_inplace", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            for (int64_t n : {1, 33, 4099})
+              for (float a : {0.5f, -3.0f}) {
+                Problem p("n " + std::to_string(n) + ", a " + std::to_string(a));
+                p.inout("y", randint({n}, g, -9, 9), {0, 0, "small integers times 0.5 or −3: exact"});
+                p.call = [a](const ExecContext& ctx, Bound& t) { scale_inplace(ctx, t.at("y"), a); };
+                p.reference = [a](const Bound& in, Refs& want) {
+                  for (double y : values(in.at("y"))) want["y"].value.push_back(y * a);
+                };
+                ps.push_back(std::move(p));
+              }
+            return ps;
+          }};
+}
+
+// sum_squares / sum: one fp64 result, written to a host f64 [1].
+OpEntry reduction_entry(const char* name, bool squares) {
+  return {name, [squares](std::mt19937& g) {
+            std::vector<Problem> ps;
+            for (int64_t n : {1, 7, 4097, 30011}) {
+              Problem p("n " + std::to_string(n));
+              p.in("x", randn({n}, g, 3.0f));
+              // Both sides sum fp32 values (squares exact in fp64) in fp64, in different orders.
+              const Tol tol{1.2e-16 * double(n), 0, "fp64 sums of n terms in any order: <= n·eps64 of Σ|terms|"};
+              p.out("result", {1}, DType::f64, tol, Where::host);
+              p.call = [squares](const ExecContext& ctx, Bound& t) {
+                t.at("result").data<double>()[0] = squares ? sum_squares(ctx, t.at("x")) : sum(ctx, t.at("x"));
+              };
+              p.reference = [squares](const Bound& in, Refs& want) {
+                double s = 0.0, mag = 0.0;
+                for (double x : values(in.at("x"))) {
+                  s += squares ? x * x : x;
+                  mag += squares ? x * x : std::abs(x);
+                }
+                want["result"] = {{s}, {mag}};
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+// ---------------------------------------------------------------- rmsnorm
+
+OpEntry rmsnorm_forward_entry() {
+  return {"rmsnorm_forward", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            for (auto [T, D] : {std::pair<int64_t, int64_t>{13, 67}, {1, 1}, {4, 256}, {3, 1000}}) {
+              const float eps = 1e-5f;
+              Problem p("T " + std::to_string(T) + ", D " + std::to_string(D));
+              const Tol tol{2e-6, 0, "fp32 sum of D squares, then rsqrt and two products: a few ulp"};
+              p.in("x_TD", randn({T, D}, g, 2.0f)).in("w_D", randn({D}, g));
+              p.out("y_TD", {T, D}, DType::f32, tol).out("rstd_T", {T}, DType::f32, tol);
+              p.call = [eps](const ExecContext& ctx, Bound& t) {
+                rmsnorm_forward(ctx, t.at("x_TD"), t.at("w_D"), eps, t.at("y_TD"), t.at("rstd_T"));
+              };
+              p.reference = [=](const Bound& in, Refs& want) {
+                const std::vector<double> x = values(in.at("x_TD"));
+                want["y_TD"].value = ref_rmsnorm(x, values(in.at("w_D")), T, D, eps);
+                for (int64_t t = 0; t < T; ++t) {
+                  double ss = 0.0;
+                  for (int64_t i = 0; i < D; ++i) ss += x[t * D + i] * x[t * D + i];
+                  want["rstd_T"].value.push_back(1.0 / std::sqrt(ss / D + eps));
+                }
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+// dx = r·w⊙dy − r³/D · x · Σ_j w_j·dy_j·x_j per row (r = the saved rstd);
+// dw += Σ_t dy ⊙ x · r.
+OpEntry rmsnorm_backward_entry() {
+  return {"rmsnorm_backward", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            for (auto [T, D] : {std::pair<int64_t, int64_t>{13, 67}, {1, 1}, {64, 48}}) {
+              Problem p("T " + std::to_string(T) + ", D " + std::to_string(D));
+              Tensor x = randn({T, D}, g, 2.0f);
+              std::vector<double> rstd(T);
+              for (int64_t t = 0; t < T; ++t) {
+                double ss = 0.0;
+                for (int64_t i = 0; i < D; ++i) ss += double(x.f32()[t * D + i]) * x.f32()[t * D + i];
+                rstd[t] = 1.0 / std::sqrt(ss / D + 1e-5);
+              }
+              p.in("dy_TD", randn({T, D}, g)).in("x_TD", x).in("w_D", randn({D}, g));
+              p.in("rstd_T", from_doubles(rstd, {T}));
+              p.out("dx_TD", {T, D}, DType::f32,
+                    {1e-5, 0, "fp32 dot of D terms, then a difference of two terms (scale: their magnitudes)"});
+              p.inout("dw_D", randn({D}, g), {2e-6, 0, "fp32 sum over T rows of one product each, added to dw"});
+              p.call = [=](const ExecContext& ctx, Bound& t) {
+                Tensor ws = poisoned_workspace(ctx, rmsnorm_backward_workspace_bytes(ctx, T, D));
+                rmsnorm_backward(ctx, t.at("dy_TD"), t.at("x_TD"), t.at("w_D"), t.at("rstd_T"), t.at("dx_TD"),
+                                 t.at("dw_D"), ws);
+              };
+              p.reference = [=](const Bound& in, Refs& want) {
+                const std::vector<double> dy = values(in.at("dy_TD")), xv = values(in.at("x_TD")),
+                                          w = values(in.at("w_D")), r = values(in.at("rstd_T"));
+                std::vector<double> dx(T * D), dx_scale(T * D), dw = values(in.at("dw_D"));
+                for (int64_t t = 0; t < T; ++t) {
+                  double dot = 0.0, dot_abs = 0.0;
+                  for (int64_t i = 0; i < D; ++i) {
+                    dot += w[i] * dy[t * D + i] * xv[t * D + i];
+                    dot_abs += std::abs(w[i] * dy[t * D + i] * xv[t * D + i]);
+                  }
+                  const double c = r[t] * r[t] * r[t] / D;
+                  for (int64_t i = 0; i < D; ++i) {
+                    dx[t * D + i] = r[t] * w[i] * dy[t * D + i] - c * xv[t * D + i] * dot;
+                    // At D = 1 the two terms cancel to O(eps): measure against them.
+                    dx_scale[t * D + i] = std::abs(r[t] * w[i] * dy[t * D + i]) + c * std::abs(xv[t * D + i]) * dot_abs;
+                    dw[i] += dy[t * D + i] * xv[t * D + i] * r[t];
+                  }
+                }
+                want["dx_TD"] = {dx, dx_scale};
+                want["dw_D"].value = dw;
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+// ---------------------------------------------------------------- rope
+
+// x rotated by sign · angle in double: the forward (+1) and its gradient (−1).
+std::vector<double> ref_rope(const std::vector<double>& x, const std::vector<int32_t>& pos, int64_t B, int64_t S,
+                             int64_t H, int64_t hd, double theta, double sign) {
+  std::vector<double> y(x.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < hd / 2; ++i) {
+          const int64_t base = ((b * S + s) * H + h) * hd;
+          const double ang = sign * pos[s] * std::pow(theta, -2.0 * i / hd);
+          const double a = x[base + i], c = x[base + i + hd / 2];
+          y[base + i] = a * std::cos(ang) - c * std::sin(ang);
+          y[base + i + hd / 2] = c * std::cos(ang) + a * std::sin(ang);
+        }
+  return y;
+}
+
+OpEntry rope_entry(const char* name, double sign) {
+  return {name, [sign](std::mt19937& g) {
+            std::vector<Problem> ps;
+            struct Shape4 {
+              int64_t B, S, H, hd;
+              std::vector<int32_t> pos;
+              float theta;
+            };
+            std::uniform_int_distribution<int32_t> any_pos(0, 100000);
+            std::vector<int32_t> random_pos(5);
+            for (int32_t& v : random_pos) v = any_pos(g);
+            // Positions non-contiguous (context-parallel chunks) and large (long context).
+            for (const Shape4& c : {Shape4{2, 6, 3, 64, {5, 17, 1000, 3, 70000, 123}, 10000.0f},
+                                    Shape4{1, 1, 1, 2, {7}, 10000.0f}, Shape4{1, 5, 2, 10, random_pos, 500000.0f}}) {
+              Problem p("B " + std::to_string(c.B) + ", S " + std::to_string(c.S) + ", H " + std::to_string(c.H) +
+                        ", hd " + std::to_string(c.hd));
+              p.inout("x_BSHd", randn({c.B, c.S, c.H, c.hd}, g),
+                      {1e-6, 0, "angles in double, cos/sin rounded to fp32 once, then two products and a sum"});
+              p.in("pos_S", i32s(c.pos));
+              const bool forward = sign > 0;
+              const float theta = c.theta;
+              p.call = [forward, theta](const ExecContext& ctx, Bound& t) {
+                forward ? rope_forward(ctx, t.at("x_BSHd"), t.at("pos_S"), theta)
+                        : rope_backward(ctx, t.at("x_BSHd"), t.at("pos_S"), theta);
+              };
+              p.reference = [c, sign](const Bound& in, Refs& want) {
+                want["x_BSHd"].value = ref_rope(values(in.at("x_BSHd")), c.pos, c.B, c.S, c.H, c.hd, c.theta, sign);
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+// ---------------------------------------------------------------- swiglu
+
+double silu(double v) { return v / (1.0 + std::exp(-v)); }
+
+// gate drawn wide, with saturated σ (±95) at the first two elements.
+Tensor swiglu_gate(int64_t T, int64_t F, std::mt19937& g) {
+  Tensor gate = randn({T, F}, g, 3.0f);
+  if (T * F >= 2) gate.f32()[0] = 95.0f, gate.f32()[1] = -95.0f;
+  return gate;
+}
+
+const std::pair<int64_t, int64_t> kSwigluShapes[] = {{9, 53}, {1, 1}, {3, 8}};
+const Tol kSwigluTol{1e-6, 0, "exp_fast within 2e-7 relative; one division and two products follow"};
+
+OpEntry swiglu_forward_entry() {
+  return {"swiglu_forward", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            for (auto [T, F] : kSwigluShapes) {
+              Problem p("T " + std::to_string(T) + ", F " + std::to_string(F));
+              p.in("gate_TF", swiglu_gate(T, F, g)).in("up_TF", randn({T, F}, g));
+              p.out("h_TF", {T, F}, DType::f32, kSwigluTol);
+              p.call = [](const ExecContext& ctx, Bound& t) {
+                swiglu_forward(ctx, t.at("gate_TF"), t.at("up_TF"), t.at("h_TF"));
+              };
+              p.reference = [](const Bound& in, Refs& want) {
+                const std::vector<double> gate = values(in.at("gate_TF")), up = values(in.at("up_TF"));
+                for (size_t i = 0; i < gate.size(); ++i) want["h_TF"].value.push_back(silu(gate[i]) * up[i]);
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+OpEntry swiglu_backward_entry() {
+  return {"swiglu_backward", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            for (auto [T, F] : kSwigluShapes) {
+              Problem p("T " + std::to_string(T) + ", F " + std::to_string(F));
+              p.in("dh_TF", randn({T, F}, g)).in("gate_TF", swiglu_gate(T, F, g)).in("up_TF", randn({T, F}, g));
+              p.out("dgate_TF", {T, F}, DType::f32, kSwigluTol).out("dup_TF", {T, F}, DType::f32, kSwigluTol);
+              p.call = [](const ExecContext& ctx, Bound& t) {
+                swiglu_backward(ctx, t.at("dh_TF"), t.at("gate_TF"), t.at("up_TF"), t.at("dgate_TF"), t.at("dup_TF"));
+              };
+              p.reference = [](const Bound& in, Refs& want) {
+                const std::vector<double> dh = values(in.at("dh_TF")), gate = values(in.at("gate_TF")),
+                                          up = values(in.at("up_TF"));
+                for (size_t i = 0; i < gate.size(); ++i) {
+                  want["dup_TF"].value.push_back(dh[i] * silu(gate[i]));
+                  // silu' by a central difference in double (error ~1e-9 at this step).
+                  const double step = 1e-4 * std::max(1.0, std::abs(gate[i]));
+                  want["dgate_TF"].value.push_back(dh[i] * up[i] * (silu(gate[i] + step) - silu(gate[i] - step)) /
+                                                   (2 * step));
+                }
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+// ---------------------------------------------------------------- embedding
+
+struct EmbeddingCase {
+  int64_t V, D, vocab_start;
+  std::vector<int32_t> ids;
+};
+
+// A shard with ids of other shards (zero rows, no gradient) and repeats.
+std::vector<EmbeddingCase> embedding_cases(std::mt19937& g) {
+  std::vector<int32_t> random_ids(64);
+  std::uniform_int_distribution<int32_t> id(95, 160);  // shard [100, 150) plus neighbours
+  for (int32_t& v : random_ids) v = id(g);
+  return {{10, 37, 20, {23, 5, 29, 23, 20, 35, 23, 21}}, {50, 8, 100, random_ids}, {1, 1, 3, {3, 2, 4, 3}}};
+}
+
+const Tol kExactCopy{0, 0, "rows copied, or integers summed: exact"};
+
+OpEntry embedding_forward_entry() {
+  return {"embedding_forward", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            for (const EmbeddingCase& c : embedding_cases(g)) {
+              const int64_t T = static_cast<int64_t>(c.ids.size());
+              Problem p("V " + std::to_string(c.V) + ", D " + std::to_string(c.D) + ", T " + std::to_string(T));
+              p.in("ids_T", i32s(c.ids)).in("table_VD", randn({c.V, c.D}, g));
+              p.out("out_TD", {T, c.D}, DType::f32, kExactCopy);
+              p.call = [c](const ExecContext& ctx, Bound& t) {
+                embedding_forward(ctx, t.at("ids_T"), t.at("table_VD"), c.vocab_start, t.at("out_TD"));
+              };
+              p.reference = [c, T](const Bound& in, Refs& want) {
+                const std::vector<double> table = values(in.at("table_VD"));
+                for (int64_t t = 0; t < T; ++t) {
+                  const int64_t row = c.ids[t] - c.vocab_start;
+                  for (int64_t d = 0; d < c.D; ++d)
+                    want["out_TD"].value.push_back(row >= 0 && row < c.V ? table[row * c.D + d] : 0.0);
+                }
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+OpEntry embedding_backward_entry() {
+  return {"embedding_backward", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            for (const EmbeddingCase& c : embedding_cases(g)) {
+              const int64_t T = static_cast<int64_t>(c.ids.size());
+              Problem p("V " + std::to_string(c.V) + ", D " + std::to_string(c.D) + ", T " + std::to_string(T));
+              // Positive integers: the sums are exact and never cancel to an all-zero table.
+              p.in("ids_T", i32s(c.ids)).in("dout_TD", randint({T, c.D}, g, 1, 5));
+              p.inout("dtable_VD", randint({c.V, c.D}, g, 1, 9), kExactCopy);
+              p.call = [c](const ExecContext& ctx, Bound& t) {
+                embedding_backward(ctx, t.at("ids_T"), t.at("dout_TD"), c.vocab_start, t.at("dtable_VD"));
+              };
+              p.reference = [c, T](const Bound& in, Refs& want) {
+                std::vector<double> dtable = values(in.at("dtable_VD"));
+                const std::vector<double> dout = values(in.at("dout_TD"));
+                for (int64_t t = 0; t < T; ++t) {
+                  const int64_t row = c.ids[t] - c.vocab_start;
+                  if (row < 0 || row >= c.V) continue;
+                  for (int64_t d = 0; d < c.D; ++d) dtable[row * c.D + d] += dout[t * c.D + d];
+                }
+                want["dtable_VD"].value = dtable;
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+// ---------------------------------------------------------------- adamw
+
+OpEntry adamw_entry() {
+  return {"adamw_update", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            for (auto [n, step] : {std::pair<int64_t, int64_t>{1003, 1}, {17, 3}, {1, 1000}}) {
+              AdamWStep s;
+              s.lr = 1e-2f;
+              s.weight_decay = 0.1f;
+              s.step = step;
+              Problem p("n " + std::to_string(n) + ", step " + std::to_string(step));
+              Tensor v = randn({n}, g, 0.1f);
+              for (int64_t i = 0; i < n; ++i) v.f32()[i] *= v.f32()[i];  // a second moment: >= 0
+              // The step (O(lr)) is small next to |p|: the bound is 1e-4 of the step
+              // plus 4e-7 of |p| (fp32 rounding of p(1 − lr·wd) and of the update).
+              p.inout("param", randn({n}, g),
+                      {1e-4, 0, "1e-4 of the step + a few ulp of |p| (scale |Δ| + 4e-3·|p|)"});
+              p.in("grad", randn({n}, g, 0.5f));
+              const Tol moments{4e-7, 0, "two rounded products and a sum: a few ulp of |β·m| + |(1−β)·g|"};
+              p.inout("exp_avg", randn({n}, g, 0.1f), moments).inout("exp_avg_sq", v, moments);
+              p.call = [s](const ExecContext& ctx, Bound& t) {
+                adamw_update(ctx, t.at("param"), t.at("grad"), t.at("exp_avg"), t.at("exp_avg_sq"), s);
+              };
+              // torch.optim.AdamW (foreach=False), in double.
+              p.reference = [s](const Bound& in, Refs& want) {
+                const std::vector<double> p0 = values(in.at("param")), gr = values(in.at("grad")),
+                                          m0 = values(in.at("exp_avg")), v0 = values(in.at("exp_avg_sq"));
+                const double b1 = s.beta1, b2 = s.beta2, lr = s.lr, wd = s.weight_decay, eps = s.eps;
+                const double bc1 = 1 - std::pow(b1, double(s.step)), bc2 = 1 - std::pow(b2, double(s.step));
+                Ref &P = want["param"], &M = want["exp_avg"], &V = want["exp_avg_sq"];
+                for (size_t i = 0; i < p0.size(); ++i) {
+                  const double m = b1 * m0[i] + (1 - b1) * gr[i], v = b2 * v0[i] + (1 - b2) * gr[i] * gr[i];
+                  const double p = p0[i] * (1 - lr * wd) - lr / bc1 * m / (std::sqrt(v) / std::sqrt(bc2) + eps);
+                  M.value.push_back(m);
+                  M.scale.push_back(std::abs(b1 * m0[i]) + std::abs((1 - b1) * gr[i]));
+                  V.value.push_back(v);
+                  V.scale.push_back(std::abs(b2 * v0[i]) + std::abs((1 - b2) * gr[i] * gr[i]));
+                  P.value.push_back(p);
+                  P.scale.push_back(std::abs(p - p0[i]) + 4e-3 * std::abs(p0[i]));
+                }
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+// ---------------------------------------------------------------- init
+
+// init.h's definition: Philox4x32-10 with key = name_hash(name), counter =
+// (element, seed); one Box-Muller draw (cosine branch) from two 53-bit
+// uniforms, in double.
+double ref_init_normal(uint64_t seed, uint64_t hash, uint64_t i) {
+  const auto r = philox4x32_10({uint32_t(i), uint32_t(i >> 32), uint32_t(seed), uint32_t(seed >> 32)},
+                               {uint32_t(hash), uint32_t(hash >> 32)});
+  auto uniform53 = [](uint32_t hi, uint32_t lo) { return double(((uint64_t(hi) << 32) | lo) >> 11) * 0x1.0p-53; };
+  const double u1 = 1.0 - uniform53(r[0], r[1]), u2 = uniform53(r[2], r[3]);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+}
+
+OpEntry init_normal_entry() {
+  return {"init_normal", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            // Offsets past 2^32 exercise the counter's high word.
+            for (auto [n, offset] : {std::pair<int64_t, int64_t>{1, 0}, {1000, 123456789012}, {37, 5}}) {
+              const uint64_t seed = g();
+              const float sd = 0.02f;
+              Problem p("n " + std::to_string(n) + ", offset " + std::to_string(offset));
+              p.out("out", {n}, DType::f32,
+                    {1.2e-7, 0, "a double sample rounded once to fp32 (per-element scale |want|)"});
+              p.call = [=](const ExecContext& ctx, Bound& t) {
+                init_normal(ctx, t.at("out"), seed, "layers.0.w", offset, sd);
+              };
+              p.reference = [=](const Bound&, Refs& want) {
+                for (int64_t j = 0; j < n; ++j) {
+                  const double v = double(sd) * ref_init_normal(seed, name_hash("layers.0.w"), uint64_t(offset + j));
+                  want["out"].value.push_back(v);
+                  want["out"].scale.push_back(std::abs(v));
+                }
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+OpEntry init_constant_entry() {
+  return {"init_constant", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            for (int64_t n : {1, 1001}) {
+              const float value = std::uniform_real_distribution<float>(0.5f, 2.0f)(g);
+              Problem p("n " + std::to_string(n));
+              p.out("out", {n}, DType::f32, {0, 0, "a copied constant: exact"});
+              p.call = [value](const ExecContext& ctx, Bound& t) { init_constant(ctx, t.at("out"), value); };
+              p.reference = [n, value](const Bound&, Refs& want) { want["out"].value.assign(n, value); };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+}  // namespace
+
+std::vector<OpEntry> dense_ops() {
+  return {axpy_entry(),
+          scale_inplace_entry(),
+          reduction_entry("sum_squares", true),
+          reduction_entry("sum", false),
+          rmsnorm_forward_entry(),
+          rmsnorm_backward_entry(),
+          rope_entry("rope_forward", 1.0),
+          rope_entry("rope_backward", -1.0),
+          swiglu_forward_entry(),
+          swiglu_backward_entry(),
+          embedding_forward_entry(),
+          embedding_backward_entry(),
+          adamw_entry(),
+          init_normal_entry(),
+          init_constant_entry()};
+}
+
+}  // namespace origami::testing::backend_ops

@@ -1,0 +1,445 @@
+// The harness's table, loss and attention part: cross-entropy (whole-row and
+// the vocab-parallel pieces) and causal GQA attention forward and backward,
+// over position patterns of context parallelism (chunks, fully masked key
+// tiles, shuffled positions) and lengths that are not tile multiples.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+
+#include "backend_ops/harness.h"
+#include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
+#include "naive_ops.h"
+
+namespace origami::testing::backend_ops {
+namespace {
+
+// ---------------------------------------------------------------- cross-entropy
+
+// Logits [T, V] drawn wide; targets anywhere in [0, V), one at the last
+// column (the tail of any vector loop).
+struct CeInputs {
+  int64_t T, V;
+  Tensor logits_TV;
+  std::vector<int32_t> targets;
+  std::vector<double> lse;  // fp64 per row
+};
+
+CeInputs ce_inputs(int64_t T, int64_t V, std::mt19937& g) {
+  CeInputs c{T, V, randn({T, V}, g, 3.0f), std::vector<int32_t>(T), std::vector<double>(T)};
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(V - 1));
+  for (int32_t& t : c.targets) t = pick(g);
+  c.targets[0] = static_cast<int32_t>(V - 1);
+  const std::vector<double> x = values(c.logits_TV);
+  for (int64_t t = 0; t < T; ++t) ref_cross_entropy_row(x, V, t, c.targets[t], &c.lse[t]);
+  return c;
+}
+
+const std::pair<int64_t, int64_t> kCeShapes[] = {{9, 1001}, {1, 2}, {5, 17}};
+
+OpEntry cross_entropy_forward_entry() {
+  return {"cross_entropy_forward", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            for (auto [T, V] : kCeShapes) {
+              const CeInputs c = ce_inputs(T, V, g);
+              Problem p("T " + std::to_string(T) + ", V " + std::to_string(V));
+              p.in("logits_TV", c.logits_TV).in("targets_T", i32s(c.targets));
+              p.out("loss_T", {T}, DType::f32, {2e-6, 0, "lse's error, measured against |lse| (scale |lse|)"});
+              p.out("lse_T", {T}, DType::f32, {1e-6, 0, "fp32 sum of V terms <= 1 plus exp_fast's 2e-7"});
+              p.call = [](const ExecContext& ctx, Bound& t) {
+                cross_entropy_forward(ctx, t.at("logits_TV"), t.at("targets_T"), t.at("loss_T"), t.at("lse_T"));
+              };
+              p.reference = [c](const Bound& in, Refs& want) {
+                const std::vector<double> x = values(in.at("logits_TV"));
+                for (int64_t t = 0; t < c.T; ++t) {
+                  want["loss_T"].value.push_back(c.lse[t] - x[t * c.V + c.targets[t]]);
+                  want["loss_T"].scale.push_back(std::abs(c.lse[t]));
+                  want["lse_T"].value.push_back(c.lse[t]);
+                }
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+// (exp(logit − lse) − [column is the target]) · grad_scale over columns
+// [vocab_start, vocab_start + Vr) of a row.
+std::vector<double> ref_dlogits(const std::vector<double>& x, int64_t T, int64_t Vr, const std::vector<int32_t>& tgt,
+                                const std::vector<double>& lse, int64_t vocab_start, double scale) {
+  std::vector<double> d(T * Vr);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < Vr; ++i)
+      d[t * Vr + i] = scale * (std::exp(x[t * Vr + i] - lse[t]) - (vocab_start + i == tgt[t] ? 1.0 : 0.0));
+  return d;
+}
+
+OpEntry cross_entropy_backward_entry() {
+  return {"cross_entropy_backward", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            for (auto [T, V] : kCeShapes) {
+              const CeInputs c = ce_inputs(T, V, g);
+              const float scale = 0.37f;
+              Problem p("T " + std::to_string(T) + ", V " + std::to_string(V));
+              p.in("logits_TV", c.logits_TV).in("targets_T", i32s(c.targets)).in("lse_T", from_doubles(c.lse, {T}));
+              p.out("dlogits_TV", {T, V}, DType::f32, {2e-6, 0, "exp_fast's 2e-7 of each probability, times scale"});
+              p.call = [scale](const ExecContext& ctx, Bound& t) {
+                cross_entropy_backward(ctx, t.at("logits_TV"), t.at("targets_T"), t.at("lse_T"), scale,
+                                       t.at("dlogits_TV"));
+              };
+              p.reference = [c, scale](const Bound& in, Refs& want) {
+                want["dlogits_TV"].value = ref_dlogits(values(in.at("logits_TV")), c.T, c.V, c.targets,
+                                                       values(in.at("lse_T")), 0, scale);
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+// One tensor-parallel rank's shard: columns [start, start + Vr) of c's logits.
+Tensor shard(const CeInputs& c, int64_t start, int64_t Vr) {
+  Tensor s = empty({c.T, Vr});
+  for (int64_t t = 0; t < c.T; ++t)
+    for (int64_t i = 0; i < Vr; ++i) s.f32()[t * Vr + i] = c.logits_TV.f32()[t * c.V + start + i];
+  return s;
+}
+
+std::vector<double> row_max(const Tensor& x_TV) {
+  const int64_t T = x_TV.rows(), V = x_TV.cols();
+  std::vector<double> m(T, -INFINITY);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < V; ++i) m[t] = std::max(m[t], double(x_TV.f32()[t * V + i]));
+  return m;
+}
+
+struct ShardCase {
+  int64_t T, vocab, start, Vr;
+};
+// A middle shard (targets on and off it), the whole vocabulary, one column.
+const ShardCase kShards[] = {{9, 1001, 250, 250}, {4, 10, 0, 10}, {3, 7, 6, 1}};
+
+OpEntry cross_entropy_local_max_entry() {
+  return {"cross_entropy_local_max", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            std::vector<ShardCase> cases(std::begin(kShards), std::end(kShards));
+            cases.push_back({3, 8, 8, 0});  // a rank holding no columns: −inf
+            for (const ShardCase& s : cases) {
+              const CeInputs c = ce_inputs(s.T, s.vocab, g);
+              Problem p("T " + std::to_string(s.T) + ", columns [" + std::to_string(s.start) + ", +" +
+                        std::to_string(s.Vr) + ")");
+              p.in("logits_TV", shard(c, s.start, s.Vr));
+              p.out("max_T", {s.T}, DType::f32, {0, 0, "a maximum of fp32 values: exact"});
+              p.call = [](const ExecContext& ctx, Bound& t) {
+                cross_entropy_local_max(ctx, t.at("logits_TV"), t.at("max_T"));
+              };
+              p.reference = [](const Bound& in, Refs& want) { want["max_T"].value = row_max(in.at("logits_TV")); };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+OpEntry cross_entropy_local_sums_entry() {
+  return {"cross_entropy_local_sums", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            for (const ShardCase& s : kShards) {
+              CeInputs c = ce_inputs(s.T, s.vocab, g);
+              c.targets[s.T - 1] = static_cast<int32_t>(s.start);  // at least one target on this shard
+              const Tensor x = shard(c, s.start, s.Vr);
+              Problem p("T " + std::to_string(s.T) + ", columns [" + std::to_string(s.start) + ", +" +
+                        std::to_string(s.Vr) + ") of " + std::to_string(s.vocab));
+              p.in("logits_TV", x).in("targets_T", i32s(c.targets)).in("max_T", from_doubles(row_max(x), {s.T}));
+              p.out("sums_2T", {2, s.T}, DType::f64,
+                    {2e-6, 0, "row 0: exp of the fp32-rounded logit − max (~1e-6 at |x − max| <= 20); row 1 copied"});
+              p.call = [s](const ExecContext& ctx, Bound& t) {
+                cross_entropy_local_sums(ctx, t.at("logits_TV"), t.at("targets_T"), t.at("max_T"), s.start, s.vocab,
+                                         t.at("sums_2T"));
+              };
+              p.reference = [s, c](const Bound& in, Refs& want) {
+                const std::vector<double> xv = values(in.at("logits_TV")), mx = values(in.at("max_T"));
+                Ref& r = want["sums_2T"];
+                r.value.assign(2 * s.T, 0.0);
+                for (int64_t t = 0; t < s.T; ++t) {
+                  for (int64_t i = 0; i < s.Vr; ++i) r.value[t] += std::exp(xv[t * s.Vr + i] - mx[t]);
+                  const int64_t local = c.targets[t] - s.start;
+                  if (local >= 0 && local < s.Vr) r.value[s.T + t] = xv[t * s.Vr + local];
+                }
+                for (double v : r.value) r.scale.push_back(std::abs(v));
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+OpEntry cross_entropy_finish_entry() {
+  return {"cross_entropy_finish", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            for (int64_t T : {1, 9, 100}) {
+              std::vector<double> sums(2 * T);
+              std::uniform_real_distribution<double> row0(1.0, 1000.0);  // Σ exp(x − max) >= 1
+              std::normal_distribution<double> row1(0.0, 3.0);
+              for (int64_t t = 0; t < T; ++t) sums[t] = row0(g), sums[T + t] = row1(g);
+              Tensor sums_2T = empty({2, T}, DType::f64);
+              std::copy(sums.begin(), sums.end(), sums_2T.data<double>());
+              Problem p("T " + std::to_string(T));
+              p.in("max_T", randn({T}, g, 3.0f)).in("sums_2T", sums_2T);
+              const Tol once{1.2e-7, 0, "computed in double, rounded once to fp32 (scale |lse| + |loss|)"};
+              p.out("loss_T", {T}, DType::f32, once).out("lse_T", {T}, DType::f32, once);
+              p.call = [](const ExecContext& ctx, Bound& t) {
+                cross_entropy_finish(ctx, t.at("max_T"), t.at("sums_2T"), t.at("loss_T"), t.at("lse_T"));
+              };
+              p.reference = [T](const Bound& in, Refs& want) {
+                const std::vector<double> mx = values(in.at("max_T")), s = values(in.at("sums_2T"));
+                for (int64_t t = 0; t < T; ++t) {
+                  const double lse = mx[t] + std::log(s[t]), loss = lse - s[T + t];
+                  want["loss_T"].value.push_back(loss);
+                  want["lse_T"].value.push_back(lse);
+                  want["loss_T"].scale.push_back(std::abs(lse) + std::abs(loss));
+                  want["lse_T"].scale.push_back(std::abs(lse) + std::abs(loss));
+                }
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+OpEntry cross_entropy_local_backward_entry() {
+  return {"cross_entropy_local_backward", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            for (const ShardCase& s : kShards) {
+              CeInputs c = ce_inputs(s.T, s.vocab, g);
+              c.targets[s.T - 1] = static_cast<int32_t>(s.start);
+              const float scale = 0.37f;
+              Problem p("T " + std::to_string(s.T) + ", columns [" + std::to_string(s.start) + ", +" +
+                        std::to_string(s.Vr) + ") of " + std::to_string(s.vocab));
+              p.in("logits_TV", shard(c, s.start, s.Vr)).in("targets_T", i32s(c.targets));
+              p.in("lse_T", from_doubles(c.lse, {s.T}));  // the whole row's, as after the reductions
+              p.out("dlogits_TV", {s.T, s.Vr}, DType::f32,
+                    {1e-6, 0, "expf of an fp32-rounded difference (~1e-6 at |difference| <= 20), times scale"});
+              p.call = [s, scale](const ExecContext& ctx, Bound& t) {
+                cross_entropy_local_backward(ctx, t.at("logits_TV"), t.at("targets_T"), t.at("lse_T"), s.start, scale,
+                                             t.at("dlogits_TV"));
+              };
+              p.reference = [s, c, scale](const Bound& in, Refs& want) {
+                const std::vector<double> x = values(in.at("logits_TV")), lse = values(in.at("lse_T"));
+                want["dlogits_TV"].value = ref_dlogits(x, s.T, s.Vr, c.targets, lse, s.start, scale);
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+// ---------------------------------------------------------------- attention
+
+std::vector<int32_t> iota(int32_t lo, int32_t hi) {  // [lo, hi)
+  std::vector<int32_t> v(hi - lo);
+  std::iota(v.begin(), v.end(), lo);
+  return v;
+}
+std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+struct AttentionCase {
+  const char* name;
+  int64_t B, Hq, Hkv, hd;
+  std::vector<int32_t> qpos, kvpos;
+  float scale = 0.0f;  // 0: 1/√hd
+};
+
+std::vector<AttentionCase> attention_cases(std::mt19937& g) {
+  std::vector<int32_t> shuffled = iota(0, 150);
+  std::shuffle(shuffled.begin(), shuffled.end(), g);
+  return {
+      {"S 77, not a tile multiple", 2, 4, 2, 16, iota(0, 77), iota(0, 77)},
+      {"hd 24, group 2, S 130", 1, 6, 3, 24, iota(0, 130), iota(0, 130)},
+      {"hd 128, group 3, S 129", 1, 3, 1, 128, iota(0, 129), iota(0, 129)},
+      {"hd 8, S 5", 2, 3, 3, 8, iota(0, 5), iota(0, 5)},
+      {"S 1", 1, 2, 1, 4, {0}, {0}},
+      {"Sq 3 < Skv 41 (the last positions)", 2, 4, 2, 32, iota(38, 41), iota(0, 41)},
+      // Context-parallel rank 1 of 2, 8-token chunks of 64: queries see earlier keys.
+      {"CP chunks", 2, 4, 2, 32, concat(iota(8, 16), iota(40, 48)), iota(0, 64)},
+      // Rank 1 of 4 over 1024 tokens: whole 128-key tiles skipped for the
+      // first chunk, its rows trimmed from the later tiles' GEMMs; a scale
+      // other than 1/√hd must be applied where the API says.
+      {"CP, fully masked key tiles", 1, 2, 1, 16, concat(iota(128, 256), iota(768, 896)), iota(0, 1024), 0.3f},
+      {"shuffled positions: masked by value, not index", 1, 2, 1, 64,
+       std::vector<int32_t>(shuffled.begin(), shuffled.begin() + 70), shuffled},
+  };
+}
+
+struct AttentionProblem {
+  AttentionCase c;
+  AttentionDims d;
+  float scale;
+  Tensor q, k, v, dO;
+};
+
+AttentionProblem attention_problem(const AttentionCase& c, std::mt19937& g) {
+  AttentionProblem p{c, {c.B, int64_t(c.qpos.size()), int64_t(c.kvpos.size()), c.Hq, c.Hkv, c.hd},
+                     c.scale != 0.0f ? c.scale : 1.0f / std::sqrt(float(c.hd)), {}, {}, {}, {}};
+  p.q = randn({c.B, p.d.q_len, c.Hq, c.hd}, g);
+  p.k = randn({c.B, p.d.kv_len, c.Hkv, c.hd}, g);
+  p.v = randn({c.B, p.d.kv_len, c.Hkv, c.hd}, g);
+  p.dO = randn({c.B, p.d.q_len, c.Hq, c.hd}, g);
+  return p;
+}
+
+struct AttentionRef {
+  std::vector<double> o, lse, dq, dk, dv;
+};
+
+// Straight from the definition, in double, one (batch, head, query) at a time.
+AttentionRef naive_attention(const AttentionProblem& p) {
+  const AttentionDims& d = p.d;
+  const int64_t B = d.batch, Sq = d.q_len, Skv = d.kv_len, Hq = d.num_heads, Hkv = d.num_kv_heads, hd = d.head_dim;
+  const std::vector<int32_t>&qpos = p.c.qpos, &kvpos = p.c.kvpos;
+  AttentionRef r;
+  r.o.assign(B * Sq * Hq * hd, 0.0);
+  r.dq.assign(r.o.size(), 0.0);
+  r.lse.assign(B * Hq * Sq, 0.0);
+  r.dk.assign(B * Skv * Hkv * hd, 0.0);
+  r.dv.assign(r.dk.size(), 0.0);
+  auto Q = [&](int64_t b, int64_t i, int64_t h) { return p.q.f32() + ((b * Sq + i) * Hq + h) * hd; };
+  auto dO = [&](int64_t b, int64_t i, int64_t h) { return p.dO.f32() + ((b * Sq + i) * Hq + h) * hd; };
+  auto K = [&](int64_t b, int64_t j, int64_t h) { return p.k.f32() + ((b * Skv + j) * Hkv + h) * hd; };
+  auto V = [&](int64_t b, int64_t j, int64_t h) { return p.v.f32() + ((b * Skv + j) * Hkv + h) * hd; };
+  std::vector<double> s(Skv), P(Skv), dP(Skv);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t kh = h / (Hq / Hkv);
+      for (int64_t i = 0; i < Sq; ++i) {
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < Skv; ++j) {
+          if (kvpos[j] > qpos[i]) continue;
+          double dot = 0.0;
+          for (int64_t c = 0; c < hd; ++c) dot += static_cast<double>(Q(b, i, h)[c]) * K(b, j, kh)[c];
+          s[j] = p.scale * dot;
+          mx = std::max(mx, s[j]);
+        }
+        double l = 0.0;
+        for (int64_t j = 0; j < Skv; ++j) l += kvpos[j] <= qpos[i] ? std::exp(s[j] - mx) : 0.0;
+        const double lse = mx + std::log(l);
+        r.lse[(b * Hq + h) * Sq + i] = lse;
+        double* o = &r.o[((b * Sq + i) * Hq + h) * hd];
+        double D = 0.0;
+        for (int64_t j = 0; j < Skv; ++j) {
+          P[j] = kvpos[j] <= qpos[i] ? std::exp(s[j] - lse) : 0.0;
+          dP[j] = 0.0;
+          for (int64_t c = 0; c < hd; ++c) {
+            o[c] += P[j] * V(b, j, kh)[c];
+            dP[j] += static_cast<double>(dO(b, i, h)[c]) * V(b, j, kh)[c];
+          }
+          D += P[j] * dP[j];
+        }
+        double* dq = &r.dq[((b * Sq + i) * Hq + h) * hd];
+        for (int64_t j = 0; j < Skv; ++j) {
+          if (P[j] == 0.0) continue;
+          const double dS = P[j] * (dP[j] - D);
+          double* dk = &r.dk[((b * Skv + j) * Hkv + kh) * hd];
+          double* dv = &r.dv[((b * Skv + j) * Hkv + kh) * hd];
+          for (int64_t c = 0; c < hd; ++c) {
+            dq[c] += p.scale * dS * K(b, j, kh)[c];
+            dk[c] += p.scale * dS * Q(b, i, h)[c];
+            dv[c] += P[j] * dO(b, i, h)[c];
+          }
+        }
+      }
+    }
+  return r;
+}
+
+// fp32 GEMMs over <= 1024 terms and exp_fast (2e-7 relative): observed
+// errors are <= 2e-6 of the largest value, forward and backward (which
+// chains five products and the cancellation dP − D); bounds leave 5-10x.
+const Tol kAttentionFwdTol{1e-5, 0, "fp32 GEMMs over <= 1024 terms and exp_fast: ~2e-6 of the largest value"};
+// The 1e-6 absolute term: a gradient that is exactly zero (a query with one
+// visible key has softmax ≡ 1) comes out as the rounding of dP − D, ~1e-7.
+const Tol kAttentionBwdTol{2e-5, 1e-6, "five chained fp32 products and the cancellation dP − D: ~2e-6 observed"};
+
+std::string attention_label(const AttentionProblem& p) {
+  return std::string(p.c.name) + ": B " + std::to_string(p.d.batch) + ", Hq " + std::to_string(p.d.num_heads) +
+         ", Hkv " + std::to_string(p.d.num_kv_heads) + ", hd " + std::to_string(p.d.head_dim) + ", Sq " +
+         std::to_string(p.d.q_len) + ", Skv " + std::to_string(p.d.kv_len);
+}
+
+OpEntry attention_forward_entry() {
+  return {"attention_forward", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            for (const AttentionCase& c : attention_cases(g)) {
+              const AttentionProblem ap = attention_problem(c, g);
+              const AttentionDims d = ap.d;
+              const float scale = ap.scale;
+              Problem p(attention_label(ap));
+              p.in("q", ap.q).in("k", ap.k).in("v", ap.v).in("q_pos_S", i32s(c.qpos)).in("kv_pos_S", i32s(c.kvpos));
+              p.out("o", ap.q.shape(), DType::f32, kAttentionFwdTol);
+              p.out("lse_BHS", {d.batch, d.num_heads, d.q_len}, DType::f32, kAttentionFwdTol);
+              p.call = [d, scale](const ExecContext& ctx, Bound& t) {
+                Tensor ws = poisoned_workspace(ctx, attention_forward_workspace_bytes(ctx, d));
+                attention_forward(ctx, d, t.at("q"), t.at("k"), t.at("v"), t.at("q_pos_S"), t.at("kv_pos_S"), scale,
+                                  t.at("o"), t.at("lse_BHS"), ws);
+              };
+              p.reference = [ap](const Bound&, Refs& want) {
+                AttentionRef r = naive_attention(ap);
+                want["o"].value = std::move(r.o);
+                want["lse_BHS"].value = std::move(r.lse);
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+OpEntry attention_backward_entry() {
+  return {"attention_backward", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            for (const AttentionCase& c : attention_cases(g)) {
+              const AttentionProblem ap = attention_problem(c, g);
+              const AttentionDims d = ap.d;
+              const float scale = ap.scale;
+              // The saved forward outputs: the reference's, rounded to fp32.
+              auto r = std::make_shared<AttentionRef>(naive_attention(ap));
+              Problem p(attention_label(ap));
+              p.in("q", ap.q).in("k", ap.k).in("v", ap.v).in("o", from_doubles(r->o, ap.q.shape()));
+              p.in("lse_BHS", from_doubles(r->lse, {d.batch, d.num_heads, d.q_len})).in("do", ap.dO);
+              p.in("q_pos_S", i32s(c.qpos)).in("kv_pos_S", i32s(c.kvpos));
+              p.out("dq", ap.q.shape(), DType::f32, kAttentionBwdTol);
+              p.out("dk", ap.k.shape(), DType::f32, kAttentionBwdTol);
+              p.out("dv", ap.v.shape(), DType::f32, kAttentionBwdTol);
+              p.call = [d, scale](const ExecContext& ctx, Bound& t) {
+                Tensor ws = poisoned_workspace(ctx, attention_backward_workspace_bytes(ctx, d));
+                attention_backward(ctx, d, t.at("q"), t.at("k"), t.at("v"), t.at("o"), t.at("lse_BHS"), t.at("do"),
+                                   t.at("q_pos_S"), t.at("kv_pos_S"), scale, t.at("dq"), t.at("dk"), t.at("dv"), ws);
+              };
+              p.reference = [r, one_key = d.kv_len == 1](const Bound&, Refs& want) {
+                want["dq"].value = r->dq;
+                want["dk"].value = r->dk;
+                want["dq"].may_be_zero = want["dk"].may_be_zero = one_key;  // one key: softmax ≡ 1
+                want["dv"].value = r->dv;
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+}  // namespace
+
+std::vector<OpEntry> loss_attention_ops() {
+  return {cross_entropy_forward_entry(),
+          cross_entropy_backward_entry(),
+          cross_entropy_local_max_entry(),
+          cross_entropy_local_sums_entry(),
+          cross_entropy_finish_entry(),
+          cross_entropy_local_backward_entry(),
+          attention_forward_entry(),
+          attention_backward_entry()};
+}
+
+}  // namespace origami::testing::backend_ops

@@ -1,0 +1,538 @@
+// The harness's table, MoE part (kernels/moe_ops.h): top-k forward and
+// backward, routing statistics, histograms, capacity masks, permutation maps
+// and the row gathers/scatters. Integer routing inputs are always valid:
+// distinct experts per token, rows_E at least each expert's kept count, row
+// maps built by the naive permutation below.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "backend_ops/harness.h"
+#include "kernels/moe_ops.h"
+#include "naive_ops.h"
+
+namespace origami::testing::backend_ops {
+namespace {
+
+// ---------------------------------------------------------------- routing inputs
+
+struct Routing {
+  std::string name;
+  int64_t T, K, E;
+  std::vector<int32_t> expert;  // [T, K], distinct per token
+  std::vector<uint8_t> kept;    // [T, K]; empty: every slot kept (kept_TK undefined)
+  std::vector<int64_t> rows;    // [E], >= each expert's kept slots
+};
+
+Routing random_routing(std::string name, int64_t T, int64_t K, int64_t E, bool with_kept, int max_pad,
+                       std::mt19937& g) {
+  Routing r{std::move(name), T, K, E, {}, {}, std::vector<int64_t>(E, 0)};
+  std::vector<int32_t> perm(E);
+  std::bernoulli_distribution keep(0.75);
+  for (int64_t t = 0; t < T; ++t) {
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), g);
+    r.expert.insert(r.expert.end(), perm.begin(), perm.begin() + K);
+    for (int64_t j = 0; j < K; ++j) {
+      const bool kept = !with_kept || keep(g);
+      if (with_kept) r.kept.push_back(kept);
+      r.rows[perm[j]] += kept;
+    }
+  }
+  std::uniform_int_distribution<int> pad(0, max_pad);
+  for (int64_t& n : r.rows) n += pad(g);
+  return r;
+}
+
+// A hand-made one (token 4's expert-1 slot dropped, 4 rows per expert), two
+// random ones with and without drops, and a single slot.
+std::vector<Routing> routing_cases(std::mt19937& g) {
+  Routing small{"T 5, K 2, E 3, one drop", 5, 2, 3, {0, 1, 1, 2, 0, 2, 1, 0, 2, 1}, {1, 1, 1, 1, 1, 1, 1, 1, 1, 0},
+                {4, 4, 4}};
+  return {small, random_routing("T 50, K 2, E 5, drops, padding", 50, 2, 5, true, 3, g),
+          random_routing("T 40, K 3, E 7, no kept_TK", 40, 3, 7, false, 2, g),
+          random_routing("T 1, K 1, E 1", 1, 1, 1, false, 0, g)};
+}
+
+Tensor expert_tensor(const Routing& r) { return i32s(r.expert, {r.T, r.K}); }
+Tensor kept_tensor(const Routing& r) {
+  if (r.kept.empty()) return Tensor();
+  Tensor t = empty({r.T, r.K}, DType::u8);
+  std::copy(r.kept.begin(), r.kept.end(), t.data<uint8_t>());
+  return t;
+}
+int64_t total_rows(const Routing& r) { return std::accumulate(r.rows.begin(), r.rows.end(), int64_t{0}); }
+
+struct Maps {
+  std::vector<int32_t> row_of, row_token, row_slot;  // [T, K], [N], [N]
+};
+
+// Expert e's rows start at Σ_{e'<e} rows_E[e'], filled by its kept slots in
+// token-major order; the rest are padding (−1).
+Maps naive_maps(const Routing& r) {
+  const int64_t N = total_rows(r);
+  Maps m{std::vector<int32_t>(r.T * r.K), std::vector<int32_t>(N, -1), std::vector<int32_t>(N, -1)};
+  std::vector<int64_t> next(r.E, 0);
+  for (int64_t e = 1; e < r.E; ++e) next[e] = next[e - 1] + r.rows[e - 1];
+  for (int64_t i = 0; i < r.T * r.K; ++i) {
+    if (!r.kept.empty() && !r.kept[i]) {
+      m.row_of[i] = -1;
+      continue;
+    }
+    const int64_t row = next[r.expert[i]]++;
+    m.row_of[i] = static_cast<int32_t>(row);
+    m.row_token[row] = static_cast<int32_t>(i / r.K);
+    m.row_slot[row] = static_cast<int32_t>(i % r.K);
+  }
+  return m;
+}
+
+std::vector<double> as_doubles(const std::vector<int32_t>& v) { return {v.begin(), v.end()}; }
+
+// Adds the kept_TK argument when the routing has one; the call reads it back
+// with kept_or_none.
+void add_kept(Problem& p, const Routing& r) {
+  if (!r.kept.empty()) p.in("kept_TK", kept_tensor(r));
+}
+Tensor kept_or_none(const Bound& t) { return t.count("kept_TK") ? t.at("kept_TK") : Tensor(); }
+
+const Tol kExact{0, 0, "integers, or rows copied: exact"};
+
+// ---------------------------------------------------------------- top-k forward and backward
+
+struct TopkCase {
+  int64_t T, E;
+  MoeTopkParams p;
+  bool bias, lse;
+};
+
+std::string topk_label(const TopkCase& c) {
+  return "T " + std::to_string(c.T) + ", E " + std::to_string(c.E) + ", k " + std::to_string(c.p.top_k) +
+         ", groups " + std::to_string(c.p.num_groups) + "/" + std::to_string(c.p.group_topk) +
+         (c.p.score == MoeScore::softmax ? ", softmax" : ", sigmoid") + (c.p.normalize ? ", normalized" : "") +
+         (c.bias ? ", bias" : "") + (c.lse ? ", lse" : "");
+}
+
+OpEntry topk_forward_entry() {
+  return {"moe_topk_forward", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            const TopkCase cases[] = {{50, 8, {MoeScore::softmax, 2, 1, 1, false, 1.5f}, false, true},
+                                      {50, 16, {MoeScore::sigmoid, 4, 4, 2, true, 1.5f}, true, true},
+                                      {50, 32, {MoeScore::softmax, 6, 8, 3, true, 1.5f}, true, false},
+                                      {50, 5, {MoeScore::sigmoid, 5, 1, 1, false, 1.5f}, true, true},
+                                      {1, 1, {MoeScore::softmax, 1, 1, 1, false, 1.0f}, false, true}};
+            for (const TopkCase& c : cases) {
+              const int64_t T = c.T, E = c.E, K = c.p.top_k;
+              Problem p(topk_label(c));
+              p.in("logits_TE", randn({T, E}, g, 2.0f));
+              if (c.bias) p.in("bias_E", randn({E}, g, 0.1f));
+              // exp_fast and fp32 sums: < 1e-6 relative, per element.
+              p.out("scores_TE", {T, E}, DType::f32, {2e-6, 1e-12, "exp_fast and an fp32 sum (scale |s|)"});
+              p.out("expert_TK", {T, K}, DType::i32, {0, 0, "the selection: exact"});
+              p.out("weight_TK", {T, K}, DType::f32, {2e-6, 0, "the selected scores, normalized (scale |w|)"});
+              if (c.lse) p.out("lse_T", {T}, DType::f32, {1e-6, 0, "fp32 log-sum-exp (scale 1 + |lse|)"});
+              const MoeTopkParams params = c.p;
+              p.call = [params](const ExecContext& ctx, Bound& t) {
+                Tensor bias = t.count("bias_E") ? t.at("bias_E") : Tensor();
+                Tensor lse = t.count("lse_T") ? t.at("lse_T") : Tensor();
+                moe_topk_forward(ctx, t.at("logits_TE"), bias, params, t.at("scores_TE"), t.at("expert_TK"),
+                                 t.at("weight_TK"), lse);
+              };
+              p.reference = [c, E](const Bound& in, Refs& want) {
+                const NaiveTopk n = naive_topk(values(in.at("logits_TE")), E, c.p,
+                                               c.bias ? values(in.at("bias_E")) : std::vector<double>{});
+                want["scores_TE"] = {n.scores, n.scores};
+                want["expert_TK"].value.assign(n.experts.begin(), n.experts.end());
+                want["expert_TK"].may_be_zero = E == 1;  // one expert: index 0
+                want["weight_TK"] = {n.weights, n.weights};
+                for (double l : n.lse) want["lse_T"].value.push_back(l), want["lse_T"].scale.push_back(1 + std::abs(l));
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+// ∂/∂z of Σ_tj dweight·p + Σ_te aux[seg(t), e]·s' + z_coef·Σ_t lse², the
+// selection fixed, by the chain rule in double: first g = ∂f/∂s, then
+// through softmax or σ; the z-loss through softmax(z) whatever the score.
+std::vector<double> naive_topk_backward(const std::vector<double>& z, int64_t E, const MoeTopkParams& p,
+                                        const std::vector<int>& experts, const std::vector<double>& R,
+                                        const std::vector<double>& A, int64_t seg_len, double zc) {
+  const NaiveTopk n = naive_topk(z, E, p, {}, &experts);
+  const int64_t T = int64_t(z.size()) / E, K = p.top_k;
+  std::vector<double> dz(T * E);
+  for (int64_t t = 0; t < T; ++t) {
+    const double* s = &n.scores[t * E];
+    std::vector<double> gs(E, 0.0);
+    if (!R.empty()) {  // p_j = c·s_j / (Σ_sel s + ε) when normalized, else c·s_j
+      double den = 1e-20, rs = 0.0;
+      for (int64_t j = 0; j < K; ++j) den += s[experts[t * K + j]], rs += R[t * K + j] * s[experts[t * K + j]];
+      for (int64_t j = 0; j < K; ++j) {
+        const double r = R[t * K + j];
+        gs[experts[t * K + j]] += p.normalize ? p.scaling * (r / den - rs / (den * den)) : p.scaling * r;
+      }
+    }
+    if (!A.empty()) {  // s' = s (softmax) or s / (Σ_e s + ε) (sigmoid)
+      const double* a = &A[(t / seg_len) * E];
+      double den = 1e-20, as = 0.0;
+      for (int64_t e = 0; e < E; ++e) den += s[e], as += a[e] * s[e];
+      for (int64_t e = 0; e < E; ++e) gs[e] += p.score == MoeScore::softmax ? a[e] : a[e] / den - as / (den * den);
+    }
+    double gdot = 0.0;
+    for (int64_t e = 0; e < E; ++e) gdot += gs[e] * s[e];
+    for (int64_t e = 0; e < E; ++e) {
+      dz[t * E + e] = p.score == MoeScore::softmax ? s[e] * (gs[e] - gdot) : gs[e] * s[e] * (1 - s[e]);
+      dz[t * E + e] += 2 * zc * n.lse[t] * std::exp(z[t * E + e] - n.lse[t]);
+    }
+  }
+  return dz;
+}
+
+OpEntry topk_backward_entry() {
+  return {"moe_topk_backward", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            struct Case {
+              TopkCase c;
+              int64_t seg;
+              bool dweight, aux;
+              float zc;
+            };
+            std::vector<Case> cases;
+            for (MoeScore sc : {MoeScore::softmax, MoeScore::sigmoid})
+              for (bool norm : {false, true})
+                cases.push_back({{12, 8, {sc, 3, 2, 1, norm, 1.3f}, false, false}, 4, true, true, 0.07f});
+            cases.push_back({{12, 8, {MoeScore::softmax, 2, 1, 1, false, 1.0f}, false, false}, 12, false, true, 0.0f});
+            cases.push_back({{12, 8, {MoeScore::sigmoid, 2, 1, 1, true, 1.0f}, false, false}, 4, true, false, 0.07f});
+            cases.push_back({{1, 2, {MoeScore::sigmoid, 1, 1, 1, false, 1.0f}, false, false}, 1, true, true, 0.1f});
+            for (const Case& k : cases) {
+              const int64_t T = k.c.T, E = k.c.E, K = k.c.p.top_k;
+              const MoeTopkParams params = k.c.p;
+              Tensor logits = randn({T, E}, g, 1.5f);
+              const NaiveTopk n = naive_topk(values(logits), E, params, {});
+              Problem p(topk_label(k.c) + ", seg " + std::to_string(k.seg) + (k.dweight ? ", dweight" : "") +
+                        (k.aux ? ", aux" : "") + ", z_coef " + std::to_string(k.zc));
+              p.in("logits_TE", logits).in("scores_TE", from_doubles(n.scores, {T, E}));
+              p.in("expert_TK", i32s(std::vector<int32_t>(n.experts.begin(), n.experts.end()), {T, K}));
+              if (k.dweight) p.in("dweight_TK", randn({T, K}, g));
+              if (k.aux) p.in("aux_SE", randn({T / k.seg, E}, g, 0.3f));
+              p.out("dlogits_TE", {T, E}, DType::f32,
+                    {2e-6, 0, "the fp32 chain rule over E terms with exp_fast: a few ulp of the largest"});
+              const int64_t seg = k.seg;
+              const float zc = k.zc;
+              p.call = [=](const ExecContext& ctx, Bound& t) {
+                Tensor dw = t.count("dweight_TK") ? t.at("dweight_TK") : Tensor();
+                Tensor aux = t.count("aux_SE") ? t.at("aux_SE") : Tensor();
+                moe_topk_backward(ctx, t.at("logits_TE"), t.at("scores_TE"), t.at("expert_TK"), dw, aux, seg, zc,
+                                  params, t.at("dlogits_TE"));
+              };
+              p.reference = [=](const Bound& in, Refs& want) {
+                const std::vector<double> ex = values(in.at("expert_TK"));
+                want["dlogits_TE"].value = naive_topk_backward(
+                    values(in.at("logits_TE")), E, params, std::vector<int>(ex.begin(), ex.end()),
+                    in.count("dweight_TK") ? values(in.at("dweight_TK")) : std::vector<double>{},
+                    in.count("aux_SE") ? values(in.at("aux_SE")) : std::vector<double>{}, seg, zc);
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+// ---------------------------------------------------------------- routing statistics
+
+OpEntry routing_stats_entry() {
+  return {"moe_routing_stats", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            struct Case {
+              int64_t T, E, K, seg;
+              MoeScore score;
+            };
+            // Segments of 300 straddle the op's 256-token chunks.
+            for (const Case& c : {Case{900, 6, 2, 300, MoeScore::softmax}, Case{900, 6, 2, 300, MoeScore::sigmoid},
+                                  Case{257, 4, 1, 257, MoeScore::softmax}, Case{1, 1, 1, 1, MoeScore::sigmoid}}) {
+              const int64_t S = c.T / c.seg;
+              const NaiveTopk n =
+                  naive_topk(values(randn({c.T, c.E}, g)), c.E, MoeTopkParams{c.score, c.K, 1, 1, false, 1.0f}, {});
+              Problem p("T " + std::to_string(c.T) + ", E " + std::to_string(c.E) + ", k " + std::to_string(c.K) +
+                        ", seg " + std::to_string(c.seg) + (c.score == MoeScore::softmax ? ", softmax" : ", sigmoid"));
+              p.in("scores_TE", from_doubles(n.scores, {c.T, c.E}));
+              p.in("expert_TK", i32s(std::vector<int32_t>(n.experts.begin(), n.experts.end()), {c.T, c.K}));
+              p.out("counts_SE", {S, c.E}, DType::f64, kExact, Where::host);
+              p.out("scores_SE", {S, c.E}, DType::f64,
+                    {1e-5, 0, "sigmoid: fp32 per-token normalization, summed in fp64 (scale |want|)"}, Where::host);
+              p.call = [c](const ExecContext& ctx, Bound& t) {
+                moe_routing_stats(ctx, t.at("scores_TE"), t.at("expert_TK"), c.score, c.seg,
+                                  t.at("counts_SE").data<double>(), t.at("scores_SE").data<double>());
+              };
+              p.reference = [c, S](const Bound& in, Refs& want) {
+                const std::vector<double> s = values(in.at("scores_TE")), ex = values(in.at("expert_TK"));
+                std::vector<double> counts(S * c.E, 0.0), sums(S * c.E, 0.0);
+                for (int64_t t = 0; t < c.T; ++t) {
+                  for (int64_t j = 0; j < c.K; ++j) counts[(t / c.seg) * c.E + int64_t(ex[t * c.K + j])] += 1;
+                  double norm = 0.0;
+                  for (int64_t e = 0; e < c.E; ++e) norm += s[t * c.E + e];
+                  const double div = c.score == MoeScore::softmax ? 1.0 : norm + 1e-20;
+                  for (int64_t e = 0; e < c.E; ++e) sums[(t / c.seg) * c.E + e] += s[t * c.E + e] / div;
+                }
+                want["counts_SE"].value = counts;
+                want["scores_SE"] = {sums, sums};
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+// ---------------------------------------------------------------- histogram, capacity, maps
+
+OpEntry histogram_entry() {
+  return {"moe_expert_histogram", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            std::vector<Routing> cases = routing_cases(g);
+            cases.push_back(random_routing("T 333, K 3, E 17, drops", 333, 3, 17, true, 0, g));
+            for (const Routing& r : cases) {
+              Problem p(r.name);
+              p.in("expert_TK", expert_tensor(r));
+              add_kept(p, r);
+              p.out("count_E", {r.E}, DType::i64, kExact);
+              const int64_t E = r.E;
+              p.call = [E](const ExecContext& ctx, Bound& t) {
+                moe_expert_histogram(ctx, t.at("expert_TK"), kept_or_none(t), E, t.at("count_E"));
+              };
+              p.reference = [r](const Bound&, Refs& want) {
+                std::vector<double> count(r.E, 0.0);
+                for (int64_t i = 0; i < r.T * r.K; ++i) count[r.expert[i]] += r.kept.empty() || r.kept[i];
+                want["count_E"].value = count;
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+// probs: an expert keeps its C slots of highest weight, ties to the lower
+// token, then slot (a stable sort of the token-major slots); position: its
+// first C slots.
+std::vector<double> naive_capacity(const Routing& r, const std::vector<double>& w, int64_t C, MoeDrop policy) {
+  std::vector<double> kept(r.T * r.K, 0.0);
+  for (int64_t e = 0; e < r.E; ++e) {
+    std::vector<int64_t> slots;
+    for (int64_t i = 0; i < r.T * r.K; ++i)
+      if (r.expert[i] == e) slots.push_back(i);
+    if (policy == MoeDrop::probs)
+      std::stable_sort(slots.begin(), slots.end(), [&](int64_t a, int64_t b) { return w[a] > w[b]; });
+    for (int64_t n = 0; n < std::min<int64_t>(C, int64_t(slots.size())); ++n) kept[slots[n]] = 1.0;
+  }
+  return kept;
+}
+
+OpEntry capacity_mask_entry() {
+  return {"moe_capacity_mask", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            const Routing r = random_routing("T 40, K 2, E 4", 40, 2, 4, false, 0, g);
+            const Routing one = random_routing("T 1, K 1, E 1", 1, 1, 1, false, 0, g);
+            struct Case {
+              const Routing* r;
+              int64_t capacity;
+              bool ties;  // weights from {0.25, 0.5, 0.75, 1}: the tie rule decides
+            };
+            for (MoeDrop policy : {MoeDrop::probs, MoeDrop::position})
+              for (const Case& c : {Case{&r, 0, false}, Case{&r, 3, false}, Case{&r, 15, true}, Case{&r, 100, false},
+                                    Case{&one, 1, false}}) {
+                Tensor w = c.ties ? randint({c.r->T, c.r->K}, g, 1, 4) : randn({c.r->T, c.r->K}, g);
+                if (c.ties)
+                  for (int64_t i = 0; i < w.numel(); ++i) w.f32()[i] *= 0.25f;
+                Problem p(c.r->name + ", capacity " + std::to_string(c.capacity) +
+                          (policy == MoeDrop::probs ? ", probs" : ", position") + (c.ties ? ", tied weights" : ""));
+                p.in("expert_TK", expert_tensor(*c.r)).in("weight_TK", w);
+                p.out("kept_TK", {c.r->T, c.r->K}, DType::u8, kExact);
+                const int64_t E = c.r->E, C = c.capacity;
+                p.call = [=](const ExecContext& ctx, Bound& t) {
+                  moe_capacity_mask(ctx, t.at("expert_TK"), t.at("weight_TK"), E, C, policy, t.at("kept_TK"));
+                };
+                const Routing rr = *c.r;
+                p.reference = [rr, C, policy](const Bound& in, Refs& want) {
+                  want["kept_TK"].value = naive_capacity(rr, values(in.at("weight_TK")), C, policy);
+                  want["kept_TK"].may_be_zero = C == 0;  // capacity 0 drops every slot
+                };
+                ps.push_back(std::move(p));
+              }
+            return ps;
+          }};
+}
+
+OpEntry permutation_maps_entry() {
+  return {"moe_permutation_maps", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            for (const Routing& r : routing_cases(g)) {
+              const int64_t N = total_rows(r);
+              Problem p(r.name + ", N " + std::to_string(N));
+              p.in("expert_TK", expert_tensor(r));
+              add_kept(p, r);
+              p.in("rows_E", i64s(r.rows));
+              p.out("row_of_TK", {r.T, r.K}, DType::i32, kExact);
+              p.out("row_token_N", {N}, DType::i32, kExact).out("row_slot_N", {N}, DType::i32, kExact);
+              p.call = [](const ExecContext& ctx, Bound& t) {
+                moe_permutation_maps(ctx, t.at("expert_TK"), kept_or_none(t), t.at("rows_E"), t.at("row_of_TK"),
+                                     t.at("row_token_N"), t.at("row_slot_N"));
+              };
+              p.reference = [r](const Bound&, Refs& want) {
+                const Maps m = naive_maps(r);
+                want["row_of_TK"].value = as_doubles(m.row_of);
+                want["row_token_N"].value = as_doubles(m.row_token);
+                want["row_slot_N"].value = as_doubles(m.row_slot);
+                // A single slot maps to row 0, token 0, slot 0.
+                for (const char* name : {"row_of_TK", "row_token_N", "row_slot_N"}) want[name].may_be_zero = r.T == 1;
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+// ---------------------------------------------------------------- row gathers and scatters
+
+const int64_t kRowWidths[] = {7, 33, 5, 1};  // D per routing case: off the vector width
+
+OpEntry permute_rows_entry() {
+  return {"moe_permute_rows", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            const std::vector<Routing> cases = routing_cases(g);
+            for (size_t i = 0; i < cases.size(); ++i) {
+              const Routing& r = cases[i];
+              const int64_t D = kRowWidths[i], N = total_rows(r);
+              const Maps m = naive_maps(r);
+              Problem p(r.name + ", D " + std::to_string(D));
+              p.in("x_TD", randn({r.T, D}, g)).in("row_token_N", i32s(m.row_token));
+              p.out("x_ND", {N, D}, DType::f32, kExact);
+              p.call = [](const ExecContext& ctx, Bound& t) {
+                moe_permute_rows(ctx, t.at("x_TD"), t.at("row_token_N"), t.at("x_ND"));
+              };
+              p.reference = [m, D](const Bound& in, Refs& want) {
+                const std::vector<double> x = values(in.at("x_TD"));
+                for (int32_t tok : m.row_token)
+                  for (int64_t d = 0; d < D; ++d) want["x_ND"].value.push_back(tok < 0 ? 0.0 : x[tok * D + d]);
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+OpEntry permute_rows_backward_entry() {
+  return {"moe_permute_rows_backward", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            const std::vector<Routing> cases = routing_cases(g);
+            for (size_t i = 0; i < cases.size(); ++i) {
+              const Routing& r = cases[i];
+              const int64_t D = kRowWidths[i], N = total_rows(r);
+              const Maps m = naive_maps(r);
+              Problem p(r.name + ", D " + std::to_string(D));
+              p.in("dx_ND", randint({N, D}, g, -9, 9)).in("row_of_TK", i32s(m.row_of, {r.T, r.K}));
+              p.inout("dx_TD", randint({r.T, D}, g, -9, 9), {0, 0, "sums of small integers: exact"});
+              p.call = [](const ExecContext& ctx, Bound& t) {
+                moe_permute_rows_backward(ctx, t.at("dx_ND"), t.at("row_of_TK"), t.at("dx_TD"));
+              };
+              p.reference = [m, D, K = r.K](const Bound& in, Refs& want) {
+                std::vector<double> dx = values(in.at("dx_TD"));
+                const std::vector<double> src = values(in.at("dx_ND"));
+                for (size_t s = 0; s < m.row_of.size(); ++s)
+                  if (m.row_of[s] >= 0)
+                    for (int64_t d = 0; d < D; ++d) dx[(s / K) * D + d] += src[m.row_of[s] * D + d];
+                want["dx_TD"].value = dx;
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+OpEntry unpermute_rows_entry() {
+  return {"moe_unpermute_rows", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            const std::vector<Routing> cases = routing_cases(g);
+            for (size_t i = 0; i < cases.size(); ++i) {
+              const Routing& r = cases[i];
+              const int64_t D = kRowWidths[i], N = total_rows(r), K = r.K;
+              const Maps m = naive_maps(r);
+              Problem p(r.name + ", D " + std::to_string(D));
+              p.in("y_ND", randn({N, D}, g)).in("row_of_TK", i32s(m.row_of, {r.T, K}));
+              p.in("weight_TK", randn({r.T, K}, g));
+              // Dropped-everywhere tokens get zeros (the hand-made and random cases have some slots dropped).
+              p.out("out_TD", {r.T, D}, DType::f32,
+                    {2.4e-7 * double(K), 1e-30, "K rounded products and their fp32 sum: <= 2K·u of Σ|terms|"});
+              p.call = [](const ExecContext& ctx, Bound& t) {
+                moe_unpermute_rows(ctx, t.at("y_ND"), t.at("row_of_TK"), t.at("weight_TK"), t.at("out_TD"));
+              };
+              p.reference = [m, D, K, T = r.T](const Bound& in, Refs& want) {
+                const std::vector<double> y = values(in.at("y_ND")), w = values(in.at("weight_TK"));
+                Ref& o = want["out_TD"];
+                o.value.assign(T * D, 0.0);
+                o.scale.assign(T * D, 0.0);
+                for (size_t s = 0; s < m.row_of.size(); ++s)
+                  if (m.row_of[s] >= 0)
+                    for (int64_t d = 0; d < D; ++d) {
+                      o.value[(s / K) * D + d] += w[s] * y[m.row_of[s] * D + d];
+                      o.scale[(s / K) * D + d] += std::abs(w[s] * y[m.row_of[s] * D + d]);
+                    }
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+OpEntry unpermute_rows_backward_entry() {
+  return {"moe_unpermute_rows_backward", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            const std::vector<Routing> cases = routing_cases(g);
+            for (size_t i = 0; i < cases.size(); ++i) {
+              const Routing& r = cases[i];
+              const int64_t D = kRowWidths[i], N = total_rows(r), K = r.K;
+              const Maps m = naive_maps(r);
+              Problem p(r.name + ", D " + std::to_string(D));
+              p.in("dout_TD", randn({r.T, D}, g)).in("y_ND", randn({N, D}, g));
+              p.in("row_of_TK", i32s(m.row_of, {r.T, K})).in("row_token_N", i32s(m.row_token));
+              p.in("weight_TK", randn({r.T, K}, g));
+              p.out("dy_ND", {N, D}, DType::f32, {1.2e-7, 0, "one rounded product (scale |want|); padding rows zero"});
+              p.out("dweight_TK", {r.T, K}, DType::f32,
+                    {1.2e-7 * double(D), 1e-30, "an fp32 dot of D terms: <= D·2u of Σ|terms|; dropped slots 0"});
+              p.call = [](const ExecContext& ctx, Bound& t) {
+                moe_unpermute_rows_backward(ctx, t.at("dout_TD"), t.at("y_ND"), t.at("row_of_TK"), t.at("row_token_N"),
+                                            t.at("weight_TK"), t.at("dy_ND"), t.at("dweight_TK"));
+              };
+              p.reference = [m, D, K, N, T = r.T](const Bound& in, Refs& want) {
+                const std::vector<double> dout = values(in.at("dout_TD")), y = values(in.at("y_ND")),
+                                          w = values(in.at("weight_TK"));
+                Ref &dy = want["dy_ND"], &dw = want["dweight_TK"];
+                dy.value.assign(N * D, 0.0);
+                dw.value.assign(T * K, 0.0);
+                dw.scale.assign(T * K, 0.0);
+                for (size_t s = 0; s < m.row_of.size(); ++s) {
+                  const int64_t row = m.row_of[s], t = int64_t(s) / K;
+                  if (row < 0) continue;
+                  for (int64_t d = 0; d < D; ++d) {
+                    dy.value[row * D + d] = w[s] * dout[t * D + d];
+                    dw.value[s] += dout[t * D + d] * y[row * D + d];
+                    dw.scale[s] += std::abs(dout[t * D + d] * y[row * D + d]);
+                  }
+                }
+                for (double v : dy.value) dy.scale.push_back(std::abs(v));
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
+}  // namespace
+
+std::vector<OpEntry> moe_ops() {
+  return {topk_forward_entry(),    routing_stats_entry(),         topk_backward_entry(),
+          histogram_entry(),       capacity_mask_entry(),         permutation_maps_entry(),
+          permute_rows_entry(),    permute_rows_backward_entry(), unpermute_rows_entry(),
+          unpermute_rows_backward_entry()};
+}
+
+}  // namespace origami::testing::backend_ops
