@@ -7,7 +7,7 @@
 // sentinel regions; overwritten outputs start poisoned (NaN for floats), so
 // an element the op never writes shows; inputs must come back unchanged.
 // The table is split by concern: ops_gemm.cpp, ops_dense.cpp, ops_loss_attention.cpp,
-// ops_moe.cpp.
+// ops_moe.cpp, ops_context_parallel.cpp.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -87,10 +87,11 @@ struct OpEntry {
 };
 
 // The table, in kernels/backend_ops.inc order.
-std::vector<OpEntry> gemm_ops();            // ops_gemm.cpp
-std::vector<OpEntry> dense_ops();           // ops_dense.cpp
-std::vector<OpEntry> loss_attention_ops();  // ops_loss_attention.cpp
-std::vector<OpEntry> moe_ops();             // ops_moe.cpp
+std::vector<OpEntry> gemm_ops();              // ops_gemm.cpp
+std::vector<OpEntry> dense_ops();             // ops_dense.cpp
+std::vector<OpEntry> loss_attention_ops();    // ops_loss_attention.cpp
+std::vector<OpEntry> moe_ops();               // ops_moe.cpp
+std::vector<OpEntry> context_parallel_ops();  // ops_context_parallel.cpp
 
 // ---- input generators (host tensors; fresh values from the entry's rng)
 
