@@ -46,7 +46,7 @@ CpTokens cp_shard_tokens(const ExecContext& ctx, const Tensor& tokens_BS1, int64
 Tensor cp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
                             const Tensor& x_TD, int64_t batch, const Tensor& pos_local_S, comm::Communicator* cp,
                             CpAttentionSaved& saved) {
-  const int n = cp ? cp->size() : 1;
+  const int n = comm::group_size(cp);
   const int64_t T = x_TD.rows(), D = x_TD.cols(), Sl = T / batch, S = Sl * n;
   const int64_t Hq = opt.num_heads, Hkv = opt.num_kv_heads, hd = opt.head_dim;
   ORIGAMI_CHECK(Sl * batch == T && pos_local_S.numel() == Sl, "cp attention: T=", T, " batch=", batch,
@@ -102,7 +102,7 @@ Tensor cp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt
                              const CpAttentionSaved& saved, const Tensor& dy_TD, comm::Communicator* cp,
                              AttentionWeights& grad) {
   const AttentionDims& d = saved.dims;
-  const int n = cp ? cp->size() : 1;
+  const int n = comm::group_size(cp);
   ORIGAMI_CHECK(n == saved.cp_size, "cp attention backward over a group of ", n, " ranks, forward used ",
                 saved.cp_size);
   const int64_t T = saved.x_TD.rows(), D = saved.x_TD.cols();
