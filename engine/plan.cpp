@@ -18,7 +18,7 @@
 #include <tuple>
 
 #include "kernels/check.h"
-#include "moe/dispatch.h"
+#include "moe/permutation.h"
 
 namespace origami::plan {
 
@@ -184,7 +184,7 @@ std::vector<UnitPlan> plan_units(const PlanInput& in, const UnitTable& table, co
 }
 
 // Saved-for-backward bytes, tensor by tensor from the modules' Saved structs
-// (dense/norm.h, dense/attention.h, dense/mlp.h, moe/router.h, moe/dispatch.h,
+// (dense/norm.h, dense/attention.h, dense/mlp.h, moe/router.h, moe/permutation.h,
 // moe/experts.h, moe/moe_layer.h, dense/lm_head.h, engine/model.h), fp32 or
 // i32, 4 bytes per element. Under TP+SP a module saves its tp-gathered input
 // (so backward needs no second gather); under CP attention saves the

@@ -1,7 +1,7 @@
 // MoE routing ops (ARCHITECTURE.md §4): per-token scores and top-k selection
 // with their backward, routing statistics, expert histograms, capacity masks,
 // the permutation row maps, and the row gathers/scatters of permute/unpermute.
-// moe/router.cpp and moe/dispatch.cpp call these; they own the math's shape,
+// moe/router.cpp and moe/permutation.cpp call these; they own the math's shape,
 // these own the inner loops (and get CUDA twins later).
 //
 // Conventions: expert_TK / row maps are i32, kept_TK is u8 (1 = kept), counts

@@ -1,9 +1,9 @@
-// Capacity, dropping and the local permutation (see dispatch.h). This file
+// Capacity, dropping and the local permutation (see permutation.h). This file
 // sizes and allocates; the loops live in kernels/moe_ops (CUDA twins later).
 // make_permutation is a counting sort: histograms give each expert's row
 // range, one token-major walk places the slots, so it is O(T·k) and the row
 // order (expert, then token, then slot) needs no comparison sort.
-#include "moe/dispatch.h"
+#include "moe/permutation.h"
 
 #include <algorithm>
 #include <cmath>
