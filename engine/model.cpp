@@ -75,7 +75,7 @@ Model::Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, cons
     local_experts_ = dispatcher_->num_local_experts();
     const bool global = moe_cfg.load_balancing == moe::LoadBalancing::global_aux_loss;
     if (comm::Communicator* c = group(global ? comm::GroupKind::tp_dp_cp : comm::GroupKind::tp_cp))
-      reduce_stats_ = [c](double* data, int64_t n) { c->all_reduce(std::span<double>(data, static_cast<size_t>(n))); };
+      reduce_stats_ = [c](const Tensor& stats_N) { c->all_reduce(stats_N); };
   }
   // Tensor and context parallel groups; this rank's heads (dense/tensor_parallel.h).
   tp_ = group(comm::GroupKind::tp);
@@ -157,7 +157,8 @@ void Model::update_expert_bias(const std::vector<MoeLayerRecord>& loads) {
   if (!moe_cfg_.expert_bias) return;
   for (const MoeLayerRecord& r : loads)
     if (stage_.owns_layer(r.layer))
-      moe::update_expert_bias(expert_bias_[r.layer], r.routed_per_expert, static_cast<float>(moe_cfg_.bias_update_rate));
+      moe::update_expert_bias(*ctx_, expert_bias_[r.layer], r.routed_per_expert,
+                              static_cast<float>(moe_cfg_.bias_update_rate));
 }
 
 namespace {

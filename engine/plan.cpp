@@ -186,9 +186,9 @@ std::vector<UnitPlan> plan_units(const PlanInput& in, const UnitTable& table, co
 // Saved-for-backward bytes, tensor by tensor from the modules' Saved structs
 // (dense/norm.h, dense/attention.h, dense/mlp.h, moe/router.h, moe/permutation.h,
 // moe/experts.h, moe/moe_layer.h, dense/lm_head.h, engine/model.h), fp32 or
-// i32, 4 bytes per element. Under TP+SP a module saves its tp-gathered input
-// (so backward needs no second gather); under CP attention saves the
-// cp-gathered K and V.
+// i32, 4 bytes per element (the router's statistics buffer f64). Under TP+SP
+// a module saves its tp-gathered input (so backward needs no second gather);
+// under CP attention saves the cp-gathered K and V.
 ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout) {
   const ModelConfig& m = in.model;
   const MoeConfig& e = in.moe;
@@ -211,8 +211,12 @@ ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout
   if (E > 0) {
     const int64_t R = moe_rows(e, t), M = R * etp;  // M: rows the local experts compute (etp-gathered)
     a.rows = R;
-    // RouterSaved: x [t, D], logits and scores [t, E], expert i32 [t, k]; Routing: weight [t, k].
-    const int64_t router = (t * D + 2 * t * E + t * k) * f + t * k * kI32;
+    // RouterSaved: x [t, D], logits and scores [t, E], expert i32 [t, k]; Routing: weight [t, k];
+    // with an aux loss the reduced statistics f64 [2·S·E + 2], S segments (sequences for seq_aux_loss).
+    const bool aux = e.load_balancing != moe::LoadBalancing::none && static_cast<float>(e.aux_loss_coeff) != 0.0f;
+    const int64_t S_aux = e.load_balancing == moe::LoadBalancing::seq_aux_loss ? t / s : 1;
+    const int64_t router =
+        (t * D + 2 * t * E + t * k) * f + t * k * kI32 + (aux ? (2 * S_aux * E + 2) * static_cast<int64_t>(kF64) : 0);
     // Permutation: row_token, row_slot i32 [R], row_of i32 [t, k].
     const int64_t perm = (2 * R + t * k) * kI32;
     // ExpertsSaved: x [M, D], gate, up, h [M, Fe/etp]; expert_out [R, D].

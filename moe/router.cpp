@@ -78,32 +78,29 @@ Routing router_forward(const ExecContext& ctx, const RouterOptions& opt, const T
   saved.scores_TE = scores;
   saved.expert_TK = routing.expert_TK;
   saved.seq_len = seq_len;
-  saved.aux_counts.clear();
+  saved.stats_N = Tensor();
+  saved.aux_segments = 0;
   saved.aux_tokens = 0;
   losses = RouterLosses{};
   if (!want_aux && !want_z) return routing;
 
   // One buffer, one reduction: [counts S·E | score sums S·E | tokens | Σ lse²].
-  const int64_t S = want_aux ? aux_segments(opt, T, seq_len) : 0, SE = S * E;
-  std::vector<double> buf(static_cast<size_t>(2 * SE + 2), 0.0);
   // A rank with no tokens adds zeros (its group's statistics still reduce).
-  if (want_aux && T > 0)
-    moe_routing_stats(ctx, scores, routing.expert_TK, params.score, T / S, buf.data(), buf.data() + SE);
-  buf[2 * SE] = static_cast<double>(T);
-  buf[2 * SE + 1] = want_z ? sum_squares(ctx, lse) : 0.0;
-  if (reduce) reduce(buf.data(), static_cast<int64_t>(buf.size()));
-  const double tokens = buf[2 * SE];
+  const int64_t S = want_aux ? aux_segments(opt, T, seq_len) : 0, SE = S * E;
+  Tensor stats = activation({2 * SE + 2}, DType::f64);
+  moe_routing_stats(ctx, scores, routing.expert_TK, lse, params.score, S, stats);
+  if (reduce) reduce(stats);
+  const MoeRoutingTotals totals = moe_routing_totals(ctx, stats, S, E, K);
+  const double tokens = totals.tokens;
   ORIGAMI_CHECK(tokens > 0, "router statistics cover no tokens after the reduction");
   saved.aux_tokens = tokens;
 
   if (want_aux) {
-    saved.aux_counts.assign(buf.begin(), buf.begin() + SE);
-    const double Tb = tokens / static_cast<double>(S);
-    double acc = 0.0;
-    for (int64_t i = 0; i < SE; ++i) acc += buf[i] / (Tb * static_cast<double>(K)) * (buf[SE + i] / Tb);
-    losses.aux_loss = opt.aux_loss_coeff * static_cast<double>(E) / static_cast<double>(S) * acc;
+    saved.stats_N = stats;
+    saved.aux_segments = S;
+    losses.aux_loss = opt.aux_loss_coeff * static_cast<double>(E) / static_cast<double>(S) * totals.balance;
   }
-  if (want_z) losses.z_loss = opt.z_loss_coeff * buf[2 * SE + 1] / tokens;
+  if (want_z) losses.z_loss = opt.z_loss_coeff * totals.lse_sq_sum / tokens;
   return routing;
 }
 
@@ -121,15 +118,17 @@ Tensor router_backward(const ExecContext& ctx, const RouterOptions& opt, const R
   Tensor aux_SE;
   int64_t seg_len = T;
   if (aux_active(opt)) {
-    const int64_t SE = static_cast<int64_t>(saved.aux_counts.size()), S = SE / E;
-    ORIGAMI_CHECK(S >= 1 && S * E == SE && saved.aux_tokens > 0, "router_backward: saved aux statistics hold ", SE,
-                  " counts over ", saved.aux_tokens, " tokens; expected a positive multiple of ", E);
+    const int64_t S = saved.aux_segments;
+    ORIGAMI_CHECK(S >= 1 && saved.stats_N.defined() && saved.stats_N.numel() == 2 * S * E + 2 &&
+                      saved.aux_tokens > 0,
+                  "router_backward: saved aux statistics of ", S, " segments over ", saved.aux_tokens,
+                  " tokens; expected at least one segment of ", E, " experts");
     seg_len = T / S;
     const double Tb = saved.aux_tokens / static_cast<double>(S);
     const double c = static_cast<double>(aux_scale) * opt.aux_loss_coeff * static_cast<double>(E) /
                      (static_cast<double>(S) * Tb * Tb * static_cast<double>(K));
     aux_SE = Tensor::empty({S, E}, DType::f32, MemCategory::workspace);
-    for (int64_t i = 0; i < SE; ++i) aux_SE.f32()[i] = static_cast<float>(c * saved.aux_counts[i]);
+    moe_aux_coefficients(ctx, saved.stats_N, c, aux_SE);
   }
   // ∂(aux_scale · z_coeff · Σ lse² / T_group)/∂(Σ lse²).
   const float z_coef =
@@ -144,18 +143,8 @@ Tensor router_backward(const ExecContext& ctx, const RouterOptions& opt, const R
   return dx;
 }
 
-void update_expert_bias(Tensor& bias_E, const std::vector<int64_t>& load_E, float rate) {
-  const int64_t E = static_cast<int64_t>(load_E.size());
-  ORIGAMI_CHECK(bias_E.defined() && bias_E.dtype() == DType::f32, "expert bias must be a defined f32 tensor");
-  check_shape(bias_E, {E}, "expert bias_E");
-  int64_t total = 0;
-  for (int64_t l : load_E) total += l;
-  // sign(mean − load_e) = sign(Σ load − E·load_e), exact in integers (sign(0) = 0).
-  float* b = bias_E.f32();
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t d = total - E * load_E[e];
-    b[e] += rate * static_cast<float>((d > 0) - (d < 0));
-  }
+void update_expert_bias(const ExecContext& ctx, Tensor& bias_E, const std::vector<int64_t>& load_E, float rate) {
+  moe_expert_bias_update(ctx, bias_E, load_E, rate);
 }
 
 }  // namespace origami::moe

@@ -570,9 +570,7 @@ void check_empty_rank_with_reduced_losses(moe::LoadBalancing balancing, float au
     opt.router.load_balancing = balancing;
     opt.router.z_loss_coeff = z_coeff;
     comm::Communicator& group = s->groups[GroupKind::tp_dp_cp];
-    const moe::StatsReducer reduce = [&group](double* data, int64_t n) {
-      group.all_reduce(std::span<double>(data, static_cast<size_t>(n)));
-    };
+    const moe::StatsReducer reduce = [&group](const Tensor& stats_N) { group.all_reduce(stats_N); };
     MoeLayerWeights full = full_weights(E);
     MoeLayerWeights local;
     local.gate_ED = full.gate_ED;
