@@ -18,18 +18,24 @@
 
 namespace origami {
 
-// Kernel-level mirrors of moe::ScoreFunction / moe::DropPolicy (kernels/ sits
-// below moe/ and must not include it).
+// The router's score function and the capacity drop policy. Defined here,
+// the lowest layer that reads them; moe/options.h names them
+// moe::ScoreFunction and moe::DropPolicy.
 enum class MoeScore { softmax, sigmoid };
 enum class MoeDrop { probs, position };
 
+// Selection and weights of the router: what moe_topk_forward and its
+// backward read. moe::RouterOptions extends this struct and the config file
+// fills it (moe.score_function, top_k, ...), so the values a config names
+// reach the kernels through no copy.
 struct MoeTopkParams {
-  MoeScore score = MoeScore::softmax;
-  int64_t top_k = 1;
-  int64_t num_groups = 1;  // > 1: group-limited selection
-  int64_t group_topk = 1;  // groups kept per token
-  bool normalize = false;  // p /= (Σ_j p_j + 1e-20)
-  float scaling = 1.0f;    // then p *= scaling
+  MoeScore score_function = MoeScore::softmax;
+  int64_t top_k = 2;
+  int64_t num_groups = 1;       // > 1: group-limited selection
+  int64_t group_topk = 1;       // groups kept per token
+  bool normalize_topk = false;  // p /= (Σ_j p_j + 1e-20)
+  double topk_scaling = 1.0;    // then p *= scaling_f32(): kept as configured, applied in fp32
+  float scaling_f32() const { return static_cast<float>(topk_scaling); }
 };
 
 // Checks E, k and the group parameters; fails with a message naming them.

@@ -54,8 +54,7 @@ Tensor apply_capacity(const ExecContext& ctx, const CapacityOptions& opt, const 
   check_routing(expert_TK, num_experts);
   Tensor kept = Tensor::empty(expert_TK.shape(), DType::u8, MemCategory::activation);
   // capacity < 0 (dropless): the kernel keeps every slot.
-  const MoeDrop policy = opt.drop_policy == DropPolicy::probs ? MoeDrop::probs : MoeDrop::position;
-  moe_capacity_mask(ctx, expert_TK, weight_TK, num_experts, capacity, policy, kept);
+  moe_capacity_mask(ctx, expert_TK, weight_TK, num_experts, capacity, opt.drop_policy, kept);
   return kept;
 }
 

@@ -73,7 +73,7 @@ NaiveTopk naive_topk(const std::vector<double>& z, int64_t E, const MoeTopkParam
     r.lse.push_back(mx + std::log(se));
     std::vector<double> v(E);
     for (int64_t e = 0; e < E; ++e) {
-      const double s = p.score == MoeScore::softmax ? std::exp(zt[e] - mx) / se : 1 / (1 + std::exp(-zt[e]));
+      const double s = p.score_function == MoeScore::softmax ? std::exp(zt[e] - mx) / se : 1 / (1 + std::exp(-zt[e]));
       r.scores.push_back(s);
       v[e] = s + (bias.empty() ? 0.0 : bias[e]);
     }
@@ -101,7 +101,7 @@ NaiveTopk naive_topk(const std::vector<double>& z, int64_t E, const MoeTopkParam
     for (int64_t j = 0; j < K; ++j) {
       r.experts.push_back(er[j]);
       const double s = r.scores[t * E + er[j]];
-      r.weights.push_back((p.normalize ? s / (sum + 1e-20) : s) * p.scaling);
+      r.weights.push_back((p.normalize_topk ? s / (sum + 1e-20) : s) * p.scaling_f32());
     }
   }
   return r;
@@ -179,7 +179,7 @@ double naive_objective(const std::vector<double>& z, int64_t E, const MoeTopkPar
     for (int64_t e = 0; e < E; ++e) norm += n.scores[t * E + e];
     for (int64_t e = 0; e < E; ++e) {
       const double s = n.scores[t * E + e];
-      f += A[(t / seg_len) * E + e] * (p.score == MoeScore::sigmoid ? s / (norm + 1e-20) : s);
+      f += A[(t / seg_len) * E + e] * (p.score_function == MoeScore::sigmoid ? s / (norm + 1e-20) : s);
     }
     f += zc * n.lse[t] * n.lse[t];
   }
@@ -415,7 +415,7 @@ TEST(KernelsMoe, ResultsDoNotDependOnThreadCount) {
     std::vector<float> out;
     const TopkOut o = run_topk(logits, Tensor(), p, ctx);
     Tensor stats = make({2 * E + 2}, DType::f64);
-    moe_routing_stats(ctx, o.scores, o.experts, o.lse, p.score, 1, stats);
+    moe_routing_stats(ctx, o.scores, o.experts, o.lse, p.score_function, 1, stats);
     const double* c = stats.data<double>();
     const double* s = c + E;
     Tensor dz = make({T, E});

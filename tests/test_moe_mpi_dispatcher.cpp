@@ -422,7 +422,8 @@ struct LayerCase {
 MoeLayerOptions layer_options(int64_t E, std::optional<double> cf = {}, moe::DropPolicy policy = moe::DropPolicy::probs,
                               bool pad = false, float aux = 0.5f) {
   MoeLayerOptions o;
-  o.router = {.num_experts = E, .top_k = kK, .load_balancing = moe::LoadBalancing::aux_loss, .aux_loss_coeff = aux};
+  o.router.num_experts = E, o.router.top_k = kK;
+  o.router.load_balancing = moe::LoadBalancing::aux_loss, o.router.aux_loss_coeff = aux;
   o.capacity = {.capacity_factor = cf, .drop_policy = policy, .pad_to_capacity = pad};
   return o;
 }

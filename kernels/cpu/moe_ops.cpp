@@ -99,8 +99,8 @@ void moe_topk_forward(const ExecContext& ctx, const Tensor& logits_TE, const Ten
       const float* __restrict z = logits + t * E;
       float* __restrict s = scores + t * E;
       float mx = 0.0f, se = 0.0f;
-      if (p.score == MoeScore::softmax || lse) softmax_pieces(z, E, mx, se);
-      if (p.score == MoeScore::softmax) {
+      if (p.score_function == MoeScore::softmax || lse) softmax_pieces(z, E, mx, se);
+      if (p.score_function == MoeScore::softmax) {
         const float inv = 1.0f / se;
 #pragma omp simd
         for (int64_t e = 0; e < E; ++e) s[e] = cpu::exp_fast(z[e] - mx) * inv;
@@ -155,7 +155,7 @@ void moe_topk_forward(const ExecContext& ctx, const Tensor& logits_TE, const Ten
         w[j] = s[bi[j]];
         sum += w[j];
       }
-      const float scale = p.normalize ? p.scaling / (sum + kNormEps) : p.scaling;
+      const float scale = p.normalize_topk ? p.scaling_f32() / (sum + kNormEps) : p.scaling_f32();
       for (int64_t j = 0; j < K; ++j) w[j] *= scale;
     }
   }
@@ -187,6 +187,7 @@ void moe_topk_backward(const ExecContext& ctx, const Tensor& logits_TE, const Te
   const float* dweight = dweight_TK.defined() ? dweight_TK.f32() : nullptr;
   const float* aux = aux_SE.defined() ? aux_SE.f32() : nullptr;
   float* dlogits = dlogits_TE.f32();
+  const float scaling = p.scaling_f32();
 #pragma omp parallel
   {
     std::vector<float> g(E);
@@ -197,20 +198,20 @@ void moe_topk_backward(const ExecContext& ctx, const Tensor& logits_TE, const Te
       std::fill(g.begin(), g.end(), 0.0f);
       if (dweight) {
         const float* R = dweight + t * K;
-        if (p.normalize) {
+        if (p.normalize_topk) {
           float sum = 0.0f, rs = 0.0f;
           for (int64_t j = 0; j < K; ++j) sum += s[sel[j]];
           const float den = sum + kNormEps;
           for (int64_t j = 0; j < K; ++j) rs += R[j] * s[sel[j]];
           rs /= den;
-          for (int64_t j = 0; j < K; ++j) g[sel[j]] += p.scaling / den * (R[j] - rs);
+          for (int64_t j = 0; j < K; ++j) g[sel[j]] += scaling / den * (R[j] - rs);
         } else {
-          for (int64_t j = 0; j < K; ++j) g[sel[j]] += p.scaling * R[j];
+          for (int64_t j = 0; j < K; ++j) g[sel[j]] += scaling * R[j];
         }
       }
       if (aux) {
         const float* a = aux + (t / seg_len) * E;
-        if (p.score == MoeScore::softmax) {
+        if (p.score_function == MoeScore::softmax) {
           for (int64_t e = 0; e < E; ++e) g[e] += a[e];
         } else {
           float tot = 0.0f, as = 0.0f;
@@ -221,7 +222,7 @@ void moe_topk_backward(const ExecContext& ctx, const Tensor& logits_TE, const Te
         }
       }
       float* __restrict dz = dlogits + t * E;
-      if (p.score == MoeScore::softmax) {
+      if (p.score_function == MoeScore::softmax) {
         float gs = 0.0f;
         for (int64_t e = 0; e < E; ++e) gs += g[e] * s[e];
         for (int64_t e = 0; e < E; ++e) dz[e] = s[e] * (g[e] - gs);
