@@ -103,11 +103,14 @@ const EnumNames<moe::DropPolicy>& enum_names(const moe::DropPolicy*) {
   return n;
 }
 
-// Keys are exactly the struct field names; declaration order breaks ties in
-// did-you-mean suggestions.
+// Keys are exactly the struct field names (the [moe] section's spread over
+// MoeConfig and its router and capacity structs); the order here breaks ties
+// in did-you-mean suggestions.
 std::vector<Section> schema(Config& c) {
   ModelConfig& m = c.model;
   MoeConfig& e = c.moe;
+  moe::RouterOptions& r = e.router;  // [moe] keys of the router and capacity name these structs' fields
+  moe::CapacityOptions& cap = e.capacity;
   ParallelConfig& p = c.parallel;
   TrainingConfig& t = c.training;
   OptimizerConfig& o = c.optimizer;
@@ -118,14 +121,14 @@ std::vector<Section> schema(Config& c) {
         {"num_heads", &m.num_heads}, {"num_kv_heads", &m.num_kv_heads}, {"ffn_hidden_size", &m.ffn_hidden_size},
         {"rope_theta", &m.rope_theta}, {"norm_eps", &m.norm_eps}, {"init_std", &m.init_std}}},
       {"moe",
-       {{"num_experts", &e.num_experts}, {"top_k", &e.top_k}, {"ffn_hidden_size", &e.ffn_hidden_size},
+       {{"num_experts", &r.num_experts}, {"top_k", &r.top_k}, {"ffn_hidden_size", &e.ffn_hidden_size},
         {"first_dense_layers", &e.first_dense_layers}, {"layer_freq", &e.layer_freq},
-        {"shared_expert_hidden_size", &e.shared_expert_hidden_size}, {"score_function", &e.score_function},
-        {"normalize_topk", &e.normalize_topk}, {"topk_scaling", &e.topk_scaling}, {"num_groups", &e.num_groups},
-        {"group_topk", &e.group_topk}, {"load_balancing", &e.load_balancing}, {"aux_loss_coeff", &e.aux_loss_coeff},
-        {"z_loss_coeff", &e.z_loss_coeff}, {"expert_bias", &e.expert_bias},
-        {"bias_update_rate", &e.bias_update_rate}, {"capacity_factor", &e.capacity_factor},
-        {"drop_policy", &e.drop_policy}, {"pad_to_capacity", &e.pad_to_capacity}}},
+        {"shared_expert_hidden_size", &e.shared_expert_hidden_size}, {"score_function", &r.score_function},
+        {"normalize_topk", &r.normalize_topk}, {"topk_scaling", &r.topk_scaling}, {"num_groups", &r.num_groups},
+        {"group_topk", &r.group_topk}, {"load_balancing", &r.load_balancing}, {"aux_loss_coeff", &r.aux_loss_coeff},
+        {"z_loss_coeff", &r.z_loss_coeff}, {"expert_bias", &e.expert_bias},
+        {"bias_update_rate", &e.bias_update_rate}, {"capacity_factor", &cap.capacity_factor},
+        {"drop_policy", &cap.drop_policy}, {"pad_to_capacity", &cap.pad_to_capacity}}},
       {"parallel",
        {{"tp", &p.tp}, {"cp", &p.cp}, {"pp", &p.pp}, {"ep", &p.ep}, {"etp", &p.etp}, {"order", &p.order},
         {"zero_stage", &p.zero_stage}, {"pp_layers", &p.pp_layers},

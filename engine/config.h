@@ -27,33 +27,38 @@ struct ModelConfig {
   int64_t head_dim() const { return hidden_size / num_heads; }
 };
 
+// The router's and capacity's options are the structs moe/ and the kernels
+// read (moe/options.h); the [moe] keys name their fields (moe.top_k fills
+// router.top_k, moe.capacity_factor capacity.capacity_factor, ...).
 struct MoeConfig {
-  int64_t num_experts = 0;      // 0: every layer is dense
-  int64_t top_k = 2;
+  // num_experts (0: every layer is dense), top_k, score_function ("softmax" |
+  // "sigmoid"), normalize_topk, topk_scaling, num_groups (group-limited
+  // routing when > 1; divides num_experts), group_topk (1 <= group_topk <=
+  // num_groups), load_balancing ("aux_loss" | "seq_aux_loss" |
+  // "global_aux_loss" | "none"), aux_loss_coeff, z_loss_coeff.
+  moe::RouterOptions router = file_router_defaults();
+  // capacity_factor (absent: dropless), drop_policy ("probs" | "position"),
+  // pad_to_capacity (requires capacity_factor).
+  moe::CapacityOptions capacity;
   int64_t ffn_hidden_size = 0;  // per-expert width; 0 means model.ffn_hidden_size
   int64_t first_dense_layers = 0;
   int64_t layer_freq = 1;       // layer l is MoE iff l >= first_dense_layers and (l - first) % freq == 0
   int64_t shared_expert_hidden_size = 0;  // 0: no shared expert
-  // Router ("softmax" | "sigmoid"), selection and weights.
-  moe::ScoreFunction score_function = moe::ScoreFunction::softmax;
-  bool normalize_topk = false;
-  double topk_scaling = 1.0;
-  int64_t num_groups = 1;  // group-limited routing when > 1 (divides num_experts)
-  int64_t group_topk = 1;  // groups kept, 1 <= group_topk <= num_groups
-  // Balancing: "aux_loss" | "seq_aux_loss" | "global_aux_loss" | "none".
-  moe::LoadBalancing load_balancing = moe::LoadBalancing::aux_loss;
-  double aux_loss_coeff = 1e-2;
-  double z_loss_coeff = 0.0;
   bool expert_bias = false;       // aux-loss-free balancing (DeepSeek-V3)
   double bias_update_rate = 1e-3;
-  // Capacity: absent = dropless. drop_policy "probs" | "position".
-  std::optional<double> capacity_factor;
-  moe::DropPolicy drop_policy = moe::DropPolicy::probs;
-  bool pad_to_capacity = false;   // requires capacity_factor
 
   int64_t expert_ffn(int64_t dense_ffn) const { return ffn_hidden_size > 0 ? ffn_hidden_size : dense_ffn; }
   bool is_moe_layer(int64_t l) const {
-    return num_experts > 0 && l >= first_dense_layers && (l - first_dense_layers) % layer_freq == 0;
+    return router.num_experts > 0 && l >= first_dense_layers && (l - first_dense_layers) % layer_freq == 0;
+  }
+
+  // The file's defaults where they differ from the modules' own: an aux loss
+  // of weight 1e-2 unless the file says otherwise (a module's RouterOptions
+  // has none unless asked).
+  static moe::RouterOptions file_router_defaults() {
+    moe::RouterOptions r;
+    r.aux_loss_coeff = 1e-2;
+    return r;
   }
 };
 

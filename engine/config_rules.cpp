@@ -145,7 +145,7 @@ constexpr const char* kGemmWhy = "a GEMM dimension, which BLAS libraries take as
 // (MoeConfig::is_moe_layer), counted without visiting each layer.
 int64_t moe_layer_count(const ModelConfig& m, const MoeConfig& e) {
   const int64_t after = m.num_layers - e.first_dense_layers;
-  return e.num_experts > 0 && after > 0 ? (after - 1) / e.layer_freq + 1 : 0;
+  return e.router.num_experts > 0 && after > 0 ? (after - 1) / e.layer_freq + 1 : 0;
 }
 
 // Whole-model parameters, exactly (the §4 shapes at tp = ep = etp = 1), in
@@ -165,7 +165,7 @@ ModelSize model_size(const ModelConfig& m, const MoeConfig& e) {
   const U dense_layers = L - moe_layers;
   s.dense += L * attention + dense_layers * 3 * H * static_cast<U>(m.ffn_hidden_size);
   if (moe_layers > 0) {
-    const U E = static_cast<U>(e.num_experts), Fe = static_cast<U>(e.expert_ffn(m.ffn_hidden_size));
+    const U E = static_cast<U>(e.router.num_experts), Fe = static_cast<U>(e.expert_ffn(m.ffn_hidden_size));
     s.dense += moe_layers * (E * H + 3 * H * static_cast<U>(e.shared_expert_hidden_size));
     s.expert = moe_layers * E * 3 * H * Fe;
   }
@@ -192,13 +192,16 @@ std::string fmt_bytes(long double b) {  // 3.2e+14 bytes (320.0 TB)
 // ceil(T·k/E · cf) (moe::expert_capacity), rows of the permuted buffer,
 // whose i32 row indices must address E of them. "" when they do.
 std::string capacity_problem(const MoeConfig& e, int64_t tokens_per_rank) {
-  if (e.num_experts == 0 || !e.capacity_factor || !e.pad_to_capacity) return {};
-  const long double per_expert = static_cast<long double>(tokens_per_rank) * static_cast<long double>(e.top_k) /
-                                 static_cast<long double>(e.num_experts) * static_cast<long double>(*e.capacity_factor);
-  const long double rows = std::ceil(per_expert) * static_cast<long double>(e.num_experts);
+  const moe::RouterOptions& ro = e.router;
+  const moe::CapacityOptions& cap = e.capacity;
+  if (ro.num_experts == 0 || !cap.capacity_factor || !cap.pad_to_capacity) return {};
+  const long double per_expert = static_cast<long double>(tokens_per_rank) * static_cast<long double>(ro.top_k) /
+                                 static_cast<long double>(ro.num_experts) *
+                                 static_cast<long double>(*cap.capacity_factor);
+  const long double rows = std::ceil(per_expert) * static_cast<long double>(ro.num_experts);
   if (rows <= static_cast<long double>(kMaxI32)) return {};
-  return concat("moe.capacity_factor = ", fmt(*e.capacity_factor), " with moe.pad_to_capacity pads each of the ",
-                e.num_experts, " experts to ", fmt_count(std::ceil(per_expert)), " rows for ", tokens_per_rank,
+  return concat("moe.capacity_factor = ", fmt(*cap.capacity_factor), " with moe.pad_to_capacity pads each of the ",
+                ro.num_experts, " experts to ", fmt_count(std::ceil(per_expert)), " rows for ", tokens_per_rank,
                 " tokens per rank: ", fmt_count(rows), " permuted rows, more than the ", kMaxI32,
                 " that i32 row indices address; lower the capacity factor");
 }
@@ -227,26 +230,28 @@ void validate(const Config& c, const Origins& o) {
   r.positive_fp32("model.init_std", m.init_std);
 
   const MoeConfig& e = c.moe;
-  r.at_least("moe.num_experts", e.num_experts, 0);
-  r.at_most("moe.num_experts", e.num_experts, kMaxI32, "expert ids are i32");
-  if (e.num_experts > 0) r.between("moe.top_k", e.top_k, 1, e.num_experts);
+  const moe::RouterOptions& ro = e.router;  // the [moe] keys of the router and capacity
+  const moe::CapacityOptions& cap = e.capacity;
+  r.at_least("moe.num_experts", ro.num_experts, 0);
+  r.at_most("moe.num_experts", ro.num_experts, kMaxI32, "expert ids are i32");
+  if (ro.num_experts > 0) r.between("moe.top_k", ro.top_k, 1, ro.num_experts);
   r.at_least("moe.ffn_hidden_size", e.ffn_hidden_size, 0);
   r.at_most("moe.ffn_hidden_size", e.ffn_hidden_size, kMaxI32, kGemmWhy);
   r.at_least("moe.first_dense_layers", e.first_dense_layers, 0);
   r.at_least("moe.layer_freq", e.layer_freq, 1);
   r.at_least("moe.shared_expert_hidden_size", e.shared_expert_hidden_size, 0);
   r.at_most("moe.shared_expert_hidden_size", e.shared_expert_hidden_size, kMaxI32, kGemmWhy);
-  r.positive_fp32("moe.topk_scaling", e.topk_scaling);
-  r.at_least("moe.num_groups", e.num_groups, 1);
-  r.between("moe.group_topk", e.group_topk, 1, e.num_groups);
-  r.non_negative_fp32("moe.aux_loss_coeff", e.aux_loss_coeff);
-  r.non_negative_fp32("moe.z_loss_coeff", e.z_loss_coeff);
+  r.positive_fp32("moe.topk_scaling", ro.topk_scaling);
+  r.at_least("moe.num_groups", ro.num_groups, 1);
+  r.between("moe.group_topk", ro.group_topk, 1, ro.num_groups);
+  r.non_negative_fp32("moe.aux_loss_coeff", ro.aux_loss_coeff);
+  r.non_negative_fp32("moe.z_loss_coeff", ro.z_loss_coeff);
   r.non_negative_fp32("moe.bias_update_rate", e.bias_update_rate);
-  if (e.capacity_factor) {
-    r.positive_fp32("moe.capacity_factor", *e.capacity_factor);
-    if (e.num_experts > 0)
-      r.need(*e.capacity_factor <= static_cast<double>(e.num_experts), "moe.capacity_factor", *e.capacity_factor,
-             concat("must be <= moe.num_experts = ", e.num_experts,
+  if (cap.capacity_factor) {
+    r.positive_fp32("moe.capacity_factor", *cap.capacity_factor);
+    if (ro.num_experts > 0)
+      r.need(*cap.capacity_factor <= static_cast<double>(ro.num_experts), "moe.capacity_factor", *cap.capacity_factor,
+             concat("must be <= moe.num_experts = ", ro.num_experts,
                     " (from num_experts / top_k up, every expert can already take every token; more only pads)"));
   }
 
@@ -269,12 +274,13 @@ void validate(const Config& c, const Origins& o) {
     // Tokens of a micro-batch are GEMM rows, and with top_k its routing
     // slots are i32 rows; a step's tokens and the run's samples are int64.
     int64_t tokens = 0, slots = 0, step_tokens = 0, samples = 0;
-    const int64_t k = e.num_experts > 0 ? e.top_k : 1;
+    const int64_t k = ro.num_experts > 0 ? ro.top_k : 1;
     r.need_all(checked_mul(t.micro_batch, t.seq_len, &tokens) && tokens <= kMaxI32 &&
                    checked_mul(tokens, k, &slots) && slots <= kMaxI32,
                {"training.micro_batch", "training.seq_len", "moe.top_k"},
-               concat("training.micro_batch · seq_len", e.num_experts > 0 ? " · moe.top_k" : "", " = ", t.micro_batch,
-                      " · ", t.seq_len, e.num_experts > 0 ? concat(" · ", k) : "", " must be <= ", kMaxI32,
+               concat("training.micro_batch · seq_len", ro.num_experts > 0 ? " · moe.top_k" : "", " = ",
+                      t.micro_batch, " · ", t.seq_len, ro.num_experts > 0 ? concat(" · ", k) : "", " must be <= ",
+                      kMaxI32,
                       " (a micro-batch's tokens and routing slots are i32 rows of the kernels)"));
     r.need_all(checked_mul(t.global_batch, t.seq_len, &step_tokens) && checked_mul(t.steps, t.global_batch, &samples),
                {"training.global_batch", "training.seq_len", "training.steps"},
@@ -324,24 +330,24 @@ void validate(const Config& c, const Origins& o) {
   r.need_all(t.global_batch % t.micro_batch == 0, {"training.global_batch", "training.micro_batch"},
              concat("training.global_batch = ", t.global_batch, " must be a multiple of training.micro_batch = ",
                     t.micro_batch));
-  if (e.num_experts > 0) {
-    r.need_all(e.num_experts % e.num_groups == 0, {"moe.num_experts", "moe.num_groups"},
-               concat("moe.num_experts = ", e.num_experts, " must be divisible by moe.num_groups = ", e.num_groups,
+  if (ro.num_experts > 0) {
+    r.need_all(ro.num_experts % ro.num_groups == 0, {"moe.num_experts", "moe.num_groups"},
+               concat("moe.num_experts = ", ro.num_experts, " must be divisible by moe.num_groups = ", ro.num_groups,
                       " (experts split into equal contiguous groups)"));
-    if (e.num_groups > 1) {
-      r.need_all(e.top_k % e.group_topk == 0, {"moe.top_k", "moe.group_topk"},
-                 concat("moe.top_k = ", e.top_k, " must be divisible by moe.group_topk = ", e.group_topk,
+    if (ro.num_groups > 1) {
+      r.need_all(ro.top_k % ro.group_topk == 0, {"moe.top_k", "moe.group_topk"},
+                 concat("moe.top_k = ", ro.top_k, " must be divisible by moe.group_topk = ", ro.group_topk,
                         " (a group's score sums its top top_k / group_topk experts)"));
-      const int64_t reachable = e.group_topk * (e.num_experts / e.num_groups);
-      r.need_all(e.top_k <= reachable, {"moe.top_k", "moe.group_topk", "moe.num_groups", "moe.num_experts"},
-                 concat("moe.top_k = ", e.top_k, " must be <= moe.group_topk · (moe.num_experts / moe.num_groups) = ",
-                        e.group_topk, " · (", e.num_experts, " / ", e.num_groups, ") = ", reachable,
+      const int64_t reachable = ro.group_topk * (ro.num_experts / ro.num_groups);
+      r.need_all(ro.top_k <= reachable, {"moe.top_k", "moe.group_topk", "moe.num_groups", "moe.num_experts"},
+                 concat("moe.top_k = ", ro.top_k, " must be <= moe.group_topk · (moe.num_experts / moe.num_groups) = ",
+                        ro.group_topk, " · (", ro.num_experts, " / ", ro.num_groups, ") = ", reachable,
                         " (the experts in the kept groups)"));
     }
   }
   if (const std::string stages = stage_problem(m, c.parallel); !stages.empty())
     r.need_all(false, {"parallel.pp_layers", "parallel.pp", "model.num_layers"}, stages);
-  r.need_all(!e.pad_to_capacity || e.capacity_factor.has_value(), {"moe.pad_to_capacity", "moe.capacity_factor"},
+  r.need_all(!cap.pad_to_capacity || cap.capacity_factor.has_value(), {"moe.pad_to_capacity", "moe.capacity_factor"},
              "moe.pad_to_capacity = true requires moe.capacity_factor (dropless routing has no capacity to pad to)");
   r.need_all(s.min_lr <= op.lr, {"lr_schedule.min_lr", "optimizer.lr"},
              concat("lr_schedule.min_lr = ", fmt(s.min_lr), " must be <= optimizer.lr = ", fmt(op.lr)));
@@ -409,7 +415,8 @@ std::string layout_problem(const ModelConfig& m, const MoeConfig& e, const Train
   // reported as such, with its numbers.
   int64_t dp = 1;
   try {
-    dp = comm::Layout(world_size, comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, e.num_experts}).dp();
+    const comm::LayoutOptions lo{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, e.router.num_experts};
+    dp = comm::Layout(world_size, lo).dp();
   } catch (const UserError& err) {
     return err.what();
   }
@@ -429,7 +436,7 @@ std::string layout_problem(const ModelConfig& m, const MoeConfig& e, const Train
   if (cp_tokens % p.tp != 0)
     return concat("training.micro_batch · seq_len / cp = ", cp_tokens, " tokens must split evenly over parallel.tp = ",
                   p.tp, " (sequence parallelism)");
-  if (any_moe && p.tp * p.cp > 1 && e.load_balancing == moe::LoadBalancing::seq_aux_loss)
+  if (any_moe && p.tp * p.cp > 1 && e.router.load_balancing == moe::LoadBalancing::seq_aux_loss)
     return concat("moe.load_balancing = \"seq_aux_loss\" needs whole sequences per rank; with parallel.tp·cp = ",
                   p.tp * p.cp, " use aux_loss or global_aux_loss");
   if (any_moe && e.expert_ffn(m.ffn_hidden_size) % p.etp != 0)

@@ -181,7 +181,7 @@ void export_hf(const Model& model, const std::string& dir, const comm::Groups* g
 }
 
 nlohmann::ordered_json hf_config(const ModelConfig& c, const MoeConfig& m) {
-  const bool is_moe = m.num_experts > 0;
+  const bool is_moe = m.router.num_experts > 0;
   nlohmann::ordered_json cfg = {
       {"architectures", {is_moe ? "MixtralForCausalLM" : "LlamaForCausalLM"}},
       {"model_type", is_moe ? "mixtral" : "llama"},
@@ -205,23 +205,23 @@ nlohmann::ordered_json hf_config(const ModelConfig& c, const MoeConfig& m) {
   if (is_moe) {
     // Mixtral's names, then DeepSeek's where Mixtral has none, so the forward
     // pass is fully determined by this file.
-    cfg["num_local_experts"] = m.num_experts;
-    cfg["num_experts_per_tok"] = m.top_k;
+    cfg["num_local_experts"] = m.router.num_experts;
+    cfg["num_experts_per_tok"] = m.router.top_k;
     cfg["moe_intermediate_size"] = m.expert_ffn(c.ffn_hidden_size);
-    cfg["router_aux_loss_coef"] = m.aux_loss_coeff;
+    cfg["router_aux_loss_coef"] = m.router.aux_loss_coeff;
     cfg["output_router_logits"] = false;
-    cfg["scoring_func"] = score_name(m.score_function);
-    cfg["norm_topk_prob"] = m.normalize_topk;
-    cfg["routed_scaling_factor"] = m.topk_scaling;
+    cfg["scoring_func"] = score_name(m.router.score_function);
+    cfg["norm_topk_prob"] = m.router.normalize_topk;
+    cfg["routed_scaling_factor"] = m.router.topk_scaling;
     cfg["first_k_dense_replace"] = m.first_dense_layers;
     cfg["moe_layer_freq"] = m.layer_freq;
-    cfg["n_group"] = m.num_groups;
-    cfg["topk_group"] = m.group_topk;
+    cfg["n_group"] = m.router.num_groups;
+    cfg["topk_group"] = m.router.group_topk;
     cfg["shared_expert_intermediate_size"] = m.shared_expert_hidden_size;
     cfg["expert_bias"] = m.expert_bias;
-    if (m.capacity_factor) {
-      cfg["capacity_factor"] = *m.capacity_factor;
-      cfg["drop_policy"] = m.drop_policy == moe::DropPolicy::probs ? "probs" : "position";
+    if (m.capacity.capacity_factor) {
+      cfg["capacity_factor"] = *m.capacity.capacity_factor;
+      cfg["drop_policy"] = m.capacity.drop_policy == moe::DropPolicy::probs ? "probs" : "position";
     }
   }
   return cfg;

@@ -6,26 +6,6 @@
 
 namespace origami {
 
-namespace {
-moe::MoeLayerOptions moe_options(const MoeConfig& m) {
-  moe::MoeLayerOptions o;
-  o.router.num_experts = m.num_experts;
-  o.router.top_k = m.top_k;
-  o.router.score_function = m.score_function;
-  o.router.normalize_topk = m.normalize_topk;
-  o.router.topk_scaling = static_cast<float>(m.topk_scaling);
-  o.router.num_groups = m.num_groups;
-  o.router.group_topk = m.group_topk;
-  o.router.load_balancing = m.load_balancing;
-  o.router.aux_loss_coeff = static_cast<float>(m.aux_loss_coeff);
-  o.router.z_loss_coeff = static_cast<float>(m.z_loss_coeff);
-  o.capacity.capacity_factor = m.capacity_factor;
-  o.capacity.drop_policy = m.drop_policy;
-  o.capacity.pad_to_capacity = m.pad_to_capacity;
-  return o;
-}
-}  // namespace
-
 void ForwardStats::accumulate(const std::vector<MoeLayerRecord>& other) {
   if (moe.empty()) {
     moe = other;
@@ -59,10 +39,11 @@ double ForwardStats::z_loss() const {
 Model::Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe_cfg,
              const comm::Groups* groups, int zero_stage, const std::vector<int64_t>& pp_layers)
     : ctx_(&ctx), cfg_(cfg), moe_cfg_(moe_cfg), units_(cfg, moe_cfg) {
-  const int64_t E = moe_cfg.num_experts;
+  const int64_t E = moe_cfg.router.num_experts;
   attn_opt_ = dense::AttentionOptions{cfg.num_heads, cfg.num_kv_heads, cfg.head_dim(),
                                       static_cast<float>(cfg.rope_theta)};
-  moe_opt_ = moe_options(moe_cfg);
+  moe_opt_.router = moe_cfg.router;  // the structs the config parsed, whole (moe/options.h)
+  moe_opt_.capacity = moe_cfg.capacity;
 
   // Expert ownership and the MoE layers' groups (size-1 groups are left out:
   // no communication on one rank).
@@ -71,9 +52,9 @@ Model::Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, cons
     dispatcher_ = std::make_unique<moe::AllToAllDispatcher>(E, group(comm::GroupKind::ep), group(comm::GroupKind::etp));
     first_expert_ = dispatcher_->first_local_expert();
     local_experts_ = dispatcher_->num_local_experts();
-    const bool global = moe_cfg.load_balancing == moe::LoadBalancing::global_aux_loss;
+    const bool global = moe_cfg.router.load_balancing == moe::LoadBalancing::global_aux_loss;
     if (comm::Communicator* c = group(global ? comm::GroupKind::tp_dp_cp : comm::GroupKind::tp_cp))
-      reduce_stats_ = [c](double* data, int64_t n) { c->all_reduce(std::span<double>(data, static_cast<size_t>(n))); };
+      reduce_stats_ = [c](const Tensor& stats_N) { c->all_reduce(stats_N); };
   }
   // Tensor and context parallel groups; this rank's heads (dense/tensor_parallel.h).
   tp_ = group(comm::GroupKind::tp);
@@ -182,7 +163,8 @@ void Model::update_expert_bias(const std::vector<MoeLayerRecord>& loads) {
   if (!moe_cfg_.expert_bias) return;
   for (const MoeLayerRecord& r : loads)
     if (stage_.owns_layer(r.layer))
-      moe::update_expert_bias(expert_bias_[r.layer], r.routed_per_expert, static_cast<float>(moe_cfg_.bias_update_rate));
+      moe::update_expert_bias(*ctx_, expert_bias_[r.layer], r.routed_per_expert,
+                              static_cast<float>(moe_cfg_.bias_update_rate));
 }
 
 namespace {

@@ -29,7 +29,7 @@ void reduce_moe_records(std::vector<MoeLayerRecord>& records, const comm::Groups
 std::vector<MoeLayerRecord> whole_model_records(const std::vector<MoeLayerRecord>& own, const Config& cfg,
                                                 int64_t ep, comm::Communicator* pp) {
   if (!pp) return own;
-  const int64_t E = cfg.moe.num_experts;
+  const int64_t E = cfg.moe.router.num_experts;
   std::vector<MoeLayerRecord> all;
   for (int64_t l = 0; l < cfg.model.num_layers; ++l)
     if (cfg.moe.is_moe_layer(l))

@@ -18,7 +18,7 @@
 #include <tuple>
 
 #include "kernels/check.h"
-#include "moe/dispatch.h"
+#include "moe/permutation.h"
 
 namespace origami::plan {
 
@@ -44,13 +44,10 @@ int64_t moe_layers_in(const MoeConfig& e, int64_t first, int64_t count) {
 
 // MoE rows this rank permutes per layer and micro-batch (R above).
 int64_t moe_rows(const MoeConfig& e, int64_t t) {
-  const int64_t tk = t * e.top_k;
-  moe::CapacityOptions c;
-  c.capacity_factor = e.capacity_factor;
-  c.pad_to_capacity = e.pad_to_capacity;
-  const int64_t C = moe::expert_capacity(c, t, e.top_k, e.num_experts);
+  const int64_t tk = t * e.router.top_k;
+  const int64_t C = moe::expert_capacity(e.capacity, t, e.router.top_k, e.router.num_experts);
   if (C < 0) return tk;
-  return e.pad_to_capacity ? e.num_experts * C : std::min(tk, e.num_experts * C);
+  return e.capacity.pad_to_capacity ? e.router.num_experts * C : std::min(tk, e.router.num_experts * C);
 }
 
 // The axes (in the kind's view) that a group kind spans.
@@ -184,17 +181,17 @@ std::vector<UnitPlan> plan_units(const PlanInput& in, const UnitTable& table, co
 }
 
 // Saved-for-backward bytes, tensor by tensor from the modules' Saved structs
-// (dense/norm.h, dense/attention.h, dense/mlp.h, moe/router.h, moe/dispatch.h,
+// (dense/norm.h, dense/attention.h, dense/mlp.h, moe/router.h, moe/permutation.h,
 // moe/experts.h, moe/moe_layer.h, dense/lm_head.h, engine/model.h), fp32 or
-// i32, 4 bytes per element. Under TP+SP a module saves its tp-gathered input
-// (so backward needs no second gather); under CP attention saves the
-// cp-gathered K and V.
+// i32, 4 bytes per element (the router's statistics buffer f64). Under TP+SP
+// a module saves its tp-gathered input (so backward needs no second gather);
+// under CP attention saves the cp-gathered K and V.
 ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout) {
   const ModelConfig& m = in.model;
   const MoeConfig& e = in.moe;
   const int64_t tp = layout.tp(), cp = layout.cp(), etp = layout.etp();
   const int64_t D = m.hidden_size, hd = m.head_dim(), Hq = m.num_heads / tp, Hkv = m.num_kv_heads / tp;
-  const int64_t F = m.ffn_hidden_size / tp, E = e.num_experts, k = e.top_k;
+  const int64_t F = m.ffn_hidden_size / tp, E = e.router.num_experts, k = e.router.top_k;
   const int64_t Fe = e.expert_ffn(m.ffn_hidden_size) / etp, Fs = e.shared_expert_hidden_size / tp;
   const int64_t s = in.training.seq_len, T = in.training.micro_batch * s / cp, t = T / tp;
   const int64_t f = kF32;
@@ -211,8 +208,11 @@ ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout
   if (E > 0) {
     const int64_t R = moe_rows(e, t), M = R * etp;  // M: rows the local experts compute (etp-gathered)
     a.rows = R;
-    // RouterSaved: x [t, D], logits and scores [t, E], expert i32 [t, k]; Routing: weight [t, k].
-    const int64_t router = (t * D + 2 * t * E + t * k) * f + t * k * kI32;
+    // RouterSaved: x [t, D], logits and scores [t, E], expert i32 [t, k]; Routing: weight [t, k];
+    // with an aux loss the reduced statistics f64 [2·S·E + 2], S segments (sequences for seq_aux_loss).
+    const int64_t S_aux = e.router.load_balancing == moe::LoadBalancing::seq_aux_loss ? t / s : 1;
+    const int64_t stats = e.router.aux_active() ? (2 * S_aux * E + 2) * static_cast<int64_t>(kF64) : 0;
+    const int64_t router = (t * D + 2 * t * E + t * k) * f + t * k * kI32 + stats;
     // Permutation: row_token, row_slot i32 [R], row_of i32 [t, k].
     const int64_t perm = (2 * R + t * k) * kI32;
     // ExpertsSaved: x [M, D], gate, up, h [M, Fe/etp]; expert_out [R, D].
@@ -249,7 +249,7 @@ StageComm stage_comm(const PlanInput& in, const comm::Layout& layout, const std:
   const ModelConfig& m = in.model;
   const MoeConfig& e = in.moe;
   const int64_t tp = layout.tp(), cp = layout.cp(), pp = layout.pp(), ep = layout.ep(), etp = layout.etp();
-  const int64_t D = m.hidden_size, hd = m.head_dim(), E = e.num_experts, mb = in.training.micro_batch;
+  const int64_t D = m.hidden_size, hd = m.head_dim(), E = e.router.num_experts, mb = in.training.micro_batch;
   const int64_t T = mb * in.training.seq_len / cp, t = T / tp, R = act.rows, mm = micro_batches;
   const int64_t L = st.num_layers, Lmoe = st.num_moe_layers, Ldense = L - Lmoe;
   const int zs = in.zero_stage;
@@ -307,11 +307,11 @@ StageComm stage_comm(const PlanInput& in, const comm::Layout& layout, const std:
   // Router statistics: one all-reduce of 2·S·E + 2 doubles per MoE layer and
   // micro-batch over tp-cp (tp-dp-cp for global_aux_loss), when an aux loss
   // or the z-loss is on; S = mb for seq_aux_loss, else 1 (moe/router.h).
-  const bool aux = e.load_balancing != moe::LoadBalancing::none && e.aux_loss_coeff != 0;
-  if (Lmoe > 0 && (aux || e.z_loss_coeff != 0)) {
+  const bool aux = e.router.aux_active();
+  if (Lmoe > 0 && (aux || e.router.z_active())) {
     const GroupKind g =
-        e.load_balancing == moe::LoadBalancing::global_aux_loss ? GroupKind::tp_dp_cp : GroupKind::tp_cp;
-    const int64_t S = !aux ? 0 : e.load_balancing == moe::LoadBalancing::seq_aux_loss ? mb : 1;
+        e.router.load_balancing == moe::LoadBalancing::global_aux_loss ? GroupKind::tp_dp_cp : GroupKind::tp_cp;
+    const int64_t S = !aux ? 0 : e.router.load_balancing == moe::LoadBalancing::seq_aux_loss ? mb : 1;
     if (n_of(g) > 1)
       add(g, CommOp::all_reduce, "router statistics", mm * Lmoe, ring::all_reduce(2 * S * E + 2, kF64, 0, n_of(g)));
   }
@@ -511,7 +511,7 @@ std::vector<LayoutPlan> rank_layouts(const PlanInput& in, int64_t world, const s
   std::vector<int64_t> div;
   for (int64_t d = 1; d <= world; ++d)
     if (world % d == 0) div.push_back(d);
-  const bool moe = in.moe.num_experts > 0;
+  const bool moe = in.moe.router.num_experts > 0;
   PlanInput even = in;
   even.pp_layers.clear();  // candidates split layers evenly
   const UnitTable table(in.model, in.moe);  // once for every candidate
@@ -523,13 +523,14 @@ std::vector<LayoutPlan> rank_layouts(const PlanInput& in, int64_t world, const s
         for (int64_t ep : div)
           for (int64_t etp : div) {
             if (world % (etp * ep * pp) != 0 || (!moe && (ep > 1 || etp > 1))) continue;
-            if (moe && in.moe.num_experts % ep != 0) continue;
+            if (moe && in.moe.router.num_experts % ep != 0) continue;
             // The rules train applies (layout_problem), comm::Layout's included.
             ParallelConfig candidate;
             candidate.tp = tp, candidate.cp = cp, candidate.pp = pp, candidate.ep = ep, candidate.etp = etp;
             candidate.order = order;
             if (!origami::layout_problem(even.model, even.moe, even.training, candidate, world).empty()) continue;
-            const comm::Layout layout(world, comm::LayoutOptions{tp, cp, pp, ep, etp, order, in.moe.num_experts});
+            const comm::Layout layout(world,
+                                      comm::LayoutOptions{tp, cp, pp, ep, etp, order, in.moe.router.num_experts});
             LayoutPlan p = plan_layout(even, table, layout, machine);
             p.units = {};
             p.comm = {};

@@ -58,7 +58,7 @@ void snapshot_memory(const ExecContext& ctx, StepMetrics& m) {
 
 comm::Layout make_layout(const Config& cfg, int world) {
   const ParallelConfig& p = cfg.parallel;
-  return comm::Layout(world, comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, cfg.moe.num_experts});
+  return comm::Layout(world, comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, cfg.moe.router.num_experts});
 }
 
 // Every stage's timing (stage order), from its ranks in this rank's pp group.
@@ -90,8 +90,9 @@ std::string divergence(const Config& cfg, int64_t step, double lm_loss, double a
                                       "; lower it, or warm up longer: lr_schedule.warmup_steps = ",
                                       cfg.lr_schedule.warmup_steps, "), too large an init scale (model.init_std = ",
                                       cfg.model.init_std, ")");
-  if (cfg.moe.num_experts > 0)
-    causes += detail::concat(", too large a routed-output scale (moe.topk_scaling = ", cfg.moe.topk_scaling, ")");
+  if (cfg.moe.router.num_experts > 0)
+    causes += detail::concat(", too large a routed-output scale (moe.topk_scaling = ", cfg.moe.router.topk_scaling,
+                             ")");
   if (o.clip_grad == 0) causes += ", no gradient clipping (optimizer.clip_grad = 0)";
   return detail::concat("training diverged at step ", step, " of ", cfg.training.steps, ": ", bad,
                         bad.find(',') == std::string::npos ? " is" : " are", " not finite (", shown,

@@ -18,7 +18,7 @@ std::string expert_param_name(int64_t layer, int64_t expert, std::string_view w)
 }
 
 comm::Layout single_rank_layout(const MoeConfig& moe) {
-  return comm::Layout(1, comm::LayoutOptions{1, 1, 1, 1, 1, "tp-cp-ep-dp-pp", moe.num_experts});
+  return comm::Layout(1, comm::LayoutOptions{1, 1, 1, 1, 1, "tp-cp-ep-dp-pp", moe.router.num_experts});
 }
 
 int64_t UnitSpec::zero_group_size(const comm::Layout& layout) const {
@@ -57,10 +57,11 @@ TensorSpec tp_split(std::string name, Shape shape, InitKind init, int dim, int64
 
 }  // namespace
 
-UnitTable::UnitTable(const ModelConfig& m, const MoeConfig& e) : num_experts_(e.num_experts), top_k_(e.top_k) {
+UnitTable::UnitTable(const ModelConfig& m, const MoeConfig& e)
+    : num_experts_(e.router.num_experts), top_k_(e.router.top_k) {
   const int64_t D = m.hidden_size, V = m.vocab_size, F = m.ffn_hidden_size, hd = m.head_dim();
   const int64_t Hq = m.num_heads, Hkv = m.num_kv_heads;
-  const int64_t E = e.num_experts, Fe = e.expert_ffn(F), Fs = e.shared_expert_hidden_size;
+  const int64_t E = e.router.num_experts, Fe = e.expert_ffn(F), Fs = e.shared_expert_hidden_size;
   using enum InitKind;
 
   // Vocab-parallel embedding: a lookup, not a matmul.

@@ -352,12 +352,28 @@ void moe_topk_forward(const ExecContext& ctx, const Tensor& logits_TE, const Ten
   return cpu::moe_topk_forward(ctx, logits_TE, bias_E, p, scores_TE, expert_TK, weight_TK, lse_T);
 }
 
-void moe_routing_stats(const ExecContext& ctx, const Tensor& scores_TE, const Tensor& expert_TK, MoeScore score,
-                       int64_t seg_len, double* counts_SE, double* scores_SE) {
-  if (on_cuda(ctx, "moe_routing_stats", {{"scores_TE", &scores_TE}, {"expert_TK", &expert_TK}}))
-    return ORIGAMI_ON_CUDA(moe_routing_stats)(ctx, scores_TE, expert_TK, score, seg_len, counts_SE, scores_SE);
+void moe_routing_stats(const ExecContext& ctx, const Tensor& scores_TE, const Tensor& expert_TK, const Tensor& lse_T,
+                       MoeScore score, int64_t num_segments, Tensor& stats_N) {
+  if (on_cuda(ctx, "moe_routing_stats",
+              {{"scores_TE", &scores_TE}, {"expert_TK", &expert_TK}, {"lse_T", &lse_T}, {"stats_N", &stats_N}}))
+    return ORIGAMI_ON_CUDA(moe_routing_stats)(ctx, scores_TE, expert_TK, lse_T, score, num_segments, stats_N);
   const CpuThreads threads(ctx);
-  return cpu::moe_routing_stats(ctx, scores_TE, expert_TK, score, seg_len, counts_SE, scores_SE);
+  return cpu::moe_routing_stats(ctx, scores_TE, expert_TK, lse_T, score, num_segments, stats_N);
+}
+
+MoeRoutingTotals moe_routing_totals(const ExecContext& ctx, const Tensor& stats_N, int64_t num_segments,
+                                    int64_t num_experts, int64_t top_k) {
+  if (on_cuda(ctx, "moe_routing_totals", {{"stats_N", &stats_N}}))
+    return ORIGAMI_ON_CUDA(moe_routing_totals)(ctx, stats_N, num_segments, num_experts, top_k);
+  const CpuThreads threads(ctx);
+  return cpu::moe_routing_totals(ctx, stats_N, num_segments, num_experts, top_k);
+}
+
+void moe_aux_coefficients(const ExecContext& ctx, const Tensor& stats_N, double scale, Tensor& aux_SE) {
+  if (on_cuda(ctx, "moe_aux_coefficients", {{"stats_N", &stats_N}, {"aux_SE", &aux_SE}}))
+    return ORIGAMI_ON_CUDA(moe_aux_coefficients)(ctx, stats_N, scale, aux_SE);
+  const CpuThreads threads(ctx);
+  return cpu::moe_aux_coefficients(ctx, stats_N, scale, aux_SE);
 }
 
 void moe_topk_backward(const ExecContext& ctx, const Tensor& logits_TE, const Tensor& scores_TE,
@@ -391,6 +407,13 @@ void moe_capacity_mask(const ExecContext& ctx, const Tensor& expert_TK, const Te
     return ORIGAMI_ON_CUDA(moe_capacity_mask)(ctx, expert_TK, weight_TK, num_experts, capacity, policy, kept_TK);
   const CpuThreads threads(ctx);
   return cpu::moe_capacity_mask(ctx, expert_TK, weight_TK, num_experts, capacity, policy, kept_TK);
+}
+
+void moe_expert_rows(const ExecContext& ctx, const Tensor& kept_E, int64_t pad_rows, Tensor& rows_E) {
+  if (on_cuda(ctx, "moe_expert_rows", {{"kept_E", &kept_E}, {"rows_E", &rows_E}}))
+    return ORIGAMI_ON_CUDA(moe_expert_rows)(ctx, kept_E, pad_rows, rows_E);
+  const CpuThreads threads(ctx);
+  return cpu::moe_expert_rows(ctx, kept_E, pad_rows, rows_E);
 }
 
 void moe_permutation_maps(const ExecContext& ctx, const Tensor& expert_TK, const Tensor& kept_TK, const Tensor& rows_E,
@@ -482,6 +505,13 @@ void cp_unpack_kv(const ExecContext& ctx, const Tensor& wire, Tensor& k_BSHd, Te
     return ORIGAMI_ON_CUDA(cp_unpack_kv)(ctx, wire, k_BSHd, v_BSHd);
   const CpuThreads threads(ctx);
   return cpu::cp_unpack_kv(ctx, wire, k_BSHd, v_BSHd);
+}
+
+void moe_expert_bias_update(const ExecContext& ctx, Tensor& bias_E, std::span<const int64_t> load_E, float rate) {
+  if (on_cuda(ctx, "moe_expert_bias_update", {{"bias_E", &bias_E}}))
+    return ORIGAMI_ON_CUDA(moe_expert_bias_update)(ctx, bias_E, load_E, rate);
+  const CpuThreads threads(ctx);
+  return cpu::moe_expert_bias_update(ctx, bias_E, load_E, rate);
 }
 
 }  // namespace origami

@@ -1,30 +1,41 @@
 // MoE routing ops (ARCHITECTURE.md §4): per-token scores and top-k selection
-// with their backward, routing statistics, expert histograms, capacity masks,
-// the permutation row maps, and the row gathers/scatters of permute/unpermute.
-// moe/router.cpp and moe/dispatch.cpp call these; they own the math's shape,
-// these own the inner loops (and get CUDA twins later).
+// with their backward, the router's statistics buffer and the scalars and
+// coefficients taken from it, expert histograms, capacity masks, the rows per
+// expert and the permutation row maps, the row gathers/scatters of
+// permute/unpermute, and the expert-bias update of aux-loss-free balancing.
+// moe/router.cpp and moe/permutation.cpp call these; they own the math's
+// shape, these own the inner loops (and get CUDA twins later).
 //
 // Conventions: expert_TK / row maps are i32, kept_TK is u8 (1 = kept), counts
-// are i64. A "slot" is (t, j), j < k; slots are ordered token-major (t, then j).
-// Ops overwrite their outputs unless they say "accumulates".
+// are i64, statistics f64. A "slot" is (t, j), j < k; slots are ordered
+// token-major (t, then j). Ops overwrite their outputs unless they say
+// "accumulates".
 #pragma once
+#include <span>
+
 #include "kernels/context.h"
 #include "kernels/tensor.h"
 
 namespace origami {
 
-// Kernel-level mirrors of moe::ScoreFunction / moe::DropPolicy (kernels/ sits
-// below moe/ and must not include it).
+// The router's score function and the capacity drop policy. Defined here,
+// the lowest layer that reads them; moe/options.h names them
+// moe::ScoreFunction and moe::DropPolicy.
 enum class MoeScore { softmax, sigmoid };
 enum class MoeDrop { probs, position };
 
+// Selection and weights of the router: what moe_topk_forward and its
+// backward read. moe::RouterOptions extends this struct and the config file
+// fills it (moe.score_function, top_k, ...), so the values a config names
+// reach the kernels through no copy.
 struct MoeTopkParams {
-  MoeScore score = MoeScore::softmax;
-  int64_t top_k = 1;
-  int64_t num_groups = 1;  // > 1: group-limited selection
-  int64_t group_topk = 1;  // groups kept per token
-  bool normalize = false;  // p /= (Σ_j p_j + 1e-20)
-  float scaling = 1.0f;    // then p *= scaling
+  MoeScore score_function = MoeScore::softmax;
+  int64_t top_k = 2;
+  int64_t num_groups = 1;       // > 1: group-limited selection
+  int64_t group_topk = 1;       // groups kept per token
+  bool normalize_topk = false;  // p /= (Σ_j p_j + 1e-20)
+  double topk_scaling = 1.0;    // then p *= scaling_f32(): kept as configured, applied in fp32
+  float scaling_f32() const { return static_cast<float>(topk_scaling); }
 };
 
 // Checks E, k and the group parameters; fails with a message naming them.
@@ -42,15 +53,34 @@ void check_moe_topk_params(const MoeTopkParams& p, int64_t num_experts);
 void moe_topk_forward(const ExecContext& ctx, const Tensor& logits_TE, const Tensor& bias_E, const MoeTopkParams& p,
                       Tensor& scores_TE, Tensor& expert_TK, Tensor& weight_TK, Tensor& lse_T);
 
-// Routing statistics per segment: segment b is tokens [b·seg_len, (b+1)·seg_len)
-// (seg_len = T: one segment). Host outputs, overwritten, [S·E] row-major:
+// The router's statistics buffer, overwritten: stats_N (f64 [2·S·E + 2]) =
+//   [counts_SE | scores_SE | T | Σ_t lse_t²]  with, row-major per segment b
+//   (tokens [b·T/S, (b+1)·T/S)):
 //   counts_SE[b·E + e] = slots of segment b that selected e;
 //   scores_SE[b·E + e] = Σ_t s'_te, s' = s (softmax) or s / (Σ_e s + 1e-20)
-//   (sigmoid: scores normalized per token, Megatron's aux-loss input).
-// Sums run over fixed 256-token chunks, then chunks in order, so the result is
-// bitwise independent of the thread count.
-void moe_routing_stats(const ExecContext& ctx, const Tensor& scores_TE, const Tensor& expert_TK, MoeScore score,
-                       int64_t seg_len, double* counts_SE, double* scores_SE);
+//   (sigmoid: scores normalized per token, Megatron's aux-loss input);
+//   T = the token count; Σ lse² = sum_squares(lse_T) (lse_T undefined: 0).
+// num_segments S = 0 leaves out the aux part (no aux loss): stats_N is [2].
+// T = 0 gives zeros. The counts and score sums run over fixed 256-token
+// chunks, then chunks in order, so they are bitwise independent of the
+// thread count (Σ lse² is sum_squares's, elementwise.h).
+void moe_routing_stats(const ExecContext& ctx, const Tensor& scores_TE, const Tensor& expert_TK, const Tensor& lse_T,
+                       MoeScore score, int64_t num_segments, Tensor& stats_N);
+
+// The host scalars of a (reduced) statistics buffer of moe_routing_stats
+// with S segments over E experts and k slots per token: the router's one
+// device-to-host read per forward (the step's aux and z losses).
+struct MoeRoutingTotals {
+  double tokens = 0;      // T (of the whole group after the reduction)
+  double balance = 0;     // Σ_b Σ_e f_be · P_be, f = count / (T_b · k), P = score sum / T_b, T_b = T / S (S > 0)
+  double lse_sq_sum = 0;  // Σ_t lse_t²
+};
+MoeRoutingTotals moe_routing_totals(const ExecContext& ctx, const Tensor& stats_N, int64_t num_segments,
+                                    int64_t num_experts, int64_t top_k);
+
+// aux_SE (f32 [S, E]) = fp32(scale · counts_SE) from a statistics buffer
+// stats_N (f64 [2·S·E + 2]): the aux loss's gradient coefficients on s'.
+void moe_aux_coefficients(const ExecContext& ctx, const Tensor& stats_N, double scale, Tensor& aux_SE);
 
 // dlogits_TE = ∂/∂z of   Σ_tj dweight_TK[t,j]·p_tj           (dweight undefined: no term)
 //                     + Σ_te aux_SE[seg(t), e]·s'_te          (aux undefined: no term)
@@ -66,11 +96,17 @@ void moe_topk_backward(const ExecContext& ctx, const Tensor& logits_TE, const Te
 void moe_expert_histogram(const ExecContext& ctx, const Tensor& expert_TK, const Tensor& kept_TK, int64_t num_experts,
                           Tensor& count_E);
 
-// kept_TK (u8 [T, k]) under capacity C >= 0 per expert. probs: each expert
-// keeps its C slots of highest weight (ties: lower token, then lower slot);
-// position: its first C slots in token-major order.
+// kept_TK (u8 [T, k]) under capacity C per expert. probs: each expert keeps
+// its C slots of highest weight (ties: lower token, then lower slot);
+// position: its first C slots in token-major order. C < 0 (dropless): every
+// slot is kept.
 void moe_capacity_mask(const ExecContext& ctx, const Tensor& expert_TK, const Tensor& weight_TK, int64_t num_experts,
                        int64_t capacity, MoeDrop policy, Tensor& kept_TK);
+
+// rows_E (i64 [E]) = the rows each expert owns in the permuted buffer:
+// pad_rows for every expert when pad_rows >= 0 (pad_to_capacity), else
+// kept_E, its kept slots.
+void moe_expert_rows(const ExecContext& ctx, const Tensor& kept_E, int64_t pad_rows, Tensor& rows_E);
 
 // Row maps of the permuted buffer. Expert e owns rows_E[e] rows (i64 [E], at
 // least its kept count) starting at Σ_{e'<e} rows_E[e']; its kept slots fill
@@ -93,5 +129,11 @@ void moe_unpermute_rows(const ExecContext& ctx, const Tensor& y_ND, const Tensor
 void moe_unpermute_rows_backward(const ExecContext& ctx, const Tensor& dout_TD, const Tensor& y_ND,
                                  const Tensor& row_of_TK, const Tensor& row_token_N, const Tensor& weight_TK,
                                  Tensor& dy_ND, Tensor& dweight_TK);
+
+// Aux-loss-free balancing (DeepSeek-V3), accumulates: bias_E[e] += rate ·
+// sign(mean(load) − load_e), the sign taken exactly in integers
+// (Σ load − E·load_e; sign(0) = 0). load_E: host counts (the global batch's,
+// summed over ranks as host metadata), one per expert.
+void moe_expert_bias_update(const ExecContext& ctx, Tensor& bias_E, std::span<const int64_t> load_E, float rate);
 
 }  // namespace origami

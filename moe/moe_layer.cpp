@@ -19,17 +19,6 @@ ExpertsSaved rebuilt(const ExecContext& ctx, const ExpertWeights& w, const Exper
   return again;
 }
 
-// Slots that survived capacity, per expert: the permutation's non-padding
-// rows, so the count is whatever make_permutation actually placed.
-std::vector<int64_t> count_kept(const Permutation& perm) {
-  std::vector<int64_t> kept(perm.num_experts, 0);
-  const int32_t* token = perm.row_token_N.i32();
-  int64_t row = 0;
-  for (int64_t e = 0; e < perm.num_experts; ++e)
-    for (int64_t end = row + perm.rows_per_expert[e]; row < end; ++row) kept[e] += token[row] >= 0;
-  return kept;
-}
-
 // Kept rows per destination EP rank: experts are owned in contiguous blocks.
 std::vector<int64_t> per_ep_rank(const std::vector<int64_t>& kept, int64_t ep) {
   std::vector<int64_t> out(ep, 0);
@@ -66,7 +55,7 @@ Tensor moe_layer_forward(const ExecContext& ctx, const MoeLayerOptions& opt, con
   const Tensor kept_TK = C < 0 ? Tensor() : apply_capacity(ctx, opt.capacity, r.expert_TK, r.weight_TK, E, C);
   saved.perm = make_permutation(ctx, r.expert_TK, kept_TK, E, C, opt.capacity.pad_to_capacity);
   stats.routed_per_expert = saved.perm.routed_per_expert;
-  stats.kept_per_expert = count_kept(saved.perm);
+  stats.kept_per_expert = saved.perm.kept_per_expert;
   stats.tokens_per_ep_rank = per_ep_rank(stats.kept_per_expert, disp.ep_size());
 
   // Permute → dispatch → this rank's experts → combine → un-permute weighted by p.

@@ -7,7 +7,7 @@
 #pragma once
 #include <vector>
 
-#include "moe/dispatch.h"
+#include "moe/permutation.h"
 #include "moe/experts.h"
 #include "moe/router.h"
 #include "moe/token_dispatcher.h"

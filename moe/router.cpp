@@ -24,22 +24,6 @@ namespace origami::moe {
 
 namespace {
 
-MoeTopkParams topk_params(const RouterOptions& opt) {
-  MoeTopkParams p;
-  p.score = opt.score_function == ScoreFunction::softmax ? MoeScore::softmax : MoeScore::sigmoid;
-  p.top_k = opt.top_k;
-  p.num_groups = opt.num_groups;
-  p.group_topk = opt.group_topk;
-  p.normalize = opt.normalize_topk;
-  p.scaling = opt.topk_scaling;
-  return p;
-}
-
-bool aux_active(const RouterOptions& opt) {
-  return opt.load_balancing != LoadBalancing::none && opt.aux_loss_coeff != 0.0f;
-}
-bool z_active(const RouterOptions& opt) { return opt.z_loss_coeff != 0.0f; }
-
 // Segments the aux statistics are kept per: sequences for seq_aux_loss.
 int64_t aux_segments(const RouterOptions& opt, int64_t T, int64_t seq_len) {
   if (opt.load_balancing != LoadBalancing::seq_aux_loss) return 1;
@@ -62,14 +46,14 @@ Routing router_forward(const ExecContext& ctx, const RouterOptions& opt, const T
   ORIGAMI_CHECK(x_TD.defined() && gate_ED.defined(), "router_forward on an undefined tensor");
   const int64_t T = x_TD.rows(), D = x_TD.cols(), E = opt.num_experts, K = opt.top_k;
   check_shape(gate_ED, {E, D}, "router gate_ED (num_experts, hidden)");
-  const MoeTopkParams params = topk_params(opt);
+  const MoeTopkParams& params = opt;  // the kernels read the router's options as they are
   check_moe_topk_params(params, E);
 
   Tensor logits = activation({T, E});
   gemm(ctx, x_TD, Trans::no, gate_ED, Trans::yes, logits);  // (T, E)
   Tensor scores = activation({T, E});
   Routing routing{activation({T, K}, DType::i32), activation({T, K})};
-  const bool want_aux = aux_active(opt), want_z = z_active(opt);
+  const bool want_aux = opt.aux_active(), want_z = opt.z_active();
   Tensor lse = want_z ? Tensor::empty({T}, DType::f32, MemCategory::workspace) : Tensor();
   moe_topk_forward(ctx, logits, bias_E, params, scores, routing.expert_TK, routing.weight_TK, lse);
 
@@ -78,32 +62,30 @@ Routing router_forward(const ExecContext& ctx, const RouterOptions& opt, const T
   saved.scores_TE = scores;
   saved.expert_TK = routing.expert_TK;
   saved.seq_len = seq_len;
-  saved.aux_counts.clear();
+  saved.stats_N = Tensor();
+  saved.aux_segments = 0;
   saved.aux_tokens = 0;
   losses = RouterLosses{};
   if (!want_aux && !want_z) return routing;
 
   // One buffer, one reduction: [counts S·E | score sums S·E | tokens | Σ lse²].
-  const int64_t S = want_aux ? aux_segments(opt, T, seq_len) : 0, SE = S * E;
-  std::vector<double> buf(static_cast<size_t>(2 * SE + 2), 0.0);
   // A rank with no tokens adds zeros (its group's statistics still reduce).
-  if (want_aux && T > 0)
-    moe_routing_stats(ctx, scores, routing.expert_TK, params.score, T / S, buf.data(), buf.data() + SE);
-  buf[2 * SE] = static_cast<double>(T);
-  buf[2 * SE + 1] = want_z ? sum_squares(ctx, lse) : 0.0;
-  if (reduce) reduce(buf.data(), static_cast<int64_t>(buf.size()));
-  const double tokens = buf[2 * SE];
+  const int64_t S = want_aux ? aux_segments(opt, T, seq_len) : 0, SE = S * E;
+  Tensor stats = activation({2 * SE + 2}, DType::f64);
+  moe_routing_stats(ctx, scores, routing.expert_TK, lse, params.score_function, S, stats);
+  if (reduce) reduce(stats);
+  const MoeRoutingTotals totals = moe_routing_totals(ctx, stats, S, E, K);
+  const double tokens = totals.tokens;
   ORIGAMI_CHECK(tokens > 0, "router statistics cover no tokens after the reduction");
   saved.aux_tokens = tokens;
 
   if (want_aux) {
-    saved.aux_counts.assign(buf.begin(), buf.begin() + SE);
-    const double Tb = tokens / static_cast<double>(S);
-    double acc = 0.0;
-    for (int64_t i = 0; i < SE; ++i) acc += buf[i] / (Tb * static_cast<double>(K)) * (buf[SE + i] / Tb);
-    losses.aux_loss = opt.aux_loss_coeff * static_cast<double>(E) / static_cast<double>(S) * acc;
+    saved.stats_N = stats;
+    saved.aux_segments = S;
+    losses.aux_loss = static_cast<double>(opt.aux_loss_coeff_f32()) * static_cast<double>(E) /
+                      static_cast<double>(S) * totals.balance;
   }
-  if (want_z) losses.z_loss = opt.z_loss_coeff * buf[2 * SE + 1] / tokens;
+  if (want_z) losses.z_loss = static_cast<double>(opt.z_loss_coeff_f32()) * totals.lse_sq_sum / tokens;
   return routing;
 }
 
@@ -114,26 +96,29 @@ Tensor router_backward(const ExecContext& ctx, const RouterOptions& opt, const R
   const int64_t T = x.rows(), D = x.cols(), E = opt.num_experts, K = opt.top_k;
   check_shape(gate_ED, {E, D}, "router gate_ED");
   check_shape(dgate_ED, {E, D}, "router dgate_ED");
-  const MoeTopkParams params = topk_params(opt);
+  const MoeTopkParams& params = opt;
   if (T == 0) return activation({0, D});  // no tokens: no gradient (the group's reduction happened in forward)
 
   // ∂(aux_scale · aux)/∂s'_te, one row per segment.
   Tensor aux_SE;
   int64_t seg_len = T;
-  if (aux_active(opt)) {
-    const int64_t SE = static_cast<int64_t>(saved.aux_counts.size()), S = SE / E;
-    ORIGAMI_CHECK(S >= 1 && S * E == SE && saved.aux_tokens > 0, "router_backward: saved aux statistics hold ", SE,
-                  " counts over ", saved.aux_tokens, " tokens; expected a positive multiple of ", E);
+  if (opt.aux_active()) {
+    const int64_t S = saved.aux_segments;
+    ORIGAMI_CHECK(S >= 1 && saved.stats_N.defined() && saved.stats_N.numel() == 2 * S * E + 2 &&
+                      saved.aux_tokens > 0,
+                  "router_backward: saved aux statistics of ", S, " segments over ", saved.aux_tokens,
+                  " tokens; expected at least one segment of ", E, " experts");
     seg_len = T / S;
     const double Tb = saved.aux_tokens / static_cast<double>(S);
-    const double c = static_cast<double>(aux_scale) * opt.aux_loss_coeff * static_cast<double>(E) /
-                     (static_cast<double>(S) * Tb * Tb * static_cast<double>(K));
+    const double c = static_cast<double>(aux_scale) * static_cast<double>(opt.aux_loss_coeff_f32()) *
+                     static_cast<double>(E) / (static_cast<double>(S) * Tb * Tb * static_cast<double>(K));
     aux_SE = Tensor::empty({S, E}, DType::f32, MemCategory::workspace);
-    for (int64_t i = 0; i < SE; ++i) aux_SE.f32()[i] = static_cast<float>(c * saved.aux_counts[i]);
+    moe_aux_coefficients(ctx, saved.stats_N, c, aux_SE);
   }
   // ∂(aux_scale · z_coeff · Σ lse² / T_group)/∂(Σ lse²).
   const float z_coef =
-      z_active(opt) ? static_cast<float>(aux_scale * static_cast<double>(opt.z_loss_coeff) / saved.aux_tokens) : 0.0f;
+      opt.z_active() ? static_cast<float>(aux_scale * static_cast<double>(opt.z_loss_coeff_f32()) / saved.aux_tokens)
+                     : 0.0f;
 
   Tensor dlogits = activation({T, E});
   moe_topk_backward(ctx, saved.logits_TE, saved.scores_TE, saved.expert_TK, dweight_TK, aux_SE, seg_len, z_coef, params,
@@ -144,18 +129,8 @@ Tensor router_backward(const ExecContext& ctx, const RouterOptions& opt, const R
   return dx;
 }
 
-void update_expert_bias(Tensor& bias_E, const std::vector<int64_t>& load_E, float rate) {
-  const int64_t E = static_cast<int64_t>(load_E.size());
-  ORIGAMI_CHECK(bias_E.defined() && bias_E.dtype() == DType::f32, "expert bias must be a defined f32 tensor");
-  check_shape(bias_E, {E}, "expert bias_E");
-  int64_t total = 0;
-  for (int64_t l : load_E) total += l;
-  // sign(mean − load_e) = sign(Σ load − E·load_e), exact in integers (sign(0) = 0).
-  float* b = bias_E.f32();
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t d = total - E * load_E[e];
-    b[e] += rate * static_cast<float>((d > 0) - (d < 0));
-  }
+void update_expert_bias(const ExecContext& ctx, Tensor& bias_E, const std::vector<int64_t>& load_E, float rate) {
+  moe_expert_bias_update(ctx, bias_E, load_E, rate);
 }
 
 }  // namespace origami::moe

@@ -5,6 +5,7 @@
 // global_aux_loss) and z-loss, with gradients through the gate weights.
 #pragma once
 #include <functional>
+#include <vector>
 
 #include "kernels/context.h"
 #include "kernels/tensor.h"
@@ -14,15 +15,16 @@ namespace origami::moe {
 
 // Sums statistics over the group the loss is defined on (tp-cp for aux_loss,
 // tp-dp-cp for global_aux_loss). Identity on one rank.
-// router_forward calls it at most once, with one buffer of n = 2·S·E + 2
-// doubles: [routed counts (S·E) | score sums Σ_t s'_te (S·E) | token count |
-// Σ_t lse_t²], S = 1, or sequences per micro-batch for seq_aux_loss, and
-// S·E = 0 when no aux loss is active. It is called iff an aux loss is active
-// (load_balancing != none and aux_loss_coeff != 0) or z_loss_coeff != 0: a
-// function of the options only, so every rank of the group calls it. The
-// z-loss is thus the group's mean too (ARCHITECTURE.md §6), which is what
-// Megatron's z_coeff / (tp·cp) amounts to.
-using StatsReducer = std::function<void(double* data, int64_t n)>;
+// router_forward calls it at most once, with one f64 tensor of n = 2·S·E + 2
+// elements (moe_routing_stats in kernels/moe_ops.h): [routed counts (S·E) |
+// score sums Σ_t s'_te (S·E) | token count | Σ_t lse_t²], S = 1, or
+// sequences per micro-batch for seq_aux_loss, and S·E = 0 when no aux loss
+// is active. It is called iff an aux loss is active (load_balancing != none
+// and aux_loss_coeff != 0) or z_loss_coeff != 0: a function of the options
+// only, so every rank of the group calls it. The z-loss is thus the group's
+// mean too (ARCHITECTURE.md §6), which is what Megatron's z_coeff / (tp·cp)
+// amounts to.
+using StatsReducer = std::function<void(const Tensor& stats_N)>;
 
 struct Routing {
   Tensor expert_TK;  // i32 [T, k]: selected experts, in descending order of s + b
@@ -40,11 +42,13 @@ struct RouterSaved {
   Tensor scores_TE;  // s
   Tensor expert_TK;  // selection
   int64_t seq_len = 0;
-  // Aux-loss statistics as used in forward (after any reduction), kept for the
-  // gradient: routed counts per expert (per sequence for seq_aux_loss) and the
-  // token count they are over.
-  // aux_tokens is also the token count of the z-loss mean.
-  std::vector<double> aux_counts;
+  // Aux-loss statistics as used in forward (after any reduction), kept for
+  // the gradient when an aux loss is active: the reduced statistics buffer
+  // (its routed counts per expert, per sequence for seq_aux_loss) over
+  // aux_segments segments. aux_tokens (the token count they are over) is
+  // also the token count of the z-loss mean.
+  Tensor stats_N;  // f64 [2·S·E + 2] or undefined
+  int64_t aux_segments = 0;
   double aux_tokens = 0;
 };
 
@@ -60,6 +64,6 @@ Tensor router_backward(const ExecContext& ctx, const RouterOptions& opt, const R
                        const Tensor& gate_ED, const Tensor& dweight_TK, float aux_scale, Tensor& dgate_ED);
 
 // Aux-loss-free balancing (DeepSeek-V3): b_e += rate · sign(mean(load) − load_e).
-void update_expert_bias(Tensor& bias_E, const std::vector<int64_t>& load_E, float rate);
+void update_expert_bias(const ExecContext& ctx, Tensor& bias_E, const std::vector<int64_t>& load_E, float rate);
 
 }  // namespace origami::moe

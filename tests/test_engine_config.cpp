@@ -40,21 +40,21 @@ TEST(Config, DefaultsLoad) {
   EXPECT_EQ(c.model.hidden_size, d.model.hidden_size);
   EXPECT_EQ(c.model.num_kv_heads, d.model.num_kv_heads);
   EXPECT_EQ(c.model.rope_theta, d.model.rope_theta);
-  EXPECT_EQ(c.moe.num_experts, 0);
+  EXPECT_EQ(c.moe.router.num_experts, 0);
   EXPECT_FALSE(c.moe.is_moe_layer(0));
-  EXPECT_EQ(c.moe.score_function, moe::ScoreFunction::softmax);
-  EXPECT_FALSE(c.moe.normalize_topk);
-  EXPECT_EQ(c.moe.topk_scaling, 1.0);
-  EXPECT_EQ(c.moe.num_groups, 1);
-  EXPECT_EQ(c.moe.group_topk, 1);
-  EXPECT_EQ(c.moe.load_balancing, moe::LoadBalancing::aux_loss);
-  EXPECT_EQ(c.moe.aux_loss_coeff, d.moe.aux_loss_coeff);
-  EXPECT_EQ(c.moe.z_loss_coeff, 0.0);
+  EXPECT_EQ(c.moe.router.score_function, moe::ScoreFunction::softmax);
+  EXPECT_FALSE(c.moe.router.normalize_topk);
+  EXPECT_EQ(c.moe.router.topk_scaling, 1.0);
+  EXPECT_EQ(c.moe.router.num_groups, 1);
+  EXPECT_EQ(c.moe.router.group_topk, 1);
+  EXPECT_EQ(c.moe.router.load_balancing, moe::LoadBalancing::aux_loss);
+  EXPECT_EQ(c.moe.router.aux_loss_coeff, d.moe.router.aux_loss_coeff);
+  EXPECT_EQ(c.moe.router.z_loss_coeff, 0.0);
   EXPECT_FALSE(c.moe.expert_bias);
   EXPECT_EQ(c.moe.bias_update_rate, d.moe.bias_update_rate);
-  EXPECT_FALSE(c.moe.capacity_factor.has_value());  // dropless
-  EXPECT_EQ(c.moe.drop_policy, moe::DropPolicy::probs);
-  EXPECT_FALSE(c.moe.pad_to_capacity);
+  EXPECT_FALSE(c.moe.capacity.capacity_factor.has_value());  // dropless
+  EXPECT_EQ(c.moe.capacity.drop_policy, moe::DropPolicy::probs);
+  EXPECT_FALSE(c.moe.capacity.pad_to_capacity);
   EXPECT_EQ(c.moe.shared_expert_hidden_size, 0);
   EXPECT_EQ(c.parallel.order, "tp-cp-ep-dp-pp");
   EXPECT_EQ(c.parallel.zero_stage, 3);
@@ -160,26 +160,26 @@ collective_timeout_s = 30
   EXPECT_EQ(c.model.norm_eps, 1e-6);
   EXPECT_EQ(c.model.init_std, 0.01);
   EXPECT_EQ(c.model.head_dim(), 16);
-  EXPECT_EQ(c.moe.num_experts, 8);
-  EXPECT_EQ(c.moe.top_k, 2);
+  EXPECT_EQ(c.moe.router.num_experts, 8);
+  EXPECT_EQ(c.moe.router.top_k, 2);
   EXPECT_EQ(c.moe.ffn_hidden_size, 64);
   EXPECT_EQ(c.moe.first_dense_layers, 1);
   EXPECT_EQ(c.moe.layer_freq, 2);
   EXPECT_EQ(c.moe.shared_expert_hidden_size, 48);
-  EXPECT_EQ(c.moe.score_function, moe::ScoreFunction::sigmoid);
-  EXPECT_TRUE(c.moe.normalize_topk);
-  EXPECT_EQ(c.moe.topk_scaling, 2.5);
-  EXPECT_EQ(c.moe.num_groups, 4);
-  EXPECT_EQ(c.moe.group_topk, 2);
-  EXPECT_EQ(c.moe.load_balancing, moe::LoadBalancing::seq_aux_loss);
-  EXPECT_EQ(c.moe.aux_loss_coeff, 1e-3);
-  EXPECT_EQ(c.moe.z_loss_coeff, 1e-4);
+  EXPECT_EQ(c.moe.router.score_function, moe::ScoreFunction::sigmoid);
+  EXPECT_TRUE(c.moe.router.normalize_topk);
+  EXPECT_EQ(c.moe.router.topk_scaling, 2.5);
+  EXPECT_EQ(c.moe.router.num_groups, 4);
+  EXPECT_EQ(c.moe.router.group_topk, 2);
+  EXPECT_EQ(c.moe.router.load_balancing, moe::LoadBalancing::seq_aux_loss);
+  EXPECT_EQ(c.moe.router.aux_loss_coeff, 1e-3);
+  EXPECT_EQ(c.moe.router.z_loss_coeff, 1e-4);
   EXPECT_TRUE(c.moe.expert_bias);
   EXPECT_EQ(c.moe.bias_update_rate, 2e-3);
-  ASSERT_TRUE(c.moe.capacity_factor.has_value());
-  EXPECT_EQ(*c.moe.capacity_factor, 1.25);
-  EXPECT_EQ(c.moe.drop_policy, moe::DropPolicy::position);
-  EXPECT_TRUE(c.moe.pad_to_capacity);
+  ASSERT_TRUE(c.moe.capacity.capacity_factor.has_value());
+  EXPECT_EQ(*c.moe.capacity.capacity_factor, 1.25);
+  EXPECT_EQ(c.moe.capacity.drop_policy, moe::DropPolicy::position);
+  EXPECT_TRUE(c.moe.capacity.pad_to_capacity);
   // Layers 1 and 3 of 3 are MoE (first_dense_layers 1, layer_freq 2).
   EXPECT_FALSE(c.moe.is_moe_layer(0));
   EXPECT_TRUE(c.moe.is_moe_layer(1));
@@ -375,7 +375,7 @@ TEST(Config, FeaturesNotAvailableYet) {
 
 TEST(Config, MoeLayersAreAvailable) {
   const Config c = parse_config(std::string(kMinimal) + "[moe]\nnum_experts = 8\ntop_k = 2\n", kFile);
-  EXPECT_EQ(c.moe.num_experts, 8);
+  EXPECT_EQ(c.moe.router.num_experts, 8);
   EXPECT_TRUE(c.moe.is_moe_layer(0));
   EXPECT_EQ(c.moe.expert_ffn(c.model.ffn_hidden_size), c.model.ffn_hidden_size);  // 0: the dense width
   EXPECT_NO_THROW(validate_for_world(c, 1));
@@ -387,15 +387,17 @@ TEST(Config, MoeLayersAreAvailable) {
                                                             {"global_aux_loss", moe::LoadBalancing::global_aux_loss},
                                                             {"none", moe::LoadBalancing::none}};
   for (const auto& [name, value] : lbs)
-    EXPECT_EQ(parse_config(kMinimal, kFile, {std::string("moe.load_balancing=") + name}).moe.load_balancing, value)
+    EXPECT_EQ(parse_config(kMinimal, kFile, {std::string("moe.load_balancing=") + name}).moe.router.load_balancing,
+              value)
         << name;
-  EXPECT_EQ(parse_config(kMinimal, kFile, {"moe.drop_policy=probs"}).moe.drop_policy, moe::DropPolicy::probs);
-  EXPECT_EQ(parse_config(kMinimal, kFile, {"moe.drop_policy=position"}).moe.drop_policy, moe::DropPolicy::position);
+  EXPECT_EQ(parse_config(kMinimal, kFile, {"moe.drop_policy=probs"}).moe.capacity.drop_policy, moe::DropPolicy::probs);
+  EXPECT_EQ(parse_config(kMinimal, kFile, {"moe.drop_policy=position"}).moe.capacity.drop_policy,
+            moe::DropPolicy::position);
   // An integer capacity factor is a number; a capacity without padding is fine.
   const Config cap = parse_config(kMinimal, kFile, {"moe.capacity_factor=2"});
-  ASSERT_TRUE(cap.moe.capacity_factor.has_value());
-  EXPECT_EQ(*cap.moe.capacity_factor, 2.0);
-  EXPECT_FALSE(cap.moe.pad_to_capacity);
+  ASSERT_TRUE(cap.moe.capacity.capacity_factor.has_value());
+  EXPECT_EQ(*cap.moe.capacity.capacity_factor, 2.0);
+  EXPECT_FALSE(cap.moe.capacity.pad_to_capacity);
   // The load balancing coefficients may be 0.
   EXPECT_NO_THROW(parse_config(kMinimal, kFile, {"moe.aux_loss_coeff=0", "moe.z_loss_coeff=0",
                                                  "moe.bias_update_rate=0"}));
@@ -467,7 +469,7 @@ TEST(Config, MoePadToCapacityNeedsCapacity) {
                {"moe.pad_to_capacity=true"});
   EXPECT_TRUE(
       parse_config(std::string(kMinimal) + "[moe]\npad_to_capacity = true\ncapacity_factor = 1.0\n", kFile)
-          .moe.pad_to_capacity);
+          .moe.capacity.pad_to_capacity);
 }
 
 TEST(Config, MoeUnknownKeySuggests) {
@@ -630,7 +632,7 @@ TEST(Config, ValidateForWorld) {
   expect_error(cp3, 3, "tiny-moe.toml: on 3 rank(s): training.seq_len = 128 must be a multiple of 2·parallel.cp = 6");
   Config seq = moe;
   seq.parallel.tp = 2;
-  seq.moe.load_balancing = moe::LoadBalancing::seq_aux_loss;
+  seq.moe.router.load_balancing = moe::LoadBalancing::seq_aux_loss;
   expect_error(seq, 2, "moe.load_balancing = \"seq_aux_loss\" needs whole sequences per rank");
   // Pipeline parallelism: 2 stages x TP 2 on 4 ranks (DP 1), even or explicit split.
   Config pp = moe;
@@ -740,16 +742,16 @@ TEST(Config, ShippedMoeConfigsLoad) {
   EXPECT_EQ(tiny.model.num_heads, 4);
   EXPECT_EQ(tiny.model.num_kv_heads, 2);
   EXPECT_EQ(tiny.model.ffn_hidden_size, 352);
-  EXPECT_EQ(tiny.moe.num_experts, 8);
-  EXPECT_EQ(tiny.moe.top_k, 2);
+  EXPECT_EQ(tiny.moe.router.num_experts, 8);
+  EXPECT_EQ(tiny.moe.router.top_k, 2);
   EXPECT_EQ(tiny.moe.ffn_hidden_size, 128);
   EXPECT_EQ(tiny.moe.first_dense_layers, 1);
   EXPECT_EQ(tiny.moe.layer_freq, 1);
   EXPECT_FALSE(tiny.moe.is_moe_layer(0));
   for (int l = 1; l < 4; ++l) EXPECT_TRUE(tiny.moe.is_moe_layer(l)) << l;
-  EXPECT_EQ(tiny.moe.load_balancing, moe::LoadBalancing::aux_loss);
-  EXPECT_EQ(tiny.moe.aux_loss_coeff, 1e-2);
-  EXPECT_FALSE(tiny.moe.capacity_factor.has_value());
+  EXPECT_EQ(tiny.moe.router.load_balancing, moe::LoadBalancing::aux_loss);
+  EXPECT_EQ(tiny.moe.router.aux_loss_coeff, 1e-2);
+  EXPECT_FALSE(tiny.moe.capacity.capacity_factor.has_value());
   EXPECT_EQ(tiny.training.seq_len, 128);
   EXPECT_EQ(tiny.training.global_batch, 16);
   EXPECT_EQ(tiny.training.micro_batch, 2);
@@ -773,8 +775,8 @@ TEST(Config, ShippedMoeConfigsLoad) {
   EXPECT_EQ(bench.model.num_layers, 4);
   EXPECT_EQ(bench.model.num_heads, 8);
   EXPECT_EQ(bench.model.num_kv_heads, 8);
-  EXPECT_EQ(bench.moe.num_experts, 16);
-  EXPECT_EQ(bench.moe.top_k, 2);
+  EXPECT_EQ(bench.moe.router.num_experts, 16);
+  EXPECT_EQ(bench.moe.router.top_k, 2);
   EXPECT_EQ(bench.moe.ffn_hidden_size, 704);
   EXPECT_EQ(bench.moe.first_dense_layers, 0);
   for (int l = 0; l < 4; ++l) EXPECT_TRUE(bench.moe.is_moe_layer(l)) << l;

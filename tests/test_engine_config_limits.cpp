@@ -100,7 +100,7 @@ TEST(Config, PaddedCapacityRowsMustFitI32) {
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("permuted rows, more than the 2147483647"), std::string::npos) << e.what();
   }
-  c.moe.capacity_factor = 1.0;  // 8 · ceil(2^28 · 2 / 8) = 2^29 rows
+  c.moe.capacity.capacity_factor = 1.0;  // 8 · ceil(2^28 · 2 / 8) = 2^29 rows
   EXPECT_NO_THROW(validate_for_world(c, 1));
 }
 

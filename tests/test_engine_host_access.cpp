@@ -27,10 +27,8 @@ const std::map<std::string, Allowed>& allowlist() {
   static const std::map<std::string, Allowed> list = {
       // Pending moves into kernels ops (issue 13's "no number-crunching
       // outside kernels/"): each is a loop on the training path.
-      {"moe/dispatch.cpp", {4, "capacity rows and kept-all fill: to move into kernels"}},
-      {"moe/router.cpp", {2, "aux coefficients from the reduced counts, expert-bias update: to move into kernels"}},
-      {"moe/moe_layer.cpp", {1, "kept tokens per expert from the row map: to move into kernels"}},
       // Named host points: data that lives on the host by nature.
+      {"moe/permutation.cpp", {1, "counts_to_host: the per-expert counts the all-to-all and the metrics read"}},
       {"engine/trainer.cpp", {1, "the data loader writes a micro-batch's token ids into its host batch"}},
       {"engine/safetensors.cpp", {2, "file I/O of exported and loaded tensors"}},
       {"engine/export.cpp", {12, "HF export: gathered slices placed into whole tensors, weights read back"}},

@@ -50,7 +50,7 @@ std::vector<int64_t> divisors(int64_t n) {
 TEST(LayoutRules, TrainAndPlanAcceptAndRejectTheSameLayoutsWithTheSameMessage) {
   int64_t checked = 0, accepted = 0;
   for (const Config& base : configs()) {
-    SCOPED_TRACE(base.source + " moe " + std::to_string(base.moe.num_experts));
+    SCOPED_TRACE(base.source + " moe " + std::to_string(base.moe.router.num_experts));
     const plan::PlanInput in = plan::plan_input(base);
     for (int64_t world = 1; world <= 16; ++world) {
       const std::vector<int64_t> d = divisors(world);
@@ -81,7 +81,8 @@ TEST(LayoutRules, TrainAndPlanAcceptAndRejectTheSameLayoutsWithTheSameMessage) {
                 // The planner, on every layout comm::Layout itself accepts.
                 std::optional<comm::Layout> layout;
                 try {
-                  layout.emplace(world, comm::LayoutOptions{tp, cp, pp, ep, etp, c.parallel.order, c.moe.num_experts});
+                  layout.emplace(world,
+                                 comm::LayoutOptions{tp, cp, pp, ep, etp, c.parallel.order, c.moe.router.num_experts});
                 } catch (const UserError& e) {
                   EXPECT_EQ(rule, e.what()) << "comm::Layout's rule comes first";
                   continue;
@@ -101,7 +102,7 @@ TEST(LayoutRules, TrainAndPlanAcceptAndRejectTheSameLayoutsWithTheSameMessage) {
       std::set<Sizes> ranked;
       for (const plan::LayoutPlan& p : plan::rank_layouts(in, world, base.parallel.order, plan::Machine{}))
         ranked.insert({p.tp, p.cp, p.pp, p.ep, p.etp});
-      if (base.moe.num_experts == 0)
+      if (base.moe.router.num_experts == 0)
         std::erase_if(train_accepts, [](const Sizes& s) { return std::get<3>(s) > 1 || std::get<4>(s) > 1; });
       EXPECT_EQ(ranked, train_accepts) << "world " << world;
       accepted += static_cast<int64_t>(train_accepts.size());

@@ -31,14 +31,14 @@ ModelConfig tiny_model() {
 
 MoeConfig tiny_moe() {
   MoeConfig m;
-  m.num_experts = 4;
-  m.top_k = 2;
+  m.router.num_experts = 4;
+  m.router.top_k = 2;
   m.ffn_hidden_size = 12;
   m.first_dense_layers = 1;
   m.layer_freq = 1;
   m.shared_expert_hidden_size = 8;
-  m.aux_loss_coeff = 0.1;
-  m.z_loss_coeff = 0.01;
+  m.router.aux_loss_coeff = 0.1;
+  m.router.z_loss_coeff = 0.01;
   return m;
 }
 
@@ -58,7 +58,7 @@ TEST(MoeModel, FiniteDifferenceThroughEveryParameterWithAuxAndZLoss) {
   // see through). Selection with top_k < E and dropping is checked at the
   // layer level in test_moe_layer, where the router input is controlled.
   MoeConfig moe = tiny_moe();
-  moe.top_k = moe.num_experts;
+  moe.router.top_k = moe.router.num_experts;
   Model model(ctx, tiny_model(), 3, moe);
   Tensor tokens = testing::random_tokens(2, 9, 29, rng);
   const float lm_scale = 1.0f / 16.0f, aux_scale = 0.5f;
@@ -108,9 +108,9 @@ TEST(MoeModel, ExportRoundTripWithBiasAndConfigFields) {
   testing::ScratchDir dir("moe-export");
   MoeConfig moe = tiny_moe();
   moe.expert_bias = true;
-  moe.score_function = moe::ScoreFunction::sigmoid;
-  moe.normalize_topk = true;
-  moe.topk_scaling = 2.5;
+  moe.router.score_function = moe::ScoreFunction::sigmoid;
+  moe.router.normalize_topk = true;
+  moe.router.topk_scaling = 2.5;
   Model a(ctx, tiny_model(), 5, moe), b(ctx, tiny_model(), 6, moe);
   MoeLayerRecord r{2, {1, 9, 3, 3}, {1, 9, 3, 3}, {16}, 0, 0};
   a.update_expert_bias({r});

@@ -212,13 +212,13 @@ ModelConfig model_config() {
 
 MoeConfig moe_config() {
   MoeConfig m;
-  m.num_experts = 4;
-  m.top_k = 2;
+  m.router.num_experts = 4;
+  m.router.top_k = 2;
   m.ffn_hidden_size = 24;
   m.first_dense_layers = 1;  // layer 0 dense, 1..3 MoE
   m.shared_expert_hidden_size = 16;
-  m.aux_loss_coeff = 0.01;
-  m.z_loss_coeff = 1e-3;  // so both router losses' gradients take part
+  m.router.aux_loss_coeff = 0.01;
+  m.router.z_loss_coeff = 1e-3;  // so both router losses' gradients take part
   return m;
 }
 

@@ -52,11 +52,11 @@ ModelConfig model_config() {
 
 MoeConfig moe_config() {
   MoeConfig m;
-  m.num_experts = 4;
-  m.top_k = 2;
+  m.router.num_experts = 4;
+  m.router.top_k = 2;
   m.ffn_hidden_size = 18;
   m.first_dense_layers = 1;
-  m.aux_loss_coeff = 0.01;
+  m.router.aux_loss_coeff = 0.01;
   return m;
 }
 
@@ -69,7 +69,7 @@ comm::Groups& groups() {
   std::unique_ptr<comm::Groups>& g = groups_holder();
   if (!g) {
     comm::LayoutOptions o;
-    o.num_experts = moe_config().num_experts;
+    o.num_experts = moe_config().router.num_experts;
     g = std::make_unique<comm::Groups>(
         comm::Groups::create(comm::Layout(kN, o), MPI_COMM_WORLD, comm::Backend::mpi, comm::CommOptions{60.0}));
   }

@@ -30,7 +30,8 @@ Config load(const std::string& name, const std::vector<std::string>& overrides =
 
 comm::Layout layout_of(const Config& cfg, int64_t world) {
   const ParallelConfig& p = cfg.parallel;
-  return comm::Layout(world, comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, cfg.moe.num_experts});
+  return comm::Layout(world,
+                      comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, cfg.moe.router.num_experts});
 }
 
 // tiny-dense, tiny-moe, and tiny-moe with a shared expert.
@@ -44,8 +45,8 @@ const Model& model_of(const Config& cfg) {
   static std::map<std::string, std::unique_ptr<Model>> models;
   (void)allocator;
   const std::string key = cfg.source + "/" + std::to_string(cfg.moe.shared_expert_hidden_size) + "/" +
-                          std::to_string(cfg.moe.capacity_factor.value_or(0)) + "/" +
-                          std::to_string(cfg.moe.pad_to_capacity);
+                          std::to_string(cfg.moe.capacity.capacity_factor.value_or(0)) + "/" +
+                          std::to_string(cfg.moe.capacity.pad_to_capacity);
   auto& m = models[key];
   if (!m) m = std::make_unique<Model>(ctx, cfg.model, 3, cfg.moe);
   return *m;
@@ -267,7 +268,8 @@ TEST(Plan, RankedLayoutsAreValidAndSorted) {
     const plan::LayoutPlan& p = ranked[i];
     SCOPED_TRACE(::testing::Message() << "tp " << p.tp << " cp " << p.cp << " pp " << p.pp << " ep " << p.ep << " etp "
                                       << p.etp);
-    const comm::Layout layout(8, comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, cfg.moe.num_experts});
+    const comm::Layout layout(8,
+                              comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, cfg.moe.router.num_experts});
     EXPECT_EQ(plan::layout_problem(plan::plan_input(cfg), layout), "");
     EXPECT_LE(p.tp, 2);  // 2 kv heads
     EXPECT_LE(p.etp, 8);

@@ -89,12 +89,12 @@ TEST(Units, NamesAreUniqueAndTheOneRankModelRegistersTheTableInOrder) {
     EXPECT_EQ(p.expert, c.expert);
     EXPECT_EQ(p.matmul_active, c.matmul_active);
     // By hand: everything, then top_k/E of the routed experts.
-    const int64_t E = cfg.moe.num_experts, Fe = cfg.moe.expert_ffn(cfg.model.ffn_hidden_size);
+    const int64_t E = cfg.moe.router.num_experts, Fe = cfg.moe.expert_ffn(cfg.model.ffn_hidden_size);
     const int64_t D = cfg.model.hidden_size;
     int64_t moe_layers = 0;
     for (int64_t l = 0; l < cfg.model.num_layers; ++l) moe_layers += cfg.moe.is_moe_layer(l);
     EXPECT_EQ(c.expert, moe_layers * 3 * E * Fe * D);
-    EXPECT_EQ(c.active, c.total - c.expert + moe_layers * 3 * cfg.moe.top_k * Fe * D);
+    EXPECT_EQ(c.active, c.total - c.expert + moe_layers * 3 * cfg.moe.router.top_k * Fe * D);
   }
 }
 
@@ -110,8 +110,8 @@ TEST(Units, EveryRanksSlicesTileEachTensorOncePerReplicaGroup) {
       SCOPED_TRACE(cfg.source + ": world " + std::to_string(z.world) + " tp " + std::to_string(z.tp) + " cp " +
                    std::to_string(z.cp) + " pp " + std::to_string(z.pp) + " ep " + std::to_string(z.ep) + " etp " +
                    std::to_string(z.etp));
-      const comm::Layout layout(z.world,
-                                comm::LayoutOptions{z.tp, z.cp, z.pp, z.ep, z.etp, par.order, cfg.moe.num_experts});
+      const comm::Layout layout(
+          z.world, comm::LayoutOptions{z.tp, z.cp, z.pp, z.ep, z.etp, par.order, cfg.moe.router.num_experts});
       // Per tensor and replica group: the whole tensor, each element marked
       // by the rank that placed it (0: nobody).
       std::map<std::pair<std::string, std::vector<int64_t>>, std::vector<float>> wholes;

@@ -74,16 +74,18 @@ MoeLayerWeights random_layer(const Case& c, std::mt19937& rng) {
 
 Case dropless_softmax() {
   Case c;
-  c.opt.router = {.num_experts = E, .top_k = K, .score_function = ScoreFunction::softmax,
-                  .load_balancing = LoadBalancing::aux_loss, .aux_loss_coeff = 0.5f};
+  moe::RouterOptions& r = c.opt.router;
+  r.num_experts = E, r.top_k = K, r.score_function = ScoreFunction::softmax;
+  r.load_balancing = LoadBalancing::aux_loss, r.aux_loss_coeff = 0.5f;
   return c;
 }
 
 Case sigmoid_seq_aux_z() {
   Case c;
-  c.opt.router = {.num_experts = E, .top_k = K, .score_function = ScoreFunction::sigmoid, .normalize_topk = true,
-                  .topk_scaling = 2.5f, .load_balancing = LoadBalancing::seq_aux_loss, .aux_loss_coeff = 0.5f,
-                  .z_loss_coeff = 0.05f};
+  moe::RouterOptions& r = c.opt.router;
+  r.num_experts = E, r.top_k = K, r.score_function = ScoreFunction::sigmoid, r.normalize_topk = true;
+  r.topk_scaling = 2.5f, r.load_balancing = LoadBalancing::seq_aux_loss, r.aux_loss_coeff = 0.5f;
+  r.z_loss_coeff = 0.05f;
   c.bias = true;
   return c;
 }

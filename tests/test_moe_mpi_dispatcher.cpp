@@ -422,7 +422,8 @@ struct LayerCase {
 MoeLayerOptions layer_options(int64_t E, std::optional<double> cf = {}, moe::DropPolicy policy = moe::DropPolicy::probs,
                               bool pad = false, float aux = 0.5f) {
   MoeLayerOptions o;
-  o.router = {.num_experts = E, .top_k = kK, .load_balancing = moe::LoadBalancing::aux_loss, .aux_loss_coeff = aux};
+  o.router.num_experts = E, o.router.top_k = kK;
+  o.router.load_balancing = moe::LoadBalancing::aux_loss, o.router.aux_loss_coeff = aux;
   o.capacity = {.capacity_factor = cf, .drop_policy = policy, .pad_to_capacity = pad};
   return o;
 }
@@ -570,9 +571,7 @@ void check_empty_rank_with_reduced_losses(moe::LoadBalancing balancing, float au
     opt.router.load_balancing = balancing;
     opt.router.z_loss_coeff = z_coeff;
     comm::Communicator& group = s->groups[GroupKind::tp_dp_cp];
-    const moe::StatsReducer reduce = [&group](double* data, int64_t n) {
-      group.all_reduce(std::span<double>(data, static_cast<size_t>(n)));
-    };
+    const moe::StatsReducer reduce = [&group](const Tensor& stats_N) { group.all_reduce(stats_N); };
     MoeLayerWeights full = full_weights(E);
     MoeLayerWeights local;
     local.gate_ED = full.gate_ED;

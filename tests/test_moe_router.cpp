@@ -445,16 +445,18 @@ TEST_P(RouterReducer, TwoRankGroupMatchesTheCombinedBatch) {
   std::vector<double> local_a, local_b;
   int calls = 0;
   auto capture = [&](std::vector<double>& into) {
-    return [&into, &calls, n_want = 2 * S * E + 2](double* d, int64_t n) {
+    return [&into, &calls, n_want = 2 * S * E + 2](const Tensor& stats) {
       ++calls;
-      EXPECT_EQ(n, n_want) << "buffer layout [counts | score sums | tokens | Σ lse²]";
-      into.assign(d, d + n);
+      EXPECT_EQ(stats.dtype(), DType::f64);
+      EXPECT_EQ(stats.numel(), n_want) << "buffer layout [counts | score sums | tokens | Σ lse²]";
+      into.assign(stats.data<double>(), stats.data<double>() + stats.numel());
     };
   };
   auto plus = [&calls](const std::vector<double>& other) {
-    return [&other, &calls](double* d, int64_t n) {
+    return [&other, &calls](const Tensor& stats) {
       ++calls;
-      for (int64_t i = 0; i < n; ++i) d[i] += other[i];
+      ASSERT_EQ(stats.numel(), int64_t(other.size()));
+      for (int64_t i = 0; i < stats.numel(); ++i) stats.data<double>()[i] += other[i];
     };
   };
   RouterLosses la_local, la, lb_, lc;
@@ -513,7 +515,7 @@ TEST(MoeRouter, ReducerIsCalledOnlyWhenALossNeedsStatistics) {
     int calls = 0;
     int64_t got_n = 0;
     RouterLosses l;
-    route(o, x, gate, Tensor(), T / 2, &l, [&](double*, int64_t n) { ++calls, got_n = n; });
+    route(o, x, gate, Tensor(), T / 2, &l, [&](const Tensor& stats) { ++calls, got_n = stats.numel(); });
     EXPECT_EQ(calls, c.calls) << "lb " << int(c.lb) << " aux " << c.aux << " z " << c.z;
     if (c.calls) {
       EXPECT_EQ(got_n, c.n);
@@ -530,7 +532,7 @@ TEST(MoeRouter, UpdateExpertBiasFollowsSignOfMeanMinusLoad) {
   Tensor b = f32({4});
   const float init[] = {0.5f, -0.25f, 1.0f, 0.0f};
   std::copy(init, init + 4, b.f32());
-  update_expert_bias(b, {5, 3, 4, 4}, 0.125f);  // mean 4: signs -1, +1, 0, 0
+  update_expert_bias(ctx, b, {5, 3, 4, 4}, 0.125f);  // mean 4: signs -1, +1, 0, 0
   EXPECT_EQ(b.f32()[0], 0.375f);
   EXPECT_EQ(b.f32()[1], -0.125f);
   EXPECT_EQ(b.f32()[2], 1.0f);
@@ -543,7 +545,7 @@ TEST(MoeRouter, UpdateExpertBiasFollowsSignOfMeanMinusLoad) {
   for (auto& l : load) l = d(rng);
   Tensor r = random_tensor({E}, rng), before = f32({E});
   before.copy_from(r);
-  update_expert_bias(r, load, 1e-3f);
+  update_expert_bias(ctx, r, load, 1e-3f);
   const double mean = std::accumulate(load.begin(), load.end(), 0.0) / E;
   for (int64_t e = 0; e < E; ++e) {
     const double s = (mean > load[e]) - (mean < load[e]);

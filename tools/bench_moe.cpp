@@ -302,7 +302,8 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
   }
   const MoeConfig& m = cfg.moe;
   const ParallelConfig& par = cfg.parallel;
-  if (m.num_experts == 0) ORIGAMI_USER_ERROR(a.config, ": moe.num_experts = 0: bench moe-layer needs MoE layers");
+  if (m.router.num_experts == 0)
+    ORIGAMI_USER_ERROR(a.config, ": moe.num_experts = 0: bench moe-layer needs MoE layers");
   if (par.tp != 1 || par.cp != 1 || par.pp != 1)
     ORIGAMI_USER_ERROR(a.config, ": parallel.tp = ", par.tp, ", cp = ", par.cp, ", pp = ", par.pp,
                        ": bench moe-layer runs expert parallelism only (parallel.ep, parallel.etp); set tp = cp = "
@@ -313,7 +314,7 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
   const int threads = cfg.runtime.threads > 0 ? static_cast<int>(cfg.runtime.threads) : default_threads_per_rank();
   set_num_threads(threads);
   const ExecContext ctx = ExecContext::cpu(threads);
-  const int64_t D = cfg.model.hidden_size, E = m.num_experts, F = m.expert_ffn(cfg.model.ffn_hidden_size);
+  const int64_t D = cfg.model.hidden_size, E = m.router.num_experts, F = m.expert_ffn(cfg.model.ffn_hidden_size);
   const int64_t S = cfg.training.seq_len, T = cfg.training.micro_batch * S;
   const float std = static_cast<float>(cfg.model.init_std);
 
@@ -332,10 +333,8 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
   const int64_t El = disp.num_local_experts(), Fl = F / par.etp;
 
   moe::MoeLayerOptions opt;
-  opt.router = {E, m.top_k, m.score_function, m.normalize_topk, static_cast<float>(m.topk_scaling), m.num_groups,
-                m.group_topk, m.load_balancing, static_cast<float>(m.aux_loss_coeff),
-                static_cast<float>(m.z_loss_coeff)};
-  opt.capacity = {m.capacity_factor, m.drop_policy, m.pad_to_capacity};
+  opt.router = m.router;
+  opt.capacity = m.capacity;
   moe::MoeLayerWeights w;
   w.gate_ED = random_param(ctx, {E, D}, "bench.gate", std);
   if (m.expert_bias) w.bias_E = Tensor::zeros({E}, DType::f32, MemCategory::param);
@@ -448,7 +447,7 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
                                   {"threads", ctx.threads()},
                                   {"tokens", T},
                                   {"experts", E},
-                                  {"top_k", m.top_k},
+                                  {"top_k", m.router.top_k},
                                   {"layer_time_s", layer_s},
                                   {"tokens_per_s", tokens_per_s},
                                   {"tokens_per_s_all_ranks", tokens_per_s * world},
@@ -477,7 +476,7 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
       std::printf(
           "bench moe-layer: %s, %lld tokens x %lld, %lld experts top-%lld (ffn %lld), %d thread(s), median of %d\n",
           a.config.c_str(), static_cast<long long>(T), static_cast<long long>(D), static_cast<long long>(E),
-          static_cast<long long>(m.top_k), static_cast<long long>(F), ctx.threads(), a.steps);
+          static_cast<long long>(m.router.top_k), static_cast<long long>(F), ctx.threads(), a.steps);
       if (world > 1)
         std::printf("  %d ranks: ep %lld, etp %lld, edp %lld; per rank %lld tokens, %lld experts x ffn %lld; "
                     "slowest rank's median\n",

@@ -44,7 +44,8 @@ struct GemmCase {
 // routed experts, which see T·k/E rows each on average.
 std::vector<GemmCase> step_gemms(const Model& model, int64_t T) {
   const MoeConfig& moe = model.moe_config();
-  const int64_t expert_rows = moe.num_experts > 0 ? std::max<int64_t>(1, T * moe.top_k / moe.num_experts) : T;
+  const int64_t E = moe.router.num_experts;
+  const int64_t expert_rows = E > 0 ? std::max<int64_t>(1, T * moe.router.top_k / E) : T;
   std::vector<GemmCase> cases;
   for (const ParamUnit& u : model.params().units())
     for (const ParamInfo& p : u.params) {

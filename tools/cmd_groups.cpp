@@ -87,7 +87,7 @@ void run_groups(const GroupsArgs& a) {
     const Config cfg = load_config(a.config, a.overrides);
     validate_for_world(cfg, static_cast<int>(world));
     const ParallelConfig& p = cfg.parallel;
-    opts = comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, cfg.moe.num_experts};
+    opts = comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, cfg.moe.router.num_experts};
   }
   const comm::Layout layout(world, opts);  // flags alone: comm::Layout's rules (§3)
   if (a.rank >= world) ORIGAMI_USER_ERROR("--rank ", a.rank, " is outside a world of ", world, " ranks");

@@ -332,7 +332,7 @@ void run_config(const PlanArgs& a, plan::Recipe recipe, const std::string& path,
   validate_for_world(configured, static_cast<int>(a.world));
   const ParallelConfig& pc = cfg.parallel;
   const comm::Layout layout(a.world, comm::LayoutOptions{pc.tp, pc.cp, pc.pp, pc.ep, pc.etp, pc.order,
-                                                         cfg.moe.num_experts});
+                                                         cfg.moe.router.num_experts});
   const LayoutPlan p = plan::plan_layout(in, layout, a.machine);
   const std::vector<LayoutPlan> ranked = plan::rank_layouts(in, a.world, pc.order, a.machine);
   const plan::ParamCounts counts = plan::param_counts(in.model, in.moe);

@@ -1,5 +1,6 @@
-// CPU MoE routing ops (see moe_ops.h). Per-token work (scores, top-k, their
-// backward, row copies) is split over tokens with OpenMP; each token writes
+// CPU MoE routing ops (see moe_ops.h; the statistics and the bias update are
+// in cpu/moe_stats.cpp). Per-token work (scores, top-k, their backward, row
+// copies) is split over tokens with OpenMP; each token writes
 // only its own rows, so results never depend on the thread count. The O(T·k)
 // integer passes (histogram, capacity, row maps) are serial: at bench sizes
 // (T·k = 8192) they take microseconds, less than waking a thread team, and a
@@ -21,8 +22,7 @@ namespace origami::cpu {
 
 namespace {
 
-constexpr float kNormEps = 1e-20f;  // Megatron's guard in p / Σp and s / Σs
-constexpr int64_t kStatsChunk = 256;
+constexpr float kNormEps = kMoeNormEps;
 
 // Inserts (v, idx) into the descending list (bv, bi) of length n if it beats
 // the last entry. Equal values do not move ahead of earlier (lower) indices.
@@ -99,8 +99,8 @@ void moe_topk_forward(const ExecContext& ctx, const Tensor& logits_TE, const Ten
       const float* __restrict z = logits + t * E;
       float* __restrict s = scores + t * E;
       float mx = 0.0f, se = 0.0f;
-      if (p.score == MoeScore::softmax || lse) softmax_pieces(z, E, mx, se);
-      if (p.score == MoeScore::softmax) {
+      if (p.score_function == MoeScore::softmax || lse) softmax_pieces(z, E, mx, se);
+      if (p.score_function == MoeScore::softmax) {
         const float inv = 1.0f / se;
 #pragma omp simd
         for (int64_t e = 0; e < E; ++e) s[e] = cpu::exp_fast(z[e] - mx) * inv;
@@ -155,52 +155,8 @@ void moe_topk_forward(const ExecContext& ctx, const Tensor& logits_TE, const Ten
         w[j] = s[bi[j]];
         sum += w[j];
       }
-      const float scale = p.normalize ? p.scaling / (sum + kNormEps) : p.scaling;
+      const float scale = p.normalize_topk ? p.scaling_f32() / (sum + kNormEps) : p.scaling_f32();
       for (int64_t j = 0; j < K; ++j) w[j] *= scale;
-    }
-  }
-}
-
-void moe_routing_stats(const ExecContext& ctx, const Tensor& scores_TE, const Tensor& expert_TK, MoeScore score,
-                       int64_t seg_len, double* counts_SE, double* scores_SE) {
-  ORIGAMI_CHECK(scores_TE.defined() && scores_TE.dtype() == DType::f32, "router scores must be f32");
-  const int64_t T = scores_TE.rows(), E = scores_TE.cols(), K = expert_TK.cols();
-  check_i32(expert_TK, {T, K}, "router expert_TK");
-  ORIGAMI_CHECK(seg_len > 0 && T % seg_len == 0, "routing stats: ", T, " tokens do not split into segments of ",
-                seg_len);
-  const int64_t S = T / seg_len, chunks_per_seg = (seg_len + kStatsChunk - 1) / kStatsChunk;
-  const int64_t n_chunks = S * chunks_per_seg;
-  // Per-chunk partials: [counts E | scores E]. Tiny (T / 256 · 2E doubles).
-  std::vector<double> part(static_cast<size_t>(n_chunks * 2 * E), 0.0);
-  const float* scores = scores_TE.f32();
-  const int32_t* experts = expert_TK.i32();
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < n_chunks; ++c) {
-    const int64_t b = c / chunks_per_seg, i = c % chunks_per_seg;
-    const int64_t t0 = b * seg_len + i * kStatsChunk, t1 = std::min(t0 + kStatsChunk, (b + 1) * seg_len);
-    double* cnt = part.data() + c * 2 * E;
-    double* sum = cnt + E;
-    for (int64_t t = t0; t < t1; ++t) {
-      const float* s = scores + t * E;
-      for (int64_t j = 0; j < K; ++j) cnt[experts[t * K + j]] += 1.0;
-      if (score == MoeScore::softmax) {
-        for (int64_t e = 0; e < E; ++e) sum[e] += s[e];
-      } else {
-        float tot = 0.0f;
-        for (int64_t e = 0; e < E; ++e) tot += s[e];
-        const float inv = 1.0f / (tot + kNormEps);
-        for (int64_t e = 0; e < E; ++e) sum[e] += s[e] * inv;
-      }
-    }
-  }
-  std::fill(counts_SE, counts_SE + S * E, 0.0);
-  std::fill(scores_SE, scores_SE + S * E, 0.0);
-  for (int64_t c = 0; c < n_chunks; ++c) {
-    const int64_t b = c / chunks_per_seg;
-    const double* cnt = part.data() + c * 2 * E;
-    for (int64_t e = 0; e < E; ++e) {
-      counts_SE[b * E + e] += cnt[e];
-      scores_SE[b * E + e] += cnt[E + e];
     }
   }
 }
@@ -231,6 +187,7 @@ void moe_topk_backward(const ExecContext& ctx, const Tensor& logits_TE, const Te
   const float* dweight = dweight_TK.defined() ? dweight_TK.f32() : nullptr;
   const float* aux = aux_SE.defined() ? aux_SE.f32() : nullptr;
   float* dlogits = dlogits_TE.f32();
+  const float scaling = p.scaling_f32();
 #pragma omp parallel
   {
     std::vector<float> g(E);
@@ -241,20 +198,20 @@ void moe_topk_backward(const ExecContext& ctx, const Tensor& logits_TE, const Te
       std::fill(g.begin(), g.end(), 0.0f);
       if (dweight) {
         const float* R = dweight + t * K;
-        if (p.normalize) {
+        if (p.normalize_topk) {
           float sum = 0.0f, rs = 0.0f;
           for (int64_t j = 0; j < K; ++j) sum += s[sel[j]];
           const float den = sum + kNormEps;
           for (int64_t j = 0; j < K; ++j) rs += R[j] * s[sel[j]];
           rs /= den;
-          for (int64_t j = 0; j < K; ++j) g[sel[j]] += p.scaling / den * (R[j] - rs);
+          for (int64_t j = 0; j < K; ++j) g[sel[j]] += scaling / den * (R[j] - rs);
         } else {
-          for (int64_t j = 0; j < K; ++j) g[sel[j]] += p.scaling * R[j];
+          for (int64_t j = 0; j < K; ++j) g[sel[j]] += scaling * R[j];
         }
       }
       if (aux) {
         const float* a = aux + (t / seg_len) * E;
-        if (p.score == MoeScore::softmax) {
+        if (p.score_function == MoeScore::softmax) {
           for (int64_t e = 0; e < E; ++e) g[e] += a[e];
         } else {
           float tot = 0.0f, as = 0.0f;
@@ -265,7 +222,7 @@ void moe_topk_backward(const ExecContext& ctx, const Tensor& logits_TE, const Te
         }
       }
       float* __restrict dz = dlogits + t * E;
-      if (p.score == MoeScore::softmax) {
+      if (p.score_function == MoeScore::softmax) {
         float gs = 0.0f;
         for (int64_t e = 0; e < E; ++e) gs += g[e] * s[e];
         for (int64_t e = 0; e < E; ++e) dz[e] = s[e] * (g[e] - gs);
@@ -305,12 +262,15 @@ void moe_expert_histogram(const ExecContext& ctx, const Tensor& expert_TK, const
 void moe_capacity_mask(const ExecContext& ctx, const Tensor& expert_TK, const Tensor& weight_TK, int64_t E,
                        int64_t capacity, MoeDrop policy, Tensor& kept_TK) {
   ORIGAMI_CHECK(expert_TK.defined() && expert_TK.dtype() == DType::i32, "expert_TK must be i32");
-  ORIGAMI_CHECK(capacity >= 0, "capacity mask needs a capacity >= 0, got ", capacity);
   ORIGAMI_CHECK(kept_TK.defined() && kept_TK.dtype() == DType::u8, "kept_TK must be u8");
   check_shape(kept_TK, expert_TK.shape(), "kept_TK");
   const int64_t n = expert_TK.numel();
   const int32_t* ex = expert_TK.i32();
   uint8_t* kept = kept_TK.data<uint8_t>();
+  if (capacity < 0) {  // dropless
+    std::fill(kept, kept + n, 1);
+    return;
+  }
   std::vector<int64_t> cnt(static_cast<size_t>(E), 0);
   if (policy == MoeDrop::position) {
     for (int64_t i = 0; i < n; ++i) {
@@ -346,6 +306,16 @@ void moe_capacity_mask(const ExecContext& ctx, const Tensor& expert_TK, const Te
     std::nth_element(first, first + capacity, first + cnt[e], before);
     for (int64_t i = capacity; i < cnt[e]; ++i) kept[first[i]] = 0;
   }
+}
+
+void moe_expert_rows(const ExecContext& ctx, const Tensor& kept_E, int64_t pad_rows, Tensor& rows_E) {
+  ORIGAMI_CHECK(kept_E.defined() && kept_E.dtype() == DType::i64 && kept_E.dim() == 1, "kept_E must be i64 [E]");
+  ORIGAMI_CHECK(rows_E.defined() && rows_E.dtype() == DType::i64, "rows_E must be i64");
+  const int64_t E = kept_E.numel();
+  check_shape(rows_E, {E}, "rows_E");
+  const int64_t* kept = kept_E.data<int64_t>();
+  int64_t* rows = rows_E.data<int64_t>();
+  for (int64_t e = 0; e < E; ++e) rows[e] = pad_rows >= 0 ? pad_rows : kept[e];
 }
 
 void moe_permutation_maps(const ExecContext& ctx, const Tensor& expert_TK, const Tensor& kept_TK, const Tensor& rows_E,

@@ -30,4 +30,8 @@ namespace origami::cpu {
 void sgemm_raw(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// Megatron's guard in p / Σp and s / Σs (kernels/moe_ops.h), shared by the
+// CPU MoE ops (cpu/moe_ops.cpp, cpu/moe_stats.cpp).
+inline constexpr float kMoeNormEps = 1e-20f;
+
 }  // namespace origami::cpu

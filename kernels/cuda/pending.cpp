@@ -111,9 +111,16 @@ void moe_topk_forward(const ExecContext& ctx, const Tensor& logits_TE, const Ten
                       Tensor& scores_TE, Tensor& expert_TK, Tensor& weight_TK, Tensor& lse_T) {
   pending("moe_topk_forward");
 }
-void moe_routing_stats(const ExecContext& ctx, const Tensor& scores_TE, const Tensor& expert_TK, MoeScore score,
-                       int64_t seg_len, double* counts_SE, double* scores_SE) {
+void moe_routing_stats(const ExecContext& ctx, const Tensor& scores_TE, const Tensor& expert_TK, const Tensor& lse_T,
+                       MoeScore score, int64_t num_segments, Tensor& stats_N) {
   pending("moe_routing_stats");
+}
+MoeRoutingTotals moe_routing_totals(const ExecContext& ctx, const Tensor& stats_N, int64_t num_segments,
+                                    int64_t num_experts, int64_t top_k) {
+  pending("moe_routing_totals");
+}
+void moe_aux_coefficients(const ExecContext& ctx, const Tensor& stats_N, double scale, Tensor& aux_SE) {
+  pending("moe_aux_coefficients");
 }
 void moe_topk_backward(const ExecContext& ctx, const Tensor& logits_TE, const Tensor& scores_TE,
                        const Tensor& expert_TK, const Tensor& dweight_TK, const Tensor& aux_SE, int64_t seg_len,
@@ -127,6 +134,9 @@ void moe_expert_histogram(const ExecContext& ctx, const Tensor& expert_TK, const
 void moe_capacity_mask(const ExecContext& ctx, const Tensor& expert_TK, const Tensor& weight_TK, int64_t num_experts,
                        int64_t capacity, MoeDrop policy, Tensor& kept_TK) {
   pending("moe_capacity_mask");
+}
+void moe_expert_rows(const ExecContext& ctx, const Tensor& kept_E, int64_t pad_rows, Tensor& rows_E) {
+  pending("moe_expert_rows");
 }
 void moe_permutation_maps(const ExecContext& ctx, const Tensor& expert_TK, const Tensor& kept_TK, const Tensor& rows_E,
                           Tensor& row_of_TK, Tensor& row_token_N, Tensor& row_slot_N) {
@@ -162,6 +172,9 @@ void cp_pack_kv(const ExecContext& ctx, const Tensor& k_BSHd, const Tensor& v_BS
 }
 void cp_unpack_kv(const ExecContext& ctx, const Tensor& wire, Tensor& k_BSHd, Tensor& v_BSHd) {
   pending("cp_unpack_kv");
+}
+void moe_expert_bias_update(const ExecContext& ctx, Tensor& bias_E, std::span<const int64_t> load_E, float rate) {
+  pending("moe_expert_bias_update");
 }
 
 }  // namespace origami::cuda

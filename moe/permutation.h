@@ -20,10 +20,15 @@ int64_t expert_capacity(const CapacityOptions& opt, int64_t num_tokens, int64_t 
 Tensor apply_capacity(const ExecContext& ctx, const CapacityOptions& opt, const Tensor& expert_TK,
                       const Tensor& weight_TK, int64_t num_experts, int64_t capacity);
 
+// The per-expert counts are host vectors (the all-to-all sizes its messages
+// with them; the metrics log them): make_permutation copies them from the
+// device once, in counts_to_host (moe/permutation.cpp), the dispatcher path's
+// one device-to-host point.
 struct Permutation {
   int64_t num_experts = 0;
   std::vector<int64_t> rows_per_expert;     // [E]: rows of each expert in the permuted buffer
   std::vector<int64_t> routed_per_expert;   // [E]: slots routed before dropping
+  std::vector<int64_t> kept_per_expert;     // [E]: slots kept (the non-padding rows of each expert)
   Tensor row_token_N;                       // i32 [N]: source token, −1 for padding rows
   Tensor row_slot_N;                        // i32 [N]: slot j in [0, k), −1 for padding rows
   Tensor row_of_TK;                         // i32 [T, k]: permuted row of slot (t, j), −1 if dropped

@@ -15,7 +15,7 @@
 
 #include "grad_check.h"
 #include "kernels/gemm.h"
-#include "moe/dispatch.h"
+#include "moe/permutation.h"
 #include "moe/router.h"
 #include "test_context.h"
 
@@ -73,7 +73,7 @@ CapacityOptions capacity_options(std::optional<double> cf, DropPolicy p = DropPo
   return o;
 }
 
-TEST(MoeDispatch, CapacityFormula) {
+TEST(MoePermutation, CapacityFormula) {
   EXPECT_EQ(expert_capacity(capacity_options(std::nullopt), 4096, 2, 8), -1);
   EXPECT_EQ(expert_capacity(capacity_options(1.0), 10, 2, 4), 5);
   EXPECT_EQ(expert_capacity(capacity_options(1.25), 10, 2, 4), 7);  // ceil(6.25)
@@ -83,7 +83,7 @@ TEST(MoeDispatch, CapacityFormula) {
   EXPECT_EQ(expert_capacity(capacity_options(1.1), 30, 1, 10), 4);  // 3 · 1.1 = 3.3000000000000003 → 4, as Megatron
 }
 
-TEST(MoeDispatch, DropPoliciesMatchNaive) {
+TEST(MoePermutation, DropPoliciesMatchNaive) {
   std::mt19937 rng(51);
   const int64_t T = 60, K = 2, E = 8;
   for (DropPolicy policy : {DropPolicy::probs, DropPolicy::position}) {
@@ -109,7 +109,7 @@ TEST(MoeDispatch, DropPoliciesMatchNaive) {
   for (int64_t i = 0; i < T * K; ++i) EXPECT_EQ(all.data<uint8_t>()[i], 1);
 }
 
-TEST(MoeDispatch, ProbsPolicyBreaksWeightTiesByTokenThenSlot) {
+TEST(MoePermutation, ProbsPolicyBreaksWeightTiesByTokenThenSlot) {
   // Expert 0 gets five slots (tokens 0..4); token 4's weighs most, the rest
   // tie at 0.5, so capacity 2 keeps token 4's and then the earliest, token 0's.
   Tensor ex = Tensor::empty({5, 2}, DType::i32, MemCategory::activation);
@@ -142,7 +142,7 @@ NaiveLayout naive_layout(const Tensor& ex, const Tensor& kept, int64_t E, int64_
   return l;
 }
 
-TEST(MoeDispatch, PermutationLayoutCountsAndPadding) {
+TEST(MoePermutation, PermutationLayoutCountsAndPadding) {
   std::mt19937 rng(53);
   const int64_t T = 50, K = 2, E = 8;
   for (bool pad : {false, true}) {
@@ -209,7 +209,7 @@ Routed routed_setup(int64_t T, int64_t K, int64_t E, std::mt19937& rng, bool pad
   return s;
 }
 
-TEST(MoeDispatch, UnpermuteOfPermuteScalesEachTokenByItsKeptWeight) {
+TEST(MoePermutation, UnpermuteOfPermuteScalesEachTokenByItsKeptWeight) {
   std::mt19937 rng(57);
   const int64_t T = 40, K = 3, E = 6, D = 20;
   for (bool pad : {false, true}) {
@@ -235,7 +235,7 @@ TEST(MoeDispatch, UnpermuteOfPermuteScalesEachTokenByItsKeptWeight) {
 
 double dot_d(const Tensor& a, const Tensor& b) { return testing::dot(a, b); }
 
-TEST(MoeDispatch, BackwardPassesAreExactAdjoints) {
+TEST(MoePermutation, BackwardPassesAreExactAdjoints) {
   std::mt19937 rng(59);
   const int64_t T = 45, K = 2, E = 8, D = 24;
   for (bool pad : {false, true}) {
@@ -305,7 +305,7 @@ double best_ms(int reps, F fn) {
 // the router has four such regions to the GEMM's one. The ops themselves are
 // memory-bound and gain less from threads than the GEMMs, so the 1-thread
 // ratio understates the real one a little; measured 1-2%, far under 25%.
-TEST(MoeDispatch, RoutingCostIsSmallNextToExpertGemmsAtBenchSize) {
+TEST(MoePermutation, RoutingCostIsSmallNextToExpertGemmsAtBenchSize) {
   const ExecContext one_thread = ExecContext::cpu(1);
   const ExecContext& ctx = one_thread;
   std::mt19937 rng(61);

@@ -1,11 +1,10 @@
-// Capacity, dropping and the local permutation (see dispatch.h). This file
-// sizes and allocates; the loops live in kernels/moe_ops (CUDA twins later).
-// make_permutation is a counting sort: histograms give each expert's row
-// range, one token-major walk places the slots, so it is O(T·k) and the row
-// order (expert, then token, then slot) needs no comparison sort.
-#include "moe/dispatch.h"
+// Capacity, dropping and the local permutation (see permutation.h). This
+// file sizes and allocates; the loops live in kernels/moe_ops (CUDA twins
+// later). make_permutation is a counting sort: histograms give each expert's
+// row range, one token-major walk places the slots, so it is O(T·k) and the
+// row order (expert, then token, then slot) needs no comparison sort.
+#include "moe/permutation.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -21,12 +20,21 @@ void check_routing(const Tensor& expert_TK, int64_t num_experts) {
   ORIGAMI_CHECK(num_experts > 0, "num_experts must be positive, got ", num_experts);
 }
 
-std::vector<int64_t> to_vector(const Tensor& count_E) {
-  const int64_t* c = count_E.data<int64_t>();
-  return std::vector<int64_t>(c, c + count_E.numel());
-}
-
 Tensor i32(Shape shape) { return Tensor::empty(std::move(shape), DType::i32, MemCategory::activation); }
+
+// Rows of the counts tensor of make_permutation.
+enum CountRow : int64_t { kRouted = 0, kKept = 1, kRows = 2, kCountRows = 3 };
+
+// The named device-to-host point of the dispatcher path: the per-expert
+// counts [routed | kept | rows] (i64 [3, E]) in one copy, as host vectors.
+void counts_to_host(const Tensor& count_3E, Permutation& perm) {
+  const Tensor host = count_3E.device().is_host() ? count_3E : count_3E.to(Device::cpu());
+  const int64_t E = count_3E.size(1);
+  const int64_t* c = host.data<int64_t>();
+  perm.routed_per_expert.assign(c + kRouted * E, c + (kRouted + 1) * E);
+  perm.kept_per_expert.assign(c + kKept * E, c + (kKept + 1) * E);
+  perm.rows_per_expert.assign(c + kRows * E, c + (kRows + 1) * E);
+}
 
 }  // namespace
 
@@ -45,12 +53,8 @@ Tensor apply_capacity(const ExecContext& ctx, const CapacityOptions& opt, const 
                       const Tensor& weight_TK, int64_t num_experts, int64_t capacity) {
   check_routing(expert_TK, num_experts);
   Tensor kept = Tensor::empty(expert_TK.shape(), DType::u8, MemCategory::activation);
-  if (capacity < 0) {  // dropless
-    std::fill(kept.data<uint8_t>(), kept.data<uint8_t>() + kept.numel(), 1);
-    return kept;
-  }
-  const MoeDrop policy = opt.drop_policy == DropPolicy::probs ? MoeDrop::probs : MoeDrop::position;
-  moe_capacity_mask(ctx, expert_TK, weight_TK, num_experts, capacity, policy, kept);
+  // capacity < 0 (dropless): the kernel keeps every slot.
+  moe_capacity_mask(ctx, expert_TK, weight_TK, num_experts, capacity, opt.drop_policy, kept);
   return kept;
 }
 
@@ -61,27 +65,26 @@ Permutation make_permutation(const ExecContext& ctx, const Tensor& expert_TK, co
   const int64_t T = expert_TK.rows(), K = expert_TK.cols(), E = num_experts;
   Permutation perm;
   perm.num_experts = E;
-  Tensor count = Tensor::empty({E}, DType::i64, MemCategory::workspace);
-  moe_expert_histogram(ctx, expert_TK, Tensor(), E, count);
-  perm.routed_per_expert = to_vector(count);
-  moe_expert_histogram(ctx, expert_TK, kept_TK, E, count);
-  std::vector<int64_t> kept = to_vector(count);
-  if (pad_to_capacity) {
-    int64_t* rows = count.data<int64_t>();
-    for (int64_t e = 0; e < E; ++e) {
-      ORIGAMI_CHECK(kept[e] <= capacity, "expert ", e, " keeps ", kept[e], " slots, over its capacity ", capacity,
-                    "; apply_capacity first");
-      rows[e] = capacity;
-    }
-  }
-  perm.rows_per_expert = to_vector(count);
+  // Per-expert counts on the routing's device, one row each.
+  Tensor count_3E = Tensor::empty({kCountRows, E}, DType::i64, MemCategory::workspace);
+  Tensor routed_E = count_3E.flat_view(kRouted * E, E, {E});
+  Tensor kept_E = count_3E.flat_view(kKept * E, E, {E});
+  Tensor rows_E = count_3E.flat_view(kRows * E, E, {E});
+  moe_expert_histogram(ctx, expert_TK, Tensor(), E, routed_E);
+  moe_expert_histogram(ctx, expert_TK, kept_TK, E, kept_E);
+  moe_expert_rows(ctx, kept_E, pad_to_capacity ? capacity : -1, rows_E);
+  counts_to_host(count_3E, perm);
   int64_t N = 0;
-  for (int64_t r : perm.rows_per_expert) N += r;
+  for (int64_t e = 0; e < E; ++e) {
+    ORIGAMI_CHECK(!pad_to_capacity || perm.kept_per_expert[e] <= capacity, "expert ", e, " keeps ",
+                  perm.kept_per_expert[e], " slots, over its capacity ", capacity, "; apply_capacity first");
+    N += perm.rows_per_expert[e];
+  }
   ORIGAMI_CHECK(N <= INT32_MAX, "permuted buffer of ", N, " rows exceeds i32 row indices");
   perm.row_of_TK = i32({T, K});
   perm.row_token_N = i32({N});
   perm.row_slot_N = i32({N});
-  moe_permutation_maps(ctx, expert_TK, kept_TK, count, perm.row_of_TK, perm.row_token_N, perm.row_slot_N);
+  moe_permutation_maps(ctx, expert_TK, kept_TK, rows_E, perm.row_of_TK, perm.row_token_N, perm.row_slot_N);
   return perm;
 }
 
