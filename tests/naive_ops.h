@@ -81,7 +81,7 @@ inline NaiveTopk naive_topk(const std::vector<double>& z, int64_t E, const MoeTo
     r.lse.push_back(mx + std::log(se));
     std::vector<double> v(E);
     for (int64_t e = 0; e < E; ++e) {
-      const double s = p.score == MoeScore::softmax ? std::exp(zt[e] - mx) / se : 1 / (1 + std::exp(-zt[e]));
+      const double s = p.score_function == MoeScore::softmax ? std::exp(zt[e] - mx) / se : 1 / (1 + std::exp(-zt[e]));
       r.scores.push_back(s);
       v[e] = s + (bias.empty() ? 0.0 : bias[e]);
     }
@@ -110,7 +110,7 @@ inline NaiveTopk naive_topk(const std::vector<double>& z, int64_t E, const MoeTo
     for (int64_t j = 0; j < K; ++j) {
       r.experts.push_back(er[j]);
       const double s = r.scores[t * E + er[j]];
-      r.weights.push_back((p.normalize ? s / (sum + 1e-20) : s) * p.scaling);
+      r.weights.push_back((p.normalize_topk ? s / (sum + 1e-20) : s) * p.scaling_f32());
     }
   }
   return r;

@@ -7,7 +7,7 @@
 // sentinel regions; overwritten outputs start poisoned (NaN for floats), so
 // an element the op never writes shows; inputs must come back unchanged.
 // The table is split by concern: ops_gemm.cpp, ops_dense.cpp, ops_loss_attention.cpp,
-// ops_moe.cpp, ops_context_parallel.cpp.
+// ops_moe.cpp, ops_moe_stats.cpp, ops_context_parallel.cpp.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -86,11 +86,12 @@ struct OpEntry {
   std::function<std::vector<Problem>(std::mt19937& rng)> problems;
 };
 
-// The table, in kernels/backend_ops.inc order.
+// The table, by part (each in kernels/backend_ops.inc order).
 std::vector<OpEntry> gemm_ops();              // ops_gemm.cpp
 std::vector<OpEntry> dense_ops();             // ops_dense.cpp
 std::vector<OpEntry> loss_attention_ops();    // ops_loss_attention.cpp
 std::vector<OpEntry> moe_ops();               // ops_moe.cpp
+std::vector<OpEntry> moe_stats_ops();         // ops_moe_stats.cpp
 std::vector<OpEntry> context_parallel_ops();  // ops_context_parallel.cpp
 
 // ---- input generators (host tensors; fresh values from the entry's rng)

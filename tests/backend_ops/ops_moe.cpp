@@ -1,6 +1,7 @@
 // The harness's table, MoE part (kernels/moe_ops.h): top-k forward and
-// backward, routing statistics, histograms, capacity masks, permutation maps
-// and the row gathers/scatters. Integer routing inputs are always valid:
+// backward, histograms, capacity masks, rows per expert, permutation maps
+// and the row gathers/scatters (the routing statistics and the balancing
+// update are in ops_moe_stats.cpp). Integer routing inputs are always valid:
 // distinct experts per token, rows_E at least each expert's kept count, row
 // maps built by the naive permutation below.
 #include <algorithm>
@@ -109,7 +110,8 @@ struct TopkCase {
 std::string topk_label(const TopkCase& c) {
   return "T " + std::to_string(c.T) + ", E " + std::to_string(c.E) + ", k " + std::to_string(c.p.top_k) +
          ", groups " + std::to_string(c.p.num_groups) + "/" + std::to_string(c.p.group_topk) +
-         (c.p.score == MoeScore::softmax ? ", softmax" : ", sigmoid") + (c.p.normalize ? ", normalized" : "") +
+         (c.p.score_function == MoeScore::softmax ? ", softmax" : ", sigmoid") +
+         (c.p.normalize_topk ? ", normalized" : "") +
          (c.bias ? ", bias" : "") + (c.lse ? ", lse" : "");
 }
 
@@ -170,19 +172,21 @@ std::vector<double> naive_topk_backward(const std::vector<double>& z, int64_t E,
       for (int64_t j = 0; j < K; ++j) den += s[experts[t * K + j]], rs += R[t * K + j] * s[experts[t * K + j]];
       for (int64_t j = 0; j < K; ++j) {
         const double r = R[t * K + j];
-        gs[experts[t * K + j]] += p.normalize ? p.scaling * (r / den - rs / (den * den)) : p.scaling * r;
+        const double c = p.scaling_f32();
+        gs[experts[t * K + j]] += p.normalize_topk ? c * (r / den - rs / (den * den)) : c * r;
       }
     }
     if (!A.empty()) {  // s' = s (softmax) or s / (Σ_e s + ε) (sigmoid)
       const double* a = &A[(t / seg_len) * E];
       double den = 1e-20, as = 0.0;
       for (int64_t e = 0; e < E; ++e) den += s[e], as += a[e] * s[e];
-      for (int64_t e = 0; e < E; ++e) gs[e] += p.score == MoeScore::softmax ? a[e] : a[e] / den - as / (den * den);
+      const bool softmax = p.score_function == MoeScore::softmax;
+      for (int64_t e = 0; e < E; ++e) gs[e] += softmax ? a[e] : a[e] / den - as / (den * den);
     }
     double gdot = 0.0;
     for (int64_t e = 0; e < E; ++e) gdot += gs[e] * s[e];
     for (int64_t e = 0; e < E; ++e) {
-      dz[t * E + e] = p.score == MoeScore::softmax ? s[e] * (gs[e] - gdot) : gs[e] * s[e] * (1 - s[e]);
+      dz[t * E + e] = p.score_function == MoeScore::softmax ? s[e] * (gs[e] - gdot) : gs[e] * s[e] * (1 - s[e]);
       dz[t * E + e] += 2 * zc * n.lse[t] * std::exp(z[t * E + e] - n.lse[t]);
     }
   }
@@ -239,51 +243,6 @@ OpEntry topk_backward_entry() {
           }};
 }
 
-// ---------------------------------------------------------------- routing statistics
-
-OpEntry routing_stats_entry() {
-  return {"moe_routing_stats", [](std::mt19937& g) {
-            std::vector<Problem> ps;
-            struct Case {
-              int64_t T, E, K, seg;
-              MoeScore score;
-            };
-            // Segments of 300 straddle the op's 256-token chunks.
-            for (const Case& c : {Case{900, 6, 2, 300, MoeScore::softmax}, Case{900, 6, 2, 300, MoeScore::sigmoid},
-                                  Case{257, 4, 1, 257, MoeScore::softmax}, Case{1, 1, 1, 1, MoeScore::sigmoid}}) {
-              const int64_t S = c.T / c.seg;
-              const NaiveTopk n =
-                  naive_topk(values(randn({c.T, c.E}, g)), c.E, MoeTopkParams{c.score, c.K, 1, 1, false, 1.0f}, {});
-              Problem p("T " + std::to_string(c.T) + ", E " + std::to_string(c.E) + ", k " + std::to_string(c.K) +
-                        ", seg " + std::to_string(c.seg) + (c.score == MoeScore::softmax ? ", softmax" : ", sigmoid"));
-              p.in("scores_TE", from_doubles(n.scores, {c.T, c.E}));
-              p.in("expert_TK", i32s(std::vector<int32_t>(n.experts.begin(), n.experts.end()), {c.T, c.K}));
-              p.out("counts_SE", {S, c.E}, DType::f64, kExact, Where::host);
-              p.out("scores_SE", {S, c.E}, DType::f64,
-                    {1e-5, 0, "sigmoid: fp32 per-token normalization, summed in fp64 (scale |want|)"}, Where::host);
-              p.call = [c](const ExecContext& ctx, Bound& t) {
-                moe_routing_stats(ctx, t.at("scores_TE"), t.at("expert_TK"), c.score, c.seg,
-                                  t.at("counts_SE").data<double>(), t.at("scores_SE").data<double>());
-              };
-              p.reference = [c, S](const Bound& in, Refs& want) {
-                const std::vector<double> s = values(in.at("scores_TE")), ex = values(in.at("expert_TK"));
-                std::vector<double> counts(S * c.E, 0.0), sums(S * c.E, 0.0);
-                for (int64_t t = 0; t < c.T; ++t) {
-                  for (int64_t j = 0; j < c.K; ++j) counts[(t / c.seg) * c.E + int64_t(ex[t * c.K + j])] += 1;
-                  double norm = 0.0;
-                  for (int64_t e = 0; e < c.E; ++e) norm += s[t * c.E + e];
-                  const double div = c.score == MoeScore::softmax ? 1.0 : norm + 1e-20;
-                  for (int64_t e = 0; e < c.E; ++e) sums[(t / c.seg) * c.E + e] += s[t * c.E + e] / div;
-                }
-                want["counts_SE"].value = counts;
-                want["scores_SE"] = {sums, sums};
-              };
-              ps.push_back(std::move(p));
-            }
-            return ps;
-          }};
-}
-
 // ---------------------------------------------------------------- histogram, capacity, maps
 
 OpEntry histogram_entry() {
@@ -313,7 +272,7 @@ OpEntry histogram_entry() {
 
 // probs: an expert keeps its C slots of highest weight, ties to the lower
 // token, then slot (a stable sort of the token-major slots); position: its
-// first C slots.
+// first C slots. C < 0 (dropless): every slot.
 std::vector<double> naive_capacity(const Routing& r, const std::vector<double>& w, int64_t C, MoeDrop policy) {
   std::vector<double> kept(r.T * r.K, 0.0);
   for (int64_t e = 0; e < r.E; ++e) {
@@ -322,7 +281,8 @@ std::vector<double> naive_capacity(const Routing& r, const std::vector<double>& 
       if (r.expert[i] == e) slots.push_back(i);
     if (policy == MoeDrop::probs)
       std::stable_sort(slots.begin(), slots.end(), [&](int64_t a, int64_t b) { return w[a] > w[b]; });
-    for (int64_t n = 0; n < std::min<int64_t>(C, int64_t(slots.size())); ++n) kept[slots[n]] = 1.0;
+    const int64_t keep = C < 0 ? int64_t(slots.size()) : std::min<int64_t>(C, int64_t(slots.size()));
+    for (int64_t n = 0; n < keep; ++n) kept[slots[n]] = 1.0;
   }
   return kept;
 }
@@ -339,7 +299,8 @@ OpEntry capacity_mask_entry() {
             };
             for (MoeDrop policy : {MoeDrop::probs, MoeDrop::position})
               for (const Case& c : {Case{&r, 0, false}, Case{&r, 3, false}, Case{&r, 15, true}, Case{&r, 100, false},
-                                    Case{&one, 1, false}}) {
+                                    Case{&one, 1, false}, Case{&r, -1, false}, Case{&r, -7, true},
+                                    Case{&one, -1, false}}) {
                 Tensor w = c.ties ? randint({c.r->T, c.r->K}, g, 1, 4) : randn({c.r->T, c.r->K}, g);
                 if (c.ties)
                   for (int64_t i = 0; i < w.numel(); ++i) w.f32()[i] *= 0.25f;
@@ -358,6 +319,35 @@ OpEntry capacity_mask_entry() {
                 };
                 ps.push_back(std::move(p));
               }
+            return ps;
+          }};
+}
+
+OpEntry expert_rows_entry() {
+  return {"moe_expert_rows", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            struct Case {
+              int64_t E, pad;
+            };
+            // pad_rows < 0: the kept counts; >= 0: the padding for every expert (0 included).
+            for (const Case& c : {Case{5, -1}, Case{5, 6}, Case{17, -1}, Case{17, 0}, Case{1, -1}, Case{1, 3}}) {
+              std::vector<int64_t> kept(c.E);
+              std::uniform_int_distribution<int64_t> d(0, 40);
+              for (int64_t& n : kept) n = d(g);
+              kept[0] = 1 + d(g);  // never all zeros
+              Problem p("E " + std::to_string(c.E) + ", pad_rows " + std::to_string(c.pad));
+              p.in("kept_E", i64s(kept));
+              p.out("rows_E", {c.E}, DType::i64, kExact);
+              const int64_t pad = c.pad;
+              p.call = [pad](const ExecContext& ctx, Bound& t) {
+                moe_expert_rows(ctx, t.at("kept_E"), pad, t.at("rows_E"));
+              };
+              p.reference = [pad](const Bound& in, Refs& want) {
+                for (double n : values(in.at("kept_E"))) want["rows_E"].value.push_back(pad >= 0 ? double(pad) : n);
+                want["rows_E"].may_be_zero = pad == 0;  // padding to 0 rows: every expert owns none
+              };
+              ps.push_back(std::move(p));
+            }
             return ps;
           }};
 }
@@ -529,8 +519,8 @@ OpEntry unpermute_rows_backward_entry() {
 }  // namespace
 
 std::vector<OpEntry> moe_ops() {
-  return {topk_forward_entry(),    routing_stats_entry(),         topk_backward_entry(),
-          histogram_entry(),       capacity_mask_entry(),         permutation_maps_entry(),
+  return {topk_forward_entry(),    topk_backward_entry(),         histogram_entry(),
+          capacity_mask_entry(),   expert_rows_entry(),           permutation_maps_entry(),
           permute_rows_entry(),    permute_rows_backward_entry(), unpermute_rows_entry(),
           unpermute_rows_backward_entry()};
 }
