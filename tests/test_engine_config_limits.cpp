@@ -7,24 +7,16 @@
 #include <string>
 #include <vector>
 
+#include "config_test_util.h"
 #include "engine/config.h"
 #include "kernels/check.h"
 
 namespace origami {
 namespace {
 
-const char* kFile = "test.toml";
-const char* kMinimal = "[data]\npath = \"data/x\"\n";
-
-void expect_error(const std::string& text, std::initializer_list<std::string> fragments) {
-  try {
-    parse_config(text, kFile);
-    ADD_FAILURE() << "no UserError for:\n" << text;
-  } catch (const UserError& e) {
-    const std::string msg = e.what();
-    for (const std::string& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg;
-  }
-}
+using testing::expect_error;
+using testing::kFile;
+using testing::kMinimal;
 
 }  // namespace
 }  // namespace origami
