@@ -64,6 +64,10 @@ inline double ref_cross_entropy_row(const std::vector<double>& x, int64_t V, int
 struct NaiveTopk {
   std::vector<int> experts;  // [T, K]
   std::vector<double> weights, scores, lse;  // [T, K], [T, E], [T]
+  // [T]: the smallest gap in the token's selection (between kept and dropped
+  // groups, and between consecutive eligible experts through the k-th) that
+  // an input perturbation must not close for the selection to hold.
+  std::vector<double> margin;
 };
 
 // moe_topk_forward from its definition (kernels/moe_ops.h), with ties to the
@@ -91,6 +95,7 @@ inline NaiveTopk naive_topk(const std::vector<double>& z, int64_t E, const MoeTo
       std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return x[a] > x[b]; });
       return idx;
     };
+    double margin = 1e9;
     if (p.num_groups > 1) {
       const int64_t G = p.num_groups, Eg = E / G, m = K / p.group_topk;
       std::vector<double> gs(G);
@@ -100,10 +105,14 @@ inline NaiveTopk naive_topk(const std::vector<double>& z, int64_t E, const MoeTo
         gs[g] = std::accumulate(in.begin(), in.begin() + m, 0.0);
       }
       const std::vector<int> gr = rank(gs);
+      if (p.group_topk < G) margin = gs[gr[p.group_topk - 1]] - gs[gr[p.group_topk]];
       for (int64_t i = p.group_topk; i < G; ++i)
         std::fill(v.begin() + gr[i] * Eg, v.begin() + (gr[i] + 1) * Eg, -1e300);
     }
     std::vector<int> er = rank(v);
+    for (int64_t i = 0; i < K && i + 1 < E; ++i)
+      if (v[er[i + 1]] > -1e299) margin = std::min(margin, v[er[i]] - v[er[i + 1]]);
+    r.margin.push_back(margin);
     if (fixed_experts) std::copy(fixed_experts->begin() + t * K, fixed_experts->begin() + (t + 1) * K, er.begin());
     double sum = 0;
     for (int64_t j = 0; j < K; ++j) sum += r.scores[t * E + er[j]];

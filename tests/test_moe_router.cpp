@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "grad_check.h"
+#include "naive_ops.h"
 #include "moe/router.h"
 #include "test_context.h"
 
@@ -28,13 +29,10 @@ Tensor zeros(Shape s) { return Tensor::zeros(std::move(s), DType::f32, MemCatego
 
 // ------------------------------------------------------------ naive reference
 
-struct NaiveRoute {
-  std::vector<int> experts;      // [T, k]
-  std::vector<double> weights;   // [T, k]
-  std::vector<double> scores;    // [T, E]
-  std::vector<double> lse;       // [T]
-  std::vector<double> margin;    // [T]: smallest gap a tiny perturbation must not close
-};
+// The fp64 reference of selection and weights is the kernels' own
+// (tests/naive_ops.h: naive_topk, written from kernels/moe_ops.h); a
+// RouterOptions is its MoeTopkParams plus the balancing settings.
+using NaiveRoute = testing::NaiveTopk;
 
 std::vector<double> logits_of(const Tensor& x, const Tensor& gate) {
   const int64_t T = x.rows(), D = x.cols(), E = gate.rows();
@@ -45,57 +43,10 @@ std::vector<double> logits_of(const Tensor& x, const Tensor& gate) {
   return z;
 }
 
-// Indices sorted by value descending, ties to the lower index (the contract).
-std::vector<int> ranked(const std::vector<double>& v) {
-  std::vector<int> idx(v.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return v[a] > v[b]; });
-  return idx;
-}
-
 NaiveRoute naive_route(const RouterOptions& o, const std::vector<double>& z, const Tensor& bias) {
-  const int64_t E = o.num_experts, K = o.top_k, T = int64_t(z.size()) / E;
-  NaiveRoute r;
-  r.scores.resize(T * E);
-  for (int64_t t = 0; t < T; ++t) {
-    const double* zt = &z[t * E];
-    const double mx = *std::max_element(zt, zt + E);
-    double se = 0;
-    for (int64_t e = 0; e < E; ++e) se += std::exp(zt[e] - mx);
-    r.lse.push_back(mx + std::log(se));
-    std::vector<double> v(E);
-    for (int64_t e = 0; e < E; ++e) {
-      const double s = o.score_function == ScoreFunction::softmax ? std::exp(zt[e] - mx) / se : 1 / (1 + std::exp(-zt[e]));
-      r.scores[t * E + e] = s;
-      v[e] = s + (bias.defined() ? bias.f32()[e] : 0.0);
-    }
-    double margin = 1e9;
-    if (o.num_groups > 1) {
-      const int64_t G = o.num_groups, Eg = E / G, m = K / o.group_topk;
-      std::vector<double> gs(G);
-      for (int64_t g = 0; g < G; ++g) {
-        std::vector<double> in(v.begin() + g * Eg, v.begin() + (g + 1) * Eg);
-        std::sort(in.rbegin(), in.rend());
-        gs[g] = std::accumulate(in.begin(), in.begin() + m, 0.0);
-      }
-      std::vector<int> gr = ranked(gs);
-      if (o.group_topk < G) margin = gs[gr[o.group_topk - 1]] - gs[gr[o.group_topk]];
-      for (int64_t i = o.group_topk; i < G; ++i)
-        std::fill(v.begin() + gr[i] * Eg, v.begin() + (gr[i] + 1) * Eg, -1e300);
-    }
-    std::vector<int> er = ranked(v);
-    for (int64_t i = 0; i < K && i + 1 < E; ++i)
-      if (v[er[i + 1]] > -1e299) margin = std::min(margin, v[er[i]] - v[er[i + 1]]);
-    r.margin.push_back(margin);
-    double sum = 0;
-    for (int64_t j = 0; j < K; ++j) sum += r.scores[t * E + er[j]];
-    for (int64_t j = 0; j < K; ++j) {
-      r.experts.push_back(er[j]);
-      const double p = r.scores[t * E + er[j]];
-      r.weights.push_back((o.normalize_topk ? p / (sum + 1e-20) : p) * o.topk_scaling);
-    }
-  }
-  return r;
+  std::vector<double> b;
+  if (bias.defined()) b.assign(bias.f32(), bias.f32() + bias.numel());
+  return testing::naive_topk(z, o.num_experts, o, b);
 }
 
 // aux (with coefficient) over S segments of T / S tokens, from the naive route.
