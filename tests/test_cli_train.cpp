@@ -1,6 +1,8 @@
 // The quickstart claim, end to end through the binary: the tiny dense model
-// trains on Debian's fortunes corpus from ~ln(257) to below 2.8 within 300
-// steps, printing progress, writing metrics.jsonl and the HF export.
+// trains on Debian's fortunes corpus from ~ln(257) to below 2.8 (the
+// config's promise for 300 steps) within 150 steps, its schedule compressed
+// to 150 (measured 2026-12-01: mean of steps 141-150 2.35), printing
+// progress, writing metrics.jsonl and the HF export.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,14 +17,14 @@ namespace {
 
 using testing::run_command;
 
-TEST(CliTrain, TinyDenseLearnsFortunesWithin300Steps) {
+TEST(CliTrain, TinyDenseLearnsFortunesWithin150Steps) {
   testing::ScratchDir dir("train");
   auto r = testing::preprocess_fortunes(dir / "fortunes");
   ASSERT_EQ(r.status, 0) << r.output;
 
   r = run_command(std::string(ORIGAMI_BINARY) + " train " + ORIGAMI_SOURCE_DIR + "/configs/tiny-dense.toml" +
                   " --set data.path=" + (dir / "fortunes") + " --set logging.dir=" + (dir / "log") +
-                  " --set export.dir=" + (dir / "export") + " --set training.steps=300");
+                  " --set export.dir=" + (dir / "export") + " --set training.steps=150");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_GE(std::count(r.output.begin(), r.output.end(), '\n'), 10) << "progress lines expected:\n" << r.output;
 
@@ -37,7 +39,7 @@ TEST(CliTrain, TinyDenseLearnsFortunesWithin300Steps) {
     EXPECT_GT(j["mem"]["activation"].get<int64_t>(), 0);
     losses.push_back(j["lm_loss"].get<double>());
   }
-  ASSERT_EQ(losses.size(), 300u);
+  ASSERT_EQ(losses.size(), 150u);
   EXPECT_NEAR(losses.front(), std::log(257.0), 0.15);  // uniform prediction at init
   double last10 = 0;
   for (size_t i = losses.size() - 10; i < losses.size(); ++i) last10 += losses[i] / 10;
