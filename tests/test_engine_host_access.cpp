@@ -25,8 +25,6 @@ struct Allowed {
 // At most a dozen entries, each with its reason.
 const std::map<std::string, Allowed>& allowlist() {
   static const std::map<std::string, Allowed> list = {
-      // Pending moves into kernels ops (issue 13's "no number-crunching
-      // outside kernels/"): each is a loop on the training path.
       // Named host points: data that lives on the host by nature.
       {"moe/permutation.cpp", {1, "counts_to_host: the per-expert counts the all-to-all and the metrics read"}},
       {"engine/trainer.cpp", {1, "the data loader writes a micro-batch's token ids into its host batch"}},
