@@ -113,9 +113,21 @@ struct DataConfig {
   bool shuffle = true;
 };
 
+// engine/checkpoint.h: what a checkpoint holds and how it is laid out.
 struct CheckpointConfig {
   std::string dir;        // empty: no checkpoints
-  int64_t interval = 0;   // steps between checkpoints; 0: none
+  int64_t interval = 0;   // save after every `interval` steps and after the last; 0: never
+  int64_t keep = 0;       // complete checkpoints kept (the newest); 0: all
+  // "" : start fresh; "latest": the one <dir>/latest names (fresh when there
+  // is none); else a step directory (as given or under dir).
+  std::string load;
+  // Write in the background: a step is blocked only while the rank's pieces
+  // are copied (memory: one more copy of the rank's share, until written).
+  bool async = false;
+  // A consolidated Hugging Face directory (model.safetensors, or sharded
+  // with model.safetensors.index.json) to start from instead of the random
+  // init; a run that resumes from a checkpoint ignores it.
+  std::string init_from_hf;
 };
 
 struct ExportConfig {

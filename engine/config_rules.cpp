@@ -302,6 +302,7 @@ void validate(const Config& c, const Origins& o) {
   r.non_negative_fp32("lr_schedule.min_lr", s.min_lr);
 
   r.at_least("checkpoint.interval", c.checkpoint.interval, 0);
+  r.at_least("checkpoint.keep", c.checkpoint.keep, 0);
   r.at_least("logging.interval", c.logging.interval, 1);
   r.at_least("runtime.threads", c.runtime.threads, 0);
   r.positive("runtime.collective_timeout_s", c.runtime.collective_timeout_s);
@@ -352,9 +353,11 @@ void validate(const Config& c, const Origins& o) {
   r.need_all(s.min_lr <= op.lr, {"lr_schedule.min_lr", "optimizer.lr"},
              concat("lr_schedule.min_lr = ", fmt(s.min_lr), " must be <= optimizer.lr = ", fmt(op.lr)));
 
-  // Features whose issues have not landed yet.
-  r.need(c.checkpoint.interval == 0, "checkpoint.interval", c.checkpoint.interval,
-         "checkpointing is not available yet (checkpoint.interval must be 0)");
+  r.need_all(c.checkpoint.interval == 0 || !c.checkpoint.dir.empty(), {"checkpoint.interval", "checkpoint.dir"},
+             concat("checkpoint.interval = ", c.checkpoint.interval,
+                    " saves checkpoints, so checkpoint.dir must name where"));
+  r.need_all(c.checkpoint.load != "latest" || !c.checkpoint.dir.empty(), {"checkpoint.load", "checkpoint.dir"},
+             "checkpoint.load = \"latest\" reads <checkpoint.dir>/latest, so checkpoint.dir must be set");
 
   r.need_all(t.steps == 0 || !c.data.path.empty(), {"data.path", "training.steps"},
              concat("data.path is required to train (training.steps = ", t.steps,

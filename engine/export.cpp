@@ -13,9 +13,7 @@
 namespace origami {
 
 namespace {
-std::string bias_name(int64_t l) {
-  return "model.layers." + std::to_string(l) + ".block_sparse_moe.expert_bias";
-}
+std::string bias_name(int64_t l) { return expert_bias_name(l); }
 
 const char* score_name(moe::ScoreFunction f) { return f == moe::ScoreFunction::softmax ? "softmax" : "sigmoid"; }
 // A tp-sliced dense tensor made whole on world rank 0 (undefined elsewhere):
@@ -172,12 +170,28 @@ void export_hf(const Model& model, const std::string& dir, const comm::Groups* g
     if (roots.rank() != 0) return send_stage_tensors(roots, tensors);
     for (int s = 1; s < roots.size(); ++s) receive_stage_tensors(roots, s, tensors);
   }
+  std::map<std::string, size_t> position;
+  for (const std::string& name : export_tensor_order(model.units(), model.config(), model.moe_config()))
+    position.emplace(name, position.size());
+  std::sort(tensors.begin(), tensors.end(), [&](const NamedTensor& a, const NamedTensor& b) {
+    return position.at(a.name) < position.at(b.name);
+  });
   std::filesystem::create_directories(dir);
   write_safetensors(dir + "/model.safetensors", tensors);
   OutputFile out(dir + "/config.json", OutputFile::Mode::truncate);
   out.write(hf_config(model.config(), model.moe_config()).dump(2) + "\n");
   out.sync();
   out.close();
+}
+
+std::vector<std::string> export_tensor_order(const UnitTable& table, const ModelConfig& model, const MoeConfig& moe) {
+  std::vector<std::string> names;
+  for (const UnitSpec& u : table.units())
+    for (const TensorSpec& t : u.tensors) names.push_back(t.name);
+  if (moe.expert_bias)
+    for (int64_t l = 0; l < model.num_layers; ++l)
+      if (moe.is_moe_layer(l)) names.push_back(bias_name(l));
+  return names;
 }
 
 nlohmann::ordered_json hf_config(const ModelConfig& c, const MoeConfig& m) {

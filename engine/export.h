@@ -8,6 +8,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "engine/config.h"
 #include "engine/model.h"
@@ -19,6 +20,12 @@ namespace origami {
 // root's tp group; stage roots send to world rank 0 over its pp group): world
 // rank 0 writes the consolidated model, the other ranks write nothing. Without groups: this rank's model as it is.
 void export_hf(const Model& model, const std::string& dir, const comm::Groups* groups = nullptr);
+// The order of tensors in an exported file, whatever layout wrote it:
+// the unit table's order, then each MoE layer's expert bias (when enabled).
+// Exports of one model from any layout (or from a checkpoint) are then
+// byte-identical files.
+std::vector<std::string> export_tensor_order(const UnitTable& table, const ModelConfig& model, const MoeConfig& moe);
+
 // Loads exported weights into `model` (names and shapes must match exactly,
 // every value finite; UserError naming the file and tensor otherwise).
 void load_hf_weights(Model& model, const std::string& dir);

@@ -2,6 +2,7 @@
 #include "engine/files.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -116,6 +117,35 @@ void OutputFile::close() {
   const bool flushed = std::fflush(f) == 0;
   const int err = errno;
   if (std::fclose(f) != 0 || !flushed) ORIGAMI_USER_ERROR(shown(path_), ": write failed: ", std::strerror(flushed ? errno : err));
+}
+
+MappedFile::MappedFile(std::string path, std::string_view what) : path_(std::move(path)) {
+  const InputFile in(path_, what);
+  size_ = in.size();
+  if (size_ == 0) return;
+  void* p = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_SHARED, in.fd(), 0);
+  if (p == MAP_FAILED) ORIGAMI_USER_ERROR(shown(path_), ": cannot map the ", what, ": ", std::strerror(errno));
+  data_ = static_cast<const unsigned char*>(p);
+}
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(const_cast<unsigned char*>(data_), static_cast<size_t>(size_));
+}
+
+void sync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) ORIGAMI_USER_ERROR(shown(dir), ": cannot open the directory to sync it: ", std::strerror(errno));
+  const bool ok = ::fsync(fd) == 0 || errno == EINVAL || errno == EROFS;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) ORIGAMI_USER_ERROR(shown(dir), ": fsync of the directory failed: ", std::strerror(err));
+}
+
+void rename_durably(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0)
+    ORIGAMI_USER_ERROR(shown(from), ": cannot rename to ", shown(to), ": ", std::strerror(errno));
+  const std::filesystem::path parent = std::filesystem::path(to).parent_path();
+  sync_dir(parent.empty() ? std::string(".") : parent.string());
 }
 
 void check_writable_dir(const std::string& dir, std::string_view key) {

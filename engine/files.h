@@ -5,6 +5,10 @@
 //    offset with every short read reported.
 //  - OutputFile checks every write, flush, sync and close, so a full disk
 //    never passes as success.
+//  - MappedFile maps a regular file read-only (checkpoint shards are read
+//    by byte range without copying whole files).
+//  - sync_dir and rename_durably make a rename survive a crash: the file is
+//    synced before, the directory after.
 //  - check_writable_dir proves an output directory usable before a run
 //    spends hours producing what would go there.
 #pragma once
@@ -12,6 +16,7 @@
 #include <cstdio>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace origami {
 
@@ -60,6 +65,38 @@ class OutputFile {
   std::string path_;
   std::FILE* f_ = nullptr;
 };
+
+// A regular file mapped read-only (an empty file maps to no bytes).
+class MappedFile {
+ public:
+  MappedFile(std::string path, std::string_view what);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  int64_t size() const { return size_; }
+  const unsigned char* data() const { return data_; }
+  // Hands the mapping (data, bytes) to the caller, who must munmap it.
+  std::pair<const unsigned char*, size_t> release() {
+    auto r = std::make_pair(data_, static_cast<size_t>(size_));
+    data_ = nullptr;
+    size_ = 0;
+    return r;
+  }
+
+ private:
+  std::string path_;
+  int64_t size_ = 0;
+  const unsigned char* data_ = nullptr;
+};
+
+// fsync of a directory: its entries (a file created or renamed there) on
+// stable storage. UserError naming the directory.
+void sync_dir(const std::string& dir);
+// rename(2) `from` to `to` (replacing a file `to`), then sync_dir of the
+// target's directory. UserError naming both paths.
+void rename_durably(const std::string& from, const std::string& to);
 
 // Creates `dir` (and parents) if needed and creates, writes and removes a
 // probe file in it. UserError naming `key` (e.g. "logging.dir"), the

@@ -52,41 +52,11 @@ std::string u128_string(unsigned __int128 v) {
   return s;
 }
 
-// A read-only mapping of a whole file; data is nullptr for an empty file.
-class MappedFile {
- public:
-  MappedFile() = default;
-  MappedFile(const std::string& path, const std::string& prefix) {
-    // InputFile refuses a FIFO, device or directory before anything blocks.
-    const std::string p = shorten(prefix, 100);
-    const InputFile in(path, detail::concat("indexed dataset file (a dataset is the pair ", p, ".bin + ", p, ".idx)"));
-    size_ = static_cast<size_t>(in.size());
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, in.fd(), 0);
-      if (p == MAP_FAILED) ORIGAMI_USER_ERROR(path, ": cannot mmap ", size_, " bytes: ", std::strerror(errno));
-      data_ = static_cast<const uint8_t*>(p);
-    }
-    // The mapping keeps the file alive after `in` closes it.
-  }
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  ~MappedFile() {
-    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
-  }
-  // Hands the mapping to the caller, who must munmap it.
-  std::pair<const uint8_t*, size_t> release() {
-    auto r = std::make_pair(data_, size_);
-    data_ = nullptr;
-    size_ = 0;
-    return r;
-  }
-  const uint8_t* data() const { return data_; }
-  size_t size() const { return size_; }
-
- private:
-  const uint8_t* data_ = nullptr;
-  size_t size_ = 0;
-};
+// What a dataset file is, in messages.
+std::string dataset_file_kind(const std::string& prefix) {
+  const std::string p = shorten(prefix, 100);
+  return detail::concat("indexed dataset file (a dataset is the pair ", p, ".bin + ", p, ".idx)");
+}
 
 // Bounds-checked little-endian reads of the (packed, unaligned) .idx.
 struct IdxParser {
@@ -193,7 +163,7 @@ IndexedDataset IndexedDataset::open(const std::string& prefix, int64_t vocab_siz
   const std::string bin_path = prefix + ".bin";
 
   // The index is small: parse it into vectors and unmap it on return.
-  MappedFile idx(idx_path, prefix);
+  MappedFile idx(idx_path, dataset_file_kind(prefix));
   IdxParser in{idx_path, idx.data(), idx.size()};
 
   in.need_header_field(0, sizeof(kMagic), "magic");
@@ -288,10 +258,10 @@ IndexedDataset IndexedDataset::open(const std::string& prefix, int64_t vocab_siz
                        ", so every sequence belongs to a document; Megatron refuses the file too)");
   }
 
-  MappedFile bin(bin_path, prefix);
+  MappedFile bin(bin_path, dataset_file_kind(prefix));
   const auto expected_bytes = static_cast<uint64_t>(tokens * itemsize);
-  if (bin.size() != expected_bytes) {
-    ORIGAMI_USER_ERROR(bin_path, ": byte offset ", std::min<uint64_t>(bin.size(), expected_bytes),
+  if (static_cast<uint64_t>(bin.size()) != expected_bytes) {
+    ORIGAMI_USER_ERROR(bin_path, ": byte offset ", std::min<uint64_t>(static_cast<uint64_t>(bin.size()), expected_bytes),
                        ": size mismatch: expected ", expected_bytes, " bytes (", tokens, " tokens x ", itemsize,
                        " bytes of ", to_string(dtype), ", as ", idx_path, " declares) but the file has ",
                        bin.size(), " bytes (rule: the .bin holds exactly the tokens its .idx declares)");

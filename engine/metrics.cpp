@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 
 #include "engine/files.h"
 #include "kernels/check.h"
@@ -55,6 +56,16 @@ nlohmann::ordered_json to_json(const StepMetrics& m) {
     for (const auto& [group, bytes] : m.comm_bytes) comm[group] = bytes;
     j["comm_bytes"] = comm;
   }
+  j["samples"] = {{"first", m.first_sample}, {"count", m.samples}, {"epoch", m.epoch}};
+  if (m.checkpoint) {
+    j["checkpoint"] = {{"dir", m.checkpoint->dir},
+                       {"async", m.checkpoint->background},
+                       {"max_rank_bytes", m.checkpoint->max_rank_bytes},
+                       {"total_bytes", m.checkpoint->total_bytes},
+                       {"blocked_s", m.checkpoint->blocked_s}};
+  }
+  if (m.checkpoint_done)
+    j["checkpoint_done"] = {{"dir", m.checkpoint_done->dir}, {"written_s", m.checkpoint_done->written_s}};
   if (!m.stages.empty()) {
     j["pipeline"] = nlohmann::ordered_json::array();
     for (size_t s = 0; s < m.stages.size(); ++s)
@@ -106,13 +117,43 @@ std::string format_step_line(const StepMetrics& m) {
                 static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.lm_loss, moe, m.grad_norm,
                 m.lr, m.tokens_per_s, m.gflops, format_bytes(pk[0]).c_str(), format_bytes(pk[1]).c_str(),
                 format_bytes(pk[2]).c_str(), format_bytes(pk[3]).c_str(), format_bytes(pk[5]).c_str(), pipe.c_str());
-  return buf;
+  std::string line = buf;
+  if (m.checkpoint) {
+    char ck[160];
+    std::snprintf(ck, sizeof ck, " | %s %s (%s/rank, %s%.2f s)", m.checkpoint->background ? "saving" : "saved",
+                  std::filesystem::path(m.checkpoint->dir).filename().string().c_str(),
+                  format_bytes(m.checkpoint->max_rank_bytes).c_str(), m.checkpoint->background ? "blocked " : "",
+                  m.checkpoint->blocked_s);
+    line += ck;
+  }
+  return line;
 }
 
-MetricsWriter::MetricsWriter(const std::string& dir) {
+MetricsWriter::MetricsWriter(const std::string& dir, int64_t resumed_step) {
   if (dir.empty()) return;
   check_writable_dir(dir, "logging.dir");
-  out_ = std::make_unique<OutputFile>(dir + "/metrics.jsonl", OutputFile::Mode::truncate);
+  const std::string path = dir + "/metrics.jsonl";
+  if (resumed_step > 0 && std::filesystem::exists(path)) {
+    // Streamed line by line: the run's earlier records, up to the resumed step.
+    const std::string kept = path + ".resume";
+    {
+      std::ifstream in(path);
+      OutputFile out(kept, OutputFile::Mode::truncate);
+      std::string line;
+      while (std::getline(in, line)) {
+        const nlohmann::json rec = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+        if (rec.is_object() && rec.contains("step") && rec["step"].is_number_integer() &&
+            rec["step"].get<int64_t>() <= resumed_step)
+          out.write(line + "\n");
+      }
+      out.sync();
+      out.close();
+    }
+    rename_durably(kept, path);
+    out_ = std::make_unique<OutputFile>(path, OutputFile::Mode::append);
+    return;
+  }
+  out_ = std::make_unique<OutputFile>(path, OutputFile::Mode::truncate);
 }
 
 void MetricsWriter::write(const StepMetrics& m) {

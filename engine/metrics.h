@@ -15,6 +15,20 @@
 
 namespace origami {
 
+// A checkpoint written after the step (engine/checkpoint.h).
+struct CheckpointRecord {
+  std::string dir;                // the step directory
+  bool background = false;        // checkpoint.async: still being written
+  int64_t max_rank_bytes = 0;     // the largest rank's files
+  int64_t total_bytes = 0;        // every rank's
+  double blocked_s = 0;           // how long the save held up training
+};
+// A background save that completed at this step boundary.
+struct CheckpointDone {
+  std::string dir;
+  double written_s = 0;  // from its start to complete
+};
+
 struct StepMetrics {
   int64_t step = 0, total_steps = 0;
   double lm_loss = 0, grad_norm = 0, lr = 0;
@@ -22,6 +36,9 @@ struct StepMetrics {
   std::vector<MoeLayerRecord> moe;    // per MoE layer, summed over the step's micro-batches
   double step_time_s = 0, tokens_per_s = 0, gflops = 0;  // achieved GFLOP/s on this rank
   int64_t tokens = 0;
+  // The step's global batch: samples [first_sample, + samples) of the
+  // sampler's stream (engine/dataset.h), in epoch `epoch`.
+  int64_t first_sample = 0, samples = 0, epoch = 0;
   // The compute device's ledger: peaks over the step; `current` at its end
   // (the persistent state). On a CUDA run also the host's, whose bytes
   // (staging, host metadata) differ.
@@ -35,6 +52,8 @@ struct StepMetrics {
   // forward and backward and idle on the pipeline's receives during the
   // step's schedule, as measured on the stage's rank in rank 0's pp group.
   std::vector<StageTiming> stages;
+  std::optional<CheckpointRecord> checkpoint;  // when one was written (or started) after this step
+  std::optional<CheckpointDone> checkpoint_done;
 };
 
 nlohmann::ordered_json to_json(const StepMetrics& m);
@@ -50,8 +69,11 @@ std::string format_bytes(int64_t bytes);
 class MetricsWriter {
  public:
   // Empty dir: no file is written. Creates the directory and proves it
-  // writable (UserError naming logging.dir).
-  explicit MetricsWriter(const std::string& dir);
+  // writable (UserError naming logging.dir). resumed_step > 0 (a run
+  // resumed from that step's checkpoint): the file's records of steps up to
+  // it are kept and later ones (steps the resumed run redoes) dropped;
+  // otherwise the file starts empty.
+  explicit MetricsWriter(const std::string& dir, int64_t resumed_step = 0);
   void write(const StepMetrics& m);
   // Closes the file, reporting what the last writes did not; further
   // writes are dropped.

@@ -49,6 +49,9 @@ class AdamW {
   double grad_norm(const ExecContext& ctx, const ParamStore& params, const GradNormGroups& groups = {}) const;
   StepStats update(const ExecContext& ctx, ParamStore& params, double grad_norm);
   int64_t steps_taken() const { return step_; }
+  // A resumed run's position: the steps its checkpoint had taken (the
+  // moments themselves live in the ParamStore).
+  void restore_steps(int64_t steps) { step_ = steps; }
 
  private:
   OptimizerConfig opt_;

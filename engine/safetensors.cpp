@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <cstring>
 #include <optional>
+#include <xxhash.h>
 
 #include "engine/files.h"
 
@@ -32,13 +34,23 @@ std::optional<int64_t> as_index(const nlohmann::json& v) {
   return std::nullopt;
 }
 
-struct Entry {
+struct ParsedEntry {
   std::string name;
   Shape shape;
   int64_t begin = 0, end = 0;
 };
 
-Entry parse_entry(const std::string& path, const std::string& name, const nlohmann::json& e) {
+// The header of the data: 8-byte length, JSON padded to 8 bytes.
+std::string header_bytes(const nlohmann::ordered_json& header) {
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
+  const uint64_t n = text.size();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>(n >> (8 * i));
+  return out + text;
+}
+
+ParsedEntry parse_entry(const std::string& path, const std::string& name, const nlohmann::json& e) {
   auto bad = [&](const std::string& what) {
     ORIGAMI_USER_ERROR(path, ": tensor '", shorten(name), "': ", what, " (rule: a safetensors header entry is ",
                        "{\"dtype\": \"F32\", \"shape\": [d0, d1, ...], \"data_offsets\": [begin, end]} with integers ",
@@ -53,7 +65,7 @@ Entry parse_entry(const std::string& path, const std::string& name, const nlohma
   if (!dtype.is_string()) bad("dtype must be a string, got " + show(dtype));
   if (dtype.get<std::string>() != "F32")
     bad("dtype " + show(dtype) + " is not supported (Origami reads and writes F32 tensors)");
-  Entry out;
+  ParsedEntry out;
   out.name = name;
   const nlohmann::json& shape = e["shape"];
   if (!shape.is_array()) bad("shape must be an array of integers, got " + show(shape));
@@ -81,43 +93,86 @@ Entry parse_entry(const std::string& path, const std::string& name, const nlohma
 
 }  // namespace
 
-void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+std::string digest_hex(uint64_t xxh3) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(xxh3));
+  return buf;
+}
+
+uint64_t digest_of(const void* data, int64_t bytes) { return XXH3_64bits(data, static_cast<size_t>(bytes)); }
+
+struct SafetensorsWriter::State {
+  OutputFile out;
+  XXH3_state_t* hash = XXH3_createState();
+  std::vector<int64_t> numels;
+  size_t next = 0;
+  int64_t bytes = 0;
+  explicit State(const std::string& path) : out(path, OutputFile::Mode::truncate) {
+    ORIGAMI_CHECK(hash && XXH3_64bits_reset(hash) == XXH_OK, "XXH3 state");
+  }
+  ~State() { XXH3_freeState(hash); }
+  void write(const void* data, size_t n) {
+    out.write(data, n);
+    XXH3_64bits_update(hash, data, n);
+    bytes += static_cast<int64_t>(n);
+  }
+};
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<std::pair<std::string, Shape>>& entries,
+                                     const std::map<std::string, std::string>& metadata)
+    : s_(std::make_unique<State>(path)) {
   nlohmann::ordered_json header;
   header["__metadata__"] = metadata;
   int64_t offset = 0;
-  for (const NamedTensor& nt : tensors) {
-    ORIGAMI_CHECK(nt.tensor.dtype() == DType::f32, nt.name, " is not f32");
-    const int64_t bytes = static_cast<int64_t>(nt.tensor.nbytes());
-    header[nt.name] = {{"dtype", "F32"}, {"shape", nt.tensor.shape()}, {"data_offsets", {offset, offset + bytes}}};
+  for (const auto& [name, shape] : entries) {
+    const int64_t bytes = shape_numel(shape) * static_cast<int64_t>(sizeof(float));
+    header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
+    s_->numels.push_back(shape_numel(shape));
   }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
-  const uint64_t n = text.size();
-  unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  OutputFile out(path, OutputFile::Mode::truncate);
-  out.write(len, 8);
-  out.write(text);
-  for (const NamedTensor& nt : tensors) out.write(nt.tensor.raw(), nt.tensor.nbytes());
-  out.sync();
-  out.close();
+  const std::string h = header_bytes(header);
+  s_->write(h.data(), h.size());
 }
 
-std::map<std::string, Tensor> read_safetensors(const std::string& path) {
-  const InputFile in(path, "safetensors file");
-  const int64_t file_size = in.size();
+SafetensorsWriter::~SafetensorsWriter() = default;
+
+void SafetensorsWriter::write_next(const float* data, int64_t numel) {
+  ORIGAMI_CHECK(s_->next < s_->numels.size() && s_->numels[s_->next] == numel, s_->out.path(), ": tensor ", s_->next,
+                " written with ", numel, " elements, out of order or of the wrong size");
+  ++s_->next;
+  s_->write(data, static_cast<size_t>(numel) * sizeof(float));
+}
+
+FileDigest SafetensorsWriter::finish() {
+  ORIGAMI_CHECK(s_->next == s_->numels.size(), s_->out.path(), ": finished after ", s_->next, " of ",
+                s_->numels.size(), " tensors");
+  s_->out.sync();
+  s_->out.close();
+  return {s_->bytes, XXH3_64bits_digest(s_->hash)};
+}
+
+FileDigest write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                             const std::map<std::string, std::string>& metadata) {
+  std::vector<std::pair<std::string, Shape>> entries;
+  for (const NamedTensor& nt : tensors) {
+    ORIGAMI_CHECK(nt.tensor.dtype() == DType::f32, nt.name, " is not f32");
+    entries.emplace_back(nt.name, nt.tensor.shape());
+  }
+  SafetensorsWriter w(path, entries, metadata);
+  for (const NamedTensor& nt : tensors) w.write_next(nt.tensor.f32(), nt.tensor.numel());
+  return w.finish();
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : map_(path, "safetensors file") {
+  const int64_t file_size = map_.size();
   if (file_size < 8) ORIGAMI_USER_ERROR(path, ": ", file_size, " bytes: shorter than the 8-byte header length");
-  unsigned char len[8];
-  in.read_at(0, len, 8);
+  const unsigned char* len = map_.data();
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(len[i]) << (8 * i);
   if (n > static_cast<uint64_t>(file_size - 8) || n > kMaxHeaderBytes)
     ORIGAMI_USER_ERROR(path, ": byte offset 0: header length ", n, " exceeds the file (", file_size,
                        " bytes) or the format's limit of ", kMaxHeaderBytes, " bytes");
-  std::string text(n, '\0');
-  in.read_at(8, text.data(), static_cast<int64_t>(n));
+  const std::string text(reinterpret_cast<const char*>(map_.data()) + 8, n);
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text);
@@ -127,27 +182,29 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path) {
   if (!header.is_object()) ORIGAMI_USER_ERROR(path, ": header must be a JSON object, got ", show(header));
   const int64_t data_start = 8 + static_cast<int64_t>(n), data_bytes = file_size - data_start;
 
-  std::vector<Entry> entries;
+  std::vector<ParsedEntry> entries;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
       if (!entry.is_object())
         ORIGAMI_USER_ERROR(path, ": __metadata__ must be an object of strings, got ", show(entry));
-      for (const auto& [k, v] : entry.items())
+      for (const auto& [k, v] : entry.items()) {
         if (!v.is_string())
           ORIGAMI_USER_ERROR(path, ": __metadata__ '", shorten(k), "' must be a string, got ", show(v));
+        metadata_[k] = v.get<std::string>();
+      }
       continue;
     }
     entries.push_back(parse_entry(path, name, entry));
   }
   // The byte ranges, in file order, must tile [0, data_bytes) exactly.
-  std::vector<const Entry*> order;
-  for (const Entry& e : entries) order.push_back(&e);
-  std::sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) {
+  std::vector<const ParsedEntry*> order;
+  for (const ParsedEntry& e : entries) order.push_back(&e);
+  std::sort(order.begin(), order.end(), [](const ParsedEntry* a, const ParsedEntry* b) {
     return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
   });
   int64_t at = 0;
-  const Entry* prev = nullptr;
-  for (const Entry* e : order) {
+  const ParsedEntry* prev = nullptr;
+  for (const ParsedEntry* e : order) {
     if (e->begin < at)
       ORIGAMI_USER_ERROR(path, ": tensor '", shorten(e->name), "' data_offsets [", e->begin, ", ", e->end,
                          ") overlap tensor '", shorten(prev->name), "' [", prev->begin, ", ", prev->end,
@@ -162,11 +219,23 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path) {
     ORIGAMI_USER_ERROR(path, ": the tensors' data end at data byte ", at, " but the file holds ", data_bytes,
                        " data bytes (rule: the data section is exactly the tensors' bytes)");
 
+  data_start_ = data_start;
+  for (ParsedEntry& e : entries) entries_[e.name] = {std::move(e.shape), e.begin, e.end};
+}
+
+const SafetensorsFile::Entry& SafetensorsFile::entry(const std::string& name) const {
+  const auto it = entries_.find(name);
+  if (it == entries_.end()) ORIGAMI_USER_ERROR(path(), ": has no tensor '", shorten(name), "'");
+  return it->second;
+}
+
+std::map<std::string, Tensor> read_safetensors(const std::string& path) {
+  const SafetensorsFile file(path);
   std::map<std::string, Tensor> out;
-  for (const Entry& e : entries) {
+  for (const auto& [name, e] : file.entries()) {
     Tensor t = Tensor::empty(e.shape, DType::f32, MemCategory::param);
-    in.read_at(data_start + e.begin, t.raw(), e.end - e.begin);
-    out.emplace(e.name, t);
+    std::memcpy(t.raw(), file.data(e), static_cast<size_t>(e.end - e.begin));
+    out.emplace(name, t);
   }
   return out;
 }

@@ -1,10 +1,18 @@
 // safetensors files: an 8-byte little-endian header length, a JSON header
 // {name: {dtype, shape, data_offsets: [begin, end)}, "__metadata__": {...}},
 // then the raw little-endian data. Only F32 tensors are written and read here.
+// Every file written reports its size and XXH3-64 digest (checkpoints list
+// them in metadata.json); files are read whole (read_safetensors) or mapped
+// and read by tensor (SafetensorsFile).
 #pragma once
+#include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "engine/files.h"
 
 #include "kernels/tensor.h"
 
@@ -15,8 +23,60 @@ struct NamedTensor {
   Tensor tensor;  // f32, contiguous
 };
 
-void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+// A written file's size and XXH3-64 digest of all its bytes.
+struct FileDigest {
+  int64_t bytes = 0;
+  uint64_t xxh3 = 0;
+};
+std::string digest_hex(uint64_t xxh3);  // 16 lowercase hex digits
+// XXH3-64 of `bytes` bytes.
+uint64_t digest_of(const void* data, int64_t bytes);
+
+// Writes, syncs and closes the file (every write checked).
+FileDigest write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                             const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+
+// Streams a file tensor by tensor: the header from the names and shapes
+// first, then each tensor's data in that order, so memory holds one tensor.
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(const std::string& path, const std::vector<std::pair<std::string, Shape>>& entries,
+                    const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+  ~SafetensorsWriter();
+  // The next tensor's data (numel must match its shape).
+  void write_next(const float* data, int64_t numel);
+  // After the last tensor: sync, close.
+  FileDigest finish();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+// A file mapped read-only with its header validated as read_safetensors
+// validates it; tensors are read in place.
+class SafetensorsFile {
+ public:
+  struct Entry {
+    Shape shape;
+    int64_t begin = 0, end = 0;  // byte range in the data section
+  };
+  explicit SafetensorsFile(const std::string& path);
+  const std::string& path() const { return map_.path(); }
+  int64_t size() const { return map_.size(); }
+  const std::map<std::string, Entry>& entries() const { return entries_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // The tensor's entry; UserError naming the file and tensor when absent.
+  const Entry& entry(const std::string& name) const;
+  // The tensor's data (little-endian F32, possibly unaligned: copy with memcpy).
+  const unsigned char* data(const Entry& e) const { return map_.data() + data_start_ + e.begin; }
+
+ private:
+  MappedFile map_;
+  int64_t data_start_ = 0;
+  std::map<std::string, Entry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
 
 // Reads every tensor of the file (category `param`). Throws UserError naming
 // the file and the rule for malformed headers or out-of-range offsets.

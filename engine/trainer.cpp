@@ -2,15 +2,20 @@
 #include "engine/trainer.h"
 
 #include <mpi.h>
+#include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <optional>
 
 #include "comm/agreement.h"
 #include "comm/groups.h"
 #include "comm/mpi_communicator.h"
+#include "engine/checkpoint.h"
 #include "engine/dataset.h"
 #include "engine/export.h"
 #include "engine/files.h"
@@ -101,6 +106,36 @@ std::string divergence(const Config& cfg, int64_t step, double lm_loss, double a
                         "). Likely causes: ", causes);
 }
 
+// The first SIGTERM/SIGINT of this process (0: none). Signal handlers can
+// only reach globals; the trainer reads it once per step and agrees on it.
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void note_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+// Installs the preemption handlers for a Trainer's lifetime. SA_RESETHAND:
+// the second signal finds the default action and kills at once.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal.store(0);
+    struct sigaction sa {};
+    sa.sa_handler = note_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART | SA_RESETHAND;
+    sigaction(SIGTERM, &sa, &old_term_);
+    sigaction(SIGINT, &sa, &old_int_);
+  }
+  ~StopSignals() {
+    sigaction(SIGTERM, &old_term_, nullptr);
+    sigaction(SIGINT, &old_int_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_term_ {}, old_int_ {};
+};
+
 // A failure of work done on one rank only (rank 0's metrics file), kept until
 // the next meeting of every rank, where it stops them all.
 struct PendingFailure {
@@ -144,10 +179,22 @@ struct Trainer::Run {
   PendingFailure pending;
   TrainSummary summary;
   int64_t step = 0;
+  // Sample index of the first sample of global batch 0 as this run counts
+  // them: consumed_samples − step · global_batch at resume (0 unless the
+  // global batch changed on resume), so the data continues where it stopped.
+  int64_t sample_base = 0;
+  std::optional<std::string> resume_dir;  // the checkpoint this run loaded
+  int64_t saved_step = -1;                // the last step checkpointed into checkpoint.dir
   Clock::time_point start;
+  StopSignals signals;
+  std::optional<CheckpointWriter> writer;  // checkpoint.dir set
+  int stop_signal = 0;  // agreed over every rank after each step
+  std::string last_checkpoint;
 
   Run(const Config& c, const TrainOptions& o) : cfg(c), opts(o), rank(world_rank()), world(world_size()) {}
   void print_banner() const;
+  void resume();
+  CheckpointRecord save();
 };
 
 Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_unique<Run>(cfg, opts)) {
@@ -166,7 +213,12 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
       r.indexed = std::make_unique<IndexedDataset>(IndexedDataset::open(cfg.data.path, cfg.model.vocab_size));
       r.data = std::make_unique<GptDataset>(*r.indexed, tc.seq_len, cfg.data.shuffle, tc.seed);
     }
-    r.metrics.emplace(r.rank == 0 ? cfg.logging.dir : std::string());
+    const CheckpointConfig& ck = cfg.checkpoint;
+    if (r.rank == 0 && ck.interval > 0) {
+      check_writable_dir(ck.dir, "checkpoint.dir");
+      remove_partial_checkpoints(ck.dir);  // a save killed midway
+    }
+    r.resume_dir = resolve_load(ck);
     if (r.rank == 0 && !cfg.exp.dir.empty()) check_writable_dir(cfg.exp.dir, "export.dir");
   });
   r.ctx.emplace(make_context(cfg.runtime));
@@ -204,13 +256,58 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
   r.flops.matmul /= split;
   r.flops.attention /= split;
   r.boundary = r.model->boundary_shape(tc.micro_batch, tc.seq_len);
+  if (r.resume_dir) {
+    r.resume();
+  } else if (!cfg.checkpoint.init_from_hf.empty()) {
+    load_hf_init(cfg.checkpoint.init_from_hf, cfg, *r.model, groups, *r.everyone);
+    if (r.rank == 0 && opts.print_steps && !opts.json_lines)
+      std::printf("origami: initial weights from %s\n", cfg.checkpoint.init_from_hf.c_str());
+  }
+  comm::run_agreed(*r.everyone, [&] { r.metrics.emplace(r.rank == 0 ? cfg.logging.dir : std::string(), r.step); });
   r.print_banner();
   r.start = Clock::now();
 }
 
 Trainer::~Trainer() = default;
 
+void Trainer::Run::resume() {
+  const TrainState st = load_checkpoint(*resume_dir, cfg, *model, *groups, *everyone);
+  const TrainingConfig& tc = cfg.training;
+  step = st.step;
+  optimizer->restore_steps(st.step);
+  sample_base = st.consumed_samples - st.step * tc.global_batch;
+  if (std::filesystem::path(*resume_dir).parent_path() == std::filesystem::path(cfg.checkpoint.dir))
+    saved_step = st.step;  // already in checkpoint.dir: the end of a run that ends here need not save it again
+  if (rank != 0 || !opts.print_steps || opts.json_lines) return;
+  std::printf("origami: resumed from %s at step %lld (%lld samples consumed)\n", resume_dir->c_str(),
+              static_cast<long long>(st.step), static_cast<long long>(st.consumed_samples));
+  const int64_t windows = data ? data->num_windows() : 0;
+  if (data && (st.windows_per_epoch != windows || st.seed != tc.seed || st.shuffle != cfg.data.shuffle))
+    std::printf("origami: warning: the data order differs from the saving run's (windows per epoch %lld -> %lld, "
+                "seed %llu -> %llu, shuffle %d -> %d): the resumed run reads other samples\n",
+                static_cast<long long>(st.windows_per_epoch), static_cast<long long>(windows),
+                static_cast<unsigned long long>(st.seed), static_cast<unsigned long long>(tc.seed), st.shuffle,
+                cfg.data.shuffle);
+}
+
+CheckpointRecord Trainer::Run::save() {
+  if (!writer) writer.emplace(cfg.checkpoint.dir, cfg.checkpoint.keep, cfg.checkpoint.async);
+  const TrainingConfig& tc = cfg.training;
+  TrainState st;
+  st.step = step;
+  st.lr = learning_rate(cfg.optimizer, cfg.lr_schedule, tc.steps, step);
+  st.consumed_samples = sample_base + step * tc.global_batch;
+  st.windows_per_epoch = data ? data->num_windows() : 0;
+  st.seed = tc.seed;
+  st.shuffle = cfg.data.shuffle;
+  const CheckpointSaveStats s = writer->save(cfg, *model, st, *groups, *everyone);
+  saved_step = step;
+  last_checkpoint = s.dir;
+  return {s.dir, s.background, s.max_rank_bytes, s.total_bytes, s.seconds};
+}
+
 int64_t Trainer::steps_done() const { return run_->step; }
+bool Trainer::stop_requested() const { return run_->stop_signal != 0; }
 
 void Trainer::Run::print_banner() const {
   if (rank != 0 || !opts.print_steps || opts.json_lines) return;
@@ -252,7 +349,8 @@ StepMetrics Trainer::run_step() {
     io.tokens_BS1 = Tensor::empty({tc.micro_batch, tc.seq_len + 1}, DType::i32, MemCategory::activation);
     load_micro_batch(*r.data, tc.micro_batch, tc.seq_len,
                      [&](int64_t i) {
-                       return sample_index(step - 1, tc.global_batch, a, r.dp, r.dp_rank, tc.micro_batch, i);
+                       return r.sample_base +
+                              sample_index(step - 1, tc.global_batch, a, r.dp, r.dp_rank, tc.micro_batch, i);
                      },
                      io.tokens_BS1);
     io.h_in = std::move(h_in);
@@ -278,7 +376,10 @@ StepMetrics Trainer::run_step() {
   if (r.pp) r.pp->all_reduce(std::span<double>(&loss_sum, 1));  // from the last stage to all
   reduce_moe_records(fstats.moe, *r.groups);
   fstats.moe = whole_model_records(fstats.moe, cfg, r.groups->layout().ep(), r.pp);
-  const double lm_loss = loss_sum / static_cast<double>(tc.global_batch * tc.seq_len);
+  double lm_loss = loss_sum / static_cast<double>(tc.global_batch * tc.seq_len);
+  // Fault injection for the divergence tests: ORIGAMI_FAULT_NAN_AT_STEP=<step>.
+  if (const char* at = std::getenv("ORIGAMI_FAULT_NAN_AT_STEP"); at && std::to_string(step) == at)
+    lm_loss = std::nan("");
   const double aux_loss = fstats.aux_loss() / static_cast<double>(r.micro_batches);
   const double z_loss = fstats.z_loss() / static_cast<double>(r.micro_batches);
   const double grad_norm = r.optimizer->grad_norm(ctx, model.params(), r.norm_groups);
@@ -298,6 +399,9 @@ StepMetrics Trainer::run_step() {
   StepStats st = r.optimizer->update(ctx, model.params(), grad_norm);
   zero.finish_step();
   model.update_expert_bias(fstats.moe);  // the global batch's loads
+  int stop = g_stop_signal.load();
+  r.everyone->all_reduce(std::span<int>(&stop, 1), comm::ReduceOp::max);
+  r.stop_signal = stop;
   const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
 
   StepMetrics m;
@@ -310,11 +414,18 @@ StepMetrics Trainer::run_step() {
   m.grad_norm = st.grad_norm;
   m.lr = st.lr;
   m.tokens = tc.global_batch * tc.seq_len;
+  m.first_sample = r.sample_base + (step - 1) * tc.global_batch;
+  m.samples = tc.global_batch;
+  m.epoch = m.first_sample / r.data->num_windows();
   m.step_time_s = dt;
   m.tokens_per_s = static_cast<double>(m.tokens) / dt;
   m.gflops = r.flops.total() / dt / 1e9;
   snapshot_memory(ctx, m);
   m.stages = every_stage(timing, r.pp);
+  const CheckpointConfig& ck = cfg.checkpoint;
+  if (r.writer && r.writer->pending())  // a background save whose files every rank has written completes
+    if (auto done = r.writer->poll(*r.everyone)) m.checkpoint_done = CheckpointDone{done->dir, done->written_s};
+  if (ck.interval > 0 && (step % ck.interval == 0 || step == tc.steps)) m.checkpoint = r.save();
   for (size_t g = 0; g < r.counted.size(); ++g)
     m.comm_bytes.emplace_back(r.counted[g]->name(), r.counted[g]->total_bytes() - bytes_before[g]);
   r.summary.losses.push_back(m.lm_loss);
@@ -335,7 +446,16 @@ StepMetrics Trainer::run_step() {
 
 TrainSummary Trainer::finish() {
   Run& r = *run_;
+  // A run that ends on a step it has not saved (resumed at its last step
+  // from elsewhere, into another checkpoint.dir) saves it: the end of every
+  // checkpointed run is a checkpoint.
+  // A preempted run checkpoints whenever checkpoint.dir is set.
+  const CheckpointConfig& ck = r.cfg.checkpoint;
+  if ((ck.interval > 0 || (r.stop_signal && !ck.dir.empty())) && r.saved_step != r.step) r.save();
+  if (r.writer) r.writer->wait(*r.everyone);  // the last save completes before the run ends
   r.summary.seconds = std::chrono::duration<double>(Clock::now() - r.start).count();
+  r.summary.stop_signal = r.stop_signal;
+  r.summary.checkpoint = r.last_checkpoint;
   // The last meetings: a failure of the last step's metrics or of closing
   // the file, then of rank 0's export write, stops every rank alike.
   comm::run_agreed(*r.everyone, [&] {
@@ -343,7 +463,7 @@ TrainSummary Trainer::finish() {
     r.metrics->close();
   });
   const std::string& dir = r.cfg.exp.dir;
-  if (!dir.empty()) {
+  if (!dir.empty() && !r.stop_signal) {  // a preempted run is not finished: no export
     r.zero->gather_all();
     // Collective, then rank 0 alone writes the consolidated model: its
     // failure reaches every rank at this meeting.
@@ -357,7 +477,7 @@ TrainSummary Trainer::finish() {
 
 TrainSummary train(const Config& cfg, const TrainOptions& opts) {
   Trainer trainer(cfg, opts);
-  while (trainer.steps_done() < cfg.training.steps) trainer.run_step();
+  while (trainer.steps_done() < cfg.training.steps && !trainer.stop_requested()) trainer.run_step();
   return trainer.finish();
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/config.h"
@@ -22,7 +23,9 @@ struct TrainOptions {
 };
 
 struct TrainSummary {
-  std::vector<double> losses;  // lm loss per step
+  std::vector<double> losses;  // lm loss per step of this run
+  int stop_signal = 0;         // SIGTERM or SIGINT when the run stopped early for one (preemption), else 0
+  std::string checkpoint;      // the last checkpoint this run wrote, if any
   double seconds = 0;
   int64_t params = 0;
 };
@@ -38,6 +41,12 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   int64_t steps_done() const;
+  // Whether a rank received SIGTERM or SIGINT (how schedulers preempt a job):
+  // agreed by every rank after each step, so all stop after the same step.
+  // The run then ends with finish(), which checkpoints (when checkpoint.dir
+  // is set) and skips the export. A second signal kills at once. The
+  // handlers are the Trainer's for its lifetime (signals are process-wide).
+  bool stop_requested() const;
   // The next optimizer step (steps_done() + 1 <= training.steps); its metrics
   // (the same on every rank; written and printed by rank 0).
   StepMetrics run_step();
@@ -49,7 +58,8 @@ class Trainer {
   std::unique_ptr<Run> run_;
 };
 
-// The whole run: construct, training.steps × run_step(), finish().
+// The whole run: construct, run_step() until training.steps (or a stop
+// signal), finish().
 TrainSummary train(const Config& cfg, const TrainOptions& opts = {});
 
 struct EvalResult {

@@ -17,6 +17,8 @@ std::string expert_param_name(int64_t layer, int64_t expert, std::string_view w)
                                      ".weight");
 }
 
+std::string expert_bias_name(int64_t layer) { return layer_param_name(layer, "block_sparse_moe.expert_bias"); }
+
 comm::Layout single_rank_layout(const MoeConfig& moe) {
   return comm::Layout(1, comm::LayoutOptions{1, 1, 1, 1, 1, "tp-cp-ep-dp-pp", moe.router.num_experts});
 }

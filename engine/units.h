@@ -168,6 +168,8 @@ class UnitTable {
 // The names of §4, stated once.
 std::string layer_param_name(int64_t layer, std::string_view suffix);  // model.layers.{l}.{suffix}
 std::string expert_param_name(int64_t layer, int64_t expert, std::string_view w);  // ...experts.{e}.{w}.weight
+// The MoE expert bias (state, not a parameter): model.layers.{l}.block_sparse_moe.expert_bias.
+std::string expert_bias_name(int64_t layer);
 
 // The world-1 layout a model without groups runs on.
 comm::Layout single_rank_layout(const MoeConfig& moe);

@@ -294,31 +294,8 @@ TEST_F(Parity, PipelineIdleFractionMatchesThePlan) {
   }
 }
 
-// The shipped folded config (TP 2 × CP 2 × PP 2, EP 2 × EDP 2): 30 steps with
-// a falling loss; every step line shows both stages' idle share and the JSONL
-// both stages' busy and idle seconds.
-TEST_F(Parity, TinyMoeFolded8ConfigTrains) {
-  const std::string launcher = std::string(ORIGAMI_MPIEXEC) + " --allow-run-as-root --oversubscribe --bind-to none -np 8 ";
-  auto r = run_command(launcher + ORIGAMI_BINARY + " train " + ORIGAMI_SOURCE_DIR +
-                       "/configs/tiny-moe-folded8.toml --set data.path=" + (*dir_ / "fortunes") +
-                       " --set logging.dir=" + (*dir_ / "folded8-config") +
-                       " --set export.dir= --set training.steps=30 --set logging.interval=10");
-  ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("step    10/30"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("| pp idle "), std::string::npos) << r.output;
-  const auto run = read_jsonl(*dir_ / "folded8-config/metrics.jsonl");
-  ASSERT_EQ(run.size(), 30u);
-  double first = run[0].at("lm_loss").get<double>(), last5 = 0;
-  for (size_t s = 25; s < 30; ++s) last5 += run[s].at("lm_loss").get<double>() / 5;
-  EXPECT_LT(last5, first - 1.0) << "loss should fall by more than 1 nat in 30 steps";
-  for (const auto& step : run) {
-    ASSERT_EQ(step.at("pipeline").size(), 2u);
-    for (const auto& stage : step.at("pipeline")) {
-      EXPECT_GT(stage.at("busy_s").get<double>(), 0.0);
-      EXPECT_GE(stage.at("idle_s").get<double>(), 0.0);
-    }
-  }
-}
+// The shipped folded config trains (a falling loss, both stages' timings) in
+// test_cli_checkpoint.cpp, which also resumes it bit-exactly.
 
 // The shipped EP=8 config: a falling loss over 30 steps (the full 300-step
 // run is in the README) and one tokens_per_ep_rank entry per rank.

@@ -308,6 +308,7 @@ TEST(Config, OutOfRange) {
       {"[lr_schedule]\ndecay_steps = -1", "lr_schedule.decay_steps = -1", "must be >= 0"},
       {"[lr_schedule]\nmin_lr = -0.5", "lr_schedule.min_lr = -0.5", "must be >= 0"},
       {"[checkpoint]\ninterval = -1", "checkpoint.interval = -1", "must be >= 0"},
+      {"[checkpoint]\nkeep = -1", "checkpoint.keep = -1", "must be >= 0"},
       {"[logging]\ninterval = 0", "logging.interval = 0", "must be >= 1"},
       {"[runtime]\nthreads = -2", "runtime.threads = -2", "must be >= 0"},
       {"[runtime]\ncollective_timeout_s = 0", "runtime.collective_timeout_s = 0", "must be > 0"},
@@ -359,9 +360,15 @@ TEST(Config, BadOrderString) {
   }
 }
 
-TEST(Config, FeaturesNotAvailableYet) {
+TEST(Config, CheckpointKeysNeedADirectory) {
   expect_error(std::string(kMinimal) + "[checkpoint]\ninterval = 100\n",
-               {kFile, "checkpoint.interval = 100", "checkpointing is not available yet"});
+               {kFile, "checkpoint.interval = 100", "checkpoint.dir must name where"});
+  expect_error(std::string(kMinimal) + "[checkpoint]\nload = \"latest\"\n",
+               {kFile, "checkpoint.load = \"latest\" reads <checkpoint.dir>/latest"});
+  const Config c = parse_config(std::string(kMinimal) + "[checkpoint]\ndir = \"ck\"\ninterval = 5\nkeep = 2\nload = \"latest\"\n", kFile);
+  EXPECT_EQ(c.checkpoint.interval, 5);
+  EXPECT_EQ(c.checkpoint.keep, 2);
+  EXPECT_EQ(c.checkpoint.load, "latest");
 }
 
 TEST(Config, MoeLayersAreAvailable) {

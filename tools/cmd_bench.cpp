@@ -175,6 +175,7 @@ void add_bench_command(CLI::App& app) {
   step->add_flag("--json", args->json, "Print one JSON object");
   step->callback([args] { run_bench_step(args->config, args->overrides, args->steps, args->warmup, args->json); });
   add_bench_moe_layer_command(*bench);
+  add_bench_checkpoint_command(*bench);
 }
 
 }  // namespace origami::tools

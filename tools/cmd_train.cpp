@@ -3,6 +3,7 @@
 // config's logging and export sections.
 #include <mpi.h>
 
+#include <csignal>
 #include <cstdio>
 
 #include "engine/config.h"
@@ -29,7 +30,13 @@ void add_train_command(CLI::App& app) {
     TrainSummary s = train(cfg, opts);
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank == 0 && !s.losses.empty() && !args->json)
+    if (rank != 0 || args->json) return;
+    if (s.stop_signal)
+      std::printf("stopped by %s after %zu steps%s%s%s\n", s.stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
+                  s.losses.size(), s.checkpoint.empty() ? " (no checkpoint.dir: nothing saved)" : "; checkpoint ",
+                  s.checkpoint.c_str(),
+                  s.checkpoint.empty() ? "" : "; resume with --set checkpoint.load=latest");
+    else if (!s.losses.empty())
       std::printf("trained %zu steps in %.1f s, final lm loss %.4f\n", s.losses.size(), s.seconds, s.losses.back());
   });
 }

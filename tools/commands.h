@@ -16,8 +16,11 @@ void add_preprocess_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_groups_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
+void add_checkpoint_command(CLI::App& app);
+void add_export_command(CLI::App& app);
 // Subcommands of `bench` (tools/bench_*.cpp).
 void add_bench_moe_layer_command(CLI::App& bench);
 void add_bench_comm_command(CLI::App& bench);
+void add_bench_checkpoint_command(CLI::App& bench);
 
 }  // namespace origami::tools

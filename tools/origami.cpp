@@ -1,5 +1,5 @@
 // `origami`: one MPI program with subcommands (train, eval, preprocess, bench,
-// groups, plan). Plain `./origami ...` works as a one-rank job.
+// groups, plan, checkpoint, export). Plain `./origami ...` works as a one-rank job.
 //
 // Exit statuses (kernels/check.h): 0 success, 2 bad input, 3 training
 // diverged, 4 internal check failed, 5 collective timeout. Every rank leaves
@@ -101,6 +101,8 @@ int main(int argc, char** argv) {
   origami::tools::add_bench_command(app);
   origami::tools::add_groups_command(app);
   origami::tools::add_plan_command(app);
+  origami::tools::add_checkpoint_command(app);
+  origami::tools::add_export_command(app);
 
   int status = 0;
   std::string message;

@@ -10,6 +10,7 @@ packages=(
   libdnnl-dev                         # oneDNN: CPU GEMM
   ocl-icd-opencl-dev                  # oneDNN's CMake config calls find_package(OpenCL); only a Recommends of libdnnl-dev
   nlohmann-json3-dev libcli11-dev     # JSON, command lines
+  libxxhash-dev                       # checkpoint file digests (XXH3)
   libgtest-dev libgmock-dev           # tests
   fortunes fortunes-min               # demo corpus (/usr/share/games/fortunes)
   python3 python3-numpy python3-torch # independent float64 reference of the model math (tests)

@@ -1,0 +1,139 @@
+// Consolidated Hugging Face files and checkpoints (see checkpoint.h):
+// exporting a checkpoint (no model, no ranks: the shards of each tensor are
+// read into one buffer of its global shape and written, then the next), and
+// initial weights from a consolidated file into any layout.
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "comm/agreement.h"
+
+#include "engine/checkpoint.h"
+#include "engine/export.h"
+#include "engine/files.h"
+
+namespace origami {
+
+Config checkpoint_config(const CheckpointInfo& info) {
+  return parse_config(info.config, info.dir + "/metadata.json (config)");
+}
+
+void export_checkpoint(const std::string& step_dir, const std::string& out_dir, bool with_optimizer) {
+  const CheckpointInfo info = read_checkpoint_info(step_dir);
+  verify_checkpoint_files(info);
+  const Config cfg = checkpoint_config(info);
+  const UnitTable table(cfg.model, cfg.moe);
+  const std::vector<std::string> names = export_tensor_order(table, cfg.model, cfg.moe);
+  std::filesystem::create_directories(out_dir);
+  CheckpointReader reader(info);
+  auto write = [&](const std::string& file, const std::vector<std::string>& moments) {
+    std::vector<std::pair<std::string, Shape>> entries;
+    std::vector<std::pair<std::string, std::string>> order;  // (tensor, moment)
+    for (const std::string& name : names) {
+      const auto it = info.tensors.find(name);
+      if (it == info.tensors.end())
+        ORIGAMI_USER_ERROR(step_dir, "/metadata.json: has no tensor '", name, "', which its own config's model has");
+      for (const std::string& m : moments) {
+        if (!m.empty() && it->second.state) continue;  // the expert bias has no moments
+        entries.emplace_back(m.empty() ? name : name + "." + m, it->second.global_shape);
+        order.emplace_back(name, m);
+      }
+    }
+    SafetensorsWriter out(out_dir + "/" + file, entries);
+    for (size_t i = 0; i < order.size(); ++i) {
+      SliceRange whole;
+      whole.slice.held = true;
+      whole.slice.shape = entries[i].second;
+      whole.end = shape_numel(whole.slice.shape);
+      Tensor t = Tensor::empty(whole.slice.shape, DType::f32, MemCategory::workspace);
+      reader.read(order[i].first, order[i].second, whole, t.f32());
+      out.write_next(t.f32(), t.numel());
+    }
+    out.finish();
+  };
+  write("model.safetensors", {""});
+  if (with_optimizer) write("optimizer.safetensors", {"exp_avg", "exp_avg_sq"});
+  OutputFile config(out_dir + "/config.json", OutputFile::Mode::truncate);
+  config.write(hf_config(cfg.model, cfg.moe).dump(2) + "\n");
+  config.sync();
+  config.close();
+}
+
+namespace {
+
+// The files of a consolidated directory and which holds each tensor.
+struct HfFiles {
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::map<std::string, const SafetensorsFile*> by_tensor;
+};
+
+HfFiles open_hf(const std::string& dir) {
+  HfFiles hf;
+  const std::string index = dir + "/model.safetensors.index.json";
+  std::vector<std::string> names;
+  if (std::filesystem::exists(index)) {
+    const InputFile in(index, "Hugging Face index");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in.read_all(int64_t{256} << 20));
+    } catch (const nlohmann::json::exception& e) {
+      ORIGAMI_USER_ERROR(index, ": not valid JSON: ", e.what());
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      ORIGAMI_USER_ERROR(index, ": weight_map: missing (rule: {\"weight_map\": {tensor: file}})");
+    std::set<std::string> files;
+    for (const auto& [tensor, file] : j["weight_map"].items()) {
+      if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
+        ORIGAMI_USER_ERROR(index, ": weight_map.", tensor, ": must name a file in ", dir);
+      files.insert(file.get<std::string>());
+    }
+    names.assign(files.begin(), files.end());
+  } else {
+    names = {"model.safetensors"};
+  }
+  for (const std::string& n : names) {
+    hf.files.push_back(std::make_unique<SafetensorsFile>(dir + "/" + n));
+    for (const auto& [tensor, entry] : hf.files.back()->entries()) {
+      const auto [it, fresh] = hf.by_tensor.emplace(tensor, hf.files.back().get());
+      if (!fresh) ORIGAMI_USER_ERROR(dir, "/", n, ": tensor '", tensor, "' is also in ", it->second->path());
+    }
+  }
+  return hf;
+}
+
+}  // namespace
+
+void load_hf_init(const std::string& dir, const Config& cfg, Model& model, const comm::Groups& groups,
+                  comm::Communicator& world) {
+  comm::run_agreed(world, [&] {
+    const HfFiles hf = open_hf(dir);
+    const std::vector<std::string> wanted = export_tensor_order(model.units(), cfg.model, cfg.moe);
+    const std::set<std::string> known(wanted.begin(), wanted.end());
+    for (const auto& [tensor, file] : hf.by_tensor)
+      if (!known.count(tensor))
+        ORIGAMI_USER_ERROR(file->path(), ": tensor '", tensor, "' is not in the configured model (checkpoint.init_from_hf",
+                           " must hold the model the config describes)");
+    fill_held_state(model, groups, /*with_moments=*/false,
+                    [&](const std::string& name, const std::string&, const SliceRange& range, float* dst) {
+                      const auto it = hf.by_tensor.find(name);
+                      if (it == hf.by_tensor.end())
+                        ORIGAMI_USER_ERROR(dir, ": no file holds tensor '", name, "' (checkpoint.init_from_hf)");
+                      const SafetensorsFile::Entry& e = it->second->entry(name);
+                      if (e.shape != range.global_shape())
+                        ORIGAMI_USER_ERROR(it->second->path(), ": tensor '", name, "' has shape ", shape_string(e.shape),
+                                           ", the config needs ", shape_string(range.global_shape()));
+                      SliceRange whole;
+                      whole.slice.held = true;
+                      whole.slice.shape = e.shape;
+                      whole.end = shape_numel(e.shape);
+                      copy_overlap(whole, reinterpret_cast<const float*>(it->second->data(e)), range, dst);
+                      for (int64_t i = 0; i < range.numel(); ++i)
+                        if (!std::isfinite(dst[i]))
+                          ORIGAMI_USER_ERROR(it->second->path(), ": tensor '", name, "' holds ", dst[i],
+                                             " (rule: weights are finite numbers)");
+                    });
+  });
+}
+
+}  // namespace origami
