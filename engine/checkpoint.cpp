@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <thread>
 #include <nlohmann/json.hpp>
 
@@ -276,8 +277,12 @@ struct CheckpointWriter::Pending {
   bool background = false;
   Clock::time_point started;
   double blocked_s = 0;
-  nlohmann::ordered_json metadata;  // rank 0; "files" filled at completion
-  RankFiles files;                  // a background save's copies
+  // Rank 0 builds metadata.json (but its "files") while the files are
+  // written, from a copy of the config and state and the model's unit table
+  // (immutable while the model lives, which outlives the writer).
+  std::function<nlohmann::ordered_json()> describe;
+  nlohmann::ordered_json metadata;
+  RankFiles files;  // a background save's copies
   std::thread thread;
   std::atomic<bool> written{false};
   std::pair<FileDigest, FileDigest> digests;
@@ -285,7 +290,11 @@ struct CheckpointWriter::Pending {
   std::string message;
   void write(int rank, int64_t world, const RankFiles& f) {
     try {
+      std::error_code ec;
+      fs::create_directories(tmp, ec);  // every rank: no meeting needed before the writing
+      if (ec) ORIGAMI_USER_ERROR("checkpoint.dir: cannot create ", tmp, ": ", ec.message());
       digests = write_rank_files(tmp, rank, world, step, f);
+      if (describe) metadata = describe();
     } catch (const UserError& e) {
       status = e.exit_status();
       message = e.what();
@@ -313,14 +322,8 @@ CheckpointSaveStats CheckpointWriter::save(const Config& cfg, const Model& model
   p->background = background_;
   p->started = t0;
   const int rank = groups.world_rank();
-  comm::run_agreed(world, [&] {
-    if (rank != 0) return;
-    std::error_code ec;
-    fs::remove_all(p->tmp, ec);
-    fs::create_directories(p->tmp, ec);
-    if (ec) ORIGAMI_USER_ERROR("checkpoint.dir = \"", dir_, "\": cannot create ", p->tmp, ": ", ec.message());
-  });
-  if (rank == 0) p->metadata = metadata_json(cfg, model, state, groups.layout());
+  if (rank == 0)
+    p->describe = [cfg, state, layout = groups.layout(), &model] { return metadata_json(cfg, model, state, layout); };
   const RankFiles live = collect_rank_files(cfg, model, groups);
   const int64_t world_size = groups.layout().world();
   CheckpointSaveStats stats;
@@ -332,12 +335,7 @@ CheckpointSaveStats CheckpointWriter::save(const Config& cfg, const Model& model
     Pending* raw = p.get();
     p->thread = std::thread([raw, rank, world_size] { raw->write(rank, world_size, raw->files); });
     pending_ = std::move(p);
-    int64_t bytes[2] = {live.bytes(), live.bytes()};
-    world.all_reduce(std::span<int64_t>(bytes, 1), comm::ReduceOp::sum);
-    world.all_reduce(std::span<int64_t>(bytes + 1, 1), comm::ReduceOp::max);
-    stats.rank_bytes = live.bytes();
-    stats.total_bytes = bytes[0];
-    stats.max_rank_bytes = bytes[1];
+    stats.rank_bytes = live.bytes();  // every rank's: at completion (no meeting while training waits)
     stats.seconds = pending_->blocked_s = std::chrono::duration<double>(Clock::now() - t0).count();
     return stats;
   }
@@ -383,7 +381,9 @@ std::optional<CheckpointSaveStats> CheckpointWriter::wait(comm::Communicator& wo
     std::error_code ec;
     if (fs::exists(p->done)) fs::remove_all(p->done, ec);
     if (ec) ORIGAMI_USER_ERROR(p->done, ": cannot replace the existing checkpoint: ", ec.message());
-    rename_durably(p->tmp, p->done);
+    // Both renames in one directory, made durable by one sync of it.
+    if (::rename(p->tmp.c_str(), p->done.c_str()) != 0)
+      ORIGAMI_USER_ERROR(p->tmp, ": cannot rename to ", p->done, ": ", std::strerror(errno));
     write_text_durably(dir_ + "/latest.tmp", p->name + "\n");
     rename_durably(dir_ + "/latest.tmp", dir_ + "/latest");
     prune(dir_, keep_);

@@ -59,7 +59,7 @@ struct CheckpointSaveStats {
   std::string dir;           // the step directory
   bool background = false;   // checkpoint.async: written on a thread
   int64_t rank_bytes = 0;    // this rank's files (a background save's start: its tensors' bytes)
-  int64_t max_rank_bytes = 0, total_bytes = 0;
+  int64_t max_rank_bytes = 0, total_bytes = 0;  // every rank's files (a background save: 0 until complete)
   double seconds = 0;        // how long the save blocked training on this rank
   double written_s = 0;      // start to complete (a background save: known at completion)
 };

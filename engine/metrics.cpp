@@ -65,7 +65,10 @@ nlohmann::ordered_json to_json(const StepMetrics& m) {
                        {"blocked_s", m.checkpoint->blocked_s}};
   }
   if (m.checkpoint_done)
-    j["checkpoint_done"] = {{"dir", m.checkpoint_done->dir}, {"written_s", m.checkpoint_done->written_s}};
+    j["checkpoint_done"] = {{"dir", m.checkpoint_done->dir},
+                            {"written_s", m.checkpoint_done->written_s},
+                            {"max_rank_bytes", m.checkpoint_done->max_rank_bytes},
+                            {"total_bytes", m.checkpoint_done->total_bytes}};
   if (!m.stages.empty()) {
     j["pipeline"] = nlohmann::ordered_json::array();
     for (size_t s = 0; s < m.stages.size(); ++s)

@@ -18,15 +18,16 @@ namespace origami {
 // A checkpoint written after the step (engine/checkpoint.h).
 struct CheckpointRecord {
   std::string dir;                // the step directory
-  bool background = false;        // checkpoint.async: still being written
-  int64_t max_rank_bytes = 0;     // the largest rank's files
-  int64_t total_bytes = 0;        // every rank's
+  bool background = false;        // checkpoint.async: still being written (bytes: see CheckpointDone)
+  int64_t max_rank_bytes = 0;     // the largest rank's files (a background save: rank 0's tensors)
+  int64_t total_bytes = 0;        // every rank's (a background save: 0)
   double blocked_s = 0;           // how long the save held up training
 };
 // A background save that completed at this step boundary.
 struct CheckpointDone {
   std::string dir;
   double written_s = 0;  // from its start to complete
+  int64_t max_rank_bytes = 0, total_bytes = 0;
 };
 
 struct StepMetrics {

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <tuple>
@@ -542,6 +543,16 @@ std::vector<LayoutPlan> rank_layouts(const PlanInput& in, int64_t world, const s
     return a.step_s < b.step_s;
   });
   return out;
+}
+
+CheckpointBytes checkpoint_bytes(const LayoutPlan& p, const ParamCounts& counts) {
+  constexpr int64_t kBytes = 12;  // fp32 param + exp_avg + exp_avg_sq
+  std::map<int64_t, int64_t> per_stage;
+  for (const UnitPlan& u : p.units) per_stage[u.stage] += (u.local + u.group - 1) / u.group * kBytes;
+  CheckpointBytes b;
+  for (const auto& [stage, bytes] : per_stage) b.max_rank = std::max(b.max_rank, bytes);
+  b.total = counts.total * kBytes;
+  return b;
 }
 
 }  // namespace origami::plan

@@ -206,4 +206,14 @@ std::string layout_problem(const PlanInput& in, const comm::Layout& layout);
 std::vector<LayoutPlan> rank_layouts(const PlanInput& in, int64_t world, const std::string& order,
                                      const Machine& machine);
 
+// A checkpoint of the layout (engine/checkpoint.h): every element of the
+// model once, as its fp32 parameter and two AdamW moments (12 bytes; file
+// headers and the expert biases aside). A rank writes its ZeRO share of each
+// unit it holds (tp rank 0 also the tensors every tp rank holds whole); the
+// largest is a tp-rank-0 rank of the heaviest stage.
+struct CheckpointBytes {
+  int64_t max_rank = 0, total = 0;
+};
+CheckpointBytes checkpoint_bytes(const LayoutPlan& p, const ParamCounts& counts);
+
 }  // namespace origami::plan

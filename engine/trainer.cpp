@@ -303,7 +303,7 @@ CheckpointRecord Trainer::Run::save() {
   const CheckpointSaveStats s = writer->save(cfg, *model, st, *groups, *everyone);
   saved_step = step;
   last_checkpoint = s.dir;
-  return {s.dir, s.background, s.max_rank_bytes, s.total_bytes, s.seconds};
+  return {s.dir, s.background, s.background ? s.rank_bytes : s.max_rank_bytes, s.total_bytes, s.seconds};
 }
 
 int64_t Trainer::steps_done() const { return run_->step; }
@@ -424,7 +424,7 @@ StepMetrics Trainer::run_step() {
   m.stages = every_stage(timing, r.pp);
   const CheckpointConfig& ck = cfg.checkpoint;
   if (r.writer && r.writer->pending())  // a background save whose files every rank has written completes
-    if (auto done = r.writer->poll(*r.everyone)) m.checkpoint_done = CheckpointDone{done->dir, done->written_s};
+    if (auto done = r.writer->poll(*r.everyone)) m.checkpoint_done = CheckpointDone{done->dir, done->written_s, done->max_rank_bytes, done->total_bytes};
   if (ck.interval > 0 && (step % ck.interval == 0 || step == tc.steps)) m.checkpoint = r.save();
   for (size_t g = 0; g < r.counted.size(); ++g)
     m.comm_bytes.emplace_back(r.counted[g]->name(), r.counted[g]->total_bytes() - bytes_before[g]);

@@ -30,16 +30,9 @@
 namespace origami {
 namespace {
 
+using testing::read_jsonl;
 using testing::run_command;
 namespace fs = std::filesystem;
-
-std::vector<nlohmann::json> read_jsonl(const std::string& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
 
 std::string launcher(int np) {
   return np == 1 ? std::string()
@@ -172,6 +165,24 @@ TEST_F(Checkpoint, ResumeOfTheFoldedConfigAtNp8IsBitExactAndItsExportEqualsTheCh
             "tiny-moe-folded8.toml");
   ASSERT_EQ(r.status, 0) << r.output;
   expect_same_steps(run, read_jsonl(*dir_ / "folded-resumed/metrics.jsonl"), 11, 20);
+  // origami plan's checkpoint bytes: the files' sizes but headers and biases (< 2%).
+  {
+    const auto meta = nlohmann::json::parse(testing::read_file(step_dir("folded", 10) + "/metadata.json"));
+    std::map<int64_t, int64_t> per_rank;
+    int64_t total = 0;
+    for (const auto& f : meta.at("files")) {
+      per_rank[f.at("rank").get<int64_t>()] += f.at("bytes").get<int64_t>();
+      total += f.at("bytes").get<int64_t>();
+    }
+    int64_t largest = 0;
+    for (const auto& [rank, bytes] : per_rank) largest = std::max(largest, bytes);
+    auto p = run_command(std::string(ORIGAMI_BINARY) + " plan " + ORIGAMI_SOURCE_DIR +
+                         "/configs/tiny-moe-folded8.toml --world 8 --json");
+    ASSERT_EQ(p.status, 0) << p.output;
+    const auto plan = nlohmann::json::parse(p.output.substr(p.output.find('{'))).at("checkpoint");
+    EXPECT_NEAR(plan.at("max_rank_bytes").get<double>(), static_cast<double>(largest), 0.02 * static_cast<double>(largest));
+    EXPECT_NEAR(plan.at("total_bytes").get<double>(), static_cast<double>(total), 0.02 * static_cast<double>(total));
+  }
   // The resumed run ends in the state the first saved at step 20.
   r = run_command(std::string(ORIGAMI_BINARY) + " export --checkpoint " + step_dir("folded", 20) + " --out " +
                   (*dir_ / "folded-ck-export"));
@@ -363,6 +374,14 @@ TEST_F(Checkpoint, SigtermCheckpointsExitsZeroAndResumesBitExact) {
     ASSERT_EQ(r.status, 0) << r.output;
     if (np == 1) {
       expect_same_steps(base(), read_jsonl(log), 1, 20);
+      // A second signal does not wait for the step: the default action, at once
+      // (steps of 64 samples, ~1 s, so the first signal's step is still running).
+      const std::string twice = tag + "-twice";
+      r = run_command("bash -c \"" + train_command(twice, 1, sets + " --set training.global_batch=64") + " & p=\\$!; while [ \\$(cat " +
+                      (*dir_ / (twice + "/metrics.jsonl")) + " 2>/dev/null | wc -l) -lt 1 ]; do sleep 0.05; done; " +
+                      "kill -TERM \\$p; sleep 0.1; kill -TERM \\$p; wait \\$p\"");
+      EXPECT_EQ(r.status, 128 + 15) << r.output;
+      EXPECT_FALSE(fs::exists(ck(twice) + "/latest")) << "killed by the second signal before any save";
       continue;
     }
     // The uninterrupted run of this layout.

@@ -39,18 +39,11 @@
 namespace origami {
 namespace {
 
+using testing::read_jsonl;
 using testing::run_command;
 
 constexpr double kLossRtol = 1e-4;
 constexpr int kSteps = 10;
-
-std::vector<nlohmann::json> read_jsonl(const std::string& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
 
 class Parity : public ::testing::Test {
  protected:

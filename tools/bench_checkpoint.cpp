@@ -42,11 +42,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Seconds of `fn` on the slowest rank, every rank starting together.
 template <class Fn>
 double timed(comm::Communicator& world, Fn&& fn) {
@@ -121,7 +116,10 @@ void run(const Args& a) {
   Model model(ctx, cfg.model, cfg.training.seed, cfg.moe, &groups, static_cast<int>(p.zero_stage), p.pp_layers);
   const int rank = groups.world_rank();
   const std::string dir = a.dir.empty() ? std::string("bench-checkpoint") : a.dir;
-  if (rank == 0) check_writable_dir(dir, "--dir");
+  if (rank == 0) {
+    check_writable_dir(dir + "/sync", "--dir");
+    check_writable_dir(dir + "/async", "--dir");
+  }
   everyone->barrier();
   TrainState state;
   state.seed = cfg.training.seed;
@@ -130,7 +128,7 @@ void run(const Args& a) {
   const std::string plain = dir + "/plain-rank-" + std::to_string(rank) + ".bin";
   for (int it = 0; it <= a.repeat; ++it) {  // iteration 0 warms up
     state.step = it + 1;
-    CheckpointWriter sync(dir, 1, false);
+    CheckpointWriter sync(dir + "/sync", 1, false);
     CheckpointSaveStats s;
     const double save = timed(*everyone, [&] { s = sync.save(cfg, model, state, groups, *everyone); });
     total_bytes = s.total_bytes;
@@ -143,8 +141,7 @@ void run(const Args& a) {
     evict(plain);
     const double load = timed(*everyone, [&] { load_checkpoint(s.dir, cfg, model, groups, *everyone); });
     const double read = timed(*everyone, [&] { read_plain(plain, buf); });
-    CheckpointWriter background(dir, 1, true);
-    state.step = 1000 + it;
+    CheckpointWriter background(dir + "/async", 1, true);
     double blocked = 0;
     const double complete = timed(*everyone, [&] {
       const auto t0 = Clock::now();

@@ -55,11 +55,6 @@ using comm::Communicator;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 Tensor random_param(const ExecContext& ctx, Shape shape, const std::string& name, float std,
                     int64_t global_offset = 0) {
   Tensor t = Tensor::empty(std::move(shape), DType::f32, MemCategory::param);

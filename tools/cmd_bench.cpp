@@ -23,11 +23,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Cheap non-zero, non-denormal operands: GEMM speed does not depend on the values.
 void fill_pattern(Tensor& t) {
   float* p = t.f32();

@@ -202,6 +202,8 @@ ordered_json plan_json(const PlanArgs& a, const std::string& source, const plan:
                                    {"groups", groups},
                                    {"items", items}});
   }
+  const plan::CheckpointBytes ck = plan::checkpoint_bytes(p, pc);
+  j["checkpoint"] = {{"max_rank_bytes", ck.max_rank}, {"total_bytes", ck.total}};
   j["step"] = {
       {"flops", p.flops}, {"compute_s", p.compute_s}, {"comm_s", p.comm_s}, {"bubble", p.bubble}, {"step_s", p.step_s}};
   j["layouts_valid"] = ranked.size();
@@ -358,6 +360,9 @@ void run_config(const PlanArgs& a, plan::Recipe recipe, const std::string& path,
               static_cast<long long>(in.training.global_batch), static_cast<long long>(in.training.seq_len),
               static_cast<long long>(in.training.micro_batch), static_cast<long long>(p.micro_batches));
   print_ledger(in, p);
+  const plan::CheckpointBytes ck = plan::checkpoint_bytes(p, counts);
+  std::printf("\ncheckpoint (fp32 params + AdamW moments, each element once): %s on the largest rank, %s in all\n",
+              human(static_cast<double>(ck.max_rank)).c_str(), human(static_cast<double>(ck.total)).c_str());
   print_comm(p, a.machine);
   print_ranked(a, ranked);
 }

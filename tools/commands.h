@@ -3,12 +3,15 @@
 // input, which main() prints and turns into exit status 2.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <vector>
 
 namespace origami::tools {
 
 // For floating-point options: a finite number > 0 (CLI11's PositiveNumber
 // lets "nan" through, since NaN <= 0 is false).
 CLI::Validator finite_positive();
+// The median of benchmark repeats (the upper middle of an even count).
+double median(std::vector<double> v);
 
 void add_train_command(CLI::App& app);
 void add_eval_command(CLI::App& app);

@@ -66,6 +66,11 @@ void check_subcommand(const CLI::App& app, int argc, char** argv) {
 
 namespace origami::tools {
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 CLI::Validator finite_positive() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
