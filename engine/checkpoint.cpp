@@ -83,14 +83,6 @@ nlohmann::ordered_json shard_json(const SliceRange& r) {
           {"flat_range", {r.begin, r.end}}};
 }
 
-SliceRange whole_range(const Shape& shape) {
-  SliceRange r;
-  r.slice.held = true;
-  r.slice.shape = shape;
-  r.end = shape_numel(shape);
-  return r;
-}
-
 // ---- save ---------------------------------------------------------------------------------------
 
 // One rank's part of a save: the tensors of its two files (views into the

@@ -42,12 +42,8 @@ void export_checkpoint(const std::string& step_dir, const std::string& out_dir, 
     }
     SafetensorsWriter out(out_dir + "/" + file, entries);
     for (size_t i = 0; i < order.size(); ++i) {
-      SliceRange whole;
-      whole.slice.held = true;
-      whole.slice.shape = entries[i].second;
-      whole.end = shape_numel(whole.slice.shape);
-      Tensor t = Tensor::empty(whole.slice.shape, DType::f32, MemCategory::workspace);
-      reader.read(order[i].first, order[i].second, whole, t.f32());
+      Tensor t = Tensor::empty(entries[i].second, DType::f32, MemCategory::workspace);
+      reader.read(order[i].first, order[i].second, whole_range(entries[i].second), t.f32());
       out.write_next(t.f32(), t.numel());
     }
     out.finish();
@@ -123,11 +119,7 @@ void load_hf_init(const std::string& dir, const Config& cfg, Model& model, const
                       if (e.shape != range.global_shape())
                         ORIGAMI_USER_ERROR(it->second->path(), ": tensor '", name, "' has shape ", shape_string(e.shape),
                                            ", the config needs ", shape_string(range.global_shape()));
-                      SliceRange whole;
-                      whole.slice.held = true;
-                      whole.slice.shape = e.shape;
-                      whole.end = shape_numel(e.shape);
-                      copy_overlap(whole, reinterpret_cast<const float*>(it->second->data(e)), range, dst);
+                      copy_overlap(whole_range(e.shape), reinterpret_cast<const float*>(it->second->data(e)), range, dst);
                       for (int64_t i = 0; i < range.numel(); ++i)
                         if (!std::isfinite(dst[i]))
                           ORIGAMI_USER_ERROR(it->second->path(), ": tensor '", name, "' holds ", dst[i],

@@ -42,6 +42,14 @@ std::pair<int64_t, int64_t> zero_place(const UnitSpec& u, const comm::Layout& la
 
 }  // namespace
 
+SliceRange whole_range(const Shape& shape) {
+  SliceRange r;
+  r.slice.held = true;
+  r.slice.shape = shape;
+  r.end = shape_numel(shape);
+  return r;
+}
+
 std::pair<int64_t, int64_t> zero_range(int64_t numel, int64_t group_size, int64_t group_rank) {
   const int64_t chunk = (numel + group_size - 1) / group_size;
   const int64_t begin = std::min(numel, group_rank * chunk);

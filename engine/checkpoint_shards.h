@@ -34,6 +34,9 @@ struct SliceRange {
   const Shape& global_shape() const { return slice.shard.dim < 0 ? slice.shape : slice.shard.global_shape; }
 };
 
+// All of a tensor of global shape `shape`, as one range.
+SliceRange whole_range(const Shape& shape);
+
 // A piece of one tensor inside a rank's flat unit buffer.
 struct UnitPiece {
   size_t tensor = 0;        // index into UnitSpec::tensors
