@@ -44,6 +44,7 @@
 // communicator is destroyed; the buffers of an op belong to it until then.
 #pragma once
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -112,6 +113,10 @@ struct OpStats {
   // host memory): what went over NCCL on a routed communicator.
   int64_t device_calls = 0;
   int64_t device_bytes = 0;
+  // Wall seconds inside the blocking all_to_all_v calls, start to
+  // completion (waiting for late peers included): what the imbalance tool
+  // turns into an all-to-all rate. Other ops' time is their callers' to measure.
+  double blocking_s = 0;
 };
 
 // Per-rank ring volumes in bytes (the convention above), for tests and plans.
@@ -283,7 +288,9 @@ class Communicator {
   requires SameElement<S, T>
   void all_to_all_v(std::span<S> send, std::span<const int64_t> send_counts, std::span<T> recv,
                     std::span<const int64_t> recv_counts) {
+    const auto start = std::chrono::steady_clock::now();
     all_to_all_v_async(send, send_counts, recv, recv_counts).wait();
+    add_blocking_time(CommOp::all_to_all_v, start);
   }
   template <CommElement S>
   void send(std::span<S> data, int peer, int tag = 0) {
@@ -330,7 +337,9 @@ class Communicator {
   }
   void all_to_all_v(const Tensor& send, std::span<const int64_t> send_counts, const Tensor& recv,
                     std::span<const int64_t> recv_counts) {
+    const auto start = std::chrono::steady_clock::now();
     all_to_all_v_async(send, send_counts, recv, recv_counts).wait();
+    add_blocking_time(CommOp::all_to_all_v, start);
   }
   void send(const Tensor& data, int peer, int tag = 0) { send_async(data, peer, tag).wait(); }
   void recv(const Tensor& data, int peer, int tag = 0) { recv_async(data, peer, tag).wait(); }
@@ -375,6 +384,10 @@ class Communicator {
   static std::unique_ptr<detail::PendingOp> start_on(Communicator& c, const Call& call) { return c.start(call); }
 
  private:
+  void add_blocking_time(CommOp op, std::chrono::steady_clock::time_point start) {
+    stats_[static_cast<size_t>(op)].blocking_s +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
   // One side of a call: its elements and, for a Tensor, its device.
   struct Buffer {
     const void* data = nullptr;

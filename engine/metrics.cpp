@@ -56,6 +56,11 @@ nlohmann::ordered_json to_json(const StepMetrics& m) {
     for (const auto& [group, bytes] : m.comm_bytes) comm[group] = bytes;
     j["comm_bytes"] = comm;
   }
+  if (!m.comm_a2a_s.empty()) {
+    nlohmann::ordered_json a2a = nlohmann::ordered_json::object();
+    for (const auto& [group, seconds] : m.comm_a2a_s) a2a[group] = seconds;
+    j["comm_a2a_s"] = a2a;
+  }
   j["samples"] = {{"first", m.first_sample}, {"count", m.samples}, {"epoch", m.epoch}};
   if (m.checkpoint) {
     j["checkpoint"] = {{"dir", m.checkpoint->dir},
@@ -132,9 +137,14 @@ std::string format_step_line(const StepMetrics& m) {
   return line;
 }
 
-MetricsWriter::MetricsWriter(const std::string& dir, int64_t resumed_step) {
+MetricsWriter::MetricsWriter(const std::string& dir, int64_t resumed_step, const std::string& config_text) {
   if (dir.empty()) return;
   check_writable_dir(dir, "logging.dir");
+  if (!config_text.empty()) {
+    OutputFile config(dir + "/config.toml", OutputFile::Mode::truncate);
+    config.write(config_text);
+    config.close();
+  }
   const std::string path = dir + "/metrics.jsonl";
   if (resumed_step > 0 && std::filesystem::exists(path)) {
     // Streamed line by line: the run's earlier records, up to the resumed step.

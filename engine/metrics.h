@@ -49,6 +49,8 @@ struct StepMetrics {
   // Bytes this rank sent per group during the step (comm/communicator.h's
   // ring convention), for groups of more than one rank, by group name.
   std::vector<std::pair<std::string, int64_t>> comm_bytes;
+  // Seconds this rank spent in each group's all-to-alls (OpStats::blocking_s), for groups that ran one.
+  std::vector<std::pair<std::string, double>> comm_a2a_s;
   // Per pipeline stage (one entry without pipelining): seconds busy in
   // forward and backward and idle on the pipeline's receives during the
   // step's schedule, as measured on the stage's rank in rank 0's pp group.
@@ -70,11 +72,13 @@ std::string format_bytes(int64_t bytes);
 class MetricsWriter {
  public:
   // Empty dir: no file is written. Creates the directory and proves it
-  // writable (UserError naming logging.dir). resumed_step > 0 (a run
+  // writable (UserError naming logging.dir), and writes config_text (the
+  // resolved config) to <dir>/config.toml beside the metrics, which
+  // `origami imbalance` reads for the model shape. resumed_step > 0 (a run
   // resumed from that step's checkpoint): the file's records of steps up to
   // it are kept and later ones (steps the resumed run redoes) dropped;
   // otherwise the file starts empty.
-  explicit MetricsWriter(const std::string& dir, int64_t resumed_step = 0);
+  explicit MetricsWriter(const std::string& dir, int64_t resumed_step = 0, const std::string& config_text = "");
   void write(const StepMetrics& m);
   // Closes the file, reporting what the last writes did not; further
   // writes are dropped.

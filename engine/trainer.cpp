@@ -263,7 +263,10 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
     if (r.rank == 0 && opts.print_steps && !opts.json_lines)
       std::printf("origami: initial weights from %s\n", cfg.checkpoint.init_from_hf.c_str());
   }
-  comm::run_agreed(*r.everyone, [&] { r.metrics.emplace(r.rank == 0 ? cfg.logging.dir : std::string(), r.step); });
+  comm::run_agreed(*r.everyone, [&] {
+    if (r.rank == 0) r.metrics.emplace(cfg.logging.dir, r.step, canonical_text(cfg));
+    else r.metrics.emplace(std::string(), r.step);
+  });
   r.print_banner();
   r.start = Clock::now();
 }
@@ -336,7 +339,11 @@ StepMetrics Trainer::run_step() {
   TrackedAllocator::of(ctx.device()).reset_peaks();
   if (!ctx.device().is_host()) TrackedAllocator::host().reset_peaks();
   std::vector<int64_t> bytes_before;
-  for (comm::Communicator* c : r.counted) bytes_before.push_back(c->total_bytes());
+  std::vector<double> a2a_before;
+  for (comm::Communicator* c : r.counted) {
+    bytes_before.push_back(c->total_bytes());
+    a2a_before.push_back(c->stats(comm::CommOp::all_to_all_v).blocking_s);
+  }
   zero.begin_step();
   double loss_sum = 0;  // last stage only
   ForwardStats fstats;
@@ -426,8 +433,11 @@ StepMetrics Trainer::run_step() {
   if (r.writer && r.writer->pending())  // a background save whose files every rank has written completes
     if (auto done = r.writer->poll(*r.everyone)) m.checkpoint_done = CheckpointDone{done->dir, done->written_s, done->max_rank_bytes, done->total_bytes};
   if (ck.interval > 0 && (step % ck.interval == 0 || step == tc.steps)) m.checkpoint = r.save();
-  for (size_t g = 0; g < r.counted.size(); ++g)
+  for (size_t g = 0; g < r.counted.size(); ++g) {
     m.comm_bytes.emplace_back(r.counted[g]->name(), r.counted[g]->total_bytes() - bytes_before[g]);
+    const double a2a = r.counted[g]->stats(comm::CommOp::all_to_all_v).blocking_s - a2a_before[g];
+    if (a2a > 0) m.comm_a2a_s.emplace_back(r.counted[g]->name(), a2a);
+  }
   r.summary.losses.push_back(m.lm_loss);
   if (r.rank == 0) {
     try {

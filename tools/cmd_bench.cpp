@@ -171,6 +171,7 @@ void add_bench_command(CLI::App& app) {
   step->callback([args] { run_bench_step(args->config, args->overrides, args->steps, args->warmup, args->json); });
   add_bench_moe_layer_command(*bench);
   add_bench_checkpoint_command(*bench);
+  add_bench_imbalance_command(*bench);
 }
 
 }  // namespace origami::tools

@@ -21,9 +21,12 @@ void add_groups_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_checkpoint_command(CLI::App& app);
 void add_export_command(CLI::App& app);
+// Its verdict goes to exit_status (0 healthy, 1 an alert fired) for main to return.
+void add_imbalance_command(CLI::App& app, int& exit_status);
 // Subcommands of `bench` (tools/bench_*.cpp).
 void add_bench_moe_layer_command(CLI::App& bench);
 void add_bench_comm_command(CLI::App& bench);
 void add_bench_checkpoint_command(CLI::App& bench);
+void add_bench_imbalance_command(CLI::App& bench);
 
 }  // namespace origami::tools

@@ -1,7 +1,7 @@
 // `origami`: one MPI program with subcommands (train, eval, preprocess, bench,
-// groups, plan, checkpoint, export). Plain `./origami ...` works as a one-rank job.
+// groups, plan, checkpoint, export, imbalance). Plain `./origami ...` works as a one-rank job.
 //
-// Exit statuses (kernels/check.h): 0 success, 2 bad input, 3 training
+// Exit statuses (kernels/check.h): 0 success, 1 imbalance alerts, 2 bad input, 3 training
 // diverged, 4 internal check failed, 5 collective timeout. Every rank leaves
 // through one meeting (comm::share_failures on a world communicator of its
 // own), failed or not, so an error raised on any subset of ranks reaches the
@@ -108,6 +108,8 @@ int main(int argc, char** argv) {
   origami::tools::add_plan_command(app);
   origami::tools::add_checkpoint_command(app);
   origami::tools::add_export_command(app);
+  int verdict = 0;  // a command's own non-error status (imbalance: 1 when an alert fired)
+  origami::tools::add_imbalance_command(app, verdict);
 
   int status = 0;
   std::string message;
@@ -153,6 +155,7 @@ int main(int argc, char** argv) {
       if (rank == 0) std::fprintf(stderr, "%s\n", origami::comm::format_failures(*failures, exit_comm->size()).c_str());
     }
   }
+  if (status == 0) status = verdict;
   exit_comm.reset();
   MPI_Finalize();
   return status;

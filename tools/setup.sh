@@ -11,9 +11,11 @@ packages=(
   ocl-icd-opencl-dev                  # oneDNN's CMake config calls find_package(OpenCL); only a Recommends of libdnnl-dev
   nlohmann-json3-dev libcli11-dev     # JSON, command lines
   libxxhash-dev                       # checkpoint file digests (XXH3)
+  libsimdjson-dev                     # origami imbalance: streaming metrics.jsonl
   libgtest-dev libgmock-dev           # tests
   fortunes fortunes-min               # demo corpus (/usr/share/games/fortunes)
   python3 python3-numpy python3-torch # independent float64 reference of the model math (tests)
+  chromium                            # headless browser test of the imbalance HTML report
 )
 
 missing=()

@@ -1,0 +1,208 @@
+// `origami imbalance RUN [RUN...]`: the load-imbalance report of runs'
+// metrics.jsonl (engine/imbalance.h defines every number), as a terminal
+// report or --json, optionally a self-contained HTML page, and with --place
+// a balanced `moe.expert_placement` for --ep N ranks. Exit status: 0
+// healthy, 1 when an alert fired (a job script can react), 2 bad input.
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "engine/files.h"
+#include "engine/imbalance.h"
+#include "kernels/check.h"
+#include "tools/commands.h"
+
+namespace origami::tools {
+
+namespace {
+
+namespace im = origami::imbalance;
+
+struct Args {
+  std::vector<std::string> runs;
+  std::string steps, html, out;
+  int64_t window = 0, ep = 0;
+  bool json = false, place = false;
+  double collapse_share = 0.5, rise = 0.25;
+};
+
+// "A:B", "A:", ":B" or "A": steps A through B, both included.
+void parse_steps(const std::string& text, im::Options& opt) {
+  auto number = [&](const std::string& s) -> int64_t {
+    size_t used = 0;
+    int64_t v = -1;
+    try {
+      v = std::stoll(s, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (s.empty() || used != s.size() || v < 0)
+      ORIGAMI_USER_ERROR("--steps ", shorten(text), ": '", shorten(s), "' is not a step number (A:B, A:, :B or A)");
+    return v;
+  };
+  const size_t colon = text.find(':');
+  if (colon == std::string::npos) {
+    opt.first_step = opt.last_step = number(text);
+    return;
+  }
+  const std::string a = text.substr(0, colon), b = text.substr(colon + 1);
+  if (!a.empty()) opt.first_step = number(a);
+  if (!b.empty()) opt.last_step = number(b);
+  if (opt.first_step && opt.last_step && *opt.first_step > *opt.last_step)
+    ORIGAMI_USER_ERROR("--steps ", text, ": the first step is after the last");
+}
+
+std::string f(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+std::string bytes_text(double b) {
+  if (b >= 1e9) return f(b / 1e9, 2) + " GB";
+  if (b >= 1e6) return f(b / 1e6, 2) + " MB";
+  return f(b / 1e3, 1) + " kB";
+}
+
+void print_report(const im::RunReport& r) {
+  const im::LayerReport& L0 = r.layers.front();
+  std::printf("%s: steps %lld-%lld (%lld of %lld records), %zu MoE layers x %lld experts, top-%lld, EP %lld\n",
+              r.path.c_str(), static_cast<long long>(r.first_step), static_cast<long long>(r.last_step),
+              static_cast<long long>(r.steps), static_cast<long long>(r.records), r.layers.size(),
+              static_cast<long long>(L0.experts), static_cast<long long>(r.top_k), static_cast<long long>(L0.ep.ranks));
+  if (r.shape.known)
+    std::printf("  config: load_balancing %s%s%s\n", r.shape.load_balancing.c_str(),
+                r.shape.expert_bias ? " + expert_bias" : "", r.shape.placement.empty() ? "" : ", moe.expert_placement");
+  const bool what_if = L0.what_if.ranks > 0;
+  std::printf("  %5s %8s %8s %8s %6s %9s %5s  %-27s %8s %12s%s\n", "layer", "util min", "util max", "max_vio", "CV",
+              "batch vio", "dead", "hottest (share of tokens)", "dropped", "EP max/mean",
+              what_if ? ("  EP" + std::to_string(L0.what_if.ranks) + " what-if").c_str() : "");
+  for (const im::LayerReport& L : r.layers) {
+    std::string hot;
+    for (const im::HotExpert& h : L.hottest) hot += (hot.empty() ? "#" : " #") + std::to_string(h.expert) + " " + f(100 * h.share, 1) + "%";
+    const std::string ep = L.ep.ranks > 1 ? f(L.ep.max_over_mean, 3) : "-";
+    std::printf("  %5lld %8.3f %8.3f %8.3f %6.3f %9.3f %5zu  %-27s %8.4f %12s", static_cast<long long>(L.layer),
+                L.utilization_min, L.utilization_max, L.max_vio, L.cv, L.max_vio_batch, L.dead.size(), hot.c_str(),
+                L.dropped_fraction, ep.c_str());
+    if (what_if) std::printf("  %11.3f", L.what_if.max_over_mean);
+    std::printf("\n");
+  }
+  std::printf("  across layers: max_vio p50 %.3f p90 %.3f p95 %.3f | batch max_vio p50 %.3f p90 %.3f p95 %.3f\n", r.p50,
+              r.p90, r.p95, r.batch_p50, r.batch_p90, r.batch_p95);
+  const double change = r.trend_first > 0 ? 100 * (r.trend_last / r.trend_first - 1) : 0;
+  std::printf("  trend: mean batch max_vio %.3f over the first %lld steps -> %.3f over the last %lld (%+.0f%%)\n",
+              r.trend_first, static_cast<long long>(r.window), r.trend_last, static_cast<long long>(r.window), change);
+  if (L0.ep.ranks > 1) {
+    std::string cost = "  cost per step: the busiest EP rank gets " + f(r.cost.excess_tokens, 1) +
+                       " more tokens than the mean rank (summed over layers)";
+    if (r.cost.timed) {
+      cost += ": ~" + f(r.cost.compute_s, 4) + " s more expert compute at the run's GFLOP/s and " +
+              bytes_text(r.cost.a2a_bytes) + " more all-to-all";
+      if (r.cost.a2a_timed) cost += " (~" + f(r.cost.a2a_s, 4) + " s at the run's measured all-to-all rate)";
+      cost += ", against a " + f(r.cost.step_time_s, 3) + " s step (" +
+              f(100 * (r.cost.compute_s + r.cost.a2a_s) / std::max(1e-12, r.cost.step_time_s), 1) + "%)";
+    } else {
+      cost += " (no config.toml beside the metrics: no time estimate)";
+    }
+    std::printf("%s\n", cost.c_str());
+  } else {
+    std::printf("  cost: one EP rank holds every expert; imbalance costs no straggler here (see --ep N for a what-if)\n");
+  }
+  if (r.alerts.empty()) std::printf("  healthy: no alerts\n");
+  for (const im::Alert& a : r.alerts) std::printf("  ALERT %s\n", a.message.c_str());
+}
+
+void print_placement(const std::vector<im::LayerPlacement>& plan, int64_t ranks) {
+  std::printf("placement for EP %lld (predicted per-EP-rank max/mean of kept tokens over the window):\n",
+              static_cast<long long>(ranks));
+  for (const im::LayerPlacement& lp : plan) {
+    std::string ranks_text;
+    for (const auto& r : lp.after) {
+      ranks_text += ranks_text.empty() ? "[" : " [";
+      for (size_t i = 0; i < r.size(); ++i) ranks_text += (i ? "," : "") + std::to_string(r[i]);
+      ranks_text += "]";
+    }
+    std::printf("  layer %lld: %.3f (%s) -> %.3f  %s\n", static_cast<long long>(lp.layer), lp.before_max_over_mean,
+                lp.before_from_run ? "run's placement" : "contiguous", lp.after_max_over_mean, ranks_text.c_str());
+  }
+}
+
+int run_imbalance(const Args& a) {
+  im::Options opt;
+  if (!a.steps.empty()) parse_steps(a.steps, opt);
+  opt.window = a.window;
+  opt.what_if_ep = a.ep;
+  opt.collapse_share = a.collapse_share;
+  opt.rise = a.rise;
+  if (a.place && a.ep <= 0) ORIGAMI_USER_ERROR("--place needs --ep N: the EP size to place the experts on");
+  if (!a.out.empty() && !a.place) ORIGAMI_USER_ERROR("--out writes the placement: it needs --place");
+  std::vector<im::RunReport> reports;
+  for (const std::string& run : a.runs) reports.push_back(im::analyze(run, opt));
+  std::vector<im::LayerPlacement> plan;
+  if (a.place) plan = im::advise_placement(reports.front(), a.ep);
+
+  if (a.json) {
+    nlohmann::ordered_json j = {{"runs", nlohmann::ordered_json::array()}};
+    for (const im::RunReport& r : reports) j["runs"].push_back(im::to_json(r, /*with_series=*/false));
+    if (a.place) j["placement"] = im::to_json(plan, a.ep);
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    for (const im::RunReport& r : reports) print_report(r);
+    if (reports.size() > 1) {
+      std::printf("comparison:\n  %-40s %-16s %9s %9s %12s %10s\n", "run", "load balancing", "vio p50", "vio p95",
+                  "EP max/mean", "aux loss");
+      for (const im::RunReport& r : reports) {
+        double ep = 0;
+        for (const im::LayerReport& L : r.layers) ep += L.ep.max_over_mean / static_cast<double>(r.layers.size());
+        std::printf("  %-40s %-16s %9.3f %9.3f %12.3f %10.4f\n", shorten(r.path, 40).c_str(),
+                    r.shape.known ? r.shape.load_balancing.c_str() : "?", r.p50, r.p95, ep, r.mean_aux_loss);
+      }
+    }
+    if (a.place) print_placement(plan, a.ep);
+  }
+  if (a.place) {
+    const std::string toml = im::placement_toml(reports.front(), plan, a.ep);
+    if (a.out.empty()) {
+      if (!a.json) std::printf("%s", toml.c_str());
+    } else {
+      OutputFile out(a.out, OutputFile::Mode::truncate);
+      out.write(toml);
+      out.close();
+      if (!a.json) std::printf("wrote %s (apply with --set moe.expert_placement=%s)\n", a.out.c_str(), a.out.c_str());
+    }
+  }
+  if (!a.html.empty()) {
+    OutputFile out(a.html, OutputFile::Mode::truncate);
+    out.write(im::html_report(reports, a.place ? &plan : nullptr, a.ep));
+    out.close();
+    if (!a.json) std::printf("wrote %s\n", a.html.c_str());
+  }
+  for (const im::RunReport& r : reports)
+    if (!r.alerts.empty()) return 1;
+  return 0;
+}
+
+}  // namespace
+
+void add_imbalance_command(CLI::App& app, int& exit_status) {
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand("imbalance", "Expert load-imbalance report of runs' metrics.jsonl");
+  cmd->add_option("runs", args->runs, "Run directories (holding metrics.jsonl) or metrics.jsonl files")->required();
+  cmd->add_option("--steps", args->steps, "Steps A:B (both included; A: or :B open-ended)");
+  cmd->add_option("--window", args->window, "Trend window in steps (default: a tenth of the selection)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--ep", args->ep, "What-if EP size (contiguous experts); with --place, the EP size to place on")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--html", args->html, "Write a self-contained HTML report here");
+  cmd->add_flag("--json", args->json, "Print the statistics as JSON instead of the terminal report");
+  cmd->add_flag("--place", args->place, "Advise a balanced moe.expert_placement for --ep N ranks (first RUN)");
+  cmd->add_option("--out", args->out, "With --place: write the placement TOML here (default: print it)");
+  cmd->add_option("--collapse-share", args->collapse_share,
+                  "Alert when one expert sees more than this share of a layer's tokens")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--rise", args->rise, "Alert when the last window's imbalance exceeds the first's by this fraction")
+      ->check(finite_positive());
+  cmd->callback([args, &exit_status] { exit_status = run_imbalance(*args); });
+}
+
+}  // namespace origami::tools
