@@ -224,7 +224,7 @@ TEST(MoeMpiDispatcher, RowsReachTheirExpertsInDocumentedOrder) {
         const std::string at = where(*s, E, pattern_name(p));
         SCOPED_TRACE(at);
         const AllToAllDispatcher disp = s->dispatcher(E);
-        const int64_t El = disp.num_local_experts(), first = disp.first_local_expert();
+        const int64_t El = disp.num_local_experts(), first = disp.local_experts().front();
         const comm::RankCoords rc = s->layout.coords(me);
         EXPECT_EQ(first, rc.ep * El);
         EXPECT_EQ(disp.etp_rank(), rc.etp);
@@ -435,7 +435,7 @@ void check_layer_parity(const Setup& s, int64_t E, const LayerCase& c) {
   SCOPED_TRACE(at);
   const int me = world_rank();
   const AllToAllDispatcher disp = s.dispatcher(E);
-  const int64_t El = disp.num_local_experts(), Fl = kF / s.etp, first = disp.first_local_expert();
+  const int64_t El = disp.num_local_experts(), Fl = kF / s.etp, first = disp.local_experts().front();
   const int64_t f0 = disp.etp_rank() * Fl;
   const bool starve = c.starve && E - El >= kK;  // k experts must stay selectable
 
@@ -577,7 +577,7 @@ void check_empty_rank_with_reduced_losses(moe::LoadBalancing balancing, float au
     local.gate_ED = full.gate_ED;
     const int64_t Fl = kF / s->etp;
     local.experts = zero_experts(disp.num_local_experts(), Fl);
-    slice_experts(local.experts, full.experts, disp.first_local_expert(), disp.etp_rank() * Fl, false);
+    slice_experts(local.experts, full.experts, disp.local_experts().front(), disp.etp_rank() * Fl, false);
     // One rank alone cannot have T = 0 here: the reduced statistics would
     // cover no tokens (router_forward rejects that).
     const bool empty = world_size() > 1 && world_rank() == world_size() - 1;
