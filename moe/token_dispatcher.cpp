@@ -47,9 +47,10 @@ std::vector<RowBlock> slot_order_blocks(const ExpertPlacement& placement, const 
 
 enum class Order { to_slots, to_experts };
 
-// The rows of `src` [N, D] in the other order, as a fresh [N, D] buffer.
+// The rows of `src` [N, D] in the other order, as a fresh [N, D] buffer on
+// src's device.
 Tensor reorder(const Tensor& src, const std::vector<RowBlock>& blocks, Order order, MemCategory cat) {
-  Tensor dst = rows_buffer(src.size(0), src.size(1), cat);
+  Tensor dst = Tensor::empty(src.shape(), DType::f32, cat, src.device());
   for (const RowBlock& b : blocks) {
     const bool to_slots = order == Order::to_slots;
     dst.slice(to_slots ? b.to : b.from, b.rows).copy_from(src.slice(to_slots ? b.from : b.to, b.rows));
