@@ -13,7 +13,7 @@
 //
 // Invariants: slot_expert is a permutation of 0..E-1 whose run of each rank
 // ascends; expert_slot is its inverse. Users' placements are checked by the
-// config (engine/config_rules.cpp, with the key and rule) before they get
+// config (engine/config_placement.cpp, with the key and rule) before they get
 // here; from_ranks only ORIGAMI_CHECKs.
 #pragma once
 #include <cstddef>

@@ -22,8 +22,11 @@
 //
 // Placement-independence: expert e's rows arrive at its owner in the same
 // order and as the same segments under every placement of one EP size
-// (segments merge across sources only when El = 1), so its outputs and
-// weight gradient are bitwise the same wherever it lives.
+// (segments merge across sources only when El = 1), so its GEMMs get the
+// same operands wherever it lives; its outputs and weight gradient are then
+// bitwise the same where the grouped GEMM runs a segment alike whatever the
+// other segments (on CPU: at one thread, kernels/cpu/grouped_gemm.cpp; at
+// more, its schedule follows all of a call's segments).
 //
 // The backward of combine moves gradients the way dispatch moves rows, and
 // the backward of dispatch the way combine does; the handle from dispatch
