@@ -55,11 +55,46 @@ std::string fmt(const std::string& v) {  // a TOML basic string: "..." with esca
   return r + '"';
 }
 
+std::string type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::table: return "a table";
+    case toml::node_type::date: return "a date";
+    case toml::node_type::time: return "a time";
+    case toml::node_type::date_time: return "a date-time";
+    default: return "nothing";
+  }
+}
+
+// The value as TOML text, shortened so a large array or table stays readable.
+std::string show(const toml::node& n) {
+  std::string s;
+  if (const auto* str = n.as_string()) {
+    s = fmt(str->get());
+  } else {
+    std::ostringstream os;
+    n.visit([&](const auto& v) { os << v; });
+    s = os.str();
+  }
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  if (s.size() > 40) {
+    s.resize(37);
+    s += "...";
+  }
+  return s;
+}
+
 }  // namespace config_detail
 
 namespace {
 
 using config_detail::fmt;
+using config_detail::show;
+using config_detail::type_name;
 using config_detail::Origins;
 
 // ---- The schema: every section and key, bound to a Config's fields. ----------
@@ -102,6 +137,11 @@ const EnumNames<moe::DropPolicy>& enum_names(const moe::DropPolicy*) {
                                                {"position", moe::DropPolicy::position}};
   return n;
 }
+
+// moe.expert_placement is read apart from the schema: its value is a table
+// (or a file holding one) that the rules resolve once every other key is
+// known (config_placement.cpp).
+constexpr std::string_view kPlacementKey = "expert_placement";
 
 // Keys are exactly the struct field names (the [moe] section's spread over
 // MoeConfig and its router and capacity structs); the order here breaks ties
@@ -149,36 +189,6 @@ std::vector<Section> schema(Config& c) {
       {"logging", {{"dir", &c.logging.dir}, {"interval", &c.logging.interval}}},
       {"runtime", {{"threads", &c.runtime.threads}, {"collective_timeout_s", &c.runtime.collective_timeout_s}}},
   };
-}
-
-std::string type_name(const toml::node& n) {
-  switch (n.type()) {
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a float";
-    case toml::node_type::boolean: return "a boolean";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::table: return "a table";
-    case toml::node_type::date: return "a date";
-    case toml::node_type::time: return "a time";
-    case toml::node_type::date_time: return "a date-time";
-    default: return "nothing";
-  }
-}
-
-// The value as TOML text, shortened so a large array or table stays readable.
-std::string show(const toml::node& n) {
-  std::string s;
-  if (const auto* str = n.as_string()) {
-    s = fmt(str->get());
-  } else {
-    std::ostringstream os;
-    n.visit([&](const auto& v) { os << v; });
-    s = os.str();
-  }
-  std::replace(s.begin(), s.end(), '\n', ' ');
-  if (s.size() > 40) s = s.substr(0, 37) + "...";
-  return s;
 }
 
 std::string lower(std::string_view s) {
@@ -239,6 +249,7 @@ std::optional<std::string_view> closest(std::string_view typed, const std::vecto
     } else {
       std::vector<std::string_view> keys;
       for (const Field& f : sec.fields) keys.push_back(f.key);
+      if (sec.name == "moe") keys.push_back(kPlacementKey);
       if (auto c = closest(key, keys)) hint = concat(" (did you mean '", sec.name, ".", *c, "'?)");
     }
   }
@@ -336,7 +347,9 @@ void assign(const Field& f, const toml::node& v, const std::string& key, const s
       f.ptr);
 }
 
-void read_table(const toml::table& root, Config& cfg, const Origins& origins) {
+// `placement` receives moe.expert_placement as written (kPlacementKey).
+void read_table(const toml::table& root, Config& cfg, const Origins& origins,
+                config_detail::PlacementInput& placement) {
   std::vector<Section> sections = schema(cfg);
   for (auto&& [k, node] : root) {
     const std::string name(k.str());
@@ -347,6 +360,10 @@ void read_table(const toml::table& root, Config& cfg, const Origins& origins) {
       ORIGAMI_USER_ERROR(origins.of(name), ": '", name, "' must be a section ([", name, "]), got ", type_name(node));
     for (auto&& [kk, v] : *tbl) {
       const std::string full = concat(name, ".", kk.str());
+      if (name == "moe" && kk.str() == kPlacementKey) {
+        placement = config_detail::read_placement(v, origins.of(full));
+        continue;
+      }
       auto f = std::find_if(sec->fields.begin(), sec->fields.end(), [&](const Field& x) { return x.key == kk.str(); });
       if (f == sec->fields.end()) unknown_key(sections, *sec, kk.str(), origins.of(full));
       assign(*f, v, full, origins.of(full));
@@ -405,11 +422,13 @@ Config parse_table(toml::table root, const std::string& source, const std::vecto
   for (const std::string& ov : overrides) apply_override(root, ov, origins);
   Config cfg;
   cfg.source = source;
-  read_table(root, cfg, origins);
+  config_detail::PlacementInput placement;
+  read_table(root, cfg, origins, placement);
   // Megatron's default: expert_tensor_parallel_size = tensor_model_parallel_size.
   const toml::table* par = root["parallel"].as_table();
   if (!par || !par->contains("etp")) cfg.parallel.etp = cfg.parallel.tp;
   config_detail::validate(cfg, origins);
+  cfg.moe.expert_placement = config_detail::resolve_placement(placement, cfg, origins);
   cfg.set_by = origins.overridden();
   return cfg;
 }
@@ -456,6 +475,9 @@ std::string canonical_text(const Config& cfg) {
           },
           f.ptr);
       if (!value.empty()) out += concat(sec.name, ".", f.key, " = ", value, "\n");
+      // The resolved placement itself, never the path it was read from.
+      if (sec.name == "moe" && &f == &sec.fields.back() && cfg.moe.expert_placement.ep > 0)
+        out += concat("moe.", kPlacementKey, " = ", config_detail::placement_toml(cfg.moe.expert_placement), "\n");
     }
   return out;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "moe/options.h"
+#include "moe/placement.h"
 
 namespace origami {
 
@@ -46,6 +47,11 @@ struct MoeConfig {
   int64_t shared_expert_hidden_size = 0;  // 0: no shared expert
   bool expert_bias = false;       // aux-loss-free balancing (DeepSeek-V3)
   double bias_update_rate = 1e-3;
+  // moe.expert_placement, resolved (a placement file read, every rule
+  // checked): which EP rank holds which experts of the listed MoE layers,
+  // for ep = parallel.ep. Where the experts live, never the math; not part
+  // of the model's shape (a checkpoint loads under any placement).
+  moe::ExpertPlacements expert_placement;
 
   int64_t expert_ffn(int64_t dense_ffn) const { return ffn_hidden_size > 0 ? ffn_hidden_size : dense_ffn; }
   bool is_moe_layer(int64_t l) const {

@@ -49,9 +49,7 @@ Model::Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, cons
   // no communication on one rank).
   auto group = [&](comm::GroupKind k) { return comm::multi_rank(groups, k); };
   if (E > 0) {
-    dispatcher_ = std::make_unique<moe::AllToAllDispatcher>(E, group(comm::GroupKind::ep), group(comm::GroupKind::etp));
-    first_expert_ = dispatcher_->first_local_expert();
-    local_experts_ = dispatcher_->num_local_experts();
+    local_experts_ = E / comm::group_size(group(comm::GroupKind::ep));
     const bool global = moe_cfg.router.load_balancing == moe::LoadBalancing::global_aux_loss;
     if (comm::Communicator* c = group(global ? comm::GroupKind::tp_dp_cp : comm::GroupKind::tp_cp))
       reduce_stats_ = [c](const Tensor& stats_N) { c->all_reduce(stats_N); };
@@ -62,6 +60,16 @@ Model::Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, cons
   local_attn_opt_ = dense::tp_attention_shard(attn_opt_, tp_).local;
   stage_ = pipeline_stage(cfg.num_layers, groups ? groups->layout().pp() : 1, groups ? groups->coords().pp : 0,
                           pp_layers);
+  // A dispatcher per MoE layer of the stage, with the layer's placement for
+  // this layout's EP size (the unit table below places the experts' weights
+  // by the same rule: ExpertPlacements::find).
+  dispatchers_.resize(cfg.num_layers);
+  for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l)
+    if (moe_cfg.is_moe_layer(l)) {
+      comm::Communicator* ep = group(comm::GroupKind::ep);
+      dispatchers_[l] = std::make_unique<moe::AllToAllDispatcher>(
+          E, ep, group(comm::GroupKind::etp), moe_cfg.expert_placement.of_layer(l, E, comm::group_size(ep)));
+    }
 
   // This rank's part of every unit of its stage, as the unit table cuts it.
   const comm::Layout one_rank = single_rank_layout(moe_cfg);
@@ -107,9 +115,26 @@ Model::LayerRefs Model::resolve_layer(int64_t l) const {
     return r;
   }
   r.router = ref("block_sparse_moe.gate.weight");
-  r.w1 = params_.ref(expert_param_name(l, first_expert_, "w1"));
-  r.w3 = params_.ref(expert_param_name(l, first_expert_, "w3"));
-  r.w2 = params_.ref(expert_param_name(l, first_expert_, "w2"));
+  r.dispatcher = dispatchers_[l].get();
+  // The layer's experts are one [El, ...] block per weight from the first
+  // one's offset (units.h: held experts in ascending id, the dispatcher's
+  // local order), whichever experts the placement gave this rank.
+  const std::vector<int64_t> mine = r.dispatcher->local_experts();
+  ORIGAMI_CHECK(static_cast<int64_t>(mine.size()) == local_experts_, "layer ", l, ": ", mine.size(),
+                " local experts, expected ", local_experts_);
+  for (const char* w : {"w1", "w3", "w2"}) {
+    const ParamRef first = params_.ref(expert_param_name(l, mine.front(), w));
+    const int64_t offset = params_.units()[first.unit].params[first.index].offset;
+    for (size_t j = 0; j < mine.size(); ++j) {
+      const ParamRef p = params_.ref(expert_param_name(l, mine[j], w));
+      const ParamInfo& info = params_.units()[p.unit].params[p.index];
+      ORIGAMI_CHECK(p.unit == first.unit && info.offset == offset + static_cast<int64_t>(j) * info.numel(), "layer ", l,
+                    ": expert ", mine[j], " ", w, " is not local expert ", j, " of the unit's block");
+    }
+  }
+  r.w1 = params_.ref(expert_param_name(l, mine.front(), "w1"));
+  r.w3 = params_.ref(expert_param_name(l, mine.front(), "w3"));
+  r.w2 = params_.ref(expert_param_name(l, mine.front(), "w2"));
   if (moe_cfg_.shared_expert_hidden_size > 0) {
     r.shared_gate = ref("block_sparse_moe.shared_expert.gate_proj.weight");
     r.shared_up = ref("block_sparse_moe.shared_expert.up_proj.weight");
@@ -130,7 +155,7 @@ Model::LayerWeights Model::layer_views(int64_t l, bool grads) const {
     return w;
   }
   const int64_t El = local_experts_, D = cfg_.hidden_size;
-  const int64_t Fl = moe_cfg_.expert_ffn(cfg_.ffn_hidden_size) / dispatcher_->etp_size();
+  const int64_t Fl = moe_cfg_.expert_ffn(cfg_.ffn_hidden_size) / r.dispatcher->etp_size();
   w.moe.gate_ED = get(r.router);
   if (!grads) w.moe.bias_E = expert_bias_[l];
   // The local experts' tensors of one kind sit back to back in the unit: one
@@ -145,6 +170,11 @@ Model::LayerWeights Model::layer_views(int64_t l, bool grads) const {
     w.moe.shared = {get(r.shared_gate).view({1, Fs, D}), get(r.shared_up).view({1, Fs, D}),
                     get(r.shared_down).view({1, D, Fs})};
   return w;
+}
+
+std::vector<int64_t> Model::local_experts(int64_t l) const {
+  ORIGAMI_CHECK(stage_.owns_layer(l) && dispatchers_[l], "layer ", l, " is not a MoE layer of this stage");
+  return dispatchers_[l]->local_experts();
 }
 
 int64_t Model::active_matmul_params() const { return units_.counts().matmul_active; }
@@ -194,7 +224,7 @@ Tensor Model::layer_forward(int64_t l, const Tensor& h_in, int64_t B, int64_t S,
   Tensor z;
   if (moe_cfg_.is_moe_layer(l)) {
     moe::MoeLayerStats st;
-    z = moe::moe_layer_forward(ctx, moe_opt_, w.moe, m, S, ls.moe, st, reduce_stats_, dispatcher_.get());
+    z = moe::moe_layer_forward(ctx, moe_opt_, w.moe, m, S, ls.moe, st, reduce_stats_, dispatchers_[l].get());
     if (record)
       *record = {l, st.routed_per_expert, st.kept_per_expert, st.tokens_per_ep_rank, st.losses.aux_loss,
                  st.losses.z_loss};
@@ -307,7 +337,8 @@ void Model::backward(StageGradIO& io, ModelSaved& saved) {
       layer_forward(l, input, saved.batch, saved.seq_len, saved.pos_S, ls, nullptr);
     }
     LayerWeights w = layer_views(l, /*grads=*/false), g = layer_views(l, /*grads=*/true);
-    Tensor dm = is_moe ? moe::moe_layer_backward(ctx, moe_opt_, w.moe, ls.moe, dh, aux_scale, g.moe, dispatcher_.get())
+    Tensor dm = is_moe ? moe::moe_layer_backward(ctx, moe_opt_, w.moe, ls.moe, dh, aux_scale, g.moe,
+                                                 dispatchers_[l].get())
                        : dense::tp_mlp_backward(ctx, w.mlp, ls.mlp, dh, tp_, g.mlp);
     add_inplace(ctx, dh, dense::rmsnorm_module_backward(ctx, dm, w.mlp_norm, ls.mlp_norm, g.mlp_norm));
     Tensor da =

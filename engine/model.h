@@ -100,7 +100,8 @@ struct StepFlops {
 // own to the next, backward the reverse; parameter and layer names stay
 // global, so every stage initializes exactly its part of the one-rank model.
 // Under expert parallelism (groups given, EP·ETP > 1) the model holds only
-// this rank's experts — E/EP of them, each its F/ETP slice — and its MoE
+// this rank's experts — E/EP of them per layer, where the layer's placement
+// puts them (moe.expert_placement), each its F/ETP slice — and its MoE
 // layers exchange tokens over the `ep` and `etp` groups; routing statistics
 // reduce over `tp-cp` (aux_loss, seq_aux_loss) or `tp-dp-cp`
 // (global_aux_loss). Every rank of a group must run the same forward and
@@ -120,8 +121,6 @@ class Model {
   const ModelConfig& config() const { return cfg_; }
   const MoeConfig& moe_config() const { return moe_cfg_; }
   const ExecContext& context() const { return *ctx_; }
-  // This rank's experts: [first_local_expert, + num_local_experts), F-slice
-  // [etp_rank · F/ETP, + F/ETP).
   // training.recompute (engine/config.h): what backward recomputes.
   void set_recompute(Recompute r) {
     recompute_ = r;
@@ -131,7 +130,11 @@ class Model {
   // The shape of a stage boundary tensor (this rank's residual stream of one
   // micro-batch): [batch·seq_len / (cp·tp), hidden].
   Shape boundary_shape(int64_t batch, int64_t seq_len) const;
-  int64_t first_local_expert() const { return first_expert_; }
+  // This rank's experts of MoE layer l (of its stage): num_local_experts()
+  // of them, ascending, where the layer's placement puts them
+  // (moe.expert_placement, else the contiguous block); each its F-slice
+  // [etp_rank · F/ETP, + F/ETP).
+  std::vector<int64_t> local_experts(int64_t l) const;
   int64_t num_local_experts() const { return local_experts_; }
 
   // Every parameter of the whole model: global shapes and shard rules.
@@ -172,6 +175,7 @@ class Model {
     ParamRef attn_norm, q, k, v, o, mlp_norm;
     ParamRef gate, up, down;                       // dense MLP
     ParamRef router, w1, w3, w2;                   // MoE: w1/w3/w2 of the first local expert (blocks are contiguous)
+    const moe::AllToAllDispatcher* dispatcher = nullptr;  // MoE: the layer's (its placement's)
     ParamRef shared_gate, shared_up, shared_down;  // MoE with a shared expert
   };
   LayerRefs resolve_layer(int64_t l) const;
@@ -193,12 +197,14 @@ class Model {
   std::vector<Tensor> expert_bias_;
   Recompute recompute_ = Recompute::none;
   PipelineStage stage_;
-  int64_t first_expert_ = 0, local_experts_ = 0;
+  int64_t local_experts_ = 0;  // E/EP on every MoE layer
   size_t embedding_unit_ = 0, final_unit_ = 0;    // first / last stage only
   ParamRef embedding_, final_norm_, head_;         // first / last stage only
   std::vector<LayerRefs> layer_refs_;              // per layer of this stage
   std::vector<size_t> layer_unit_, expert_unit_;  // per layer of this stage (expert_unit_: MoE layers only)
-  std::unique_ptr<moe::AllToAllDispatcher> dispatcher_;  // null without MoE layers
+  // One per MoE layer of this stage (by layer; null for the others):
+  // placements differ by layer.
+  std::vector<std::unique_ptr<moe::AllToAllDispatcher>> dispatchers_;
   moe::StatsReducer reduce_stats_;                        // null when the group is one rank
 };
 

@@ -60,7 +60,7 @@ TensorSpec tp_split(std::string name, Shape shape, InitKind init, int dim, int64
 }  // namespace
 
 UnitTable::UnitTable(const ModelConfig& m, const MoeConfig& e)
-    : num_experts_(e.router.num_experts), top_k_(e.router.top_k) {
+    : num_experts_(e.router.num_experts), top_k_(e.router.top_k), placements_(e.expert_placement) {
   const int64_t D = m.hidden_size, V = m.vocab_size, F = m.ffn_hidden_size, hd = m.head_dim();
   const int64_t Hq = m.num_heads, Hkv = m.num_kv_heads;
   const int64_t E = e.router.num_experts, Fe = e.expert_ffn(F), Fs = e.shared_expert_hidden_size;
@@ -97,17 +97,19 @@ UnitTable::UnitTable(const ModelConfig& m, const MoeConfig& e)
     }
     units_.push_back(std::move(u));
     // Routed experts: their own unit (reduced and sharded over edp). All w1,
-    // then all w3, then all w2, so a rank's local experts of each weight form
-    // one contiguous [E/EP, ...] block; F split over etp (w1/w3 rows, w2 columns).
+    // then all w3, then all w2, each in expert order, so a rank's local
+    // experts of each weight (its held ones, ascending under any placement)
+    // form one [E/EP, ...] block of its buffer; F split over etp (w1/w3
+    // rows, w2 columns).
     UnitSpec x{"layers." + std::to_string(l) + ".experts", true, UnitPlace::layer, l, {}};
     x.tensors.reserve(static_cast<size_t>(3 * E));
     for (int64_t j = 0; j < E; ++j)
-      x.tensors.push_back({expert_param_name(l, j, "w1"), {Fe, D}, normal, ShardRule::etp_even, 0, 1, j, true});
+      x.tensors.push_back({expert_param_name(l, j, "w1"), {Fe, D}, normal, ShardRule::etp_even, 0, 1, j, true, l});
     for (int64_t j = 0; j < E; ++j)
-      x.tensors.push_back({expert_param_name(l, j, "w3"), {Fe, D}, normal, ShardRule::etp_even, 0, 1, j, true});
+      x.tensors.push_back({expert_param_name(l, j, "w3"), {Fe, D}, normal, ShardRule::etp_even, 0, 1, j, true, l});
     for (int64_t j = 0; j < E; ++j)
       x.tensors.push_back(
-          {expert_param_name(l, j, "w2"), {D, Fe}, normal_scaled_output, ShardRule::etp_even, 1, 1, j, true});
+          {expert_param_name(l, j, "w2"), {D, Fe}, normal_scaled_output, ShardRule::etp_even, 1, 1, j, true, l});
     units_.push_back(std::move(x));
   }
   // Final norm replicated; vocab-parallel head.
@@ -158,7 +160,8 @@ bool UnitTable::holds(const TensorSpec& t, const comm::Layout& layout, const com
   if (t.expert < 0) return true;
   ORIGAMI_CHECK(num_experts_ % layout.ep() == 0, "moe.num_experts = ", num_experts_, " does not split over ep ",
                 layout.ep());
-  return t.expert / (num_experts_ / layout.ep()) == coords.ep;  // E/EP consecutive experts per ep rank
+  if (const moe::ExpertPlacement* p = placements_.find(t.layer, layout.ep())) return p->owner(t.expert) == coords.ep;
+  return moe::ExpertPlacement::contiguous(num_experts_, layout.ep()).owner(t.expert) == coords.ep;
 }
 
 UnitTable::Cut UnitTable::cut(const TensorSpec& t, const comm::Layout& layout,

@@ -24,7 +24,11 @@
 //             (dense/tensor_parallel.h tp_vocab_range).
 //   etp_even  an expert's ffn dimension `dim` split evenly over etp.
 // Routed expert tensors (expert >= 0) are held only by the ep rank owning the
-// expert: ep coordinate expert / (E/EP) (moe/token_dispatcher.h).
+// expert under its layer's placement (moe/placement.h): moe.expert_placement
+// when that placement is for the layout's EP size, else the contiguous
+// blocks, ep coordinate expert / (E/EP). Either way a rank holds E/EP experts
+// of each layer, and its held experts in table order (ascending id) are its
+// local expert order, one [E/EP, ...] block per weight.
 // A split over a size-1 axis is no split: the slice is whole (dim = -1).
 //
 // ZeRO (§6): a unit shards over dp-cp (dense units) or edp (expert units)
@@ -78,6 +82,7 @@ struct TensorSpec {
   int64_t block = 1;      // split granularity along dim (head_dim for heads)
   int64_t expert = -1;    // routed expert index (expert units), else -1
   bool matmul = false;    // multiplies activations (counted by 6·N·tokens); not the embedding lookup
+  int64_t layer = -1;     // the layer of a routed expert tensor (its placement's), else -1
   int64_t numel() const { return shape_numel(global_shape); }
 };
 
@@ -137,7 +142,8 @@ class UnitTable {
   ParamCounts counts() const;
 
   // Whether the rank at `coords` holds any of `t`: every rank but another
-  // ep rank's expert (its stage aside).
+  // ep rank's expert (its stage aside; the expert's owner per the placement
+  // of its layer for layout.ep()).
   bool holds(const TensorSpec& t, const comm::Layout& layout, const comm::RankCoords& coords) const;
   // The slice of `t` held by the rank at `coords` of `layout` (its stage
   // aside: see UnitSpec::on_stage). ORIGAMI_CHECK when the split does not
@@ -161,6 +167,7 @@ class UnitTable {
 
   int64_t num_experts_ = 0;
   int64_t top_k_ = 0;
+  moe::ExpertPlacements placements_;  // moe.expert_placement
   std::vector<UnitSpec> units_;
   std::map<std::string, std::pair<size_t, size_t>> index_;
 };

@@ -19,11 +19,10 @@ ExpertsSaved rebuilt(const ExecContext& ctx, const ExpertWeights& w, const Exper
   return again;
 }
 
-// Kept rows per destination EP rank: experts are owned in contiguous blocks.
-std::vector<int64_t> per_ep_rank(const std::vector<int64_t>& kept, int64_t ep) {
-  std::vector<int64_t> out(ep, 0);
-  const int64_t per = static_cast<int64_t>(kept.size()) / ep;
-  for (size_t e = 0; e < kept.size(); ++e) out[e / per] += kept[e];
+// Kept rows per destination EP rank: each expert's go to its placed owner.
+std::vector<int64_t> per_ep_rank(const std::vector<int64_t>& kept, const ExpertPlacement& placement) {
+  std::vector<int64_t> out(placement.ep(), 0);
+  for (size_t e = 0; e < kept.size(); ++e) out[placement.owner(static_cast<int64_t>(e))] += kept[e];
   return out;
 }
 
@@ -56,7 +55,7 @@ Tensor moe_layer_forward(const ExecContext& ctx, const MoeLayerOptions& opt, con
   saved.perm = make_permutation(ctx, r.expert_TK, kept_TK, E, C, opt.capacity.pad_to_capacity);
   stats.routed_per_expert = saved.perm.routed_per_expert;
   stats.kept_per_expert = saved.perm.kept_per_expert;
-  stats.tokens_per_ep_rank = per_ep_rank(stats.kept_per_expert, disp.ep_size());
+  stats.tokens_per_ep_rank = per_ep_rank(stats.kept_per_expert, disp.placement());
 
   // Permute → dispatch → this rank's experts → combine → un-permute weighted by p.
   const Tensor x_ND = permute_rows(ctx, x_TD, saved.perm);  // (N, D), grouped by global expert

@@ -43,12 +43,12 @@ struct MoeLayerSaved {
 struct MoeLayerStats {
   std::vector<int64_t> routed_per_expert;  // before dropping
   std::vector<int64_t> kept_per_expert;
-  std::vector<int64_t> tokens_per_ep_rank;  // [EP] kept (non-padding) rows sent to each EP rank
+  std::vector<int64_t> tokens_per_ep_rank;  // [EP] kept (non-padding) rows sent to each EP rank (its placed experts)
   RouterLosses losses;
 };
 
 // x_TD [T, D], T = B·seq_len. w.experts holds this rank's experts
-// (dispatcher->num_local_experts(), F-sliced under ETP); w.gate_ED all E.
+// (dispatcher->local_experts() in that order, F-sliced under ETP); w.gate_ED all E.
 // dispatcher null: one rank (all experts local). Returns y_TD.
 Tensor moe_layer_forward(const ExecContext& ctx, const MoeLayerOptions& opt, const MoeLayerWeights& w,
                          const Tensor& x_TD, int64_t seq_len, MoeLayerSaved& saved, MoeLayerStats& stats,

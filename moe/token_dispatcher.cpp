@@ -2,7 +2,10 @@
 // f32 [rows, D]; counts travel in rows and are scaled to elements only at the
 // Communicator call. On one rank (EP = ETP = 1) every exchange is the
 // identity and returns its input tensor itself, so the one-rank MoE layer
-// pays nothing for going through the dispatcher.
+// pays nothing for going through the dispatcher; a contiguous placement
+// takes the same path as before placements existed (no copy, no table).
+// The slot-order copies are Tensor::copy_from of row blocks, which runs on
+// the rows' own device (kernels/tensor.h): no host loop over row data.
 #include "moe/token_dispatcher.h"
 
 #include <numeric>
@@ -21,15 +24,54 @@ std::vector<int64_t> times(const std::vector<int64_t>& rows, int64_t D) {
 
 Tensor rows_buffer(int64_t rows, int64_t D, MemCategory cat) { return Tensor::empty({rows, D}, DType::f32, cat); }
 
+// Step 0's copies: slot s takes expert expert_at(s)'s rows, in slot order;
+// consecutive experts that stay consecutive move as one block.
+std::vector<RowBlock> slot_order_blocks(const ExpertPlacement& placement, const std::vector<int64_t>& rows_per_expert) {
+  const auto E = static_cast<int64_t>(rows_per_expert.size());
+  std::vector<int64_t> begin(static_cast<size_t>(E), 0);  // first row of each expert in the permuted layout
+  for (int64_t e = 1; e < E; ++e) begin[e] = begin[e - 1] + rows_per_expert[e - 1];
+  std::vector<RowBlock> blocks;
+  int64_t to = 0;
+  for (int64_t s = 0; s < E; ++s) {
+    const int64_t e = placement.expert_at(s), n = rows_per_expert[e];
+    if (n == 0) continue;
+    if (!blocks.empty() && blocks.back().from + blocks.back().rows == begin[e])
+      blocks.back().rows += n;  // `to` is contiguous by construction
+    else
+      blocks.push_back({begin[e], to, n});
+    to += n;
+  }
+  if (blocks.size() == 1) blocks.clear();  // all rows as one block: from 0 to 0, nothing moves
+  return blocks;
+}
+
+enum class Order { to_slots, to_experts };
+
+// The rows of `src` [N, D] in the other order, as a fresh [N, D] buffer on
+// src's device.
+Tensor reorder(const Tensor& src, const std::vector<RowBlock>& blocks, Order order, MemCategory cat) {
+  Tensor dst = Tensor::empty(src.shape(), DType::f32, cat, src.device());
+  for (const RowBlock& b : blocks) {
+    const bool to_slots = order == Order::to_slots;
+    dst.slice(to_slots ? b.to : b.from, b.rows).copy_from(src.slice(to_slots ? b.from : b.to, b.rows));
+  }
+  return dst;
+}
+
 
 }  // namespace
 
-AllToAllDispatcher::AllToAllDispatcher(int64_t num_experts, comm::Communicator* ep, comm::Communicator* etp)
-    : num_experts_(num_experts), ep_(ep), etp_(etp) {
+AllToAllDispatcher::AllToAllDispatcher(int64_t num_experts, comm::Communicator* ep, comm::Communicator* etp,
+                                       ExpertPlacement placement)
+    : num_experts_(num_experts), placement_(std::move(placement)), ep_(ep), etp_(etp) {
   if (ep_) ep_size_ = ep_->size(), ep_rank_ = ep_->rank();
   if (etp_) etp_size_ = etp_->size(), etp_rank_ = etp_->rank();
   ORIGAMI_CHECK(num_experts_ > 0 && num_experts_ % ep_size_ == 0, "dispatcher: ", num_experts_,
                 " experts do not divide over ep of ", ep_size_);
+  if (placement_.num_experts() == 0) placement_ = ExpertPlacement::contiguous(num_experts_, ep_size_);
+  ORIGAMI_CHECK(placement_.num_experts() == num_experts_ && placement_.ep() == ep_size_, "dispatcher: a placement of ",
+                placement_.num_experts(), " experts over ", placement_.ep(), " EP ranks for ", num_experts_,
+                " experts over ep of ", ep_size_);
 }
 
 Dispatched AllToAllDispatcher::dispatch(const Tensor& x_ND, const std::vector<int64_t>& rows_per_expert) const {
@@ -42,16 +84,25 @@ Dispatched AllToAllDispatcher::dispatch(const Tensor& x_ND, const std::vector<in
   ORIGAMI_CHECK(sum(rows_per_expert) == h.num_rows_in, "dispatch: row counts sum to ", sum(rows_per_expert),
                 ", x_ND has ", h.num_rows_in, " rows");
 
-  // Rows are grouped by global expert and EP rank p owns a contiguous range
-  // of experts, so the block for p is contiguous too.
+  // 0. Rows leave in slot order, where EP rank p's experts form one block.
+  // Rows are grouped by global expert, so under a contiguous placement they
+  // already are in slot order (slot = expert).
+  const bool placed = EP > 1 && !placement_.is_contiguous();
+  std::vector<int64_t> rows_per_slot;  // [E], placed only
+  if (placed) {
+    rows_per_slot.resize(E);
+    for (int64_t s = 0; s < E; ++s) rows_per_slot[s] = rows_per_expert[placement_.expert_at(s)];
+    h.to_slot_order = slot_order_blocks(placement_, rows_per_expert);
+  }
+  const std::vector<int64_t>& send_counts = placed ? rows_per_slot : rows_per_expert;  // [E] in slot order
   h.send_rows_per_ep.assign(EP, 0);
-  for (int64_t e = 0; e < E; ++e) h.send_rows_per_ep[e / El] += rows_per_expert[e];
+  for (int64_t s = 0; s < E; ++s) h.send_rows_per_ep[s / El] += send_counts[s];
 
-  // 1. Counts: rank p receives our rows_per_expert for its experts.
-  std::vector<int64_t> recv_EpEl(rows_per_expert);  // [EP, El]: rows from source p for local expert e
+  // 1. Counts: rank p receives our counts of its slots (its local experts).
+  std::vector<int64_t> recv_EpEl(send_counts);  // [EP, El]: rows from source p for local expert e
   if (EP > 1) {
     const std::vector<int64_t> per_peer(EP, El);
-    ep_->all_to_all_v(std::span<const int64_t>(rows_per_expert), per_peer, std::span(recv_EpEl), per_peer);
+    ep_->all_to_all_v(std::span<const int64_t>(send_counts), per_peer, std::span(recv_EpEl), per_peer);
   }
   h.recv_rows_per_ep.assign(EP, 0);
   for (int64_t i = 0; i < EP * El; ++i) h.recv_rows_per_ep[i / El] += recv_EpEl[i];
@@ -69,8 +120,13 @@ Dispatched AllToAllDispatcher::dispatch(const Tensor& x_ND, const std::vector<in
     h.recv_rows_per_etp[i / (EP * El)] += n;
     h.rows_per_local_expert[e] += n;
     if (n == 0) continue;
-    if (!h.segments.empty() && h.segments.back().expert == e)
-      h.segments.back().rows += n;  // El = 1, or empty experts between: one GEMM instead of many
+    // One segment per (etp peer, source, local expert) with rows; merged
+    // across sources only when El = 1 (one GEMM instead of many). A merge
+    // over empty experts between would depend on which experts are
+    // neighbours in local order, i.e. on the placement, and would change the
+    // expert's GEMM blocks and so its weight gradient's summation order.
+    if (El == 1 && !h.segments.empty())
+      h.segments.back().rows += n;
     else
       h.segments.push_back({e, n});
   }
@@ -102,7 +158,10 @@ Tensor AllToAllDispatcher::forward_exchange(const DispatchHandle& h, const Tenso
   if (ep_size_ > 1) {
     const int64_t n = sum(h.recv_rows_per_ep);
     received = rows_buffer(n, D, etp_size_ > 1 ? MemCategory::comm : MemCategory::activation);
-    ep_->all_to_all_v(rows_ND, times(h.send_rows_per_ep, D), received, times(h.recv_rows_per_ep, D));
+    const Tensor sent = h.to_slot_order.empty()
+                            ? rows_ND
+                            : reorder(rows_ND, h.to_slot_order, Order::to_slots, MemCategory::comm);  // step 0
+    ep_->all_to_all_v(sent, times(h.send_rows_per_ep, D), received, times(h.recv_rows_per_ep, D));
   }
   if (etp_size_ == 1) return received;
   Tensor gathered = rows_buffer(h.num_rows_out, D, MemCategory::activation);  // 3. over etp
@@ -120,9 +179,10 @@ Tensor AllToAllDispatcher::reverse_exchange(const DispatchHandle& h, const Tenso
     etp_->reduce_scatter_v(rows_MD, mine, times(h.recv_rows_per_etp, D));
   }
   if (ep_size_ == 1) return mine;
-  Tensor out = rows_buffer(h.num_rows_in, D, MemCategory::activation);  // reverse of 2
+  const bool placed = !h.to_slot_order.empty();
+  Tensor out = rows_buffer(h.num_rows_in, D, placed ? MemCategory::comm : MemCategory::activation);  // reverse of 2
   ep_->all_to_all_v(mine, times(h.recv_rows_per_ep, D), out, times(h.send_rows_per_ep, D));
-  return out;
+  return placed ? reorder(out, h.to_slot_order, Order::to_experts, MemCategory::activation) : out;  // reverse of 0
 }
 
 }  // namespace origami::moe

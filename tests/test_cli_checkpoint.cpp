@@ -5,10 +5,12 @@
 //     and the samples each step read are bitwise equal, on one rank and on
 //     configs/tiny-moe-folded8.toml at np 8 (whose export then equals the
 //     consolidated export of its checkpoint byte for byte);
-//   - resharding: saved under six layouts, loaded under two others each, the
+//   - resharding: saved under seven layouts, loaded under two others each, the
 //     consolidated parameters and AdamW moments after loading are bitwise
 //     the saved ones, and the next 5 steps' losses match the uninterrupted
-//     one-rank run within 1e-6 relative;
+//     one-rank run within 1e-6 relative; among them EP 4 under an expert
+//     placement P (moe.expert_placement) loaded under the contiguous
+//     placement and under another placement Q;
 //   - faults: a rank killed during a save, SIGTERM mid-run, a divergence
 //     stop, and damaged checkpoints (truncated, flipped byte, no
 //     metadata.json, another model size) refused with exit 2 naming the file
@@ -198,14 +200,24 @@ struct Layout {
   std::string sets;
 };
 
-// Six saving layouts, each loaded under two others, among them EP 4 -> EP 1,
-// EP 1 -> EP 8, ZeRO 3 -> 0, PP 2 -> PP 1 and np 8 -> np 2.
+// Seven saving layouts, each loaded under two others, among them EP 4 -> EP 1,
+// EP 1 -> EP 8, ZeRO 3 -> 0, PP 2 -> PP 1, np 8 -> np 2 and EP 4 under
+// placement P -> EP 4 contiguous and EP 4 under placement Q (every layer
+// placed in P, only layer 2 in Q): a checkpoint's pieces are named by
+// tensor, so another placement reads them like another layout.
 TEST_F(Checkpoint, ReshardingKeepsTheStateBitwiseAndTheLossesOfOneRank) {
+  const std::string P = *dir_ / "placement-P.toml", Q = *dir_ / "placement-Q.toml";
+  testing::write_file(P, "[moe.expert_placement]\nep = 4\n[moe.expert_placement.layers]\n"
+                         "1 = [[0, 5], [1, 2], [3, 4], [6, 7]]\n2 = [[7, 1], [0, 6], [2, 3], [4, 5]]\n"
+                         "3 = [[6, 3], [5, 0], [7, 2], [1, 4]]\n");
+  testing::write_file(Q, "[moe.expert_placement]\nep = 4\n[moe.expert_placement.layers]\n"
+                         "2 = [[3, 6], [0, 4], [1, 7], [2, 5]]\n");
   const Layout one{"one", 1, ""}, ep4{"ep4", 4, "--set parallel.ep=4"},
       tp2ep2{"tp2-ep2-z3", 4, "--set parallel.tp=2 --set parallel.ep=2 --set parallel.etp=1 --set parallel.zero_stage=3"},
       pp2dp2{"pp2-dp2-z1", 4, "--set parallel.pp=2 --set parallel.zero_stage=1"},
       folded{"folded8", 8, "--set parallel.tp=2 --set parallel.cp=2 --set parallel.pp=2 --set parallel.ep=2 --set parallel.etp=1"},
-      etp2ep2{"etp2-ep2", 4, "--set parallel.etp=2 --set parallel.ep=2"};
+      etp2ep2{"etp2-ep2", 4, "--set parallel.etp=2 --set parallel.ep=2"},
+      ep4P{"ep4-P", 4, "--set parallel.ep=4 --set moe.expert_placement=" + P};
   const std::vector<std::pair<Layout, std::vector<Layout>>> plan = {
       {one, {{"ep8", 8, "--set parallel.ep=8"}, {"tp2-pp2-z2", 4, "--set parallel.tp=2 --set parallel.pp=2 --set parallel.zero_stage=2"}}},
       {ep4, {one, {"etp2-ep2-z0", 4, "--set parallel.etp=2 --set parallel.ep=2 --set parallel.zero_stage=0"}}},
@@ -213,6 +225,7 @@ TEST_F(Checkpoint, ReshardingKeepsTheStateBitwiseAndTheLossesOfOneRank) {
       {pp2dp2, {one, {"pp2-1-3", 2, "--set parallel.pp=2 --set parallel.pp_layers=[1,3]"}}},
       {folded, {{"ep2", 2, "--set parallel.ep=2"}, one}},
       {etp2ep2, {one, {"ep2-z3", 2, "--set parallel.ep=2"}}},
+      {ep4P, {ep4, {"ep4-Q", 4, "--set parallel.ep=4 --set moe.expert_placement=" + Q}}},
   };
   // Lighter steps than the other tests (8 samples of 64 tokens), and one LR
   // schedule (decaying to step 20) for runs of 3 and 8 steps. The one-rank

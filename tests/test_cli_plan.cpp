@@ -1,6 +1,6 @@
 // `origami plan` end to end: the Mixtral config's ledger and ranked layouts
-// at world 64, its JSON, the §6 table of --params, and exit 2 with the rule
-// for impossible input.
+// at world 64, its JSON, the §6 table of --params, the expert placement
+// stated, and exit 2 with the rule for impossible input.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -58,6 +58,25 @@ TEST(CliPlan, ParamsModeGivesTheDocumentedSevenBillionExample) {
   for (const char* total : {" 112.000\n", " 38.500\n", " 26.250\n", " 14.000\n"})
     EXPECT_TRUE(has(r.output, total)) << total << r.output;
   EXPECT_TRUE(has(r.output, "4 + 12/N")) << r.output;
+}
+
+// moe.expert_placement: stated (text and JSON), the figures those of the
+// contiguous placement (every EP rank holds E/EP experts either way).
+TEST(CliPlan, StatesTheExpertPlacementAndKeepsTheFigures) {
+  const std::string tiny = std::string(ORIGAMI_SOURCE_DIR) + "/configs/tiny-moe.toml --world 4 --set parallel.ep=4 ";
+  const std::string placed =
+      "--set 'moe.expert_placement={ep = 4, layers = {2 = [[7, 1], [0, 6], [2, 3], [4, 5]]}}' ";
+  auto r = testing::run_command(kPlan + tiny + placed);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "expert placement: from moe.expert_placement, ep 4")) << r.output;
+  EXPECT_TRUE(has(r.output, "\n  layer 2: [[1, 7], [0, 6], [2, 3], [4, 5]]\n")) << r.output;
+  const auto j = parse_json(testing::run_command(kPlan + tiny + placed + "--json").output);
+  EXPECT_EQ(j["expert_placement"]["source"], "moe.expert_placement");
+  EXPECT_EQ(j["expert_placement"]["ep"], 4);
+  EXPECT_EQ(j["expert_placement"]["layers"]["2"], nlohmann::json::parse("[[1, 7], [0, 6], [2, 3], [4, 5]]"));
+  const auto contiguous = parse_json(testing::run_command(kPlan + tiny + "--json").output);
+  EXPECT_FALSE(contiguous.contains("expert_placement"));
+  for (const char* key : {"params", "ledger", "comm", "checkpoint"}) EXPECT_EQ(j[key], contiguous[key]) << key;
 }
 
 TEST(CliPlan, BadInputExitsTwoWithTheRule) {

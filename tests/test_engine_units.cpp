@@ -1,10 +1,11 @@
 // The unit table (engine/units.h) as properties, without MPI: for several
-// layouts of tiny-moe and of a GQA model with a shared expert, every rank's
-// ParamStore registration (ParamStore::add_units) holds exactly the table's
-// slices; the slices of each replica group tile every tensor's global shape
-// exactly once (through place_slice); the planner's per-rank unit figures are
-// the registered ones; and the table's parameter counts equal the Model's
-// measured count and the planner's.
+// layouts of tiny-moe (also with placed experts, moe.expert_placement) and
+// of a GQA model with a shared expert, every rank's ParamStore registration
+// (ParamStore::add_units) holds exactly the table's slices; the slices of
+// each replica group tile every tensor's global shape exactly once (through
+// place_slice); the planner's per-rank unit figures are the registered ones;
+// and the table's parameter counts equal the Model's measured count and the
+// planner's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -34,6 +35,10 @@ std::vector<Config> configs() {
       load("tiny-moe.toml", {"model.hidden_size=192", "model.num_heads=6", "model.num_kv_heads=2",
                              "moe.shared_expert_hidden_size=90", "training.seq_len=96", "training.micro_batch=1",
                              "training.global_batch=16"}),
+      // Layers 1 and 3 placed for EP 2 (the layouts of EP 2 below use it, the
+      // others keep contiguous blocks).
+      load("tiny-moe.toml", {"parallel.ep=2", "moe.expert_placement={ep = 2, layers = {"
+                                                "1 = [[0, 3, 5, 6], [1, 2, 4, 7]], 3 = [[7, 6, 5, 4], [3, 2, 1, 0]]}}"}),
   };
 }
 

@@ -2,17 +2,20 @@
 // run whole by CTest under `mpirun -np N` for N = 1, 2, 4, 8. Every expert
 // layout of this world size (EP × ETP × EDP, below) runs with one expert per
 // EP rank and with several, over row counts that include empty experts, a rank
-// that sends nothing and an EP rank whose experts receive nothing:
+// that sends nothing and an EP rank whose experts receive nothing, under the
+// contiguous placement and (EP > 1) a strided one (moe/placement.h):
 //  - combine(dispatch(x)) == x bitwise (ETP partials: peer 0 only, or halves);
-//  - rank-tagged rows reach their expert's owner, in the documented order
-//    [etp peer][source ep rank][local expert], with segments and every handle
-//    count recomputed from an MPI_Allgather of everyone's counts;
+//  - rank-tagged rows reach their expert's placed owner, in the documented
+//    order [etp peer][source ep rank][local expert], with segments and every
+//    handle count recomputed from an MPI_Allgather of everyone's counts;
 //  - combine_backward and dispatch_backward are the adjoints of combine and
 //    dispatch (dot products summed over the world);
 //  - the whole MoE layer through the dispatcher equals each rank computing it
 //    alone with all experts: y, dx, router gradient, summed expert gradients,
 //    routing and drop decisions (dropless, capacity 1.0 with both policies,
-//    pad_to_capacity), also with a rank of T = 0 tokens and starved experts.
+//    pad_to_capacity), also with a rank of T = 0 tokens and starved experts;
+//  - under the strided placement the layer is bitwise the contiguous one: y,
+//    dx, router gradient and each expert's gradient wherever it lives.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -60,10 +63,26 @@ struct Setup {
   comm::Layout layout;
   comm::Groups groups;
   std::string name;
-  AllToAllDispatcher dispatcher(int64_t E) const {
-    return AllToAllDispatcher(E, &groups[GroupKind::ep], &groups[GroupKind::etp]);
+  AllToAllDispatcher dispatcher(int64_t E, const moe::ExpertPlacement& placement = {}) const {
+    return AllToAllDispatcher(E, &groups[GroupKind::ep], &groups[GroupKind::etp], placement);
   }
 };
+
+// A placement far from the contiguous blocks: expert e on EP rank
+// EP − 1 − e mod EP (one expert per rank: the reversal).
+moe::ExpertPlacement strided(int64_t E, int64_t EP) {
+  std::vector<std::vector<int64_t>> ranks(static_cast<size_t>(EP));
+  for (int64_t e = 0; e < E; ++e) ranks[static_cast<size_t>(EP - 1 - e % EP)].push_back(e);
+  return moe::ExpertPlacement::from_ranks(ranks);
+}
+
+// The placements each test runs under: contiguous, and strided where EP > 1.
+std::vector<moe::ExpertPlacement> placements(int64_t E, int64_t EP) {
+  std::vector<moe::ExpertPlacement> all = {moe::ExpertPlacement::contiguous(E, EP)};
+  if (EP > 1) all.push_back(strided(E, EP));
+  return all;
+}
+const char* placement_name(const moe::ExpertPlacement& p) { return p.is_contiguous() ? "contiguous" : "strided"; }
 
 std::vector<std::pair<int64_t, int64_t>> ep_etp_for(int w) {
   switch (w) {
@@ -97,14 +116,15 @@ int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v
 // Row-count patterns. random: 0–4 rows per expert (zeros included; at least
 // one row per rank, so no check is vacuous on any rank). starved:
 // the same, but the last world rank sends nothing and nobody sends to the last
-// EP rank's experts. empty: no rows anywhere.
+// EP rank's experts (under `placement`). empty: no rows anywhere.
 enum class Pattern { random, starved, empty };
 constexpr std::array<Pattern, 3> kPatterns = {Pattern::random, Pattern::starved, Pattern::empty};
 const char* pattern_name(Pattern p) {
   return p == Pattern::random ? "random" : p == Pattern::starved ? "starved" : "empty";
 }
 
-std::vector<int64_t> my_counts(int64_t E, int64_t El, Pattern p, uint32_t salt) {
+std::vector<int64_t> my_counts(const moe::ExpertPlacement& placement, Pattern p, uint32_t salt) {
+  const int64_t E = placement.num_experts(), El = placement.experts_per_rank();
   std::mt19937 rng(1000u * static_cast<uint32_t>(world_rank()) + salt);
   std::uniform_int_distribution<int64_t> d(0, 4);
   std::vector<int64_t> c(static_cast<size_t>(E));
@@ -112,7 +132,10 @@ std::vector<int64_t> my_counts(int64_t E, int64_t El, Pattern p, uint32_t salt) 
   if (p == Pattern::random && sum(c) == 0) c[world_rank() % E] = 2;  // every rank sends something
   if (p == Pattern::starved) {
     if (world_size() > 1 && world_rank() == world_size() - 1) std::fill(c.begin(), c.end(), 0);
-    if (E > El) std::fill(c.end() - El, c.end(), 0);  // EP rank EP−1 owns the last El experts
+    if (E > El)
+      for (int64_t e : placement.local_experts(placement.ep() - 1)) c[e] = 0;
+    // The other ranks still send something (to EP rank 0, which is fed).
+    if (sum(c) == 0 && !(world_size() > 1 && world_rank() == world_size() - 1)) c[placement.local_experts(0)[0]] = 2;
   }
   return c;
 }
@@ -185,11 +208,12 @@ std::string where(const Setup& s, int64_t E, const char* extra = "") {
 TEST(MoeMpiDispatcher, CombineOfDispatchIsIdentity) {
   for (const auto& s : setups())
     for (int64_t E : {s->ep, 3 * s->ep})
+      for (const moe::ExpertPlacement& placement : placements(E, s->ep))
       for (Pattern p : kPatterns) {
-        const std::string at = where(*s, E, pattern_name(p));
+        const std::string at = where(*s, E, pattern_name(p)) + " " + placement_name(placement);
         SCOPED_TRACE(at);
-        const AllToAllDispatcher disp = s->dispatcher(E);
-        const std::vector<int64_t> counts = my_counts(E, disp.num_local_experts(), p, 11);
+        const AllToAllDispatcher disp = s->dispatcher(E, placement);
+        const std::vector<int64_t> counts = my_counts(placement, p, 11);
         std::mt19937 rng(77u + static_cast<uint32_t>(world_rank()));
         const Tensor x = random_tensor({sum(counts), kD}, rng);
         const moe::Dispatched d = disp.dispatch(x, counts);
@@ -220,15 +244,20 @@ TEST(MoeMpiDispatcher, RowsReachTheirExpertsInDocumentedOrder) {
   const int me = world_rank();
   for (const auto& s : setups())
     for (int64_t E : {s->ep, 3 * s->ep})
+      for (const moe::ExpertPlacement& placement : placements(E, s->ep))
       for (Pattern p : kPatterns) {
-        const std::string at = where(*s, E, pattern_name(p));
+        const std::string at = where(*s, E, pattern_name(p)) + " " + placement_name(placement);
         SCOPED_TRACE(at);
-        const AllToAllDispatcher disp = s->dispatcher(E);
-        const int64_t El = disp.num_local_experts(), first = disp.first_local_expert();
+        const AllToAllDispatcher disp = s->dispatcher(E, placement);
+        const int64_t El = disp.num_local_experts();
         const comm::RankCoords rc = s->layout.coords(me);
-        EXPECT_EQ(first, rc.ep * El);
+        const std::vector<int64_t> mine = disp.local_experts();  // ascending: the local index order
+        std::vector<int64_t> want_mine;
+        for (int64_t e = 0; e < E; ++e)
+          if ((placement.is_contiguous() ? e / El : s->ep - 1 - e % s->ep) == rc.ep) want_mine.push_back(e);
+        EXPECT_EQ(mine, want_mine);
         EXPECT_EQ(disp.etp_rank(), rc.etp);
-        const std::vector<int64_t> counts = my_counts(E, El, p, 23);
+        const std::vector<int64_t> counts = my_counts(placement, p, 23);
         const auto all = all_counts(counts);
         Tensor x = Tensor::empty({sum(counts), kD}, DType::f32, MemCategory::activation);
         for (int64_t e = 0, row = 0; e < E; ++e)
@@ -248,21 +277,28 @@ TEST(MoeMpiDispatcher, RowsReachTheirExpertsInDocumentedOrder) {
         const comm::RankGroup etp_members = s->layout.group_of(GroupKind::etp, me);
         const comm::RankGroup my_ep = s->layout.group_of(GroupKind::ep, me);
         std::vector<int64_t> recv_etp, recv_ep(my_ep.size(), 0), per_local(El, 0);
+        // Segments: one per (peer, source, local expert) with rows, in that
+        // order; merged only when El = 1 (the same under every placement).
+        moe::ExpertSegments want_segments;
         for (int q : etp_members) {
           int64_t n = 0;
           const comm::RankGroup ep_of_q = s->layout.group_of(GroupKind::ep, q);
           for (size_t pi = 0; pi < ep_of_q.size(); ++pi)
             for (int64_t el = 0; el < El; ++el) {
               const int src = ep_of_q[pi];
-              for (int64_t j = 0; j < all[src][first + el]; ++j) want.push_back({src, first + el, j});
-              n += all[src][first + el];
-              per_local[el] += all[src][first + el];
-              if (q == me) recv_ep[pi] += all[src][first + el];
+              const int64_t rows = all[src][mine[el]];
+              for (int64_t j = 0; j < rows; ++j) want.push_back({src, mine[el], j});
+              n += rows;
+              per_local[el] += rows;
+              if (q == me) recv_ep[pi] += rows;
+              if (rows == 0) continue;
+              if (El == 1 && !want_segments.empty()) want_segments.back().rows += rows;
+              else want_segments.push_back({el, rows});
             }
           recv_etp.push_back(n);
         }
         std::vector<int64_t> send_ep(my_ep.size(), 0);
-        for (int64_t e = 0; e < E; ++e) send_ep[e / El] += counts[e];
+        for (int64_t e = 0; e < E; ++e) send_ep[placement.owner(e)] += counts[e];
 
         EXPECT_EQ(h.num_rows_in, x.size(0));
         EXPECT_EQ(h.send_rows_per_ep, send_ep);
@@ -284,7 +320,8 @@ TEST(MoeMpiDispatcher, RowsReachTheirExpertsInDocumentedOrder) {
           const Row row{v / 32768, v / 512 % 64, v / 8 % 64};
           for (int64_t c = 0; c < kD; ++c)
             ASSERT_EQ(r[c], tag(row.src, row.e, row.j, c)) << "row " << m << " col " << c << " holds " << untag(r[c]);
-          ASSERT_TRUE(row.e >= first && row.e < first + El) << "row " << m << " " << untag(r[0]) << " is not ours";
+          ASSERT_TRUE(std::count(mine.begin(), mine.end(), row.e) == 1) << "row " << m << " " << untag(r[0])
+                                                                        << " is not ours";
           got.push_back(row);
         }
         std::vector<Row> got_sorted = got, want_sorted = want;
@@ -298,18 +335,15 @@ TEST(MoeMpiDispatcher, RowsReachTheirExpertsInDocumentedOrder) {
             break;
           }
 
-        // Segments: non-empty, adjacent ones of different experts (merged),
-        // naming the local expert of every row they cover.
+        // Segments: exactly those above, naming the local expert of every
+        // row they cover.
+        EXPECT_EQ(h.segments, want_segments);
         int64_t row = 0;
         for (size_t i = 0; i < h.segments.size(); ++i) {
           const moe::ExpertSegment& sg = h.segments[i];
-          EXPECT_GT(sg.rows, 0) << "segment " << i;
-          if (i > 0) {
-            EXPECT_NE(sg.expert, h.segments[i - 1].expert) << "segments " << i - 1 << ", " << i << " not merged";
-          }
           for (int64_t n = 0; n < sg.rows && row < static_cast<int64_t>(got.size()); ++n, ++row)
-            ASSERT_EQ(first + sg.expert, got[row].e) << "segment " << i << " (local expert " << sg.expert
-                                                     << ") covers row " << row;
+            ASSERT_EQ(mine[sg.expert], got[row].e) << "segment " << i << " (local expert " << sg.expert
+                                                   << ") covers row " << row;
         }
         EXPECT_EQ(row, h.num_rows_out) << "segments do not tile the rows";
       }
@@ -334,11 +368,12 @@ TEST(MoeMpiDispatcher, BackwardsAreTheAdjoints) {
   };
   for (const auto& s : setups())
     for (int64_t E : {s->ep, 3 * s->ep})
+      for (const moe::ExpertPlacement& placement : placements(E, s->ep))
       for (Pattern p : {Pattern::random, Pattern::starved}) {
-        const std::string at = where(*s, E, pattern_name(p));
+        const std::string at = where(*s, E, pattern_name(p)) + " " + placement_name(placement);
         SCOPED_TRACE(at);
-        const AllToAllDispatcher disp = s->dispatcher(E);
-        const std::vector<int64_t> counts = my_counts(E, disp.num_local_experts(), p, 37);
+        const AllToAllDispatcher disp = s->dispatcher(E, placement);
+        const std::vector<int64_t> counts = my_counts(placement, p, 37);
         std::mt19937 rng(500u + static_cast<uint32_t>(world_rank()));
         const Tensor u = random_tensor({sum(counts), kD}, rng);  // input layout [N, D]
         const moe::Dispatched d = disp.dispatch(u, counts);
@@ -371,10 +406,13 @@ MoeLayerWeights full_weights(int64_t E) {
   return w;
 }
 
-// Experts [e0, e0 + El) and F-rows [f0, f0 + Fl) of full [E, F, D] / [E, D, F]
-// weights, or (add = true) the reverse: local added into its place in full.
-void slice_experts(ExpertWeights& local, ExpertWeights& full, int64_t e0, int64_t f0, bool add) {
+// Experts `experts` (local expert j is experts[j]) and F-rows [f0, f0 + Fl)
+// of full [E, F, D] / [E, D, F] weights, or (add = true) the reverse: local
+// added into its place in full.
+void slice_experts(ExpertWeights& local, ExpertWeights& full, const std::vector<int64_t>& experts, int64_t f0,
+                   bool add) {
   const int64_t El = local.w1_EFD.size(0), Fl = local.w1_EFD.size(1), F = full.w1_EFD.size(1);
+  ASSERT_EQ(static_cast<int64_t>(experts.size()), El);
   auto move = [&](float& l, float& f) {
     if (add) f += l;
     else l = f;
@@ -382,10 +420,11 @@ void slice_experts(ExpertWeights& local, ExpertWeights& full, int64_t e0, int64_
   for (int64_t e = 0; e < El; ++e)
     for (int64_t f = 0; f < Fl; ++f)
       for (int64_t c = 0; c < kD; ++c) {
-        const int64_t li = (e * Fl + f) * kD + c, fi = ((e0 + e) * F + f0 + f) * kD + c;
+        const int64_t g = experts[static_cast<size_t>(e)];
+        const int64_t li = (e * Fl + f) * kD + c, fi = (g * F + f0 + f) * kD + c;
         move(local.w1_EFD.f32()[li], full.w1_EFD.f32()[fi]);
         move(local.w3_EFD.f32()[li], full.w3_EFD.f32()[fi]);
-        move(local.w2_EDF.f32()[(e * kD + c) * Fl + f], full.w2_EDF.f32()[((e0 + e) * kD + c) * F + f0 + f]);
+        move(local.w2_EDF.f32()[(e * kD + c) * Fl + f], full.w2_EDF.f32()[(g * kD + c) * F + f0 + f]);
       }
 }
 
@@ -403,12 +442,13 @@ struct LayerRun {
 };
 
 LayerRun run_layer(const MoeLayerOptions& opt, const MoeLayerWeights& w, const Tensor& x, const Tensor& dy,
-                   const AllToAllDispatcher* disp, const moe::StatsReducer& reduce = nullptr) {
+                   const AllToAllDispatcher* disp, const moe::StatsReducer& reduce = nullptr,
+                   const ExecContext& on = ctx) {
   LayerRun r;
   r.grad.gate_ED = Tensor::zeros(w.gate_ED.shape(), DType::f32, MemCategory::grad);
   r.grad.experts = zero_experts(w.experts.num_experts(), w.experts.w1_EFD.size(1));
-  r.y = moe::moe_layer_forward(ctx, opt, w, x, kSeq, r.saved, r.stats, reduce, disp);
-  r.dx = moe::moe_layer_backward(ctx, opt, w, r.saved, dy, 1.0f, r.grad, disp);
+  r.y = moe::moe_layer_forward(on, opt, w, x, kSeq, r.saved, r.stats, reduce, disp);
+  r.dx = moe::moe_layer_backward(on, opt, w, r.saved, dy, 1.0f, r.grad, disp);
   return r;
 }
 
@@ -435,7 +475,8 @@ void check_layer_parity(const Setup& s, int64_t E, const LayerCase& c) {
   SCOPED_TRACE(at);
   const int me = world_rank();
   const AllToAllDispatcher disp = s.dispatcher(E);
-  const int64_t El = disp.num_local_experts(), Fl = kF / s.etp, first = disp.first_local_expert();
+  const int64_t El = disp.num_local_experts(), Fl = kF / s.etp;
+  const std::vector<int64_t> mine = disp.local_experts();
   const int64_t f0 = disp.etp_rank() * Fl;
   const bool starve = c.starve && E - El >= kK;  // k experts must stay selectable
 
@@ -448,7 +489,7 @@ void check_layer_parity(const Setup& s, int64_t E, const LayerCase& c) {
   local.gate_ED = full.gate_ED;
   local.bias_E = full.bias_E;
   local.experts = zero_experts(El, Fl);
-  slice_experts(local.experts, full.experts, first, f0, /*add=*/false);
+  slice_experts(local.experts, full.experts, mine, f0, /*add=*/false);
 
   const int64_t T = c.empty_rank && world_size() > 1 && me == world_size() - 1 ? 0 : kT;
   std::mt19937 rng(9000u + static_cast<uint32_t>(me));
@@ -489,7 +530,7 @@ void check_layer_parity(const Setup& s, int64_t E, const LayerCase& c) {
   // both are the gradient over every token in the world. Scattered into full
   // [E, F, D] buffers, summed in fp64.
   ExpertWeights placed = zero_experts(E, kF);
-  slice_experts(ep.grad.experts, placed, first, f0, /*add=*/true);
+  slice_experts(ep.grad.experts, placed, mine, f0, /*add=*/true);
   const std::array<std::pair<const Tensor*, const Tensor*>, 3> pairs = {
       {{&placed.w1_EFD, &one.grad.experts.w1_EFD}, {&placed.w3_EFD, &one.grad.experts.w3_EFD},
        {&placed.w2_EDF, &one.grad.experts.w2_EDF}}};
@@ -557,6 +598,70 @@ TEST(MoeMpiDispatcher, LayerWithStarvedExpertsAndAnEmptyRank) {
     }
 }
 
+// The layer under the strided placement against the contiguous one, with the
+// same EP size, weights and tokens: bitwise equal y, dx and router gradient,
+// and every expert's gradient wherever it lives (scattered into full buffers
+// by global id and summed over the world in fp64, where adding zeros and an
+// expert's EDP replicas, at most two here, is exact); tokens_per_ep_rank
+// counts each rank's placed experts. On one thread: the CPU grouped GEMM
+// picks its schedule from all of a call's segments
+// (kernels/cpu/grouped_gemm.cpp), and at 2+ threads its two schedules round
+// 1-row products differently, while which segments a rank runs depends on
+// its experts; at one thread both schedules are the per-segment loop.
+void check_placement_is_bitwise(const Setup& s, int64_t E, const LayerCase& c) {
+  SCOPED_TRACE(where(s, E, c.name));
+  static const ExecContext one_thread = ExecContext::cpu(1);
+  const AllToAllDispatcher contiguous = s.dispatcher(E), placed = s.dispatcher(E, strided(E, s.ep));
+  const int64_t El = contiguous.num_local_experts(), Fl = kF / s.etp, f0 = contiguous.etp_rank() * Fl;
+  MoeLayerWeights full = full_weights(E);
+  auto local_weights = [&](const AllToAllDispatcher& d) {
+    MoeLayerWeights w;
+    w.gate_ED = full.gate_ED;
+    w.experts = zero_experts(El, Fl);
+    slice_experts(w.experts, full.experts, d.local_experts(), f0, /*add=*/false);
+    return w;
+  };
+  const int64_t T = c.empty_rank && world_size() > 1 && world_rank() == world_size() - 1 ? 0 : kT;
+  std::mt19937 rng(4242u + static_cast<uint32_t>(world_rank()));
+  const Tensor x = random_tensor({T, kD}, rng), dy = random_tensor({T, kD}, rng);
+  const MoeLayerWeights wa = local_weights(contiguous), wb = local_weights(placed);
+  LayerRun a = run_layer(c.opt, wa, x, dy, &contiguous, nullptr, one_thread);
+  LayerRun b = run_layer(c.opt, wb, x, dy, &placed, nullptr, one_thread);
+  expect_bitwise(b.y, a.y, "y_TD");
+  expect_bitwise(b.dx, a.dx, "dx_TD");
+  expect_bitwise(b.grad.gate_ED, a.grad.gate_ED, "router gate gradient");
+  EXPECT_EQ(b.stats.kept_per_expert, a.stats.kept_per_expert);
+  for (int64_t r = 0; r < s.ep; ++r) {
+    int64_t want = 0;
+    for (int64_t e : placed.placement().local_experts(r)) want += b.stats.kept_per_expert[e];
+    EXPECT_EQ(b.stats.tokens_per_ep_rank[r], want) << "EP rank " << r;
+  }
+  auto whole = [&](const LayerRun& run, const AllToAllDispatcher& d) {
+    ExpertWeights g = zero_experts(E, kF), local = run.grad.experts;  // handles: local is only read
+    slice_experts(local, g, d.local_experts(), f0, /*add=*/true);
+    std::vector<double> all;
+    for (const Tensor* t : {&g.w1_EFD, &g.w3_EFD, &g.w2_EDF}) all.insert(all.end(), t->f32(), t->f32() + t->numel());
+    MPI_Allreduce(MPI_IN_PLACE, all.data(), static_cast<int>(all.size()), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    return all;
+  };
+  const std::vector<double> ga = whole(a, contiguous), gb = whole(b, placed);
+  EXPECT_TRUE(ga == gb) << "an expert's gradient depends on where it lives";
+  double m = 0;
+  for (double v : ga) m = std::max(m, std::abs(v));
+  EXPECT_GT(m, 1e-3) << "expert gradients are ~0: the comparison would be vacuous";
+}
+
+TEST(MoeMpiDispatcher, LayerUnderAPlacementIsBitwiseTheContiguousLayer) {
+  for (const auto& s : setups()) {
+    if (s->ep == 1) continue;  // one EP rank: one placement
+    for (int64_t E : layer_experts(*s)) {
+      check_placement_is_bitwise(*s, E, {"dropless", layer_options(E)});
+      check_placement_is_bitwise(*s, E, {"cf 1.0 probs padded", layer_options(E, 1.0, moe::DropPolicy::probs, true)});
+      check_placement_is_bitwise(*s, E, {"empty rank", layer_options(E, {}, moe::DropPolicy::probs, false, 0.0f), true});
+    }
+  }
+}
+
 // A rank with T = 0 beside ranks with tokens, router statistics summed over
 // tp-dp-cp (the whole world here): forward and backward run, every output is
 // finite, the rank with no tokens gets no router gradient, and every rank sees
@@ -577,7 +682,7 @@ void check_empty_rank_with_reduced_losses(moe::LoadBalancing balancing, float au
     local.gate_ED = full.gate_ED;
     const int64_t Fl = kF / s->etp;
     local.experts = zero_experts(disp.num_local_experts(), Fl);
-    slice_experts(local.experts, full.experts, disp.first_local_expert(), disp.etp_rank() * Fl, false);
+    slice_experts(local.experts, full.experts, disp.local_experts(), disp.etp_rank() * Fl, false);
     // One rank alone cannot have T = 0 here: the reduced statistics would
     // cover no tokens (router_forward rejects that).
     const bool empty = world_size() > 1 && world_rank() == world_size() - 1;

@@ -333,7 +333,9 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
   moe::MoeLayerWeights w;
   w.gate_ED = random_param(ctx, {E, D}, "bench.gate", std);
   if (m.expert_bias) w.bias_E = Tensor::zeros({E}, DType::f32, MemCategory::param);
-  w.experts = expert_slice(ctx, disp.first_local_expert(), El, F, disp.etp_rank() * Fl, Fl, D, "bench.experts", std);
+  // The contiguous placement: this rank's experts are [front, front + El).
+  w.experts =
+      expert_slice(ctx, disp.local_experts().front(), El, F, disp.etp_rank() * Fl, Fl, D, "bench.experts", std);
   if (m.shared_expert_hidden_size > 0) {
     const int64_t Fs = m.shared_expert_hidden_size;
     w.shared = expert_slice(ctx, 0, 1, Fs, 0, Fs, D, "bench.shared", std);

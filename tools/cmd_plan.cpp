@@ -140,6 +140,39 @@ ordered_json layout_row(const LayoutPlan& p) {
           {"fits", p.fits}};
 }
 
+// moe.expert_placement as the plan states it: where it comes from, its EP
+// size (the configured layout's: the config's rule) and each placed layer's
+// experts per EP rank (ascending). Memory and communication figures do not
+// depend on it (every EP rank holds E/EP experts of each layer under any
+// placement); candidate layouts of another EP size place experts in
+// contiguous blocks.
+ordered_json placement_json(const moe::ExpertPlacements& placements) {
+  ordered_json layers = ordered_json::object();
+  for (const auto& [l, p] : placements.layers) {
+    ordered_json ranks = ordered_json::array();
+    for (int64_t r = 0; r < p.ep(); ++r) ranks.push_back(p.local_experts(r));
+    layers[std::to_string(l)] = ranks;
+  }
+  return {{"source", "moe.expert_placement"}, {"ep", placements.ep}, {"layers", layers}};
+}
+
+void print_placement(const moe::ExpertPlacements& placements) {
+  if (placements.ep == 0) return;
+  std::string layers;
+  for (const auto& [l, p] : placements.layers) {
+    std::string ranks;
+    for (int64_t r = 0; r < p.ep(); ++r) {
+      std::string list;
+      for (const int64_t e : p.local_experts(r)) list += (list.empty() ? "" : ", ") + std::to_string(e);
+      ranks += (r ? ", [" : "[") + list + "]";
+    }
+    layers += "\n  layer " + std::to_string(l) + ": [" + ranks + "]";
+  }
+  std::printf("expert placement: from moe.expert_placement, ep %lld (other MoE layers, and candidate layouts of "
+              "another EP size, in contiguous blocks; the figures hold for any placement)%s\n",
+              static_cast<long long>(placements.ep), layers.c_str());
+}
+
 ordered_json plan_json(const PlanArgs& a, const std::string& source, const plan::PlanInput& in,
                        const plan::ParamCounts& pc, const LayoutPlan& p, const std::vector<LayoutPlan>& ranked) {
   ordered_json j;
@@ -168,6 +201,7 @@ ordered_json plan_json(const PlanArgs& a, const std::string& source, const plan:
                                     {"optim", u.state.optim}});
   j["layout"] = layout_row(p);
   j["layout"]["order"] = p.order;
+  if (in.moe.expert_placement.ep > 0) j["expert_placement"] = placement_json(in.moe.expert_placement);
   j["activations"] = {{"dense_layer", p.act.dense_layer}, {"moe_layer", p.act.moe_layer},
                       {"first_stage", p.act.first_stage}, {"last_stage", p.act.last_stage},
                       {"every_stage", p.act.every_stage}, {"moe_rows", p.act.rows}};
@@ -359,6 +393,7 @@ void run_config(const PlanArgs& a, plan::Recipe recipe, const std::string& path,
   std::printf("batch: %lld samples x %lld tokens, micro_batch %lld, %lld micro-batches per step per DP rank\n",
               static_cast<long long>(in.training.global_batch), static_cast<long long>(in.training.seq_len),
               static_cast<long long>(in.training.micro_batch), static_cast<long long>(p.micro_batches));
+  print_placement(in.moe.expert_placement);
   print_ledger(in, p);
   const plan::CheckpointBytes ck = plan::checkpoint_bytes(p, counts);
   std::printf("\ncheckpoint (fp32 params + AdamW moments, each element once): %s on the largest rank, %s in all\n",
