@@ -108,6 +108,8 @@ struct Cost {
   double a2a_bytes = 0;        // its extra all-to-all bytes (dispatch + combine, forward + backward)
   bool a2a_timed = false;      // the run logged the ep group's all-to-all seconds
   double a2a_s = 0;            // those bytes at the run's measured all-to-all rate
+  // Both times are upper bounds: rank 0's GFLOP/s and all-to-all seconds
+  // include its waits for slower ranks.
   double step_time_s = 0;      // mean measured step time, for scale
 };
 

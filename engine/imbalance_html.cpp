@@ -67,7 +67,8 @@ function numRow(tr, key, value, digits) {
   const td = el("td", {"data-key": key, "data-value": String(value)}, tr, fmt(value, digits));
   return td;
 }
-function label(run) { return run.config && run.config.load_balancing ? run.path + " (" + run.config.load_balancing + ")" : run.path; }
+function balancing(run) { return run.config ? run.config.load_balancing + (run.config.expert_bias ? " + expert_bias" : "") : "?"; }
+function label(run) { return run.config ? run.path + " (" + balancing(run) + ")" : run.path; }
 
 function drawAlerts() {
   const ul = document.getElementById("alerts");
@@ -87,7 +88,7 @@ function drawSummary() {
   const h = el("tr", {}, t);
   for (const c of ["run", "steps", "MoE layers", "max_vio p50", "p90", "p95", "batch max_vio p50", "p90", "p95",
                    "trend first", "trend last", "busiest EP rank extra tokens/step", "extra expert compute s/step",
-                   "extra all-to-all s/step", "step time s"])
+                   "extra all-to-all s/step (at most)", "step time s"])
     el("th", {"class": c === "run" ? "l" : ""}, h, c);
   data.runs.forEach((run, r) => {
     const tr = el("tr", {"data-run": r}, t);
@@ -151,7 +152,7 @@ function drawComparison() {
   data.runs.forEach((run, r) => {
     const tr = el("tr", {"data-run": r}, t);
     el("td", {"class": "l"}, tr, run.path);
-    el("td", {"class": "l"}, tr, run.config ? run.config.load_balancing + (run.config.expert_bias ? " + expert_bias" : "") : "?");
+    el("td", {"class": "l"}, tr, balancing(run));
     numRow(tr, "max_vio.p50", run.across_layers.max_vio.p50, 3);
     numRow(tr, "max_vio.p95", run.across_layers.max_vio.p95, 3);
     const ep = run.layers.reduce((s, L) => s + L.ep.max_over_mean, 0) / run.layers.length;

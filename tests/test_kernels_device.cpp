@@ -16,6 +16,11 @@
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/tensor.h"
+#ifdef ORIGAMI_WITH_CUDA
+#include <fstream>
+
+#include "kernels/cuda/cublas_library.h"
+#endif
 
 namespace origami {
 namespace {
@@ -205,6 +210,32 @@ TEST_F(CudaDeviceDeathTest, MixedDevicesAreRefusedBeforeAnyBackendRuns) {
   EXPECT_EXIT(gemm(ctx, host, Trans::no, dev, Trans::no, c), ::testing::ExitedWithCode(kExitInternal),
               "gemm: the context runs on cpu but B is on cuda:0");
 }
+
+#ifdef ORIGAMI_WITH_CUDA
+// Nothing maps cuBLAS until the first use (kernels/cuda/cublas_library.h):
+// CPU ranks and host-only commands do not pay its ~211 MB. Loading needs
+// the library, not a device, so this runs on any CUDA build.
+TEST(CudaLibraries, CublasLoadsOnFirstUseAndNotBefore) {
+  auto mapped = [] {
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    while (std::getline(maps, line))
+      if (line.find("libcublas") != std::string::npos) return true;
+    return false;
+  };
+  ASSERT_FALSE(cuda::cublas_loaded());
+  EXPECT_FALSE(mapped()) << "libcublas is mapped before first use: is it linked again?";
+  const cuda::CublasLibrary& api = cuda::cublas();
+  EXPECT_TRUE(cuda::cublas_loaded());
+  EXPECT_TRUE(mapped());
+  ASSERT_NE(api.status_name, nullptr);
+  EXPECT_STREQ(api.status_name(CUBLAS_STATUS_SUCCESS), "CUBLAS_STATUS_SUCCESS");
+  EXPECT_NE(api.create, nullptr);
+  EXPECT_NE(api.destroy, nullptr);
+  EXPECT_NE(api.set_stream, nullptr);
+  EXPECT_NE(api.status_string, nullptr);
+}
+#endif
 
 }  // namespace
 }  // namespace origami

@@ -96,11 +96,14 @@ void print_report(const im::RunReport& r) {
     std::string cost = "  cost per step: the busiest EP rank gets " + f(r.cost.excess_tokens, 1) +
                        " more tokens than the mean rank (summed over layers)";
     if (r.cost.timed) {
-      cost += ": ~" + f(r.cost.compute_s, 4) + " s more expert compute at the run's GFLOP/s and " +
-              bytes_text(r.cost.a2a_bytes) + " more all-to-all";
-      if (r.cost.a2a_timed) cost += " (~" + f(r.cost.a2a_s, 4) + " s at the run's measured all-to-all rate)";
-      cost += ", against a " + f(r.cost.step_time_s, 3) + " s step (" +
-              f(100 * (r.cost.compute_s + r.cost.a2a_s) / std::max(1e-12, r.cost.step_time_s), 1) + "%)";
+      // Rank 0's GFLOP/s and all-to-all seconds include its waits for slower
+      // ranks, so both times are upper bounds of the busiest rank's extra.
+      cost += ": ~" + f(r.cost.compute_s, 4) + " s more expert compute (" +
+              f(100 * r.cost.compute_s / std::max(1e-12, r.cost.step_time_s), 1) + "% of the " +
+              f(r.cost.step_time_s, 3) + " s step, at the run's GFLOP/s) and " + bytes_text(r.cost.a2a_bytes) +
+              " more all-to-all traffic";
+      if (r.cost.a2a_timed)
+        cost += " (<= " + f(r.cost.a2a_s, 4) + " s at the run's all-to-all rate, whose time includes waits for slower ranks)";
     } else {
       cost += " (no config.toml beside the metrics: no time estimate)";
     }
@@ -149,13 +152,14 @@ int run_imbalance(const Args& a) {
   } else {
     for (const im::RunReport& r : reports) print_report(r);
     if (reports.size() > 1) {
-      std::printf("comparison:\n  %-40s %-16s %9s %9s %12s %10s\n", "run", "load balancing", "vio p50", "vio p95",
+      std::printf("comparison:\n  %-40s %-22s %9s %9s %12s %10s\n", "run", "load balancing", "vio p50", "vio p95",
                   "EP max/mean", "aux loss");
       for (const im::RunReport& r : reports) {
         double ep = 0;
         for (const im::LayerReport& L : r.layers) ep += L.ep.max_over_mean / static_cast<double>(r.layers.size());
-        std::printf("  %-40s %-16s %9.3f %9.3f %12.3f %10.4f\n", shorten(r.path, 40).c_str(),
-                    r.shape.known ? r.shape.load_balancing.c_str() : "?", r.p50, r.p95, ep, r.mean_aux_loss);
+        const std::string lb = !r.shape.known ? "?" : r.shape.load_balancing + (r.shape.expert_bias ? " + expert_bias" : "");
+        std::printf("  %-40s %-22s %9.3f %9.3f %12.3f %10.4f\n", shorten(r.path, 40).c_str(), lb.c_str(), r.p50,
+                    r.p95, ep, r.mean_aux_loss);
       }
     }
     if (a.place) print_placement(plan, a.ep);

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/check.h"
+#include "kernels/cuda/cublas_library.h"
 
 #define CUDA_CHECK(call)                                                                                              \
   do {                                                                                                                \
@@ -21,6 +22,6 @@
     const cublasStatus_t origami_cublas_rc_ = (call);                                                \
     if (origami_cublas_rc_ != CUBLAS_STATUS_SUCCESS) [[unlikely]]                                    \
       ::origami::fail_check(__FILE__, __LINE__, #call,                                               \
-                            ::origami::detail::concat(cublasGetStatusName(origami_cublas_rc_), ": ", \
-                                                      cublasGetStatusString(origami_cublas_rc_)));   \
+                            ::origami::detail::concat(::origami::cuda::cublas().status_name(origami_cublas_rc_), ": ", \
+                                                      ::origami::cuda::cublas().status_string(origami_cublas_rc_)));   \
   } while (0)

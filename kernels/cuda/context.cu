@@ -19,8 +19,8 @@ ExecContext::CudaState* create_state(int device_index) {
   s->device = device_index;
   CUDA_CHECK(cudaSetDevice(device_index));
   CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
-  CUBLAS_CHECK(cublasCreate(&s->blas));
-  CUBLAS_CHECK(cublasSetStream(s->blas, s->stream));
+  CUBLAS_CHECK(cublas().create(&s->blas));
+  CUBLAS_CHECK(cublas().set_stream(s->blas, s->stream));
   return s;
 }
 
@@ -28,7 +28,7 @@ void destroy_state(ExecContext::CudaState* s) {
   if (s == nullptr) return;
   cudaSetDevice(s->device);
   cudaStreamSynchronize(s->stream);
-  cublasDestroy(s->blas);
+  cublas().destroy(s->blas);
   cudaStreamDestroy(s->stream);
   delete s;
 }
