@@ -193,7 +193,9 @@ TEST(Imbalance, AlertsFireForDeadCollapsedAndRisingLayersAndNotForABalancedRun) 
       EXPECT_EQ(got["runs"][0]["alerts"][0]["layer"], 3);
       EXPECT_EQ(got["runs"][0]["layers"][2]["dead_experts"], json::array({5}));
     }
-    if (c.name == "collapsed") EXPECT_EQ(got["runs"][0]["alerts"][0]["layer"], 2);
+    if (c.name == "collapsed") {
+      EXPECT_EQ(got["runs"][0]["alerts"][0]["layer"], 2);
+    }
   }
 }
 
