@@ -4,7 +4,7 @@
 # bias), the report comparing them, placement advice from the unbalanced
 # run's steps 251-300, and its resume from the step-300 checkpoint under the
 # advised placement. Prints the predicted and the measured per-EP-rank
-# max/mean of steps 301-350, placed and contiguous. About 10 minutes on 2 cores.
+# max/mean of steps 301-350, placed and contiguous. About 5 minutes on 2 cores.
 #
 # Usage: tools/imbalance_example.sh [OUT_DIR]   (default: runs/imbalance-example)
 set -euo pipefail
