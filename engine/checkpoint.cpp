@@ -57,7 +57,7 @@ std::map<std::string, int64_t> shape_keys(const Config& cfg) {
 }
 
 std::vector<int64_t> stage_layers_of(const Config& cfg) {
-  return plan::stage_layers(cfg.model.num_layers, cfg.parallel.pp, cfg.parallel.pp_layers);
+  return plan::stage_layers(cfg.model.num_layers, cfg.parallel.pp * cfg.parallel.virtual_stages, cfg.parallel.pp_layers);
 }
 
 // The unit table's index of each unit by name.
@@ -70,9 +70,9 @@ std::map<std::string, size_t> unit_index(const UnitTable& table) {
 // The world rank that stores layer l's expert bias: the first rank of the
 // stage holding it.
 int bias_rank(const comm::Layout& layout, const std::vector<int64_t>& stage_layers, int64_t layer) {
-  int64_t stage = 0, end = 0;
+  int64_t stage = 0, end = 0;  // the virtual stage, on pipeline rank stage % pp
   while (layer >= (end += stage_layers[static_cast<size_t>(stage)])) ++stage;
-  return layout.group_of(comm::GroupKind::pp, 0).at(static_cast<size_t>(stage));
+  return layout.group_of(comm::GroupKind::pp, 0).at(static_cast<size_t>(stage % layout.pp()));
 }
 
 nlohmann::ordered_json shard_json(const SliceRange& r) {

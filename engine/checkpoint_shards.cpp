@@ -71,7 +71,7 @@ std::vector<UnitPiece> pieces_in(const LocalUnit& local, int64_t begin, int64_t 
 std::vector<UnitPiece> stored_pieces(const UnitTable& table, const UnitSpec& u, const comm::Layout& layout, int rank,
                                      const std::vector<int64_t>& stage_layers) {
   const comm::RankCoords c = layout.coords(rank);
-  if (u.stage(stage_layers) != c.pp) return {};
+  if (u.stage(stage_layers, layout.pp()) != c.pp) return {};
   const LocalUnit local = table.local_unit(u, layout, c);
   const auto [size, index] = zero_place(u, layout, rank);
   const auto [begin, end] = zero_range(local.numel, size, index);

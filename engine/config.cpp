@@ -103,7 +103,7 @@ using config_detail::Origins;
 // absent unless the file sets it; a list key is an array of integers.
 using FieldPtr = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::optional<double>*,
                               std::vector<int64_t>*, moe::ScoreFunction*, moe::LoadBalancing*, moe::DropPolicy*,
-                              Recompute*>;
+                              Recompute*, PipeSchedule*>;
 struct Field {
   std::string_view key;
   FieldPtr ptr;
@@ -130,6 +130,12 @@ const EnumNames<moe::LoadBalancing>& enum_names(const moe::LoadBalancing*) {
 const EnumNames<Recompute>& enum_names(const Recompute*) {
   static const EnumNames<Recompute> n = {
       {"none", Recompute::none}, {"full", Recompute::full}, {"moe", Recompute::moe}};
+  return n;
+}
+const EnumNames<PipeSchedule>& enum_names(const PipeSchedule*) {
+  static const EnumNames<PipeSchedule> n = {{"1f1b", PipeSchedule::one_f_one_b},
+                                            {"interleaved", PipeSchedule::interleaved},
+                                            {"zb-h1", PipeSchedule::zb_h1}};
   return n;
 }
 const EnumNames<moe::DropPolicy>& enum_names(const moe::DropPolicy*) {
@@ -172,7 +178,8 @@ std::vector<Section> schema(Config& c) {
       {"parallel",
        {{"tp", &p.tp}, {"cp", &p.cp}, {"pp", &p.pp}, {"ep", &p.ep}, {"etp", &p.etp}, {"order", &p.order},
         {"zero_stage", &p.zero_stage}, {"pp_layers", &p.pp_layers},
-        {"reshard_after_forward", &p.reshard_after_forward}}},
+        {"reshard_after_forward", &p.reshard_after_forward}, {"pp_schedule", &p.pp_schedule},
+        {"virtual_stages", &p.virtual_stages}}},
       {"training",
        {{"steps", &t.steps}, {"seq_len", &t.seq_len}, {"global_batch", &t.global_batch},
         {"micro_batch", &t.micro_batch}, {"seed", &t.seed}, {"recompute", &t.recompute}}},

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/pipeline.h"
 #include "moe/options.h"
 #include "moe/placement.h"
 
@@ -82,6 +83,11 @@ struct ParallelConfig {
   // gather until the step's gradients are done (one gather per unit per
   // step, at the memory of the whole stage's params).
   bool reshard_after_forward = true;
+  // The pipeline schedule (engine/pipeline.h): "1f1b", "interleaved" (with
+  // virtual_stages >= 2 model chunks per rank; pp_layers then lists
+  // pp·virtual_stages counts) or "zb-h1" (weight gradients deferred).
+  PipeSchedule pp_schedule = PipeSchedule::one_f_one_b;
+  int64_t virtual_stages = 1;
 };
 
 // training.recompute: activations backward recomputes instead of keeping.

@@ -115,16 +115,18 @@ void check_order(const Rules& r, const std::string& order) {
 // without a layer. "" when the stages are fine.
 std::string stage_problem(const ModelConfig& m, const ParallelConfig& p) {
   const std::vector<int64_t>& layers = p.pp_layers;
+  const int64_t v = std::max<int64_t>(p.virtual_stages, 1), chunks = p.pp * v;
+  const std::string count = v > 1 ? concat("parallel.pp · virtual_stages = ", chunks) : concat("parallel.pp = ", p.pp);
   if (layers.empty()) {
-    if (m.num_layers >= p.pp) return {};
-    return concat("model.num_layers = ", m.num_layers, " must be >= parallel.pp = ", p.pp,
-                  " (the even split gives every pipeline stage a layer; parallel.pp_layers sets the split "
-                  "explicitly)");
+    if (m.num_layers >= chunks) return {};
+    return concat("model.num_layers = ", m.num_layers, " must be >= ", count,
+                  " (the even split gives every ", v > 1 ? "virtual " : "",
+                  "pipeline stage a layer; parallel.pp_layers sets the split explicitly)");
   }
   const auto stages = static_cast<int64_t>(layers.size());
-  if (stages != p.pp)
-    return concat("parallel.pp_layers = ", fmt(layers), " lists ", stages,
-                  " stages: must list one layer count per pipeline stage, parallel.pp = ", p.pp);
+  if (stages != chunks)
+    return concat("parallel.pp_layers = ", fmt(layers), " lists ", stages, " stages: must list one layer count per ",
+                  v > 1 ? "virtual " : "", "pipeline stage, ", count);
   if (!std::all_of(layers.begin(), layers.end(), [&](int64_t n) { return n >= 0 && n <= m.num_layers; }))
     return concat("parallel.pp_layers = ", fmt(layers), ": layer counts must be in 0..model.num_layers = ",
                   m.num_layers);
@@ -261,6 +263,16 @@ void validate(const Config& c, const Origins& o) {
   r.at_least("parallel.pp", p.pp, 1);
   r.at_least("parallel.ep", p.ep, 1);
   r.at_least("parallel.etp", p.etp, 1);
+  r.at_least("parallel.virtual_stages", p.virtual_stages, 1);
+  if (p.pp_schedule == PipeSchedule::interleaved)
+    r.need_all(p.virtual_stages >= 2 && p.pp >= 2, {"parallel.pp_schedule", "parallel.virtual_stages", "parallel.pp"},
+               concat("parallel.pp_schedule = \"interleaved\" needs parallel.pp >= 2 and parallel.virtual_stages >= 2 "
+                      "(got pp = ", p.pp, ", virtual_stages = ", p.virtual_stages,
+                      "); with one chunk per rank use \"1f1b\""));
+  else
+    r.need_all(p.virtual_stages == 1, {"parallel.virtual_stages", "parallel.pp_schedule"},
+               concat("parallel.virtual_stages = ", p.virtual_stages,
+                      " needs parallel.pp_schedule = \"interleaved\" (1f1b and zb-h1 run one model chunk per rank)"));
   r.between("parallel.zero_stage", p.zero_stage, 0, 3);
   check_order(r, p.order);
 
@@ -448,6 +460,12 @@ std::string layout_problem(const ModelConfig& m, const MoeConfig& e, const Train
   if (t.global_batch % (t.micro_batch * dp) != 0)
     return concat("training.global_batch = ", t.global_batch, " must be a multiple of training.micro_batch · DP = ",
                   t.micro_batch, " · ", dp, " = ", t.micro_batch * dp, " (DP = world size / (tp·cp·pp))");
+  if (const int64_t micro_batches = t.global_batch / (t.micro_batch * dp);
+      p.pp_schedule == PipeSchedule::interleaved && micro_batches % p.pp != 0)
+    return concat("parallel.pp_schedule = \"interleaved\": the micro-batches per step, training.global_batch / "
+                  "(training.micro_batch · DP) = ", t.global_batch, " / (", t.micro_batch, " · ", dp, ") = ",
+                  micro_batches, ", must be a multiple of parallel.pp = ", p.pp,
+                  " (micro-batches advance through the chunks in groups of pp)");
   if (any_moe) return capacity_problem(e, cp_tokens / p.tp);
   return {};
 }

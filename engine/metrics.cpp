@@ -80,7 +80,8 @@ nlohmann::ordered_json to_json(const StepMetrics& m) {
       j["pipeline"].push_back({{"stage", s},
                                {"busy_s", m.stages[s].busy_s},
                                {"idle_s", m.stages[s].idle_s},
-                               {"idle_fraction", m.stages[s].idle_fraction()}});
+                               {"idle_fraction", m.stages[s].idle_fraction()},
+                               {"held_activation_bytes", m.stages[s].held_activation_bytes}});
   }
   if (!m.moe.empty()) {
     j["aux_loss"] = m.aux_loss;

@@ -1,26 +1,33 @@
 // Model assembly (see model.h).
 #include "engine/model.h"
 
+#include <algorithm>
+
 #include "dense/embedding.h"
 #include "kernels/elementwise.h"
 
 namespace origami {
 
 void ForwardStats::accumulate(const std::vector<MoeLayerRecord>& other) {
-  if (moe.empty()) {
-    moe = other;
-    return;
-  }
-  ORIGAMI_CHECK(moe.size() == other.size(), "MoE statistics of different models");
-  for (size_t i = 0; i < moe.size(); ++i) {
-    for (size_t e = 0; e < moe[i].routed_per_expert.size(); ++e) {
-      moe[i].routed_per_expert[e] += other[i].routed_per_expert[e];
-      moe[i].kept_per_expert[e] += other[i].kept_per_expert[e];
+  // By layer: the chunks of an interleaved stage report different layers.
+  for (const MoeLayerRecord& o : other) {
+    auto it = std::lower_bound(moe.begin(), moe.end(), o.layer,
+                               [](const MoeLayerRecord& r, int64_t l) { return r.layer < l; });
+    if (it == moe.end() || it->layer != o.layer) {
+      moe.insert(it, o);
+      continue;
     }
-    for (size_t r = 0; r < moe[i].tokens_per_ep_rank.size(); ++r)
-      moe[i].tokens_per_ep_rank[r] += other[i].tokens_per_ep_rank[r];
-    moe[i].aux_loss += other[i].aux_loss;
-    moe[i].z_loss += other[i].z_loss;
+    MoeLayerRecord& r = *it;
+    ORIGAMI_CHECK(r.routed_per_expert.size() == o.routed_per_expert.size() &&
+                      r.tokens_per_ep_rank.size() == o.tokens_per_ep_rank.size(),
+                  "MoE statistics of layer ", o.layer, " from different models");
+    for (size_t e = 0; e < r.routed_per_expert.size(); ++e) {
+      r.routed_per_expert[e] += o.routed_per_expert[e];
+      r.kept_per_expert[e] += o.kept_per_expert[e];
+    }
+    for (size_t k = 0; k < r.tokens_per_ep_rank.size(); ++k) r.tokens_per_ep_rank[k] += o.tokens_per_ep_rank[k];
+    r.aux_loss += o.aux_loss;
+    r.z_loss += o.z_loss;
   }
 }
 
@@ -37,7 +44,8 @@ double ForwardStats::z_loss() const {
 }
 
 Model::Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe_cfg,
-             const comm::Groups* groups, int zero_stage, const std::vector<int64_t>& pp_layers)
+             const comm::Groups* groups, int zero_stage, const std::vector<int64_t>& pp_layers,
+             int64_t virtual_stages)
     : ctx_(&ctx), cfg_(cfg), moe_cfg_(moe_cfg), units_(cfg, moe_cfg) {
   const int64_t E = moe_cfg.router.num_experts;
   attn_opt_ = dense::AttentionOptions{cfg.num_heads, cfg.num_kv_heads, cfg.head_dim(),
@@ -59,13 +67,13 @@ Model::Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, cons
   cp_ = group(comm::GroupKind::cp);
   local_attn_opt_ = dense::tp_attention_shard(attn_opt_, tp_).local;
   stage_ = pipeline_stage(cfg.num_layers, groups ? groups->layout().pp() : 1, groups ? groups->coords().pp : 0,
-                          pp_layers);
+                          pp_layers, virtual_stages);
   // A dispatcher per MoE layer of the stage, with the layer's placement for
   // this layout's EP size (the unit table below places the experts' weights
   // by the same rule: ExpertPlacements::find).
   dispatchers_.resize(cfg.num_layers);
-  for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l)
-    if (moe_cfg.is_moe_layer(l)) {
+  for (int64_t l = 0; l < cfg.num_layers; ++l)
+    if (stage_.owns_layer(l) && moe_cfg.is_moe_layer(l)) {
       comm::Communicator* ep = group(comm::GroupKind::ep);
       dispatchers_[l] = std::make_unique<moe::AllToAllDispatcher>(
           E, ep, group(comm::GroupKind::etp), moe_cfg.expert_placement.of_layer(l, E, comm::group_size(ep)));
@@ -91,12 +99,14 @@ Model::Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, cons
 
   if (stage_.first()) embedding_ = params_.ref("model.embed_tokens.weight");
   if (stage_.last()) final_norm_ = params_.ref("model.norm.weight"), head_ = params_.ref("lm_head.weight");
-  for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l) layer_refs_.push_back(resolve_layer(l));
+  layer_refs_.resize(cfg.num_layers);
+  for (int64_t l = 0; l < cfg.num_layers; ++l)
+    if (stage_.owns_layer(l)) layer_refs_[l] = resolve_layer(l);
 
   expert_bias_.resize(cfg.num_layers);
   if (moe_cfg.expert_bias)
-    for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l)
-      if (moe_cfg.is_moe_layer(l)) expert_bias_[l] = Tensor::zeros({E}, DType::f32, MemCategory::param);
+    for (int64_t l = 0; l < cfg.num_layers; ++l)
+      if (stage_.owns_layer(l) && moe_cfg.is_moe_layer(l)) expert_bias_[l] = Tensor::zeros({E}, DType::f32, MemCategory::param);
 }
 
 Model::LayerRefs Model::resolve_layer(int64_t l) const {
@@ -144,7 +154,8 @@ Model::LayerRefs Model::resolve_layer(int64_t l) const {
 }
 
 Model::LayerWeights Model::layer_views(int64_t l, bool grads) const {
-  const LayerRefs& r = layer_refs_[l - stage_.first_layer];
+  ORIGAMI_CHECK(stage_.owns_layer(l), "layer ", l, " is not on this pipeline rank");
+  const LayerRefs& r = layer_refs_[l];
   auto get = [&](ParamRef p) { return grads ? params_.grad(p) : params_.param(p); };
   LayerWeights w;
   w.attn_norm = get(r.attn_norm);
@@ -255,9 +266,13 @@ void Model::forward(StageIO& io, ModelSaved& saved) const {
   saved.pos_S = own.pos_S;
   saved.batch = B;
   saved.seq_len = S;
+  ORIGAMI_CHECK(io.chunk >= 0 && io.chunk < stage_.virtual_stages(), "forward of chunk ", io.chunk, " of ",
+                stage_.virtual_stages());
+  saved.chunk = io.chunk;
+  const LayerRange layers = stage_.chunks[static_cast<size_t>(io.chunk)];
 
   Tensor h;  // (T/tp, D)
-  if (stage_.first()) {
+  if (stage_.first_chunk(io.chunk)) {
     hooks.before_forward(embedding_unit_);
     h = dense::tp_embedding_forward(ctx, saved.ids_T, params_.param(embedding_), V, tp_);
     hooks.after_forward(embedding_unit_);
@@ -268,12 +283,12 @@ void Model::forward(StageIO& io, ModelSaved& saved) const {
     h = io.h_in;
   }
   std::vector<MoeLayerRecord> records;
-  saved.layers.assign(stage_.end_layer - stage_.first_layer, LayerSaved{});
-  for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l) {
+  saved.layers.assign(layers.end_layer - layers.first_layer, LayerSaved{});
+  for (int64_t l = layers.first_layer; l < layers.end_layer; ++l) {
     const bool is_moe = moe_cfg_.is_moe_layer(l);
     hooks.before_forward(layer_unit_[l]);
     if (is_moe) hooks.before_forward(expert_unit_[l]);
-    LayerSaved& ls = saved.layers[l - stage_.first_layer];
+    LayerSaved& ls = saved.layers[l - layers.first_layer];
     MoeLayerRecord record;
     if (recompute_ == Recompute::full) {
       LayerSaved discarded;  // rebuilt by the layer's backward
@@ -288,7 +303,7 @@ void Model::forward(StageIO& io, ModelSaved& saved) const {
   }
   if (io.stats) io.stats->accumulate(records);
   io.loss = 0;
-  if (!stage_.last()) {
+  if (!stage_.last_chunk(io.chunk)) {
     io.h_out = h;
     return;
   }
@@ -299,8 +314,8 @@ void Model::forward(StageIO& io, ModelSaved& saved) const {
 }
 
 double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, ForwardStats* stats) const {
-  ORIGAMI_CHECK(stage_.count == 1, "forward(tokens, saved) runs the whole model; stage ", stage_.index, " of ",
-                stage_.count, " needs forward(StageIO&)");
+  ORIGAMI_CHECK(stage_.count == 1 && stage_.virtual_stages() == 1, "forward(tokens, saved) runs the whole model; stage ",
+                stage_.index, " of ", stage_.count, " needs forward(StageIO&)");
   StageIO io;
   io.tokens_BS1 = tokens_BS1;
   io.stats = stats;
@@ -314,8 +329,10 @@ void Model::backward(StageGradIO& io, ModelSaved& saved) {
   const ExecContext& ctx = *ctx_;
   const Hooks hooks{io.hooks};
   const float aux_scale = io.aux_scale;
+  const int64_t chunk = saved.chunk;
+  const LayerRange layers = stage_.chunks[static_cast<size_t>(chunk)];
   Tensor dh;
-  if (stage_.last()) {
+  if (stage_.last_chunk(chunk)) {
     hooks.before_backward(final_unit_);
     Tensor dnorm_w = params_.grad(final_norm_), dhead_w = params_.grad(head_);
     Tensor dy = dense::tp_lm_head_backward(ctx, params_.param(head_), saved.head, io.lm_grad_scale, tp_, dhead_w);
@@ -326,11 +343,11 @@ void Model::backward(StageGradIO& io, ModelSaved& saved) {
                   stage_.index, ": output gradient of the wrong shape");
     dh = std::move(io.dh_out);  // accumulated into below: the caller hands it over
   }
-  for (int64_t l = stage_.end_layer - 1; l >= stage_.first_layer; --l) {
+  for (int64_t l = layers.end_layer - 1; l >= layers.first_layer; --l) {
     const bool is_moe = moe_cfg_.is_moe_layer(l);
     if (is_moe) hooks.before_backward(expert_unit_[l]);
     hooks.before_backward(layer_unit_[l]);
-    LayerSaved& ls = saved.layers[l - stage_.first_layer];
+    LayerSaved& ls = saved.layers[l - layers.first_layer];
     if (recompute_ == Recompute::full) {  // rebuild this layer's activations from its input
       const Tensor input = ls.input;
       ls = LayerSaved{};
@@ -351,7 +368,7 @@ void Model::backward(StageGradIO& io, ModelSaved& saved) {
     if (is_moe) hooks.after_backward(expert_unit_[l]);
     hooks.after_backward(layer_unit_[l]);
   }
-  if (stage_.first()) {
+  if (stage_.first_chunk(chunk)) {
     hooks.before_backward(embedding_unit_);
     Tensor demb = params_.grad(embedding_);
     dense::tp_embedding_backward(ctx, saved.ids_T, dh, cfg_.vocab_size, tp_, demb);
@@ -363,8 +380,8 @@ void Model::backward(StageGradIO& io, ModelSaved& saved) {
 }
 
 void Model::backward(ModelSaved& saved, float lm_grad_scale, float aux_scale) {
-  ORIGAMI_CHECK(stage_.count == 1, "backward(saved, ...) runs the whole model; stage ", stage_.index, " of ",
-                stage_.count, " needs backward(StageGradIO&)");
+  ORIGAMI_CHECK(stage_.count == 1 && stage_.virtual_stages() == 1, "backward(saved, ...) runs the whole model; stage ",
+                stage_.index, " of ", stage_.count, " needs backward(StageGradIO&)");
   StageGradIO io;
   io.lm_grad_scale = lm_grad_scale;
   io.aux_scale = aux_scale;

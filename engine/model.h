@@ -33,6 +33,7 @@ struct LayerSaved {
 };
 
 struct ModelSaved {
+  int64_t chunk = 0;  // the model chunk (virtual stage) forward ran
   Tensor ids_T, pos_S;
   int64_t batch = 0, seq_len = 0;  // of the micro-batch's windows
   std::vector<LayerSaved> layers;
@@ -60,11 +61,12 @@ struct ForwardStats {
 // What one micro-batch's forward reads and hands back on this stage.
 struct StageIO {
   Tensor tokens_BS1;              // in: i32 [B, S+1] windows
-  Tensor h_in;                    // in: the previous stage's output (stages after the first)
+  Tensor h_in;                    // in: the previous virtual stage's output (all but the first)
   ForwardStats* stats = nullptr;  // in/out: this stage's MoE layers' statistics accumulate here
   UnitHooks* hooks = nullptr;     // ZeRO gathers and frees around each unit
   double loss = 0;                // out: Σ token LM loss (last stage; 0 on the others)
-  Tensor h_out;                   // out: this stage's output (stages before the last)
+  Tensor h_out;                   // out: this chunk's output (all virtual stages but the last)
+  int64_t chunk = 0;              // in: which of this rank's model chunks runs (interleaved pipelines)
 };
 
 // What one micro-batch's backward reads and hands back on this stage.
@@ -110,11 +112,13 @@ class Model {
  public:
   // zero_stage: how ParamStore shards the units over their groups (§6;
   // engine/zero.h runs the gathers and reductions).
-  // pp_layers: layers per pipeline stage (empty: even split); the stage is
-  // this rank's pp coordinate.
+  // pp_layers: layers per virtual pipeline stage (empty: even split); the
+  // stage is this rank's pp coordinate, holding virtual_stages model chunks
+  // (engine/pipeline.h: chunk c is virtual stage c·pp + stage).
   // ctx: where the model's ops run; it must outlive the model.
   Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe = {},
-        const comm::Groups* groups = nullptr, int zero_stage = 0, const std::vector<int64_t>& pp_layers = {});
+        const comm::Groups* groups = nullptr, int zero_stage = 0, const std::vector<int64_t>& pp_layers = {},
+        int64_t virtual_stages = 1);
 
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
@@ -200,7 +204,7 @@ class Model {
   int64_t local_experts_ = 0;  // E/EP on every MoE layer
   size_t embedding_unit_ = 0, final_unit_ = 0;    // first / last stage only
   ParamRef embedding_, final_norm_, head_;         // first / last stage only
-  std::vector<LayerRefs> layer_refs_;              // per layer of this stage
+  std::vector<LayerRefs> layer_refs_;              // by layer (filled for this rank's layers)
   std::vector<size_t> layer_unit_, expert_unit_;  // per layer of this stage (expert_unit_: MoE layers only)
   // One per MoE layer of this stage (by layer; null for the others):
   // placements differ by layer.

@@ -134,6 +134,8 @@ PlanInput plan_input(const Config& cfg) {
   in.zero_stage = static_cast<int>(cfg.parallel.zero_stage);
   in.pp_layers = cfg.parallel.pp_layers;
   in.reshard_after_forward = cfg.parallel.reshard_after_forward;
+  in.pp_schedule = cfg.parallel.pp_schedule;
+  in.virtual_stages = cfg.parallel.virtual_stages;
   return in;
 }
 
@@ -146,7 +148,7 @@ std::vector<int64_t> stage_layers(int64_t num_layers, int64_t pp, const std::vec
         std::all_of(explicit_layers.begin(), explicit_layers.end(), [](int64_t n) { return n >= 0; });
     if (static_cast<int64_t>(explicit_layers.size()) != pp || sum != num_layers || !non_negative)
       ORIGAMI_USER_ERROR("pp_layers: ", explicit_layers.size(), " stages summing to ", sum,
-                         ": must list parallel.pp = ", pp,
+                         ": must list parallel.pp (· virtual_stages) = ", pp,
                          " non-negative layer counts summing to model.num_layers = ", num_layers);
     return explicit_layers;
   }
@@ -161,14 +163,15 @@ std::vector<UnitPlan> plan_units(const PlanInput& in, const comm::Layout& layout
 }
 
 std::vector<UnitPlan> plan_units(const PlanInput& in, const UnitTable& table, const comm::Layout& layout) {
-  const std::vector<int64_t> per_stage = stage_layers(in.model.num_layers, layout.pp(), in.pp_layers);
+  const std::vector<int64_t> per_stage =
+      stage_layers(in.model.num_layers, layout.pp() * in.virtual_stages, in.pp_layers);
   std::vector<UnitPlan> units;
   for (const UnitSpec& spec : table.units()) {
     UnitPlan u;
     u.name = spec.name;
     u.expert = spec.expert;
     u.layer = spec.layer;
-    u.stage = spec.stage(per_stage);
+    u.stage = spec.stage(per_stage, layout.pp());
     comm::RankCoords first;  // the stage's first rank: every coordinate 0 but pp
     first.pp = u.stage;
     u.numel = spec.numel;
@@ -367,11 +370,15 @@ StageComm stage_comm(const PlanInput& in, const comm::Layout& layout, const std:
     add(GroupKind::etp, CommOp::reduce_scatter, "token rows: combine (fwd), dispatch grad (bwd)", 2 * mm * Lmoe,
         ring::reduce_scatter(R * D, kF32, etp));
   }
-  // PP (§7): [mb, s/(cp·tp), D] activations to the next stage per
-  // micro-batch, their gradients to the previous one.
+  // PP (§7): [mb, s/(cp·tp), D] activations to the next virtual stage per
+  // micro-batch and chunk, their gradients to the previous one (every
+  // chunk has both but the first's input and the last's output).
   if (pp > 1) {
-    if (!last) add(GroupKind::pp, CommOp::send, "activations (fwd)", mm, static_cast<double>(t * D * kF32));
-    if (!first) add(GroupKind::pp, CommOp::send, "activation grads (bwd)", mm, static_cast<double>(t * D * kF32));
+    const auto v = static_cast<int64_t>(st.chunk_layers.size());
+    if (const int64_t n = mm * (v - (last ? 1 : 0)); n > 0)
+      add(GroupKind::pp, CommOp::send, "activations (fwd)", n, static_cast<double>(t * D * kF32));
+    if (const int64_t n = mm * (v - (first ? 1 : 0)); n > 0)
+      add(GroupKind::pp, CommOp::send, "activation grads (bwd)", n, static_cast<double>(t * D * kF32));
   }
   // Bookkeeping once per step (engine/trainer.cpp): loss sum over dp-cp;
   // per MoE layer, routed/kept counts (E each) and tokens per EP rank over
@@ -442,13 +449,26 @@ LayoutPlan plan_layout(const PlanInput& in, const UnitTable& table, const comm::
   lp.act = activation_bytes(in, layout);
   const RecipeBytes rb = recipe_bytes(in.recipe);
 
-  const std::vector<int64_t> per_stage = stage_layers(in.model.num_layers, lp.pp, in.pp_layers);
-  for (int64_t s = 0, first = 0; s < lp.pp; first += per_stage[s++]) {
+  const int64_t v = in.virtual_stages;
+  lp.schedule = {in.pp_schedule, lp.pp, lp.micro_batches, v};
+  const std::vector<int64_t> per_stage = stage_layers(in.model.num_layers, lp.pp * v, in.pp_layers);
+  for (int64_t s = 0; s < lp.pp; ++s) {
     StageMemory st;
     st.stage = s;
-    st.first_layer = first;
-    st.num_layers = per_stage[s];
-    st.num_moe_layers = moe_layers_in(in.moe, first, per_stage[s]);
+    // Chunk c of rank s is virtual stage c·pp + s; its layers start after
+    // every earlier virtual stage's.
+    std::vector<int64_t> chunk_first, chunk_moe;
+    for (int64_t c = 0; c < v; ++c) {
+      const int64_t u = c * lp.pp + s;
+      const int64_t first = std::accumulate(per_stage.begin(), per_stage.begin() + u, int64_t{0});
+      const int64_t n = per_stage[static_cast<size_t>(u)];
+      chunk_first.push_back(first);
+      st.chunk_layers.push_back(n);
+      chunk_moe.push_back(moe_layers_in(in.moe, first, n));
+      st.num_layers += n;
+      st.num_moe_layers += chunk_moe.back();
+    }
+    st.first_layer = chunk_first.front();
     // ZeRO working buffers: stage 2 keeps a unit's whole gradient during its
     // backward; stage 3 also keeps at most two units' whole params (the one
     // computing and the one prefetched; largest units of the stage), or all
@@ -467,12 +487,36 @@ LayoutPlan plan_layout(const PlanInput& in, const UnitTable& table, const comm::
     if (in.zero_stage >= 3)
       for (size_t i = 0; i < (in.reshard_after_forward ? std::min<size_t>(2, gathered.size()) : gathered.size()); ++i)
         st.transient += gathered[i];
-    // 1F1B: stage s holds min(pp − s, m) micro-batches' activations.
-    st.in_flight = std::min(lp.pp - s, lp.micro_batches);
-    const int64_t per_mb = (st.num_layers - st.num_moe_layers) * lp.act.dense_layer +
-                           st.num_moe_layers * lp.act.moe_layer + lp.act.every_stage +
-                           (s == 0 ? lp.act.first_stage : 0) + (s == lp.pp - 1 ? lp.act.last_stage : 0);
-    st.activations = st.in_flight * per_mb;
+    // Held activations: walk the stage's schedule. A forward of chunk c
+    // keeps its saved activations until its backward, which under zb-h1
+    // leaves the W operands until the W op.
+    const bool first_rank = s == 0, last_rank = s == lp.pp - 1;
+    auto saved_bytes = [&](int64_t c) {
+      return (st.chunk_layers[c] - chunk_moe[c]) * lp.act.dense_layer + chunk_moe[c] * lp.act.moe_layer +
+             lp.act.every_stage + (first_rank && c == 0 ? lp.act.first_stage : 0) +
+             (last_rank && c == v - 1 ? lp.act.last_stage : 0);
+    };
+    auto pending_bytes = [&](int64_t c) {
+      return (st.chunk_layers[c] - chunk_moe[c]) * lp.act.weight_pending_dense_layer +
+             chunk_moe[c] * lp.act.weight_pending_moe_layer +
+             (first_rank && c == 0 ? lp.act.weight_pending_first_stage : 0) +
+             (last_rank && c == v - 1 ? lp.act.weight_pending_last_stage : 0);
+    };
+    int64_t held = 0, saved = 0, pending = 0;
+    st.in_flight = 0;
+    for (const PipeOp& op : pipeline_schedule(lp.schedule, s)) {
+      switch (op.kind) {
+        case PipeOp::forward: held += saved_bytes(op.chunk), ++saved; break;
+        case PipeOp::backward:
+          held -= saved_bytes(op.chunk), --saved;
+          if (in.pp_schedule == PipeSchedule::zb_h1) held += pending_bytes(op.chunk), ++pending;
+          break;
+        case PipeOp::weight: held -= pending_bytes(op.chunk), --pending; break;
+      }
+      st.activations = std::max(st.activations, held);
+      st.in_flight = std::max(st.in_flight, saved);
+      st.pending_w = std::max(st.pending_w, pending);
+    }
     lp.stages.push_back(st);
   }
   for (const StageMemory& st : lp.stages)
@@ -487,7 +531,17 @@ LayoutPlan plan_layout(const PlanInput& in, const UnitTable& table, const comm::
   lp.flops = 6.0 * static_cast<double>(pc.matmul_active) * B * S +
              12.0 * B * static_cast<double>(in.model.num_heads * in.model.head_dim()) * S * (S + 1) / 2.0 *
                  static_cast<double>(in.model.num_layers);
-  lp.bubble = static_cast<double>(lp.pp - 1) / static_cast<double>(lp.micro_batches + lp.pp - 1);
+  {
+    // Op times for the ZB-H1 simulation, in FLOPs of one micro-batch: a
+    // forward is the matmuls M plus attention A; the input-gradient half of
+    // backward M + 2A (attention's backward is all input gradient); the
+    // weight half M.
+    const double M = 2.0 * static_cast<double>(pc.matmul_active), A = 4.0 *
+                     static_cast<double>(in.model.num_heads * in.model.head_dim()) * (S + 1) / 2.0 *
+                     static_cast<double>(in.model.num_layers);
+    lp.bubble = predicted_bubble(lp.schedule, M + A, M + 2 * A, M);
+    lp.bubble_one_f_one_b = predicted_bubble({PipeSchedule::one_f_one_b, lp.pp, lp.micro_batches, 1});
+  }
   lp.compute_s = lp.flops / static_cast<double>(lp.world) / machine.flops_per_rank / (1.0 - lp.bubble);
   for (const StageMemory& st : lp.stages) {
     StageComm c = stage_comm(in, layout, lp.units, st, lp.act, lp.micro_batches);

@@ -87,8 +87,10 @@ struct PlanInput {
   TrainingConfig training;
   int zero_stage = 3;
   Recipe recipe = Recipe::fp32;
-  std::vector<int64_t> pp_layers;  // layers per stage (Σ = num_layers); empty: even split
+  std::vector<int64_t> pp_layers;  // layers per virtual stage (Σ = num_layers); empty: even split
   bool reshard_after_forward = true;  // false: ZeRO-3 units stay whole all step (one gather each)
+  PipeSchedule pp_schedule = PipeSchedule::one_f_one_b;
+  int64_t virtual_stages = 1;
 };
 PlanInput plan_input(const Config& cfg);
 
@@ -102,7 +104,7 @@ struct UnitPlan {
   int64_t tp_replicated = 0;  // elements of `local` replicated over tp (norms, router, shared expert)
   int64_t group = 1;          // N: dp·cp (dense) or edp (experts)
   int64_t padded = 0;         // padded_numel(local, group, zero_stage)
-  int64_t stage = 0;          // pipeline stage
+  int64_t stage = 0;          // pipeline rank (stage) holding it
   StateBytes state;           // zero_state_bytes(local, group, zero_stage, recipe)
 };
 
@@ -111,8 +113,9 @@ struct UnitPlan {
 using ParamCounts = origami::ParamCounts;
 ParamCounts param_counts(const ModelConfig& m, const MoeConfig& e);
 
-// Layers per stage: `explicit_layers` if given (validated), else even with
-// the remainder on the first stages.
+// Layers per (virtual) stage: `explicit_layers` if given (validated), else
+// even with the remainder on the first stages. `pp`: the number of virtual
+// stages, parallel.pp · virtual_stages.
 std::vector<int64_t> stage_layers(int64_t num_layers, int64_t pp, const std::vector<int64_t>& explicit_layers = {});
 
 // Every unit of the unit table (engine/units.h) with the figures of its
@@ -129,16 +132,27 @@ struct ActivationBytes {
   int64_t last_stage = 0;   // + last stage: final norm, LM head, loss
   int64_t every_stage = 0;  // positions
   int64_t rows = 0;         // MoE rows this rank permutes (T_local·k dropless)
+  // What one micro-batch's pending weight-gradient work (zb-h1, between its
+  // B and W ops) keeps alive.
+  int64_t weight_pending_dense_layer = 0, weight_pending_moe_layer = 0;
+  int64_t weight_pending_first_stage = 0, weight_pending_last_stage = 0;
 };
 ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout);
 
-// One stage's ledger.
+// One stage's (pipeline rank's) ledger.
 struct StageMemory {
-  int64_t stage = 0, first_layer = 0, num_layers = 0, num_moe_layers = 0;
+  int64_t stage = 0, first_layer = 0, num_layers = 0, num_moe_layers = 0;  // first_layer: of chunk 0
+  std::vector<int64_t> chunk_layers;  // layers of each model chunk (one unless interleaved)
   StateBytes state;
   int64_t transient = 0;    // ZeRO working buffers: stage 2 the largest whole grad, stage 3 + two gathered units
-  int64_t in_flight = 1;    // micro-batches whose activations are held (1F1B: min(pp − stage, m))
-  int64_t activations = 0;  // in_flight × (layers + stage extras)
+  int64_t in_flight = 1;    // most micro-batch·chunks with saved activations at once (1F1B: min(pp − stage, m))
+  int64_t pending_w = 0;    // zb-h1: most micro-batches with W operands kept at once
+  // The largest activation bytes held between two ops of the stage's
+  // schedule: walking its op list, Σ saved activations of the (micro-batch,
+  // chunk)s forwarded and not yet backwarded plus, under zb-h1, the W
+  // operands of those backwarded and not yet W'd (1F1B: in_flight × per
+  // micro-batch). engine/pipeline.h's HeldActivations measures the same.
+  int64_t activations = 0;
   int64_t total() const { return state.total() + transient + activations; }
 };
 
@@ -169,7 +183,9 @@ struct Machine {
 
 // A planned layout. Step time is a simple model, no overlap assumed:
 //   compute = step FLOPs / W / flops_per_rank / (1 − bubble),
-//             bubble = (pp − 1) / (m + pp − 1) (1F1B)
+//             bubble = (pp − 1) / (m + pp − 1) (1F1B), (pp − 1)/(v·m + pp − 1)
+//             (interleaved), ZB-H1's simulated (pipeline.h predicted_bubble
+//             with F : B : W times from the FLOPs of each part)
 //   comm    = Σ over groups of bytes / bandwidth (intra-node when the
 //             group's ranks share a node), the slowest stage's
 //   step    = compute + comm
@@ -185,6 +201,8 @@ struct LayoutPlan {
   double flops = 0;       // per step, whole model (Model::training_flops)
   double comm_bytes = 0;  // the worst comm stage's total
   double bubble = 0, compute_s = 0, comm_s = 0, step_s = 0;
+  PipeScheduleSpec schedule;  // the step's pipeline schedule
+  double bubble_one_f_one_b = 0;  // 1F1B's on the same layout, for comparison
   int64_t peak_bytes() const { return stages[worst_memory_stage].total(); }
   bool fits = true;
 };

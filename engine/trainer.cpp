@@ -69,11 +69,12 @@ comm::Layout make_layout(const Config& cfg, int world) {
 // Every stage's timing (stage order), from its ranks in this rank's pp group.
 std::vector<StageTiming> every_stage(const StageTiming& mine, comm::Communicator* pp) {
   if (!pp) return {mine};
-  double local[2] = {mine.busy_s, mine.idle_s};
-  std::vector<double> all(2 * static_cast<size_t>(pp->size()));
-  pp->all_gather(std::span<const double>(local, 2), std::span<double>(all));
+  double local[3] = {mine.busy_s, mine.idle_s, static_cast<double>(mine.held_activation_bytes)};
+  std::vector<double> all(3 * static_cast<size_t>(pp->size()));
+  pp->all_gather(std::span<const double>(local, 3), std::span<double>(all));
   std::vector<StageTiming> out(static_cast<size_t>(pp->size()));
-  for (size_t s = 0; s < out.size(); ++s) out[s] = {all[2 * s], all[2 * s + 1]};
+  for (size_t s = 0; s < out.size(); ++s)
+    out[s] = {all[3 * s], all[3 * s + 1], static_cast<int64_t>(all[3 * s + 2])};  // bytes < 2^53: exact
   return out;
 }
 
@@ -232,7 +233,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
     if (comm::Communicator* c = comm::multi_rank(groups, k)) r.counted.push_back(c);
 
   r.model.emplace(*r.ctx, cfg.model, tc.seed, cfg.moe, &groups, static_cast<int>(cfg.parallel.zero_stage),
-                  cfg.parallel.pp_layers);
+                  cfg.parallel.pp_layers, cfg.parallel.virtual_stages);
   r.model->set_recompute(tc.recompute);
   r.pp = comm::multi_rank(groups, comm::GroupKind::pp);
   // Gradient reductions (SUMs, §6) and ZeRO sharding: dense units over dp-cp,
@@ -347,12 +348,15 @@ StepMetrics Trainer::run_step() {
   zero.begin_step();
   double loss_sum = 0;  // last stage only
   ForwardStats fstats;
-  // One step's micro-batches through this stage's 1F1B schedule (one
-  // stage: forward and backward of each in turn). Every stage reads each
+  // One step's micro-batches through this stage's schedule (one stage:
+  // forward and backward of each in turn). Every chunk's forward reads the
   // micro-batch's tokens (§8 indices; positions and targets live there).
-  std::vector<ModelSaved> saved(static_cast<size_t>(r.accum));
-  auto forward = [&](int64_t a, Tensor h_in) {
+  const int64_t chunks = cfg.parallel.virtual_stages;
+  std::vector<ModelSaved> saved(static_cast<size_t>(r.accum * chunks));
+  auto slot = [&](int64_t chunk, int64_t a) -> ModelSaved& { return saved[static_cast<size_t>(chunk * r.accum + a)]; };
+  auto forward = [&](int64_t chunk, int64_t a, Tensor h_in) {
     StageIO io;
+    io.chunk = chunk;
     io.tokens_BS1 = Tensor::empty({tc.micro_batch, tc.seq_len + 1}, DType::i32, MemCategory::activation);
     load_micro_batch(*r.data, tc.micro_batch, tc.seq_len,
                      [&](int64_t i) {
@@ -363,20 +367,22 @@ StepMetrics Trainer::run_step() {
     io.h_in = std::move(h_in);
     io.stats = &fstats;
     io.hooks = &zero;
-    model.forward(io, saved[a]);
+    model.forward(io, slot(chunk, a));
     loss_sum += io.loss;
     return io.h_out;
   };
-  auto backward = [&](int64_t a, Tensor dh_out) {
+  auto backward = [&](int64_t chunk, int64_t a, Tensor dh_out) {
     StageGradIO io;
     io.lm_grad_scale = r.grad_scale;
     io.aux_scale = r.aux_scale;
     io.hooks = &zero;
     io.dh_out = std::move(dh_out);
-    model.backward(io, saved[a]);
+    model.backward(io, slot(chunk, a));
     return io.dh_in;
   };
-  const StageTiming timing = run_one_f_one_b(r.pp, r.accum, r.boundary, forward, backward);
+  const PipeScheduleSpec spec{cfg.parallel.pp_schedule, comm::group_size(r.pp), r.accum, chunks};
+  HeldActivations held{&TrackedAllocator::of(ctx.device())};
+  const StageTiming timing = run_pipeline(r.pp, spec, r.boundary, forward, backward, {}, &held);
   zero.finish_gradients();
   if (comm::Communicator* c = comm::multi_rank(*r.groups, comm::GroupKind::dp_cp))
     c->all_reduce(std::span<double>(&loss_sum, 1));

@@ -36,13 +36,14 @@ bool UnitSpec::on_stage(const PipelineStage& stage) const {
   return false;
 }
 
-int64_t UnitSpec::stage(const std::vector<int64_t>& stage_layers) const {
-  ORIGAMI_CHECK(!stage_layers.empty(), "unit ", name, ": no pipeline stages");
+int64_t UnitSpec::stage(const std::vector<int64_t>& stage_layers, int64_t pp) const {
+  ORIGAMI_CHECK(!stage_layers.empty() && pp >= 1 && static_cast<int64_t>(stage_layers.size()) % pp == 0, "unit ", name,
+                ": ", stage_layers.size(), " virtual stages on ", pp, " pipeline ranks");
   const auto last = static_cast<int64_t>(stage_layers.size()) - 1;
-  if (place != UnitPlace::layer) return place == UnitPlace::first_stage ? 0 : last;
+  if (place != UnitPlace::layer) return place == UnitPlace::first_stage ? 0 : last % pp;
   int64_t end = 0;
   for (int64_t s = 0; s <= last; ++s)
-    if (layer < (end += stage_layers[static_cast<size_t>(s)])) return s;
+    if (layer < (end += stage_layers[static_cast<size_t>(s)])) return s % pp;
   ORIGAMI_CHECK(false, "unit ", name, ": layer ", layer, " beyond the stages' ", end, " layers");
   return last;
 }

@@ -99,9 +99,10 @@ struct UnitSpec {
   // The ZeRO shard group's size under `layout`: dp·cp or edp.
   int64_t zero_group_size(const comm::Layout& layout) const;
   bool on_stage(const PipelineStage& stage) const;
-  // The pipeline stage holding the unit, for layers per stage `stage_layers`
-  // (plan::stage_layers / pipeline_stage: Σ = num_layers).
-  int64_t stage(const std::vector<int64_t>& stage_layers) const;
+  // The pipeline rank holding the unit, for layers per virtual stage
+  // `stage_layers` (plan::stage_layers / pipeline_stage: pp·v entries, Σ =
+  // num_layers): virtual stage u is on rank u % pp.
+  int64_t stage(const std::vector<int64_t>& stage_layers, int64_t pp) const;
   // Held whole by every tp rank of a dense unit: its gradient is summed over tp.
   bool tp_replicated(const TensorSpec& t) const { return !expert && t.rule == ShardRule::whole; }
 };

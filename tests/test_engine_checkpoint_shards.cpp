@@ -126,7 +126,7 @@ TEST(CheckpointShards, AnyLayoutReassemblesItsSlicesFromAnyOther) {
       for (int rank = 0; rank < layout.world(); rank += 3) {  // every third rank keeps it fast
         const comm::RankCoords c = layout.coords(rank);
         for (const UnitSpec& u : table.units()) {
-          if (u.stage(stages) != c.pp) continue;
+          if (u.stage(stages, to.pp) != c.pp) continue;
           const LocalUnit local = table.local_unit(u, layout, c);
           const comm::RankGroup g = layout.group_of(u.zero_group(), rank);
           const int64_t zr = std::find(g.begin(), g.end(), rank) - g.begin();

@@ -1,13 +1,15 @@
 // Pipeline parallelism over real ranks (CTest runs it under `mpirun -np 4`;
 // the layouts adapt to any world size W, e.g. 1, 2 and 8 pass too):
-//  - run_one_f_one_b with toy stages (y = h·a_s + b_s elementwise, gradient
-//    dh·a_s) on pp = W and pp = W/2 × dp 2, m = 1, 3, 8: the last stage sees
-//    every micro-batch's composition, the first the product of the slopes,
-//    the callbacks run in one_f_one_b order with the right micro-batch, and
+//  - run_pipeline with toy virtual stages (y = h·a_u + b_u elementwise,
+//    gradient dh·a_u) on pp = W and pp = W/2 × dp 2, m = 1, 3, 8, under
+//    1F1B, ZB-H1 and interleaved (v = 2, 3 where m % pp = 0): the last stage
+//    sees every micro-batch's composition, the first the product of the
+//    slopes, the callbacks run in the schedule's order with the right
+//    micro-batch and chunk, and
 //    the timings are finite and non-negative. Data is tagged by micro-batch
 //    and dp replica, so a misrouted tensor fails the comparison;
 //  - Model parity: a 4-layer model (one dense, three MoE layers) split into
-//    stages by Model(ctx, ..., pp_layers), run through run_one_f_one_b the way
+//    stages by Model(ctx, ..., pp_layers), run through run_pipeline the way
 //    engine/trainer.cpp does it, against the one-rank Model on each rank:
 //    the same summed loss and aux loss, the same gradient for every
 //    parameter a stage owns (its tp slice of the reference under tp = 2),
@@ -135,54 +137,61 @@ void expect_same(const Tensor& got, const Tensor& want, const std::string& what)
   EXPECT_GT(biggest, 0.0f) << what << " is all zeros";
 }
 
-void run_toy(const comm::LayoutOptions& o, int64_t m) {
+// Virtual stage u = chunk·p + s computes affine(·, u); the last virtual
+// stage's output and the first's input gradient are checked against the
+// composition over all p·v virtual stages.
+void run_toy(const comm::LayoutOptions& o, PipeSchedule kind, int64_t v, int64_t m) {
   comm::Groups& g = groups_for(o);
   comm::Communicator& pp_group = g.get(comm::GroupKind::pp);
   comm::Communicator* pp = pp_group.size() > 1 ? &pp_group : nullptr;
-  const int64_t p = o.pp, s = g.coords().pp, dp = g.coords().dp;
+  const int64_t p = o.pp, s = g.coords().pp, dp = g.coords().dp, last = p * v - 1;
   ASSERT_EQ(pp_group.size(), p);
   ASSERT_EQ(pp_group.rank(), s) << "the pp group's rank is the stage";
   expect_stage_root(g);
+  const PipeScheduleSpec spec{kind, p, m, v};
 
   std::vector<PipeOp> calls;
   std::vector<Tensor> outputs(m), input_grads(m);
-  const StageForward forward = [&](int64_t mb, Tensor h_in) {
-    calls.push_back({PipeOp::forward, mb});
-    EXPECT_EQ(h_in.defined(), s > 0) << "forward " << mb;
-    if (s > 0) {
+  const StageForward forward = [&](int64_t c, int64_t mb, Tensor h_in) {
+    calls.push_back({PipeOp::forward, mb, c});
+    const int64_t u = c * p + s;
+    EXPECT_EQ(h_in.defined(), u > 0) << "forward " << mb;
+    if (u > 0) {
       EXPECT_EQ(h_in.shape(), kToyBoundary);
     }
-    Tensor y = affine(s == 0 ? toy_input(mb, dp) : h_in, s);
-    if (s < p - 1) return y;
+    Tensor y = affine(u == 0 ? toy_input(mb, dp) : h_in, u);
+    if (u < last) return y;
     outputs[mb] = y;
     return Tensor();
   };
-  const StageBackward backward = [&](int64_t mb, Tensor dh_out) {
-    calls.push_back({PipeOp::backward, mb});
-    EXPECT_EQ(dh_out.defined(), s < p - 1) << "backward " << mb;
-    if (s < p - 1) {
+  const StageBackward backward = [&](int64_t c, int64_t mb, Tensor dh_out) {
+    calls.push_back({PipeOp::backward, mb, c});
+    const int64_t u = c * p + s;
+    EXPECT_EQ(dh_out.defined(), u < last) << "backward " << mb;
+    if (u < last) {
       EXPECT_EQ(dh_out.shape(), kToyBoundary);
     }
-    Tensor dh_in = times_slope(s == p - 1 ? toy_output_grad(mb, dp) : dh_out, s);
-    if (s > 0) return dh_in;
+    Tensor dh_in = times_slope(u == last ? toy_output_grad(mb, dp) : dh_out, u);
+    if (u > 0) return dh_in;
     input_grads[mb] = dh_in;
     return Tensor();
   };
-  const StageTiming t = run_one_f_one_b(pp, m, kToyBoundary, forward, backward);
+  const StageWeight weight = [&](int64_t c, int64_t mb) { calls.push_back({PipeOp::weight, mb, c}); };
+  const StageTiming t = run_pipeline(pp, spec, kToyBoundary, forward, backward, weight);
 
-  EXPECT_EQ(calls, one_f_one_b(s, p, m)) << "callbacks out of schedule order";
+  EXPECT_EQ(calls, pipeline_schedule(spec, s)) << "callbacks out of schedule order";
   EXPECT_TRUE(std::isfinite(t.busy_s) && t.busy_s >= 0) << t.busy_s;
   EXPECT_TRUE(std::isfinite(t.idle_s) && t.idle_s >= 0) << t.idle_s;
   EXPECT_TRUE(t.idle_fraction() >= 0 && t.idle_fraction() <= 1) << t.idle_fraction();
   for (int64_t mb = 0; mb < m; ++mb) {
     if (s == p - 1) {
       Tensor want = toy_input(mb, dp);
-      for (int64_t st = 0; st < p; ++st) want = affine(want, st);
+      for (int64_t u = 0; u <= last; ++u) want = affine(want, u);
       expect_same(outputs[mb], want, "last stage output of micro-batch " + std::to_string(mb));
     }
     if (s == 0) {
       Tensor want = toy_output_grad(mb, dp);
-      for (int64_t st = p - 1; st >= 0; --st) want = times_slope(want, st);
+      for (int64_t u = last; u >= 0; --u) want = times_slope(want, u);
       expect_same(input_grads[mb], want, "first stage input gradient of micro-batch " + std::to_string(mb));
     }
   }
@@ -192,7 +201,10 @@ TEST(PipelineMpi, ToyStagesComposeOverTheSchedule) {
   for (const comm::LayoutOptions& o : layouts(/*second_axis_tp=*/false))
     for (int64_t m : {1, 3, 8}) {
       SCOPED_TRACE(describe(o) + ", m = " + std::to_string(m));
-      run_toy(o, m);
+      run_toy(o, PipeSchedule::one_f_one_b, 1, m);
+      run_toy(o, PipeSchedule::zb_h1, 1, m);
+      if (o.pp >= 2 && m % o.pp == 0)
+        for (int64_t v : {2, 3}) run_toy(o, PipeSchedule::interleaved, v, m);
     }
 }
 
@@ -266,8 +278,8 @@ void check_parity(const comm::LayoutOptions& o, const std::vector<int64_t>& pp_l
   const PipelineStage want_stage = pipeline_stage(cfg.num_layers, o.pp, g.coords().pp, pp_layers);
   EXPECT_EQ(st.index, want_stage.index);
   EXPECT_EQ(st.count, o.pp);
-  EXPECT_EQ(st.first_layer, want_stage.first_layer);
-  EXPECT_EQ(st.end_layer, want_stage.end_layer);
+  EXPECT_EQ(st.chunks[0].first_layer, want_stage.chunks[0].first_layer);
+  EXPECT_EQ(st.chunks[0].end_layer, want_stage.chunks[0].end_layer);
   std::set<std::string> have, want;
   for (const ParamUnit& u : model.params().units()) {
     EXPECT_TRUE(u.name != "embedding" || st.first()) << u.name;
@@ -295,25 +307,26 @@ void check_parity(const comm::LayoutOptions& o, const std::vector<int64_t>& pp_l
   std::vector<ModelSaved> saved(kMicroBatches);
   double loss = 0;
   ForwardStats stats;
-  const StageForward forward = [&](int64_t mb, Tensor h_in) {
+  const StageForward forward = [&](int64_t, int64_t mb, Tensor h_in) {
     StageIO io{tokens[mb], std::move(h_in), &stats, &zero};
     model.forward(io, saved[mb]);
     loss += io.loss;
     return io.h_out;
   };
-  const StageBackward backward = [&](int64_t mb, Tensor dh_out) {
+  const StageBackward backward = [&](int64_t, int64_t mb, Tensor dh_out) {
     StageGradIO io{lm_scale, aux_scale, &zero, std::move(dh_out)};
     model.backward(io, saved[mb]);
     return io.dh_in;
   };
-  const StageTiming t = run_one_f_one_b(pp, kMicroBatches, model.boundary_shape(kBatch, kSeq), forward, backward);
+  const StageTiming t = run_pipeline(pp, {PipeSchedule::one_f_one_b, comm::group_size(pp), kMicroBatches},
+                                     model.boundary_shape(kBatch, kSeq), forward, backward);
   zero.finish_gradients();
   EXPECT_TRUE(std::isfinite(t.busy_s) && t.busy_s >= 0 && std::isfinite(t.idle_s) && t.idle_s >= 0);
   if (!st.last()) {
     EXPECT_EQ(loss, 0.0) << "only the last stage scores";
   }
   int64_t moe_layers = 0;
-  for (int64_t l = st.first_layer; l < st.end_layer; ++l) moe_layers += moe.is_moe_layer(l);
+  for (int64_t l = st.chunks[0].first_layer; l < st.chunks[0].end_layer; ++l) moe_layers += moe.is_moe_layer(l);
   ASSERT_EQ(static_cast<int64_t>(stats.moe.size()), moe_layers);
   for (int64_t i = 0; i < moe_layers; ++i) {
     EXPECT_TRUE(st.owns_layer(stats.moe[i].layer)) << stats.moe[i].layer;

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <deque>
 #include <random>
 
@@ -190,6 +191,144 @@ TEST(OneFOneB, MakespanHoldsForOtherOpTimes) {
       }
 }
 
+// ---- every schedule, as data and through simulate_pipeline ----------------------------------
+
+struct SpecCase {
+  PipeScheduleSpec spec;
+  std::string name() const {
+    return std::string(schedule_name(spec.kind)) + " p " + std::to_string(spec.stages) + " m " +
+           std::to_string(spec.micro_batches) + " v " + std::to_string(spec.virtual_stages);
+  }
+};
+
+// Every spec of the range: p <= 6, m <= 12, v <= 3 (interleaved
+// needs p >= 2, v >= 2 and m % p == 0).
+std::vector<SpecCase> all_specs() {
+  std::vector<SpecCase> out;
+  for (int64_t p = 1; p <= 6; ++p)
+    for (int64_t m = 1; m <= 12; ++m) {
+      out.push_back({{PipeSchedule::one_f_one_b, p, m, 1}});
+      out.push_back({{PipeSchedule::zb_h1, p, m, 1}});
+      for (int64_t v = 2; v <= 3; ++v)
+        if (p >= 2 && m % p == 0) out.push_back({{PipeSchedule::interleaved, p, m, v}});
+    }
+  return out;
+}
+
+TEST(PipeSchedules, EveryOpOnceForwardBeforeBackwardBeforeWeight) {
+  for (const SpecCase& c : all_specs()) {
+    const PipeScheduleSpec& spec = c.spec;
+    const int64_t v = spec.virtual_stages, m = spec.micro_batches;
+    const bool has_w = spec.kind == PipeSchedule::zb_h1;
+    for (int64_t s = 0; s < spec.stages; ++s) {
+      SCOPED_TRACE(c.name() + ", stage " + std::to_string(s));
+      const std::vector<PipeOp> ops = pipeline_schedule(spec, s);
+      ASSERT_EQ(static_cast<int64_t>(ops.size()), (has_w ? 3 : 2) * m * v);
+      // Per (chunk, micro-batch): the index of its F, B and W.
+      std::vector<std::array<int64_t, 3>> at(static_cast<size_t>(m * v), {-1, -1, -1});
+      for (int64_t i = 0; i < static_cast<int64_t>(ops.size()); ++i) {
+        const PipeOp& op = ops[i];
+        ASSERT_TRUE(op.micro_batch >= 0 && op.micro_batch < m && op.chunk >= 0 && op.chunk < v) << "op " << i;
+        int64_t& slot = at[static_cast<size_t>(op.chunk * m + op.micro_batch)][op.kind];
+        EXPECT_EQ(slot, -1) << "op " << i << " runs twice";
+        slot = i;
+      }
+      for (const auto& [f, b, w] : at) {
+        EXPECT_GE(f, 0);
+        EXPECT_GT(b, f) << "backward before its forward";
+        if (has_w) EXPECT_GT(w, b) << "W before its B";
+        else EXPECT_EQ(w, -1);
+      }
+      if (spec.kind == PipeSchedule::zb_h1) {  // 1F1B's order of F and B
+        std::vector<PipeOp> fb;
+        for (const PipeOp& op : ops)
+          if (op.kind != PipeOp::weight) fb.push_back(op);
+        EXPECT_EQ(fb, one_f_one_b(s, spec.stages, m));
+      }
+    }
+  }
+}
+
+// simulate_pipeline runs run_pipeline's protocol (post the send with the next
+// receive, wait for the send to be matched) over every rank: no spec
+// deadlocks, every receive gets the micro-batch it expects, and with equal
+// op times the makespan is the formula:
+//   1F1B        (m + p − 1)·(t_f + t_b + t_w)
+//   interleaved (v·m + p − 1)·(t_f + t_b + t_w), times per chunk
+//   ZB-H1       3m + p − 1 op times when m >= p; 2(p + m) − 1 when m < p
+//               (then the fill and drain dominate: p forwards down, p
+//               backwards up, and m − 1 more F and B on the critical stage
+//               plus its last W)
+TEST(PipeSchedules, NoDeadlockAndTheMakespanFormula) {
+  for (const SpecCase& c : all_specs()) {
+    SCOPED_TRACE(c.name());
+    const PipeScheduleSpec& spec = c.spec;
+    const PipelineSimulation sim = simulate_pipeline(spec, 1, 1, 1);
+    ASSERT_TRUE(sim.finished) << "deadlock";
+    EXPECT_EQ(sim.error, "");
+    const double p = static_cast<double>(spec.stages), m = static_cast<double>(spec.micro_batches),
+                 v = static_cast<double>(spec.virtual_stages);
+    double expected = 0;
+    switch (spec.kind) {
+      case PipeSchedule::one_f_one_b: expected = 3 * (m + p - 1); break;
+      case PipeSchedule::interleaved: expected = 3 * (v * m + p - 1); break;
+      case PipeSchedule::zb_h1: expected = m >= p ? 3 * m + p - 1 : 2 * (p + m) - 1; break;
+    }
+    EXPECT_DOUBLE_EQ(sim.makespan, expected);
+    for (int64_t s = 0; s < spec.stages; ++s) EXPECT_DOUBLE_EQ(sim.busy[s], 3 * m * v) << "stage " << s;
+    if (spec.kind != PipeSchedule::zb_h1 || m >= p)
+      EXPECT_NEAR(sim.idle_fraction(0), predicted_bubble(spec), 1e-12);
+  }
+}
+
+// Memory: 1F1B and ZB-H1 hold at most min(p − s, m) micro-batches' saved
+// activations; ZB-H1 keeps at most min(p, m) micro-batches' W operands on
+// top. Interleaved holds Megatron's warm-up count plus one.
+TEST(PipeSchedules, HeldActivationBounds) {
+  for (const SpecCase& c : all_specs()) {
+    SCOPED_TRACE(c.name());
+    const PipeScheduleSpec& spec = c.spec;
+    const PipelineSimulation sim = simulate_pipeline(spec, 1, 1, 1);
+    ASSERT_TRUE(sim.finished);
+    const int64_t p = spec.stages, m = spec.micro_batches, v = spec.virtual_stages;
+    for (int64_t s = 0; s < p; ++s) {
+      if (spec.kind == PipeSchedule::interleaved) {
+        const int64_t warmup = m == p ? m * v : std::min(m * v, (p - s - 1) * 2 + (v - 1) * p);
+        EXPECT_EQ(sim.max_saved[s], std::min(m * v, warmup + 1)) << "stage " << s;
+      } else {
+        EXPECT_EQ(sim.max_saved[s], std::min(p - s, m)) << "stage " << s;
+      }
+      EXPECT_LE(sim.max_pending_w[s], spec.kind == PipeSchedule::zb_h1 ? std::min(p, m) : 0) << "stage " << s;
+    }
+  }
+}
+
+TEST(PipeSchedules, SpecRulesAreUserErrors) {
+  EXPECT_THROW(pipeline_schedule({PipeSchedule::interleaved, 4, 6, 2}, 0), UserError);  // m % p
+  EXPECT_THROW(pipeline_schedule({PipeSchedule::interleaved, 4, 8, 1}, 0), UserError);  // v = 1
+  EXPECT_THROW(pipeline_schedule({PipeSchedule::one_f_one_b, 4, 8, 2}, 0), UserError);  // v without interleaving
+  EXPECT_THROW(pipeline_schedule({PipeSchedule::zb_h1, 4, 8, 2}, 0), UserError);
+}
+
+TEST(PipeSchedules, InterleavedAssignsChunksToVirtualStages) {
+  // 8 layers, pp 2, v 2: virtual stages 0..3 of 2 layers; rank 0 holds
+  // virtual stages 0 and 2, rank 1 stages 1 and 3.
+  const PipelineStage r0 = pipeline_stage(8, 2, 0, {}, 2), r1 = pipeline_stage(8, 2, 1, {}, 2);
+  ASSERT_EQ(r0.virtual_stages(), 2);
+  EXPECT_EQ(r0.chunks[0].first_layer, 0);
+  EXPECT_EQ(r0.chunks[1].first_layer, 4);
+  EXPECT_EQ(r1.chunks[0].first_layer, 2);
+  EXPECT_EQ(r1.chunks[1].end_layer, 8);
+  EXPECT_TRUE(r0.first_chunk(0) && !r0.first_chunk(1) && !r0.last_chunk(1));
+  EXPECT_TRUE(r1.last_chunk(1) && !r1.last_chunk(0));
+  EXPECT_TRUE(r0.owns_layer(5) && !r0.owns_layer(3));
+  // An explicit list has one count per virtual stage.
+  const PipelineStage e = pipeline_stage(8, 2, 1, {1, 3, 2, 2}, 2);
+  EXPECT_EQ(e.chunks[0].first_layer, 1);
+  EXPECT_EQ(e.chunks[0].end_layer, 4);
+  EXPECT_EQ(e.chunks[1].first_layer, 6);
+}
+
 std::vector<std::pair<int64_t, int64_t>> ranges(int64_t layers, int64_t pp, const std::vector<int64_t>& list = {}) {
   std::vector<std::pair<int64_t, int64_t>> r;
   for (int64_t s = 0; s < pp; ++s) {
@@ -199,8 +338,8 @@ std::vector<std::pair<int64_t, int64_t>> ranges(int64_t layers, int64_t pp, cons
     EXPECT_EQ(st.first(), s == 0);
     EXPECT_EQ(st.last(), s == pp - 1);
     for (int64_t l = -1; l <= layers; ++l)
-      EXPECT_EQ(st.owns_layer(l), l >= st.first_layer && l < st.end_layer) << "stage " << s << ", layer " << l;
-    r.emplace_back(st.first_layer, st.end_layer);
+      EXPECT_EQ(st.owns_layer(l), st.chunks[0].contains(l)) << "stage " << s << ", layer " << l;
+    r.emplace_back(st.chunks[0].first_layer, st.chunks[0].end_layer);
   }
   return r;
 }

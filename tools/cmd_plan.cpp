@@ -204,7 +204,11 @@ ordered_json plan_json(const PlanArgs& a, const std::string& source, const plan:
   if (in.moe.expert_placement.ep > 0) j["expert_placement"] = placement_json(in.moe.expert_placement);
   j["activations"] = {{"dense_layer", p.act.dense_layer}, {"moe_layer", p.act.moe_layer},
                       {"first_stage", p.act.first_stage}, {"last_stage", p.act.last_stage},
-                      {"every_stage", p.act.every_stage}, {"moe_rows", p.act.rows}};
+                      {"every_stage", p.act.every_stage}, {"moe_rows", p.act.rows},
+                      {"weight_pending_dense_layer", p.act.weight_pending_dense_layer},
+                      {"weight_pending_moe_layer", p.act.weight_pending_moe_layer},
+                      {"weight_pending_first_stage", p.act.weight_pending_first_stage},
+                      {"weight_pending_last_stage", p.act.weight_pending_last_stage}};
   j["ledger"] = {{"worst_stage", p.worst_memory_stage}, {"stages", ordered_json::array()}};
   for (const plan::StageMemory& s : p.stages)
     j["ledger"]["stages"].push_back({{"stage", s.stage},
@@ -215,7 +219,9 @@ ordered_json plan_json(const PlanArgs& a, const std::string& source, const plan:
                                      {"grad", s.state.grad},
                                      {"optim", s.state.optim},
                                      {"transient", s.transient},
+                                     {"chunk_layers", s.chunk_layers},
                                      {"in_flight", s.in_flight},
+                                     {"pending_w", s.pending_w},
                                      {"activations", s.activations},
                                      {"total", s.total()}});
   j["comm"] = {{"worst_stage", p.worst_comm_stage}, {"stages", ordered_json::array()}};
@@ -240,11 +246,35 @@ ordered_json plan_json(const PlanArgs& a, const std::string& source, const plan:
   j["checkpoint"] = {{"max_rank_bytes", ck.max_rank}, {"total_bytes", ck.total}};
   j["step"] = {
       {"flops", p.flops}, {"compute_s", p.compute_s}, {"comm_s", p.comm_s}, {"bubble", p.bubble}, {"step_s", p.step_s}};
+  j["pipeline"] = {{"schedule", schedule_name(p.schedule.kind)},
+                   {"virtual_stages", p.schedule.virtual_stages},
+                   {"micro_batches", p.micro_batches},
+                   {"bubble", p.bubble},
+                   {"bubble_1f1b", p.bubble_one_f_one_b}};
   j["layouts_valid"] = ranked.size();
   j["layouts"] = ordered_json::array();
   for (size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < a.top; ++i)
     j["layouts"].push_back(layout_row(ranked[i]));
   return j;
+}
+
+// The stages' held activations under the schedule, and its bubble.
+void print_pipeline(const LayoutPlan& p) {
+  if (p.pp <= 1) return;
+  std::printf("\npipeline: %s, %lld stages", schedule_name(p.schedule.kind),
+              static_cast<long long>(p.pp));
+  if (p.schedule.virtual_stages > 1)
+    std::printf(" x %lld chunks", static_cast<long long>(p.schedule.virtual_stages));
+  std::printf(", %lld micro-batches: bubble %.1f%% (1F1B %.1f%%)\n", static_cast<long long>(p.micro_batches),
+              100 * p.bubble, 100 * p.bubble_one_f_one_b);
+  std::printf("  %-6s %-14s %10s %10s %14s\n", "stage", "layers/chunk", "in flight", "pending W", "activations");
+  for (const plan::StageMemory& st : p.stages) {
+    std::string layers;
+    for (int64_t n : st.chunk_layers) layers += (layers.empty() ? "" : "+") + std::to_string(n);
+    std::printf("  %-6lld %-14s %10lld %10lld %14s\n", static_cast<long long>(st.stage), layers.c_str(),
+                static_cast<long long>(st.in_flight), static_cast<long long>(st.pending_w),
+                human(st.activations).c_str());
+  }
 }
 
 void print_ledger(const plan::PlanInput& in, const LayoutPlan& p) {
@@ -293,9 +323,11 @@ void print_ledger(const plan::PlanInput& in, const LayoutPlan& p) {
               in.zero_stage >= 3   ? "3: two gathered units + one whole grad"
               : in.zero_stage == 2 ? "2: one whole unit grad"
                                    : "0/1: none");
-  std::printf("  %-24s %12s (%lld micro-batch(es) x (%lld dense + %lld MoE layers + stage extras))\n", "activations",
-              human(st.activations).c_str(), static_cast<long long>(st.in_flight),
-              static_cast<long long>(st.num_layers - st.num_moe_layers), static_cast<long long>(st.num_moe_layers));
+  std::printf("  %-24s %12s (the most held between ops: %lld micro-batch(es) x (%lld dense + %lld MoE layers + "
+              "stage extras)%s)\n",
+              "activations", human(st.activations).c_str(), static_cast<long long>(st.in_flight),
+              static_cast<long long>(st.num_layers - st.num_moe_layers), static_cast<long long>(st.num_moe_layers),
+              st.pending_w > 0 ? " + pending W operands" : "");
   std::printf("  %-24s %12s\n", "total", human(st.total()).c_str());
 
   const int64_t T = in.training.micro_batch * in.training.seq_len / p.cp, t = T / p.tp;
@@ -395,6 +427,7 @@ void run_config(const PlanArgs& a, plan::Recipe recipe, const std::string& path,
               static_cast<long long>(in.training.micro_batch), static_cast<long long>(p.micro_batches));
   print_placement(in.moe.expert_placement);
   print_ledger(in, p);
+  print_pipeline(p);
   const plan::CheckpointBytes ck = plan::checkpoint_bytes(p, counts);
   std::printf("\ncheckpoint (fp32 params + AdamW moments, each element once): %s on the largest rank, %s in all\n",
               human(static_cast<double>(ck.max_rank)).c_str(), human(static_cast<double>(ck.total)).c_str());
