@@ -435,6 +435,11 @@ std::string layout_problem(const ModelConfig& m, const MoeConfig& e, const Train
   } catch (const UserError& err) {
     return err.what();
   }
+  if (p.pp_schedule == PipeSchedule::interleaved && (p.pp < 2 || p.virtual_stages < 2))
+    return concat("parallel.pp_schedule = \"interleaved\" needs parallel.pp >= 2 and parallel.virtual_stages >= 2 "
+                  "(got pp = ", p.pp, ", virtual_stages = ", p.virtual_stages, ")");
+  if (p.pp_schedule != PipeSchedule::interleaved && p.virtual_stages != 1)
+    return concat("parallel.virtual_stages = ", p.virtual_stages, " needs parallel.pp_schedule = \"interleaved\"");
   if (std::string stages = stage_problem(m, p); !stages.empty()) return stages;
   const int64_t moe_layers = moe_layer_count(m, e);
   const bool any_moe = moe_layers > 0, any_dense = moe_layers < m.num_layers;

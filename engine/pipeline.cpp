@@ -406,6 +406,7 @@ StageTiming run_pipeline(comm::Communicator* pp, const PipeScheduleSpec& spec, c
     }
     post_receive_after(k + 1);
     wait(outgoing.request);
+    outgoing = Transfer{};  // the sent tensor is the next virtual stage's now
     if (held && held->ledger) {  // not counting the posted receives' buffers
       const int64_t now =
           held->ledger->snapshot().current[activation] - static_cast<int64_t>(incoming.size()) * boundary_bytes;

@@ -423,6 +423,8 @@ ParallelConfig parallel_of(const PlanInput& in, const comm::Layout& layout) {
   p.pp_layers = in.pp_layers;
   p.zero_stage = in.zero_stage;
   p.reshard_after_forward = in.reshard_after_forward;
+  p.pp_schedule = in.pp_schedule;
+  p.virtual_stages = in.virtual_stages;
   return p;
 }
 }  // namespace
@@ -583,6 +585,8 @@ std::vector<LayoutPlan> rank_layouts(const PlanInput& in, int64_t world, const s
             ParallelConfig candidate;
             candidate.tp = tp, candidate.cp = cp, candidate.pp = pp, candidate.ep = ep, candidate.etp = etp;
             candidate.order = order;
+            candidate.pp_schedule = in.pp_schedule;
+            candidate.virtual_stages = in.virtual_stages;
             if (!origami::layout_problem(even.model, even.moe, even.training, candidate, world).empty()) continue;
             const comm::Layout layout(world,
                                       comm::LayoutOptions{tp, cp, pp, ep, etp, order, in.moe.router.num_experts});
