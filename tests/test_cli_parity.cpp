@@ -326,7 +326,10 @@ TEST_F(Parity, PipelineSchedulesMatchOneRank) {
     std::string args;
     bool eight_layers;
   } runs[] = {
-      {"ilv-pp2", 2, "--set parallel.pp=2 --set parallel.pp_schedule=interleaved --set parallel.virtual_stages=2", false},
+      {"ilv-pp2", 2,
+       "--set parallel.pp=2 --set parallel.pp_schedule=interleaved --set parallel.virtual_stages=2 "
+       "--set checkpoint.interval=5 --set checkpoint.dir=" + (*dir_ / "ilv-pp2-ck"),
+       false},
       {"ilv-pp4", 4, "--set parallel.pp=4 --set parallel.pp_schedule=interleaved --set parallel.virtual_stages=2 " + eight,
        true},
   };
@@ -337,6 +340,21 @@ TEST_F(Parity, PipelineSchedulesMatchOneRank) {
     std::printf("%s: max relative lm loss difference to one rank %.3g\n", l.tag, worst);
     expect_held_as_planned(run, l.np, l.args);
   }
+  // A checkpoint saved with two chunks per rank resumes under plain 1F1B
+  // (the same ranks, layers regrouped into two stages): steps 6-10 follow
+  // the interleaved run's.
+  SCOPED_TRACE("interleaved checkpoint resumed under 1f1b");
+  auto r = run_command(std::string(ORIGAMI_MPIEXEC) + " --allow-run-as-root --oversubscribe --bind-to none -np 2 " +
+                       ORIGAMI_BINARY + " train " + ORIGAMI_SOURCE_DIR + "/configs/tiny-moe.toml --set data.path=" +
+                       (*dir_ / "fortunes") + " --set logging.dir=" + (*dir_ / "ilv-resumed") +
+                       " --set export.dir= --set training.steps=10 --set parallel.pp=2 --set checkpoint.dir=" +
+                       (*dir_ / "ilv-pp2-ck") + " --set checkpoint.load=" + (*dir_ / "ilv-pp2-ck/step-00000005"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto resumed = read_jsonl(*dir_ / "ilv-resumed/metrics.jsonl");
+  ASSERT_EQ(resumed.size(), 5u);
+  const std::vector<nlohmann::json> tail(base.begin() + 5, base.end());
+  std::printf("resumed under 1f1b: max relative lm loss difference to one rank %.3g\n",
+              expect_close(tail, resumed, 1e-6));
 }
 
 // Every axis at once on 16 ranks: attention TP 2 × CP 2 × DP 2 × PP 2, experts
