@@ -103,7 +103,7 @@ using config_detail::Origins;
 // absent unless the file sets it; a list key is an array of integers.
 using FieldPtr = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::optional<double>*,
                               std::vector<int64_t>*, moe::ScoreFunction*, moe::LoadBalancing*, moe::DropPolicy*,
-                              Recompute*>;
+                              Recompute*, dense::CpComm*>;
 struct Field {
   std::string_view key;
   FieldPtr ptr;
@@ -130,6 +130,11 @@ const EnumNames<moe::LoadBalancing>& enum_names(const moe::LoadBalancing*) {
 const EnumNames<Recompute>& enum_names(const Recompute*) {
   static const EnumNames<Recompute> n = {
       {"none", Recompute::none}, {"full", Recompute::full}, {"moe", Recompute::moe}};
+  return n;
+}
+const EnumNames<dense::CpComm>& enum_names(const dense::CpComm*) {
+  static const EnumNames<dense::CpComm> n = {{"all_gather", dense::CpComm::all_gather},
+                                             {"ring", dense::CpComm::ring}};
   return n;
 }
 const EnumNames<moe::DropPolicy>& enum_names(const moe::DropPolicy*) {
@@ -172,7 +177,7 @@ std::vector<Section> schema(Config& c) {
       {"parallel",
        {{"tp", &p.tp}, {"cp", &p.cp}, {"pp", &p.pp}, {"ep", &p.ep}, {"etp", &p.etp}, {"order", &p.order},
         {"zero_stage", &p.zero_stage}, {"pp_layers", &p.pp_layers},
-        {"reshard_after_forward", &p.reshard_after_forward}}},
+        {"reshard_after_forward", &p.reshard_after_forward}, {"cp_comm", &p.cp_comm}}},
       {"training",
        {{"steps", &t.steps}, {"seq_len", &t.seq_len}, {"global_batch", &t.global_batch},
         {"micro_batch", &t.micro_batch}, {"seed", &t.seed}, {"recompute", &t.recompute}}},

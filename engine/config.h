@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dense/cp_comm.h"
 #include "moe/options.h"
 #include "moe/placement.h"
 
@@ -82,6 +83,10 @@ struct ParallelConfig {
   // gather until the step's gradients are done (one gather per unit per
   // step, at the memory of the whole stage's params).
   bool reshard_after_forward = true;
+  // How CP attention moves K and V over the cp group: "all_gather" (gather
+  // K, V once per layer, keep them whole for backward) or "ring" (pass
+  // blocks rank to rank, overlapped with compute; keeps only the local K, V).
+  dense::CpComm cp_comm = dense::CpComm::all_gather;
 };
 
 // training.recompute: activations backward recomputes instead of keeping.
