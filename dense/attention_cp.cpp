@@ -1,12 +1,14 @@
 // Context-parallel attention (see attention_cp.h). The call sequence is
 // attention.cpp's, with the K, V gather between RoPE and the kernel, and the
-// dK, dV reduce-scatter between the kernel's backward and RoPE's. The zigzag
-// positions, the token shard and the K/V wire packing are kernels ops
+// dK, dV reduce-scatter between the kernel's backward and RoPE's; under the
+// ring, its step loops (attention_ring.cpp) take the kernel's place. The
+// zigzag positions, the token shard and the K/V wire packing are kernels ops
 // (kernels/context_parallel.h, which documents the wire layout).
 #include "dense/attention_cp.h"
 
 #include <cmath>
 
+#include "dense/attention_ring.h"
 #include "kernels/context_parallel.h"
 #include "kernels/gemm.h"
 #include "kernels/rope.h"
@@ -45,8 +47,9 @@ CpTokens cp_shard_tokens(const ExecContext& ctx, const Tensor& tokens_BS1, int64
 
 Tensor cp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
                             const Tensor& x_TD, int64_t batch, const Tensor& pos_local_S, comm::Communicator* cp,
-                            CpAttentionSaved& saved) {
+                            CpComm method, CpAttentionSaved& saved) {
   const int n = comm::group_size(cp);
+  const bool ring = n > 1 && method == CpComm::ring;
   const int64_t T = x_TD.rows(), D = x_TD.cols(), Sl = T / batch, S = Sl * n;
   const int64_t Hq = opt.num_heads, Hkv = opt.num_kv_heads, hd = opt.head_dim;
   ORIGAMI_CHECK(Sl * batch == T && pos_local_S.numel() == Sl, "cp attention: T=", T, " batch=", batch,
@@ -54,14 +57,16 @@ Tensor cp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt,
   if (n > 1)  // the gathered keys' positions are implied by the layout, so the layout must hold
     ORIGAMI_CHECK(cp_zigzag_positions_match(ctx, pos_local_S, n, cp->rank()), "cp attention: cp rank ", cp->rank(),
                   " of ", n, " was given positions that are not its zigzag shard of S=", S);
-  saved.dims = AttentionDims{batch, Sl, n > 1 ? S : Sl, Hq, Hkv, hd};
+  saved.dims = AttentionDims{batch, Sl, n > 1 && !ring ? S : Sl, Hq, Hkv, hd};
   saved.cp_size = n;
+  saved.comm = method;
   saved.x_TD = x_TD;
   saved.q_pos_S = pos_local_S;
   saved.q_BSHd = activation({batch, Sl, Hq, hd});
-  // Local K and V: with a group they are computed straight into the send buffer.
+  // Local K and V: with a group they are computed straight into the send
+  // buffer (the ring's is the saved block it sends first).
   const int64_t n_kv = batch * Sl * Hkv * hd;
-  Tensor kv_send = n > 1 ? comm_buffer(2 * n_kv) : Tensor();
+  Tensor kv_send = ring ? activation({2, batch, Sl, Hkv, hd}) : n > 1 ? comm_buffer(2 * n_kv) : Tensor();
   Tensor k_local = n > 1 ? kv_send.flat_view(0, n_kv, {batch, Sl, Hkv, hd}) : activation({batch, Sl, Hkv, hd});
   Tensor v_local = n > 1 ? kv_send.flat_view(n_kv, n_kv, {batch, Sl, Hkv, hd}) : activation({batch, Sl, Hkv, hd});
   Tensor q_TE = saved.q_BSHd.view({T, Hq * hd}), k_TE = k_local.view({T, Hkv * hd}),
@@ -72,10 +77,11 @@ Tensor cp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt,
   rope_forward(ctx, saved.q_BSHd, pos_local_S, opt.rope_theta);
   rope_forward(ctx, k_local, pos_local_S, opt.rope_theta);  // before the gather: global positions
 
-  if (n == 1) {
+  if (n == 1 || ring) {
     saved.k_BSHd = k_local;
     saved.v_BSHd = v_local;
     saved.kv_pos_S = pos_local_S;
+    if (ring) saved.kv_local = kv_send;
   } else {
     Tensor kv_recv = comm_buffer(n * 2 * n_kv);  // wire (cp, 2, B, S/cp, Hkv·hd)
     cp->all_gather(kv_send, kv_recv);
@@ -89,9 +95,15 @@ Tensor cp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt,
   saved.o_BSHd = activation({batch, Sl, Hq, hd});
   saved.lse_BHS = activation({batch, Hq, Sl});
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  Tensor ws = ctx.workspace(attention_forward_workspace_bytes(ctx, saved.dims));
-  attention_forward(ctx, saved.dims, saved.q_BSHd, saved.k_BSHd, saved.v_BSHd, saved.q_pos_S, saved.kv_pos_S, scale,
-                    saved.o_BSHd, saved.lse_BHS, ws);
+  Tensor ws;  // the kernel's (the ring's steps size their own)
+  if (ring) {
+    cp_ring_attention_forward(ctx, saved.dims, *cp, saved.q_BSHd, saved.kv_local, saved.q_pos_S, scale, saved.o_BSHd,
+                              saved.lse_BHS);
+  } else {
+    ws = ctx.workspace(attention_forward_workspace_bytes(ctx, saved.dims));
+    attention_forward(ctx, saved.dims, saved.q_BSHd, saved.k_BSHd, saved.v_BSHd, saved.q_pos_S, saved.kv_pos_S,
+                      scale, saved.o_BSHd, saved.lse_BHS, ws);
+  }
 
   Tensor y = activation({T, D});
   gemm(ctx, saved.o_BSHd.view({T, Hq * hd}), Trans::no, w.wo, Trans::yes, y);  // (T, D)
@@ -113,17 +125,25 @@ Tensor cp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt
   gemm(ctx, dy_TD, Trans::no, w.wo, Trans::no, do_TE);                                       // (T, Hq·hd)
   gemm(ctx, dy_TD, Trans::yes, saved.o_BSHd.view({T, Eq}), Trans::no, grad.wo, 1.0f, 1.0f);  // (D, Hq·hd)
 
-  // dK, dV of every gathered key (this rank's queries' share only).
   Tensor dq = activation({d.batch, d.q_len, d.num_heads, d.head_dim});
-  Tensor dk = activation({d.batch, d.kv_len, d.num_kv_heads, d.head_dim});
-  Tensor dv = activation({d.batch, d.kv_len, d.num_kv_heads, d.head_dim});
+  Tensor dk, dv, ws;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
-  Tensor ws = ctx.workspace(attention_backward_workspace_bytes(ctx, d));
-  attention_backward(ctx, d, saved.q_BSHd, saved.k_BSHd, saved.v_BSHd, saved.o_BSHd, saved.lse_BHS, do_, saved.q_pos_S,
-                     saved.kv_pos_S, scale, dq, dk, dv, ws);
+  const int64_t n_kv = d.batch * d.q_len * Ekv;
+  if (n > 1 && saved.comm == CpComm::ring) {  // dK, dV of the local keys arrive complete
+    const Tensor dkv = cp_ring_attention_backward(ctx, d, *cp, saved.q_BSHd, saved.kv_local, saved.o_BSHd,
+                                                  saved.lse_BHS, do_, saved.q_pos_S, scale, dq);
+    dk = dkv.flat_view(0, n_kv, {d.batch, d.q_len, d.num_kv_heads, d.head_dim});
+    dv = dkv.flat_view(n_kv, n_kv, {d.batch, d.q_len, d.num_kv_heads, d.head_dim});
+  } else {
+    // dK, dV of every gathered key (this rank's queries' share only).
+    dk = activation({d.batch, d.kv_len, d.num_kv_heads, d.head_dim});
+    dv = activation({d.batch, d.kv_len, d.num_kv_heads, d.head_dim});
+    ws = ctx.workspace(attention_backward_workspace_bytes(ctx, d));
+    attention_backward(ctx, d, saved.q_BSHd, saved.k_BSHd, saved.v_BSHd, saved.o_BSHd, saved.lse_BHS, do_,
+                       saved.q_pos_S, saved.kv_pos_S, scale, dq, dk, dv, ws);
+  }
 
-  if (n > 1) {  // sum every rank's share onto the keys' owners
-    const int64_t n_kv = d.batch * d.q_len * Ekv;
+  if (n > 1 && saved.comm == CpComm::all_gather) {  // sum every rank's share onto the keys' owners
     Tensor send = comm_buffer(n * 2 * n_kv);  // wire (cp, 2, B, S/cp, Hkv·hd): block r for rank r's keys
     Tensor send_wire = send.view({n, 2, d.batch, d.q_len, Ekv});
     cp_pack_kv(ctx, dk, dv, send_wire);

@@ -1,6 +1,8 @@
 // Context-parallel self-attention (ARCHITECTURE.md §5): the zigzag sequence
-// layout and the attention block over a `cp` group, Llama-3 style — K and V
-// are all-gathered in forward, dK and dV reduce-scattered in backward.
+// layout and the attention block over a `cp` group, by one of two methods
+// (CpComm, dense/cp_comm.h): Llama-3 style — K and V all-gathered in forward,
+// dK and dV reduce-scattered in backward — or ring attention
+// (dense/attention_ring.h), which keeps only the local K and V.
 //
 // Zigzag layout. A sequence of S tokens is cut into 2·cp chunks of
 // C = S/(2·cp) tokens; cp rank c owns chunks c and 2·cp−1−c, stored in that
@@ -14,7 +16,8 @@
 // this rank owns; RoPE uses the global positions. After the gather, K and V
 // are put in global position order, so the kernel sees keys at positions
 // 0..S−1 in order (causal tile skipping stays exact) and local queries at
-// their zigzag positions.
+// their zigzag positions. The ring computes the same attention block by
+// block and merges the partial results by log-sum-exp.
 //
 // Gradients. dx is complete for the local rows. Weight gradients are partial:
 // each rank adds the terms of its own tokens (q, o for its queries; k, v for
@@ -30,6 +33,7 @@
 
 #include "comm/communicator.h"
 #include "dense/attention.h"
+#include "dense/cp_comm.h"
 #include "kernels/context.h"
 #include "kernels/tensor.h"
 
@@ -52,14 +56,16 @@ struct CpTokens {
 CpTokens cp_shard_tokens(const ExecContext& ctx, const Tensor& tokens_BS1, int64_t cp, int64_t rank);
 
 struct CpAttentionSaved {
-  AttentionDims dims;  // q_len = S/cp (local), kv_len = S (gathered)
+  AttentionDims dims;  // q_len = S/cp (local), kv_len = S (gathered; ring: S/cp, one block)
   int cp_size = 1;     // size of the group forward ran over (backward checks it)
+  CpComm comm = CpComm::all_gather;  // the method forward used (backward follows it)
   Tensor x_TD;         // block input, [B·S/cp, D]
   Tensor q_pos_S;      // global positions of the local rows, i32 [S/cp]
-  Tensor kv_pos_S;     // positions of the gathered keys, i32 [S]: 0..S−1 (cp = 1: q_pos_S)
+  Tensor kv_pos_S;     // positions of the gathered keys, i32 [S]: 0..S−1 (cp = 1 or ring: q_pos_S)
   Tensor q_BSHd;       // local, after RoPE, [B, S/cp, Hq, hd]
-  Tensor k_BSHd;       // gathered, after RoPE, global order, [B, S, Hkv, hd]
-  Tensor v_BSHd;       // gathered, global order, [B, S, Hkv, hd]
+  Tensor k_BSHd;       // gathered, after RoPE, global order, [B, S, Hkv, hd] (ring: local, [B, S/cp, Hkv, hd])
+  Tensor v_BSHd;       // gathered, global order, [B, S, Hkv, hd] (ring: local)
+  Tensor kv_local;     // ring only: the local K then V, [2, B, S/cp, Hkv, hd] (k_BSHd, v_BSHd view it)
   Tensor o_BSHd;       // attention output before Wo, [B, S/cp, Hq, hd]
   Tensor lse_BHS;      // [B, Hq, S/cp]
 };
@@ -67,20 +73,24 @@ struct CpAttentionSaved {
 // x_TD: [B·S/cp, D], this rank's rows (batch-major); pos_local_S: i32 [S/cp].
 // cp: the cp group, or null. With cp of size > 1, pos_local_S must be
 // cp_positions(S, cp->size(), cp->rank()) (checked), every rank of the group
-// calls this with the same B, and it runs one all_gather of
-// 2·B·(S/cp)·Hkv·hd floats (K and V packed). Null or size 1: no
-// communication, any positions, and the result is bitwise that of
-// attention_module_forward(ctx, opt, w, x_TD, batch, pos_local_S, ·).
-// Returns y_TD [B·S/cp, D]. Saves the gathered K and V (2·B·S·Hkv·hd floats,
-// the Llama-3 choice: no second gather in backward).
+// calls this with the same B and method, and with U = 2·B·(S/cp)·Hkv·hd
+// floats (K and V packed):
+//   all_gather: one all_gather of U per rank; saves the gathered K and V
+//               (cp·U floats, the Llama-3 choice: no second gather in backward)
+//   ring:       cp − 1 sends of U per rank, each overlapped with a block's
+//               attention (attention_ring.h); saves the local U only
+// Null or size 1: no communication, any positions, either method, and the
+// result is bitwise that of attention_module_forward(ctx, opt, w, x_TD,
+// batch, pos_local_S, ·). Returns y_TD [B·S/cp, D].
 Tensor cp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
                             const Tensor& x_TD, int64_t batch, const Tensor& pos_local_S, comm::Communicator* cp,
-                            CpAttentionSaved& saved);
+                            CpComm method, CpAttentionSaved& saved);
 // dy_TD: [B·S/cp, D]. Returns dx_TD [B·S/cp, D] (complete); accumulates this
 // rank's partial weight gradients into `grad` (sum them over cp, see above).
-// cp must be the group forward used; size > 1 runs one reduce_scatter of the
-// packed dK, dV (recv 2·B·(S/cp)·Hkv·hd floats). Null or size 1: bitwise
-// attention_module_backward.
+// cp must be the group forward used, and the method is forward's (saved).
+// Size > 1: all_gather runs one reduce_scatter of the packed dK, dV (recv U
+// floats); ring sends cp − 1 K, V blocks and cp dK, dV blocks of U per rank.
+// Null or size 1: bitwise attention_module_backward.
 Tensor cp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
                              const CpAttentionSaved& saved, const Tensor& dy_TD, comm::Communicator* cp,
                              AttentionWeights& grad);

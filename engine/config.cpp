@@ -103,7 +103,7 @@ using config_detail::Origins;
 // absent unless the file sets it; a list key is an array of integers.
 using FieldPtr = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::optional<double>*,
                               std::vector<int64_t>*, moe::ScoreFunction*, moe::LoadBalancing*, moe::DropPolicy*,
-                              Recompute*, PipeSchedule*>;
+                              Recompute*, PipeSchedule*, dense::CpComm*>;
 struct Field {
   std::string_view key;
   FieldPtr ptr;
@@ -136,6 +136,11 @@ const EnumNames<PipeSchedule>& enum_names(const PipeSchedule*) {
   static const EnumNames<PipeSchedule> n = {{"1f1b", PipeSchedule::one_f_one_b},
                                             {"interleaved", PipeSchedule::interleaved},
                                             {"zb-h1", PipeSchedule::zb_h1}};
+  return n;
+}
+const EnumNames<dense::CpComm>& enum_names(const dense::CpComm*) {
+  static const EnumNames<dense::CpComm> n = {{"all_gather", dense::CpComm::all_gather},
+                                             {"ring", dense::CpComm::ring}};
   return n;
 }
 const EnumNames<moe::DropPolicy>& enum_names(const moe::DropPolicy*) {
@@ -179,7 +184,7 @@ std::vector<Section> schema(Config& c) {
        {{"tp", &p.tp}, {"cp", &p.cp}, {"pp", &p.pp}, {"ep", &p.ep}, {"etp", &p.etp}, {"order", &p.order},
         {"zero_stage", &p.zero_stage}, {"pp_layers", &p.pp_layers},
         {"reshard_after_forward", &p.reshard_after_forward}, {"pp_schedule", &p.pp_schedule},
-        {"virtual_stages", &p.virtual_stages}}},
+        {"virtual_stages", &p.virtual_stages}, {"cp_comm", &p.cp_comm}}},
       {"training",
        {{"steps", &t.steps}, {"seq_len", &t.seq_len}, {"global_batch", &t.global_batch},
         {"micro_batch", &t.micro_batch}, {"seed", &t.seed}, {"recompute", &t.recompute}}},

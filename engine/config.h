@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/pipeline.h"
+#include "dense/cp_comm.h"
 #include "moe/options.h"
 #include "moe/placement.h"
 
@@ -88,6 +89,10 @@ struct ParallelConfig {
   // pp·virtual_stages counts) or "zb-h1" (weight gradients deferred).
   PipeSchedule pp_schedule = PipeSchedule::one_f_one_b;
   int64_t virtual_stages = 1;
+  // How CP attention moves K and V over the cp group: "all_gather" (gather
+  // K, V once per layer, keep them whole for backward) or "ring" (pass
+  // blocks rank to rank, overlapped with compute; keeps only the local K, V).
+  dense::CpComm cp_comm = dense::CpComm::all_gather;
 };
 
 // training.recompute: activations backward recomputes instead of keeping.

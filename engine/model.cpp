@@ -226,10 +226,11 @@ Tensor Model::layer_forward(int64_t l, const Tensor& h_in, int64_t B, int64_t S,
   LayerWeights w = layer_views(l, /*grads=*/false);
   Tensor a = dense::rmsnorm_module_forward(ctx, h_in, w.attn_norm, eps, ls.attn_norm);
   // Sequence parallel: gather the tp shards, attend over the local heads
-  // (K/V gathered over cp inside), sum the head partials back onto shards.
+  // (K/V gathered or passed around the cp ring inside), sum the head partials back onto shards.
   const Tensor a_all = dense::tp_all_gather_tokens(a, tp_);  // (T, D)
   Tensor h = dense::tp_reduce_scatter_tokens(
-      dense::cp_attention_forward(ctx, local_attn_opt_, w.attn, a_all, B, pos_S, cp_, ls.attn), tp_);  // (T/tp, D)
+      dense::cp_attention_forward(ctx, local_attn_opt_, w.attn, a_all, B, pos_S, cp_, cp_comm_, ls.attn),
+      tp_);  // (T/tp, D)
   add_inplace(ctx, h, h_in);  // residual: h is fresh, h_in stays saved by the norm
   Tensor m = dense::rmsnorm_module_forward(ctx, h, w.mlp_norm, eps, ls.mlp_norm);
   Tensor z;

@@ -130,6 +130,8 @@ class Model {
     recompute_ = r;
     moe_opt_.recompute_experts = r == Recompute::moe;
   }
+  // parallel.cp_comm (dense/cp_comm.h): how attention moves K, V over cp.
+  void set_cp_comm(dense::CpComm c) { cp_comm_ = c; }
   const PipelineStage& stage() const { return stage_; }
   // The shape of a stage boundary tensor (this rank's residual stream of one
   // micro-batch): [batch·seq_len / (cp·tp), hidden].
@@ -200,6 +202,7 @@ class Model {
   ParamStore params_;
   std::vector<Tensor> expert_bias_;
   Recompute recompute_ = Recompute::none;
+  dense::CpComm cp_comm_ = dense::CpComm::all_gather;
   PipelineStage stage_;
   int64_t local_experts_ = 0;  // E/EP on every MoE layer
   size_t embedding_unit_ = 0, final_unit_ = 0;    // first / last stage only

@@ -136,6 +136,7 @@ PlanInput plan_input(const Config& cfg) {
   in.reshard_after_forward = cfg.parallel.reshard_after_forward;
   in.pp_schedule = cfg.parallel.pp_schedule;
   in.virtual_stages = cfg.parallel.virtual_stages;
+  in.cp_comm = cfg.parallel.cp_comm;
   return in;
 }
 
@@ -189,12 +190,13 @@ std::vector<UnitPlan> plan_units(const PlanInput& in, const UnitTable& table, co
 // moe/experts.h, moe/moe_layer.h, dense/lm_head.h, engine/model.h), fp32 or
 // i32, 4 bytes per element (the router's statistics buffer f64). Under TP+SP
 // a module saves its tp-gathered input (so backward needs no second gather);
-// under CP attention saves the cp-gathered K and V.
+// under CP attention saves the cp-gathered K and V and their positions
+// (parallel.cp_comm = "all_gather") or only the local K and V ("ring").
 ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout) {
   const ModelConfig& m = in.model;
   const MoeConfig& e = in.moe;
   const int64_t tp = layout.tp(), cp = layout.cp(), etp = layout.etp();
-  const int64_t D = m.hidden_size, hd = m.head_dim(), Hq = m.num_heads / tp, Hkv = m.num_kv_heads / tp;
+  const int64_t D = m.hidden_size, hd = m.head_dim(), Hq = m.num_heads / tp;
   const int64_t F = m.ffn_hidden_size / tp, E = e.router.num_experts, k = e.router.top_k;
   const int64_t Fe = e.expert_ffn(m.ffn_hidden_size) / etp, Fs = e.shared_expert_hidden_size / tp;
   const int64_t s = in.training.seq_len, T = in.training.micro_batch * s / cp, t = T / tp;
@@ -203,9 +205,13 @@ ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout
   ActivationBytes a;
   // RmsNormSaved: x [t, D], rstd [t].
   const int64_t norm = t * (D + 1) * f;
-  // AttentionSaved: x [T, D] (tp-gathered), q and o [T, Hq/tp·hd], k and v
-  // [T·cp, Hkv/tp·hd] (cp-gathered), lse [Hq/tp, T]; pos is shared per micro-batch.
-  const int64_t attention = (T * D + 2 * T * Hq * hd + 2 * T * cp * Hkv * hd + T * Hq) * f;
+  // CpAttentionSaved: x [T, D] (tp-gathered), q and o [T, Hq/tp·hd], lse
+  // [Hq/tp, T], and K, V (kv_memory): all_gather k and v [T·cp, Hkv/tp·hd]
+  // (cp-gathered) with their positions i32 [s] when cp > 1; ring k and v
+  // [T, Hkv/tp·hd]. The local positions are shared per micro-batch.
+  const KvMemory kv = kv_memory(in, layout);
+  const int64_t attention = (T * D + 2 * T * Hq * hd + T * Hq) * f +
+                            (in.cp_comm == dense::CpComm::ring ? kv.saved_ring : kv.saved_all_gather);
   // MlpSaved: x [T, D] (tp-gathered), gate, up, h [T, F/tp].
   const int64_t mlp = (T * D + 3 * T * F) * f;
   a.dense_layer = 2 * norm + attention + mlp;
@@ -230,6 +236,37 @@ ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout
   // Final norm; LmHeadSaved: y [T, D] (tp-gathered), targets i32 [T], logits [T, Vl], lse [T].
   a.last_stage = norm + (T * D + T * ceil_div(m.vocab_size, tp) + T) * f + T * kI32;
   return a;
+}
+
+KvMemory kv_memory(const PlanInput& in, const comm::Layout& layout) {
+  const int64_t tp = layout.tp(), cp = layout.cp();
+  const int64_t s = in.training.seq_len, T = in.training.micro_batch * s / cp;
+  KvMemory k;
+  const int64_t U = k.block = 2 * T * (in.model.num_kv_heads / tp) * in.model.head_dim() * static_cast<int64_t>(kF32);
+  if (cp == 1) {  // one rank: both methods are the dense module's
+    k.saved_all_gather = k.saved_ring = U;
+    k.transient_all_gather = k.transient_ring = U;
+  } else {
+    k.saved_all_gather = cp * U + s * kI32;
+    k.saved_ring = U;
+    k.wire_all_gather = (cp + 1) * U;
+    k.transient_all_gather = cp * U + k.wire_all_gather;
+    k.wire_ring = k.transient_ring = (std::min<int64_t>(2, cp - 1) + 3) * U;
+  }
+  // Saved blocks held at once: the stage with the most attention layers ×
+  // micro-batches in flight (1F1B: min(pp − stage, m)).
+  const std::vector<int64_t> per_stage = stage_layers(in.model.num_layers, layout.pp(), in.pp_layers);
+  const int64_t m = in.training.global_batch / (in.training.micro_batch * layout.dp());
+  int64_t held = 0, layers = 0;
+  for (int64_t st = 0; st < layout.pp(); ++st) {
+    held = std::max(held, per_stage[st] * std::min(layout.pp() - st, m));
+    layers = std::max(layers, per_stage[st]);
+  }
+  k.peak_all_gather = held * k.saved_all_gather + k.transient_all_gather;
+  k.peak_ring = held * k.saved_ring + k.transient_ring;
+  k.step_comm_all_gather = layers * m * 2 * (cp - 1) * U;
+  k.step_comm_ring = layers * m * (cp > 1 ? 3 * cp - 2 : 0) * U;
+  return k;
 }
 
 double StageComm::bytes(GroupKind g) const {
@@ -301,12 +338,23 @@ StageComm stage_comm(const PlanInput& in, const comm::Layout& layout, const std:
         add(GroupKind::tp, CommOp::all_reduce, "replicated grads (norms, router)", zs >= 2 ? mm : 1,
             ring::all_reduce(u.tp_replicated, kF32, 0, tp));
   }
-  // CP: K and V [T, Hkv/tp·hd] all-gathered per attention (fwd), dK and dV
-  // reduce-scattered (bwd): (cp−1)·2·T·Hkv/tp·hd·4 each.
+  // CP, per attention (layer) and micro-batch, one rank's K and V packed:
+  // kv = 2·T·Hkv/tp·hd floats. all_gather: K, V all-gathered (fwd), dK, dV
+  // reduce-scattered (bwd): (cp−1)·kv·4 each. ring (dense/attention_ring.h):
+  // cp−1 sends of kv·4 in forward; in backward cp−1 K, V sends and cp dK, dV
+  // sends (the last hop delivers each block's sum to its owner).
   if (cp > 1) {
     const int64_t kv = 2 * T * (m.num_kv_heads / tp) * hd;
-    add(GroupKind::cp, CommOp::all_gather, "attention K, V (fwd)", mm * L, ring::all_gather(kv, kF32, cp));
-    add(GroupKind::cp, CommOp::reduce_scatter, "attention dK, dV (bwd)", mm * L, ring::reduce_scatter(kv, kF32, cp));
+    if (in.cp_comm == dense::CpComm::ring) {
+      const double block = static_cast<double>(kv * kF32);
+      add(GroupKind::cp, CommOp::send, "attention K, V ring (fwd)", mm * L * (cp - 1), block);
+      add(GroupKind::cp, CommOp::send, "attention K, V ring (bwd)", mm * L * (cp - 1), block);
+      add(GroupKind::cp, CommOp::send, "attention dK, dV ring (bwd)", mm * L * cp, block);
+    } else {
+      add(GroupKind::cp, CommOp::all_gather, "attention K, V (fwd)", mm * L, ring::all_gather(kv, kF32, cp));
+      add(GroupKind::cp, CommOp::reduce_scatter, "attention dK, dV (bwd)", mm * L,
+          ring::reduce_scatter(kv, kF32, cp));
+    }
   }
   // Router statistics: one all-reduce of 2·S·E + 2 doubles per MoE layer and
   // micro-batch over tp-cp (tp-dp-cp for global_aux_loss), when an aux loss
@@ -425,6 +473,7 @@ ParallelConfig parallel_of(const PlanInput& in, const comm::Layout& layout) {
   p.reshard_after_forward = in.reshard_after_forward;
   p.pp_schedule = in.pp_schedule;
   p.virtual_stages = in.virtual_stages;
+  p.cp_comm = in.cp_comm;
   return p;
 }
 }  // namespace
@@ -449,6 +498,7 @@ LayoutPlan plan_layout(const PlanInput& in, const UnitTable& table, const comm::
   lp.micro_batches = tr.global_batch / (tr.micro_batch * lp.dp);
   lp.units = plan_units(in, table, layout);
   lp.act = activation_bytes(in, layout);
+  lp.kv = kv_memory(in, layout);
   const RecipeBytes rb = recipe_bytes(in.recipe);
 
   const int64_t v = in.virtual_stages;

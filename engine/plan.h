@@ -91,6 +91,7 @@ struct PlanInput {
   bool reshard_after_forward = true;  // false: ZeRO-3 units stay whole all step (one gather each)
   PipeSchedule pp_schedule = PipeSchedule::one_f_one_b;
   int64_t virtual_stages = 1;
+  dense::CpComm cp_comm = dense::CpComm::all_gather;  // parallel.cp_comm
 };
 PlanInput plan_input(const Config& cfg);
 
@@ -138,6 +139,39 @@ struct ActivationBytes {
   int64_t weight_pending_first_stage = 0, weight_pending_last_stage = 0;
 };
 ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout);
+
+// K and V of CP attention on one rank, by method (both are reported whatever
+// parallel.cp_comm says; dense/attention_cp.h, dense/attention_ring.h).
+// U = 2·T·(Hkv/tp)·hd·4 bytes: one rank's K and V of one layer and
+// micro-batch. Saved = kept from a layer's forward to its backward;
+// transient = allocated and freed inside one layer's attention (the peak of
+// its forward and backward), K/V-shaped buffers only. At cp = 1 both
+// methods are the same: U saved, the backward's dK, dV (U) transient.
+//   all_gather, cp > 1: saved cp·U + the gathered keys' positions i32 [s];
+//     transient (2·cp + 1)·U in backward: dK, dV of every key (cp·U), their
+//     packed reduce_scatter send (cp·U) and receive (U); forward (cp + 1)·U
+//     (the gather's send and receive)
+//   ring, cp > 1: saved U; transient (min(2, cp − 1) + 3)·U in backward:
+//     K, V blocks in flight and three dK, dV blocks (one received, one
+//     summed, one on the wire); forward min(2, cp − 1)·U
+// The wire and in-flight buffers (all of ring's transient, all_gather's but
+// the dK, dV of every key) are the `comm` ledger category.
+// Peak per rank = saved × attention layers × micro-batches in flight of the
+// stage where that product is largest, + transient.
+// Bytes a rank sends over cp per step (stage_comm books the configured
+// method's as items), per layer and micro-batch: all_gather 2·(cp − 1)·U
+// (the gather and the reduce_scatter), ring (3·cp − 2)·U (cp − 1 K, V blocks
+// forward, cp − 1 K, V and cp dK, dV blocks backward); times layers × m of
+// the stage with the most layers.
+struct KvMemory {
+  int64_t block = 0;  // U
+  int64_t saved_all_gather = 0, saved_ring = 0;          // per layer and micro-batch
+  int64_t transient_all_gather = 0, transient_ring = 0;  // one layer's attention
+  int64_t wire_all_gather = 0, wire_ring = 0;            // of transient, the comm-category part
+  int64_t peak_all_gather = 0, peak_ring = 0;            // per rank
+  int64_t step_comm_all_gather = 0, step_comm_ring = 0;  // cp bytes sent per step
+};
+KvMemory kv_memory(const PlanInput& in, const comm::Layout& layout);
 
 // One stage's (pipeline rank's) ledger.
 struct StageMemory {
@@ -195,6 +229,7 @@ struct LayoutPlan {
   int64_t micro_batches = 0;  // per step per DP rank: global_batch / (micro_batch · dp)
   std::vector<UnitPlan> units;
   ActivationBytes act;
+  KvMemory kv;
   std::vector<StageMemory> stages;
   std::vector<StageComm> comm;
   int64_t worst_memory_stage = 0, worst_comm_stage = 0;

@@ -235,6 +235,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
   r.model.emplace(*r.ctx, cfg.model, tc.seed, cfg.moe, &groups, static_cast<int>(cfg.parallel.zero_stage),
                   cfg.parallel.pp_layers, cfg.parallel.virtual_stages);
   r.model->set_recompute(tc.recompute);
+  r.model->set_cp_comm(cfg.parallel.cp_comm);
   r.pp = comm::multi_rank(groups, comm::GroupKind::pp);
   // Gradient reductions (SUMs, §6) and ZeRO sharding: dense units over dp-cp,
   // expert units over edp.

@@ -16,7 +16,11 @@ struct AttentionDims {
 // q_BSHd: [B, Sq, Hq, hd]; k, v: [B, Skv, Hkv, hd]; q_pos_S: i32 [Sq];
 // kv_pos_S: i32 [Skv]; o: [B, Sq, Hq, hd]; lse_BHS: [B, Hq, Sq] (natural log
 // of the softmax denominator of the scaled scores; saved for backward).
-// Every query must see at least one key (kv_pos[j] <= q_pos[i] for some j).
+// A query that sees no key (q_pos[i] < every kv_pos) gets o = 0 and
+// lse = −inf: the empty softmax, which attention_merge below folds into a
+// result of other keys as nothing. Ring attention (dense/attention_ring.h)
+// runs the kernel on one cp rank's block of keys at a time, where some query
+// rows see none of them.
 // Workspace sizes are in bytes for this context; the caller allocates (CUB
 // style: ctx.workspace(attention_forward_workspace_bytes(ctx, dims))).
 size_t attention_forward_workspace_bytes(const ExecContext& ctx, const AttentionDims& dims);
@@ -24,11 +28,24 @@ void attention_forward(const ExecContext& ctx, const AttentionDims& dims, const 
                        const Tensor& v, const Tensor& q_pos_S, const Tensor& kv_pos_S, float scale, Tensor& o,
                        Tensor& lse_BHS, Tensor& workspace);
 
-// dq, dk, dv are overwritten.
+// dq, dk, dv are overwritten. o and lse may be those of a call over more
+// keys than k and v (ring attention passes the merged result of every block):
+// then dq is this block's share of the gradient and dk, dv are exact for its
+// keys. A row whose lse is −inf (it saw no key) contributes nothing.
 size_t attention_backward_workspace_bytes(const ExecContext& ctx, const AttentionDims& dims);
 void attention_backward(const ExecContext& ctx, const AttentionDims& dims, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& o, const Tensor& lse_BHS, const Tensor& do_,
                         const Tensor& q_pos_S, const Tensor& kv_pos_S, float scale, Tensor& dq, Tensor& dk, Tensor& dv,
                         Tensor& workspace);
+
+// Folds one partial result (o_part, lse_part: attention of the same queries
+// over another set of keys) into a running one, in place:
+//   lse = log(exp(lse_acc) + exp(lse_part))
+//   o   = exp(lse_acc − lse) · o_acc + exp(lse_part − lse) · o_part
+// which is the attention over both key sets together. A row whose lse_part
+// is −inf (no visible key in the part) is left bitwise unchanged; a running
+// row at −inf takes the part's values. o: [B, Sq, Hq, hd]; lse: [B, Hq, Sq].
+void attention_merge(const ExecContext& ctx, const Tensor& o_part, const Tensor& lse_part, Tensor& o_acc,
+                     Tensor& lse_acc);
 
 }  // namespace origami

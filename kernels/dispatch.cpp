@@ -229,6 +229,15 @@ void attention_backward(const ExecContext& ctx, const AttentionDims& dims, const
   return cpu::attention_backward(ctx, dims, q, k, v, o, lse_BHS, do_, q_pos_S, kv_pos_S, scale, dq, dk, dv, workspace);
 }
 
+void attention_merge(const ExecContext& ctx, const Tensor& o_part, const Tensor& lse_part, Tensor& o_acc,
+                     Tensor& lse_acc) {
+  if (on_cuda(ctx, "attention_merge",
+              {{"o_part", &o_part}, {"lse_part", &lse_part}, {"o_acc", &o_acc}, {"lse_acc", &lse_acc}}))
+    return ORIGAMI_ON_CUDA(attention_merge)(ctx, o_part, lse_part, o_acc, lse_acc);
+  const CpuThreads threads(ctx);
+  return cpu::attention_merge(ctx, o_part, lse_part, o_acc, lse_acc);
+}
+
 void swiglu_forward(const ExecContext& ctx, const Tensor& gate_TF, const Tensor& up_TF, Tensor& h_TF) {
   if (on_cuda(ctx, "swiglu_forward", {{"gate_TF", &gate_TF}, {"up_TF", &up_TF}, {"h_TF", &h_TF}}))
     return ORIGAMI_ON_CUDA(swiglu_forward)(ctx, gate_TF, up_TF, h_TF);

@@ -22,6 +22,8 @@
 // near-tied token would show up as a jump, which 1e-4 would still catch.
 // Also: configs/tiny-moe-ep8.toml trains with a falling loss, and its JSONL
 // carries tokens received per EP rank, consistent with the per-expert counts.
+// Ring attention (parallel.cp_comm = "ring") at CP 2 and CP 4: losses
+// within 1e-6 relative of the one-rank run.
 // Expert placement (moe.expert_placement, a placement file): EP 4 with every
 // MoE layer's experts placed differently and out of contiguous blocks gives
 // the one-rank losses within 1e-6 relative, tokens per EP rank counting each
@@ -191,6 +193,25 @@ TEST_F(Parity, EveryLayoutMatchesOneRank) {
   EXPECT_FALSE(contiguous.empty());
   EXPECT_TRUE(testing::read_file(*dir_ / "ep4-placed-export/model.safetensors") == contiguous)
       << "the placed run's export differs from the contiguous EP 4 run's";
+
+  // Ring attention (parallel.cp_comm = "ring") at CP 2 and CP 4 (DP 1): the
+  // same attention per layer in another summation order, block by block
+  // merged by log-sum-exp (dense/attention_ring.h). 1e-6 relative: the
+  // dense MPI test measures <= 1.4e-6 of a tensor's scale per attention
+  // call, and the losses here differ from one rank by ~5e-9 (printed).
+  for (const auto& [tag, np] : {std::pair{"cp2-ring", 2}, std::pair{"cp4-ring", 4}}) {
+    SCOPED_TRACE(tag);
+    const auto ring =
+        train(tag, np, "--set parallel.cp=" + std::to_string(np) + " --set parallel.cp_comm=ring");
+    expect_parity(base, ring, 1);
+    double worst_ring = 0;
+    for (size_t s = 0; s < ring.size() && s < base.size(); ++s) {
+      const double b = base[s].at("lm_loss").get<double>(), x = ring[s].at("lm_loss").get<double>();
+      worst_ring = std::max(worst_ring, std::abs(x - b) / std::abs(b));
+    }
+    EXPECT_LE(worst_ring, 1e-6) << tag << " against one rank";
+    std::printf("%s: max relative lm loss difference to one rank %.3g\n", tag, worst_ring);
+  }
 }
 
 // Init is a function of (seed, name, global index) and export gathers every
@@ -247,7 +268,8 @@ TEST_F(Parity, RecomputeKeepsLossesAndLowersPeakActivations) {
 
 // The planner's per-group communication volume (origami plan --json) against
 // the bytes world rank 0 measured in its second step (JSONL comm_bytes),
-// within 1% per group, on the folded np-8 layout and on a pipelined one
+// within 1% per group, on the folded np-8 layout, on TP 2 × CP 4 under ring
+// attention (whose cp bytes are exact: fixed-size sends) and on a pipelined one
 // (TP 2 × DP 2 × PP 2 with EP 2: rank 0 is stage 0's root, and its pp bytes
 // are the activations it sends plus the step's bookkeeping; ZeRO-3 units kept
 // whole all step, so one parameter gather per unit and step). With
@@ -259,7 +281,10 @@ TEST_F(Parity, MeasuredCommBytesMatchThePlan) {
   for (const auto& [tag, layout] :
        {std::pair{"plan-folded8", "--set parallel.tp=2 --set parallel.cp=2 --set parallel.ep=4" + capacity},
         std::pair{"plan-pp2", "--set parallel.tp=2 --set parallel.pp=2 --set parallel.ep=2 "
-                              "--set parallel.reshard_after_forward=false" + capacity}}) {
+                              "--set parallel.reshard_after_forward=false" + capacity},
+        // Ring attention over cp 4 (TP 2): cp − 1 K, V sends per layer and
+        // micro-batch forward, cp − 1 K, V and cp dK, dV sends backward.
+        std::pair{"plan-ring8", "--set parallel.tp=2 --set parallel.cp=4 --set parallel.cp_comm=ring" + capacity}}) {
     SCOPED_TRACE(tag);
     const auto run = train(tag, 8, layout, "tiny-moe.toml", 2);
     ASSERT_EQ(run.size(), 2u);
@@ -273,6 +298,9 @@ TEST_F(Parity, MeasuredCommBytesMatchThePlan) {
       const double m = bytes.get<double>();
       const double p = predicted.contains(group) ? predicted.at(group).get<double>() : 0.0;
       EXPECT_LE(std::abs(m - p), 0.01 * std::max(p, 1.0)) << group << ": measured " << m << ", planned " << p;
+      if (group == "cp") {
+        EXPECT_EQ(m, p) << "cp: fixed-size K, V exchanges, so exactly the plan";
+      }
     }
     for (const auto& [group, bytes] : predicted.items())
       EXPECT_TRUE(measured.contains(group)) << group << " planned (" << bytes << " bytes) but not measured";

@@ -9,8 +9,13 @@
 //    attention_module_forward/backward at those positions, and the weight
 //    gradients summed over the group equal the single-rank ones;
 //  - the communication is one all_gather forward and one reduce_scatter
-//    backward of the packed K, V (the volumes engine/plan.cpp books);
-//  - a null or size-1 group is bitwise the dense module.
+//    backward of the packed K, V, or under ring attention cp − 1 sends
+//    forward and 2·cp − 1 backward of the same block (the volumes
+//    engine/plan.cpp books);
+//  - ring attention against the single-rank module and against all_gather,
+//    and what each keeps and moves through the tracked allocator (the
+//    planner's KvMemory);
+//  - a null or size-1 group is bitwise the dense module, for either method.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -28,6 +33,7 @@
 #include "dense/attention.h"
 #include "dense/attention_cp.h"
 #include "grad_check.h"
+#include "kernels/allocator.h"
 #include "kernels/threads.h"
 #include "mpi_test_main.h"
 #include "test_context.h"
@@ -216,11 +222,47 @@ struct Case {
   int64_t B, S;
 };
 
-void check_against_single_rank(const Case& c, uint32_t seed) {
+const char* method_name(dense::CpComm m) { return m == dense::CpComm::ring ? "ring" : "all_gather"; }
+
+// One rank's outputs of a cp attention forward and backward, its weight
+// gradients summed over the group.
+struct CpRun {
+  Tensor y, dx;
+  dense::AttentionWeights g;
+  Tensor pos;
+};
+
+// The sends, gathers and scatters each method makes (attention_cp.h), with
+// kv_floats the packed K, V of one rank: all_gather one all_gather forward,
+// one reduce_scatter backward; ring n − 1 sends forward, n − 1 K, V and n
+// dK, dV sends backward, every one of kv_floats.
+void expect_comm(comm::Communicator& cp, dense::CpComm method, int64_t kv_floats, bool backward) {
+  using comm::CommOp;
+  const int n = cp.size();
+  const int64_t block = kv_floats * static_cast<int64_t>(sizeof(float));
+  if (method == dense::CpComm::all_gather || n == 1) {
+    EXPECT_EQ(cp.stats(CommOp::all_gather).calls, n > 1 ? 1 : 0);
+    EXPECT_EQ(cp.stats(CommOp::all_gather).bytes, n > 1 ? comm::ring_bytes::all_gather(kv_floats, sizeof(float), n) : 0);
+    EXPECT_EQ(cp.stats(CommOp::reduce_scatter).calls, n > 1 && backward ? 1 : 0);
+    EXPECT_EQ(cp.stats(CommOp::reduce_scatter).bytes,
+              n > 1 && backward ? comm::ring_bytes::reduce_scatter(kv_floats, sizeof(float), n) : 0);
+  } else {
+    const int64_t sends = (n - 1) + (backward ? (n - 1) + n : 0);
+    EXPECT_EQ(cp.stats(CommOp::send).calls, sends);
+    EXPECT_EQ(cp.stats(CommOp::send).bytes, sends * block);
+    EXPECT_EQ(cp.stats(CommOp::recv).calls, sends) << "every send has its receive on this rank's other side";
+  }
+  EXPECT_EQ(cp.total_bytes(), cp.stats(CommOp::all_gather).bytes + cp.stats(CommOp::reduce_scatter).bytes +
+                                  cp.stats(CommOp::send).bytes)
+      << "no other communication";
+}
+
+CpRun check_against_single_rank(const Case& c, uint32_t seed, dense::CpComm method) {
   comm::Communicator& cp = cp_group();
   const int n = cp.size();
-  const std::string at = "B " + std::to_string(c.B) + " S " + std::to_string(c.S) + " cp " + std::to_string(n) +
-                         " [rank " + std::to_string(world_rank()) + "]";
+  const std::string at = std::string(method_name(method)) + " B " + std::to_string(c.B) + " S " +
+                         std::to_string(c.S) + " cp " + std::to_string(n) + " [rank " + std::to_string(world_rank()) +
+                         "]";
   SCOPED_TRACE(at);
   // Identical on every rank: the whole model input and output gradient.
   std::mt19937 rng(seed);
@@ -235,31 +277,28 @@ void check_against_single_rank(const Case& c, uint32_t seed) {
   dense::AttentionWeights g_ref = zero_grads(w);
   const Tensor dx_ref = dense::attention_module_backward(ctx, opt, w, ref_saved, dy, g_ref);
 
-  const Tensor pos = dense::cp_positions(ctx, c.S, n, cp.rank());
+  CpRun run;
+  run.pos = dense::cp_positions(ctx, c.S, n, cp.rank());
+  const Tensor& pos = run.pos;
   const Tensor x_local = take_rows(x, c.B, pos), dy_local = take_rows(dy, c.B, pos);
   cp.reset_stats();
   dense::CpAttentionSaved saved;
-  const Tensor y = dense::cp_attention_forward(ctx, opt, w, x_local, c.B, pos, &cp, saved);
+  run.y = dense::cp_attention_forward(ctx, opt, w, x_local, c.B, pos, &cp, method, saved);
   const int64_t kv_floats = 2 * c.B * (c.S / n) * kHkv * kHd;  // packed K, V of one rank
-  EXPECT_EQ(cp.stats(comm::CommOp::all_gather).calls, n > 1 ? 1 : 0);
-  EXPECT_EQ(cp.stats(comm::CommOp::all_gather).bytes,
-            n > 1 ? comm::ring_bytes::all_gather(kv_floats, sizeof(float), n) : 0);
-  dense::AttentionWeights g = zero_grads(w);
-  const Tensor dx = dense::cp_attention_backward(ctx, opt, w, saved, dy_local, &cp, g);
-  EXPECT_EQ(cp.stats(comm::CommOp::reduce_scatter).calls, n > 1 ? 1 : 0);
-  EXPECT_EQ(cp.stats(comm::CommOp::reduce_scatter).bytes,
-            n > 1 ? comm::ring_bytes::reduce_scatter(kv_floats, sizeof(float), n) : 0);
-  EXPECT_EQ(cp.total_bytes(), cp.stats(comm::CommOp::all_gather).bytes + cp.stats(comm::CommOp::reduce_scatter).bytes)
-      << "no other communication";
+  expect_comm(cp, method, kv_floats, false);
+  run.g = zero_grads(w);
+  run.dx = dense::cp_attention_backward(ctx, opt, w, saved, dy_local, &cp, run.g);
+  expect_comm(cp, method, kv_floats, true);
 
   // 1e-5 of the tensor's scale: fp32 reassociation only (measured worst is
-  // printed by rank 0), far below the O(1) error of a misplaced key or a
-  // missed share of dK.
+  // printed by rank 0: <= 1.4e-6 for both methods at cp 2 and 4), far below the O(1) error of
+  // a misplaced key, a block merged with the wrong weight or a missed share
+  // of dK.
   constexpr double kRtol = 1e-5;
   double worst = 0;
-  worst = std::max(worst, expect_close(y, take_rows(y_ref, c.B, pos), kRtol, "y", &pos));
-  worst = std::max(worst, expect_close(dx, take_rows(dx_ref, c.B, pos), kRtol, "dx", &pos));
-  Tensor* parts[4] = {&g.wq, &g.wk, &g.wv, &g.wo};
+  worst = std::max(worst, expect_close(run.y, take_rows(y_ref, c.B, pos), kRtol, "y", &pos));
+  worst = std::max(worst, expect_close(run.dx, take_rows(dx_ref, c.B, pos), kRtol, "dx", &pos));
+  Tensor* parts[4] = {&run.g.wq, &run.g.wk, &run.g.wv, &run.g.wo};
   const Tensor* refs[4] = {&g_ref.wq, &g_ref.wk, &g_ref.wv, &g_ref.wo};
   const char* names[4] = {"dWq (summed over cp)", "dWk (summed over cp)", "dWv (summed over cp)",
                           "dWo (summed over cp)"};
@@ -269,15 +308,99 @@ void check_against_single_rank(const Case& c, uint32_t seed) {
   }
   worst = all_max(worst);
   if (world_rank() == 0) std::printf("[          ] %s: worst |cp - single| / scale = %.2e\n", at.c_str(), worst);
+  return run;
 }
 
 // The brief's shape: S % (2·cp) == 0 for cp up to 4, keys in one tile.
-TEST(ContextParallel, MatchesSingleRankAttentionGqa) { check_against_single_rank({2, 16}, 1234); }
+TEST(ContextParallel, MatchesSingleRankAttentionGqa) { check_against_single_rank({2, 16}, 1234, dense::CpComm::all_gather); }
 
 // Past one 128-key tile with a partial last tile (264 = 2·128 + 8), chunks of
 // 33 that straddle tile boundaries: exercises the kernel's causal tile skipping
 // with zigzag query positions.
-TEST(ContextParallel, MatchesSingleRankAcrossKeyTiles) { check_against_single_rank({1, 264}, 99); }
+TEST(ContextParallel, MatchesSingleRankAcrossKeyTiles) { check_against_single_rank({1, 264}, 99, dense::CpComm::all_gather); }
+
+// Ring attention (attention_ring.h) on the same inputs: per block, rows that
+// see none of its keys (lse −inf) and blocks whose later chunk is masked;
+// across tiles, blocks of 66 keys (cp 4) or 132 (cp 2) that straddle tiles.
+TEST(ContextParallel, RingMatchesSingleRankAttentionGqa) { check_against_single_rank({2, 16}, 1234, dense::CpComm::ring); }
+TEST(ContextParallel, RingMatchesSingleRankAcrossKeyTiles) { check_against_single_rank({1, 264}, 99, dense::CpComm::ring); }
+
+// Ring against all_gather on fresh inputs: the same attention, summed in
+// another order (per-block partials merged by log-sum-exp, dK, dV summed rank
+// by rank along the ring instead of by reduce_scatter). 5e-6 of each
+// tensor's scale: both differ from the single-rank module by fp32
+// reassociation alone, measured <= 1.4e-6 of the scale at cp 2 and 4
+// (printed), far below a wrong merge weight or a lost dK share.
+TEST(ContextParallel, RingMatchesAllGather) {
+  for (const Case& c : {Case{3, 40}, Case{1, 264}}) {
+    const CpRun a = check_against_single_rank(c, 777 + static_cast<uint32_t>(c.S), dense::CpComm::all_gather);
+    const CpRun r = check_against_single_rank(c, 777 + static_cast<uint32_t>(c.S), dense::CpComm::ring);
+    constexpr double kRtol = 5e-6;
+    double worst = 0;
+    worst = std::max(worst, expect_close(r.y, a.y, kRtol, "y: ring vs all_gather", &r.pos));
+    worst = std::max(worst, expect_close(r.dx, a.dx, kRtol, "dx: ring vs all_gather", &r.pos));
+    worst = std::max(worst, expect_close(r.g.wq, a.g.wq, kRtol, "dWq: ring vs all_gather"));
+    worst = std::max(worst, expect_close(r.g.wk, a.g.wk, kRtol, "dWk: ring vs all_gather"));
+    worst = std::max(worst, expect_close(r.g.wv, a.g.wv, kRtol, "dWv: ring vs all_gather"));
+    worst = std::max(worst, expect_close(r.g.wo, a.g.wo, kRtol, "dWo: ring vs all_gather"));
+    worst = all_max(worst);
+    if (world_rank() == 0)
+      std::printf("[          ] B %lld S %lld cp %d: worst |ring - all_gather| / scale = %.2e\n",
+                  static_cast<long long>(c.B), static_cast<long long>(c.S), cp_group().size(), worst);
+  }
+}
+
+// What each method keeps and moves, through the tracked allocator's ledger,
+// against engine/plan.h's KvMemory (U = one rank's packed K, V): after
+// forward the ring holds (cp − 1)·U + S·4 bytes less activation (the
+// gathered K, V and their positions); the comm category peaks at
+// (min(2, cp−1) + 3)·U for the ring (blocks in flight, three dK, dV blocks)
+// and (cp + 1)·U for all_gather (its wire buffers); and the ring's peak of
+// everything over forward and backward is the lower one.
+TEST(ContextParallel, RingKeepsLessAndPeaksLower) {
+  comm::Communicator& cp = cp_group();
+  const int n = cp.size();
+  if (n == 1) GTEST_SKIP() << "one rank: both methods are the dense module";
+  const int64_t B = 2, S = 64 * n;
+  std::mt19937 rng(31);
+  const dense::AttentionOptions opt{kHq, kHkv, kHd, 10000.0f};
+  const dense::AttentionWeights w = random_weights(rng);
+  const Tensor pos = dense::cp_positions(ctx, S, n, cp.rank());
+  const Tensor x = random_tensor({B * S / n, kD}, rng), dy = random_tensor({B * S / n, kD}, rng);
+  const int64_t U = 2 * B * (S / n) * kHkv * kHd * static_cast<int64_t>(sizeof(float));
+  TrackedAllocator& mem = TrackedAllocator::host();
+  const auto act = static_cast<size_t>(MemCategory::activation), wire = static_cast<size_t>(MemCategory::comm);
+  struct Measured {
+    int64_t saved = 0, comm_peak = 0, peak = 0;
+  };
+  auto measure = [&](dense::CpComm method) {
+    Measured m;
+    const LedgerSnapshot before = mem.snapshot();
+    mem.reset_peaks();
+    {
+      dense::CpAttentionSaved saved;
+      const Tensor y = dense::cp_attention_forward(ctx, opt, w, x, B, pos, &cp, method, saved);
+      m.saved = mem.snapshot().current[act] - before.current[act] - y.nbytes();
+      dense::AttentionWeights g = zero_grads(w);
+      const Tensor dx = dense::cp_attention_backward(ctx, opt, w, saved, dy, &cp, g);
+    }
+    const LedgerSnapshot after = mem.snapshot();
+    m.comm_peak = after.peak[wire] - before.current[wire];
+    m.peak = after.peak_total - before.current_total;
+    return m;
+  };
+  const Measured a = measure(dense::CpComm::all_gather), r = measure(dense::CpComm::ring);
+  EXPECT_EQ(a.saved - r.saved, (n - 1) * U + S * 4) << "gathered K, V and their positions";
+  EXPECT_EQ(r.comm_peak, (std::min(2, n - 1) + 3) * U);
+  EXPECT_EQ(a.comm_peak, (n + 1) * U);
+  EXPECT_LT(r.peak, a.peak);
+  if (world_rank() == 0)
+    std::printf("[          ] cp %d, U = %lld B: saved all_gather %lld ring %lld; comm peak all_gather %lld ring %lld; "
+                "peak of everything all_gather %lld ring %lld\n",
+                n, static_cast<long long>(U), static_cast<long long>(a.saved), static_cast<long long>(r.saved),
+                static_cast<long long>(a.comm_peak), static_cast<long long>(r.comm_peak),
+                static_cast<long long>(a.peak), static_cast<long long>(r.peak));
+}
 
 // ---------------------------------------------------------------------------
 // Without a group: the dense module, bitwise (positions need not be zigzag).
@@ -297,23 +420,23 @@ TEST(ContextParallel, NullOrSizeOneGroupIsTheDenseModuleBitwise) {
   dense::AttentionWeights g_ref = zero_grads(w);
   const Tensor dx_ref = dense::attention_module_backward(ctx, opt, w, ref_saved, dy, g_ref);
 
-  for (comm::Communicator* cp : {static_cast<comm::Communicator*>(nullptr), &one}) {
-    SCOPED_TRACE(cp ? "size-1 group" : "null group");
-    one.reset_stats();
-    dense::CpAttentionSaved saved;
-    const Tensor y = dense::cp_attention_forward(ctx, opt, w, x, B, pos, cp, saved);
-    dense::AttentionWeights g = zero_grads(w);
-    const Tensor dx = dense::cp_attention_backward(ctx, opt, w, saved, dy, cp, g);
-    EXPECT_EQ(one.total_bytes(), 0);
-    expect_bitwise(y, y_ref, "y");
-    expect_bitwise(dx, dx_ref, "dx");
-    expect_bitwise(g.wq, g_ref.wq, "dWq");
-    expect_bitwise(g.wk, g_ref.wk, "dWk");
-    expect_bitwise(g.wv, g_ref.wv, "dWv");
-    expect_bitwise(g.wo, g_ref.wo, "dWo");
-  }
+  for (comm::Communicator* cp : {static_cast<comm::Communicator*>(nullptr), &one})
+    for (dense::CpComm method : {dense::CpComm::all_gather, dense::CpComm::ring}) {
+      SCOPED_TRACE(std::string(cp ? "size-1 group, " : "null group, ") + method_name(method));
+      one.reset_stats();
+      dense::CpAttentionSaved saved;
+      const Tensor y = dense::cp_attention_forward(ctx, opt, w, x, B, pos, cp, method, saved);
+      dense::AttentionWeights g = zero_grads(w);
+      const Tensor dx = dense::cp_attention_backward(ctx, opt, w, saved, dy, cp, g);
+      EXPECT_EQ(one.total_bytes(), 0);
+      expect_bitwise(y, y_ref, "y");
+      expect_bitwise(dx, dx_ref, "dx");
+      expect_bitwise(g.wq, g_ref.wq, "dWq");
+      expect_bitwise(g.wk, g_ref.wk, "dWk");
+      expect_bitwise(g.wv, g_ref.wv, "dWv");
+      expect_bitwise(g.wo, g_ref.wo, "dWo");
+    }
 }
-
 
 }  // namespace
 }  // namespace origami

@@ -146,6 +146,24 @@ TEST(Config, PipelineLayersRules) {
                {"parallel.pp_layers=1,2,3"});
 }
 
+// parallel.cp_comm: "all_gather" (the default) or "ring"; anything else
+// names the key and both values; the canonical text records it.
+TEST(Config, CpCommKey) {
+  const std::string text = std::string(kMinimal) + "[parallel]\ncp = 2\n";
+  EXPECT_EQ(parse_config(text, kFile).parallel.cp_comm, dense::CpComm::all_gather);
+  EXPECT_EQ(parse_config(text + "cp_comm = \"ring\"\n", kFile).parallel.cp_comm, dense::CpComm::ring);
+  EXPECT_EQ(parse_config(text, kFile, {"parallel.cp_comm=ring"}).parallel.cp_comm, dense::CpComm::ring);
+  EXPECT_EQ(parse_config(text + "cp_comm = \"all_gather\"\n", kFile).parallel.cp_comm, dense::CpComm::all_gather);
+  expect_error(text + "cp_comm = \"rings\"\n", {kFile, "parallel.cp_comm = \"rings\"",
+                                                 "must be one of \"all_gather\", \"ring\"", "did you mean \"ring\""});
+  expect_error(text + "cp_comm = 1\n", {kFile, "parallel.cp_comm", "expected a string, one of \"all_gather\", \"ring\""});
+  expect_error(text, {"--set parallel.cp_comm=allgather", "parallel.cp_comm = \"allgather\"", "must be one of"},
+               {"parallel.cp_comm=allgather"});
+  EXPECT_NE(canonical_text(parse_config(text, kFile)).find("parallel.cp_comm = \"all_gather\"\n"), std::string::npos);
+  EXPECT_NE(canonical_text(parse_config(text, kFile, {"parallel.cp_comm=ring"})).find("parallel.cp_comm = \"ring\"\n"),
+            std::string::npos);
+}
+
 TEST(Config, ShippedConfigsLoad) {
   const std::string root = ORIGAMI_SOURCE_DIR;
   const Config tiny = load_config(root + "/configs/tiny-dense.toml");

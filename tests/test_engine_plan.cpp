@@ -208,6 +208,54 @@ TEST(Plan, CommOfATensorContextPipelineLayoutByHand) {
   EXPECT_EQ(p.stages[1].in_flight, 1);
 }
 
+// The same layout under ring attention (parallel.cp_comm = "ring"): per layer
+// and micro-batch cp − 1 = 1 K, V block sent forward, 1 K, V and cp = 2 dK, dV
+// blocks backward, of U = 2·512·32·4 bytes; the other groups are unchanged.
+// K/V memory (plan::kv_memory): saved all_gather 2U + the gathered keys'
+// positions (128 i32), ring U; transient all_gather (2cp + 1)U = 5U, ring
+// (min(2, cp − 1) + 3)U = 4U; peak over stage 0's 2 layers × 2 micro-batches
+// in flight.
+TEST(Plan, RingAttentionCommAndKvMemoryByHand) {
+  const Config cfg = load("tiny-dense.toml", {"parallel.tp=2", "parallel.cp=2", "parallel.pp=2"});
+  const comm::Layout layout = layout_of(cfg, 8);
+  plan::PlanInput in = plan::plan_input(cfg);
+  ASSERT_EQ(in.cp_comm, dense::CpComm::all_gather);
+  const plan::LayoutPlan gather = plan::plan_layout(in, layout, plan::Machine{});
+  in.cp_comm = dense::CpComm::ring;
+  const plan::LayoutPlan ring = plan::plan_layout(in, layout, plan::Machine{});
+  const double U = 2 * 512 * 32 * 4;
+  for (int64_t st = 0; st < 2; ++st) {
+    EXPECT_EQ(group_bytes(ring, st, GroupKind::cp), 2 * 2 * (1 + 1 + 2) * U) << "stage " << st;
+    EXPECT_EQ(group_bytes(gather, st, GroupKind::cp), 2 * 2 * 2 * U) << "stage " << st;
+    for (GroupKind g : {GroupKind::tp, GroupKind::pp, GroupKind::dp_cp})
+      EXPECT_EQ(group_bytes(ring, st, g), group_bytes(gather, st, g)) << "stage " << st;
+    for (const plan::CommItem& i : ring.comm[st].items)
+      if (i.group == GroupKind::cp) {
+        EXPECT_EQ(i.op, comm::CommOp::send) << i.what;
+      }
+  }
+  const plan::KvMemory& kv = ring.kv;
+  EXPECT_EQ(kv.block, U);
+  EXPECT_EQ(kv.saved_all_gather, 2 * U + 128 * 4);
+  EXPECT_EQ(kv.saved_ring, U);
+  EXPECT_EQ(kv.transient_all_gather, 5 * U);
+  EXPECT_EQ(kv.wire_all_gather, 3 * U);
+  EXPECT_EQ(kv.transient_ring, 4 * U);
+  EXPECT_EQ(kv.peak_all_gather, 4 * (2 * U + 512) + 5 * U);
+  EXPECT_EQ(kv.peak_ring, 4 * U + 4 * U);
+  EXPECT_EQ(kv.step_comm_ring, group_bytes(ring, 0, GroupKind::cp));
+  EXPECT_EQ(kv.step_comm_all_gather, group_bytes(gather, 0, GroupKind::cp));
+  // The saved K, V are the only activation difference.
+  EXPECT_EQ(gather.act.dense_layer - ring.act.dense_layer, kv.saved_all_gather - kv.saved_ring);
+  EXPECT_EQ(gather.kv.peak_ring, kv.peak_ring) << "both methods are reported whichever is configured";
+  // At cp = 1 the methods are the same module.
+  const Config one = load("tiny-dense.toml", {"parallel.cp_comm=ring"});
+  const plan::KvMemory k1 = plan::kv_memory(plan::plan_input(one), layout_of(one, 1));
+  EXPECT_EQ(k1.saved_ring, k1.saved_all_gather);
+  EXPECT_EQ(k1.peak_ring, k1.peak_all_gather);
+  EXPECT_EQ(k1.step_comm_ring, 0);
+}
+
 TEST(Plan, ZeroStagesMoveTheSameBytesExceptStageThree) {
   // One micro-batch per step: stages 0-2 move 2·(N−1)/N, stage 3 1.5× that.
   Config cfg = load("tiny-dense.toml", {"training.micro_batch=4", "training.global_batch=16"});

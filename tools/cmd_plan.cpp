@@ -209,6 +209,14 @@ ordered_json plan_json(const PlanArgs& a, const std::string& source, const plan:
                       {"weight_pending_moe_layer", p.act.weight_pending_moe_layer},
                       {"weight_pending_first_stage", p.act.weight_pending_first_stage},
                       {"weight_pending_last_stage", p.act.weight_pending_last_stage}};
+  auto by_method = [](int64_t all_gather, int64_t ring) { return ordered_json{{"all_gather", all_gather}, {"ring", ring}}; };
+  j["cp_kv_memory"] = {{"cp_comm", in.cp_comm == dense::CpComm::ring ? "ring" : "all_gather"},
+                       {"block", p.kv.block},
+                       {"saved_per_layer", by_method(p.kv.saved_all_gather, p.kv.saved_ring)},
+                       {"transient", by_method(p.kv.transient_all_gather, p.kv.transient_ring)},
+                       {"wire", by_method(p.kv.wire_all_gather, p.kv.wire_ring)},
+                       {"peak", by_method(p.kv.peak_all_gather, p.kv.peak_ring)},
+                       {"cp_bytes_per_step", by_method(p.kv.step_comm_all_gather, p.kv.step_comm_ring)}};
   j["ledger"] = {{"worst_stage", p.worst_memory_stage}, {"stages", ordered_json::array()}};
   for (const plan::StageMemory& s : p.stages)
     j["ledger"]["stages"].push_back({{"stage", s.stage},
@@ -345,6 +353,24 @@ void print_ledger(const plan::PlanInput& in, const LayoutPlan& p) {
       "  + per micro-batch: %s on stage 0 (token ids, positions), %s on the last stage (final norm, head, "
       "loss)\n",
       human(p.act.first_stage + p.act.every_stage).c_str(), human(p.act.last_stage + p.act.every_stage).c_str());
+  if (p.cp == 1) return;
+  // Both CP methods side by side (engine/plan.h, KvMemory), U = one rank's K and V.
+  const plan::KvMemory& kv = p.kv;
+  const bool ring = in.cp_comm == dense::CpComm::ring;
+  std::printf("\nCP attention K/V per rank (U = 2*T*Hkv/tp*hd*4 = %s; parallel.cp_comm = \"%s\"):\n",
+              human(kv.block).c_str(), ring ? "ring" : "all_gather");
+  std::printf("  %-12s %16s %24s %12s %14s\n", "cp_comm", "saved per layer", "transient (of it wire)", "peak",
+              "cp bytes/step");
+  for (const bool r : {false, true})
+    std::printf("  %-12s %16s %12s (%9s) %12s %14s%s\n", r ? "ring" : "all_gather",
+                human(r ? kv.saved_ring : kv.saved_all_gather).c_str(),
+                human(r ? kv.transient_ring : kv.transient_all_gather).c_str(),
+                human(r ? kv.wire_ring : kv.wire_all_gather).c_str(),
+                human(r ? kv.peak_ring : kv.peak_all_gather).c_str(),
+                human(r ? kv.step_comm_ring : kv.step_comm_all_gather).c_str(), r == ring ? "  <- configured" : "");
+  std::printf("  (saved: all_gather cp*U + positions, ring U; transient: all_gather (2cp+1)*U, ring (min(2,cp-1)+3)*U;\n"
+              "   peak: saved x layers x micro-batches in flight + transient; cp bytes per layer and micro-batch:\n"
+              "   all_gather 2(cp-1)*U, ring (3cp-2)*U)\n");
 }
 
 void print_comm(const LayoutPlan& p, const plan::Machine& mc) {

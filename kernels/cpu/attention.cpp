@@ -13,7 +13,8 @@
 // Masking is by explicit positions (context parallelism hands a rank
 // non-contiguous chunks): a key tile is skipped when its smallest position
 // exceeds every query's, and is mask-free when its largest position is <=
-// every query's.
+// every query's. A query row before every key (ring attention's blocks) is
+// decided by positions too: o = 0, lse = −inf in forward, nothing in backward.
 #include <omp.h>
 
 #include <algorithm>
@@ -96,8 +97,9 @@ PosRange pos_range(const int32_t* pos, int64_t n) {
   return r;
 }
 
-void check_inputs(const AttentionDims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_pos,
-                  const Tensor& kv_pos) {
+// Returns the smallest key position: a query before it sees no key.
+int32_t check_inputs(const AttentionDims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_pos,
+                     const Tensor& kv_pos) {
   ORIGAMI_CHECK(d.batch > 0 && d.q_len > 0 && d.kv_len > 0 && d.num_heads > 0 && d.num_kv_heads > 0 &&
                     d.head_dim > 0,
                 "attention dims must be positive");
@@ -111,14 +113,11 @@ void check_inputs(const AttentionDims& d, const Tensor& q, const Tensor& k, cons
   ORIGAMI_CHECK(q.dtype() == DType::f32 && k.dtype() == DType::f32 && v.dtype() == DType::f32,
                 "CPU attention is fp32");
   ORIGAMI_CHECK(q_pos.dtype() == DType::i32 && kv_pos.dtype() == DType::i32, "attention positions are i32");
-  // Every query sees at least one key: a property of the positions alone, so
-  // it is checked here, never from the scores (non-finite scores of a
+  // Whether a query sees any key is a property of the positions alone, so it
+  // is decided from them, never from the scores (non-finite scores of a
   // diverged run flow through to the loss, where the trainer stops cleanly).
-  const int32_t* qp = q_pos.i32();
   const int32_t* kp = kv_pos.i32();
-  const int32_t first_q = *std::min_element(qp, qp + d.q_len), first_k = *std::min_element(kp, kp + d.kv_len);
-  ORIGAMI_CHECK(first_k <= first_q, "attention query at position ", first_q, " sees no key (first key position ",
-                first_k, ")");
+  return *std::min_element(kp, kp + d.kv_len);
 }
 
 // Threads to use given the workspace the caller sized for this context
@@ -203,7 +202,7 @@ size_t attention_backward_workspace_bytes(const ExecContext& ctx, const Attentio
 void attention_forward(const ExecContext& ctx, const AttentionDims& d, const Tensor& q, const Tensor& k,
                        const Tensor& v, const Tensor& q_pos_S, const Tensor& kv_pos_S, float scale, Tensor& o,
                        Tensor& lse_BHS, Tensor& workspace) {
-  check_inputs(d, q, k, v, q_pos_S, kv_pos_S);
+  const int32_t first_key = check_inputs(d, q, k, v, q_pos_S, kv_pos_S);
   check_shape(o, {d.batch, d.q_len, d.num_heads, d.head_dim}, "attention o");
   check_shape(lse_BHS, {d.batch, d.num_heads, d.q_len}, "attention lse");
   const int64_t per_thread = forward_per_thread(d);
@@ -276,15 +275,21 @@ void attention_forward(const ExecContext& ctx, const AttentionDims& d, const Ten
       }
 
       for (int64_t r = 0; r < nq; ++r) {
-        // Every row sees a key (check_inputs), so denom > 0 unless the scores
-        // are not finite: then the row is NaN, which the loss reports.
+        float* __restrict out = od + ((b * Sq + i0 + r) * Hq + h) * hd;
+        float& lse = lsed[(b * Hq + h) * Sq + i0 + r];
+        if (qpos[i0 + r] < first_key) {  // sees no key: the empty softmax
+          std::fill(out, out + hd, 0.0f);
+          lse = kNegInf;
+          continue;
+        }
+        // The row sees a key, so denom > 0 unless the scores are not finite:
+        // then the row is NaN, which the loss reports.
         float denom = cpu::hsum(cpu::load(l + r * kLanes));
         if (!(denom > 0.0f)) denom = std::numeric_limits<float>::quiet_NaN();
         const float inv = 1.0f / denom;
         const float* __restrict a = acc + r * hd;
-        float* __restrict out = od + ((b * Sq + i0 + r) * Hq + h) * hd;
         for (int64_t c = 0; c < hd; ++c) out[c] = a[c] * inv;
-        lsed[(b * Hq + h) * Sq + i0 + r] = m[r] + std::log(denom);
+        lse = m[r] + std::log(denom);
       }
     }
   }
@@ -305,7 +310,7 @@ void attention_backward(const ExecContext& ctx, const AttentionDims& d, const Te
                         const Tensor& v, const Tensor& o, const Tensor& lse_BHS, const Tensor& do_,
                         const Tensor& q_pos_S, const Tensor& kv_pos_S, float scale, Tensor& dq, Tensor& dk, Tensor& dv,
                         Tensor& workspace) {
-  check_inputs(d, q, k, v, q_pos_S, kv_pos_S);
+  const int32_t first_key = check_inputs(d, q, k, v, q_pos_S, kv_pos_S);
   const Shape q_shape{d.batch, d.q_len, d.num_heads, d.head_dim};
   const Shape kv_shape{d.batch, d.kv_len, d.num_kv_heads, d.head_dim};
   check_shape(o, q_shape, "attention o");
@@ -388,6 +393,10 @@ void attention_backward(const ExecContext& ctx, const AttentionDims& d, const Te
           sgemm_raw(Trans::no, Trans::yes, nr, nk, hd, scale, Q, ldq, Kj, ldk, 0.0f, P, kTileK);
           for (int64_t r = 0; r < nr; ++r) {
             float* p = P + r * kTileK;
+            if (qpos[r0 + r] < first_key) {  // a row before every key (lse −inf): no probability
+              std::fill(p, p + kTileK, 0.0f);
+              continue;
+            }
             if (kt.range.hi > qpos[r0 + r] || nk < kTileK) mask_row(p, kt.pos, qpos[r0 + r]);
             row_exp(p, lse[r]);
           }
@@ -398,6 +407,47 @@ void attention_backward(const ExecContext& ctx, const AttentionDims& d, const Te
           sgemm_raw(Trans::yes, Trans::no, nk, hd, nr, scale, dS, kTileK, Q, ldq, 1.0f, dKj, ldk);
         }
       }
+    }
+  }
+}
+
+// Merge, per (batch, query, head) row: weights from the two log-sum-exps in
+// double (one exp each, relative to their max so neither overflows), the row
+// blended in fp32. Rows are independent, so the result does not depend on
+// the thread count.
+void attention_merge(const ExecContext& ctx, const Tensor& o_part, const Tensor& lse_part, Tensor& o_acc,
+                     Tensor& lse_acc) {
+  ORIGAMI_CHECK(o_acc.dim() == 4 && lse_acc.dim() == 3, "attention_merge: o must be [B, Sq, Hq, hd], lse [B, Hq, Sq]");
+  const int64_t B = o_acc.size(0), Sq = o_acc.size(1), Hq = o_acc.size(2), hd = o_acc.size(3);
+  check_shape(o_part, o_acc.shape(), "attention_merge o_part");
+  check_shape(lse_acc, {B, Hq, Sq}, "attention_merge lse_acc");
+  check_shape(lse_part, {B, Hq, Sq}, "attention_merge lse_part");
+  ORIGAMI_CHECK(o_part.dtype() == DType::f32 && o_acc.dtype() == DType::f32 && lse_part.dtype() == DType::f32 &&
+                    lse_acc.dtype() == DType::f32,
+                "CPU attention_merge is fp32");
+  const float* op = o_part.f32();
+  const float* lp = lse_part.f32();
+  float* oa = o_acc.f32();
+  float* la = lse_acc.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < B * Sq; ++row) {
+    const int64_t b = row / Sq, i = row % Sq;
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t l_at = (b * Hq + h) * Sq + i, o_at = ((b * Sq + i) * Hq + h) * hd;
+      const double part = lp[l_at], acc = la[l_at];
+      if (part == -INFINITY) continue;  // nothing to add
+      float* __restrict dst = oa + o_at;
+      const float* __restrict src = op + o_at;
+      if (acc == -INFINITY) {  // nothing yet: the part as it is
+        std::copy(src, src + hd, dst);
+        la[l_at] = lp[l_at];
+        continue;
+      }
+      const double m = std::max(part, acc);
+      const double w_acc = std::exp(acc - m), w_part = std::exp(part - m), sum = w_acc + w_part;
+      const float a = static_cast<float>(w_acc / sum), c = static_cast<float>(w_part / sum);
+      for (int64_t e = 0; e < hd; ++e) dst[e] = a * dst[e] + c * src[e];
+      la[l_at] = static_cast<float>(m + std::log(sum));
     }
   }
 }

@@ -60,6 +60,10 @@ void attention_backward(const ExecContext& ctx, const AttentionDims& dims, const
                         Tensor& workspace) {
   pending("attention_backward");
 }
+void attention_merge(const ExecContext& ctx, const Tensor& o_part, const Tensor& lse_part, Tensor& o_acc,
+                     Tensor& lse_acc) {
+  pending("attention_merge");
+}
 void swiglu_forward(const ExecContext& ctx, const Tensor& gate_TF, const Tensor& up_TF, Tensor& h_TF) {
   pending("swiglu_forward");
 }

@@ -3,6 +3,7 @@
 // over position patterns of context parallelism (chunks, fully masked key
 // tiles, shuffled positions) and lengths that are not tile multiples.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <memory>
 #include <numeric>
@@ -271,6 +272,14 @@ std::vector<AttentionCase> attention_cases(std::mt19937& g) {
       {"CP, fully masked key tiles", 1, 2, 1, 16, concat(iota(128, 256), iota(768, 896)), iota(0, 1024), 0.3f},
       {"shuffled positions: masked by value, not index", 1, 2, 1, 64,
        std::vector<int32_t>(shuffled.begin(), shuffled.begin() + 70), shuffled},
+      // Ring attention's blocks: rank 0 of cp 2 (S 64, chunks of 16) against
+      // rank 1's keys: its first chunk sees none of them (o = 0, lse = −inf),
+      // its second all of them.
+      {"ring block: rows before every key", 2, 4, 2, 16, concat(iota(0, 16), iota(48, 64)), concat(iota(16, 32),
+                                                                                                     iota(32, 48))},
+      // Rows before every key in no particular order, among rows that see some.
+      {"shuffled rows before every key", 1, 2, 1, 32, std::vector<int32_t>(shuffled.begin(), shuffled.begin() + 60),
+       iota(40, 150)},
   };
 }
 
@@ -429,6 +438,59 @@ OpEntry attention_backward_entry() {
           }};
 }
 
+// Running and partial results of the same queries over two key sets: rows
+// where either or both saw no key (lse −inf, o 0), lse far apart (one side's
+// weight ~e−30) and close together.
+OpEntry attention_merge_entry() {
+  return {"attention_merge", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            for (auto [B, Sq, Hq, hd] : {std::array<int64_t, 4>{2, 37, 3, 16}, {1, 5, 2, 64}, {1, 1, 1, 1}}) {
+              const Shape o_shape{B, Sq, Hq, hd}, l_shape{B, Hq, Sq};
+              Tensor o_acc = randn(o_shape, g), o_part = randn(o_shape, g);
+              Tensor lse_acc = randn(l_shape, g, 4.0f), lse_part = randn(l_shape, g, 4.0f);
+              const int64_t rows = B * Hq * Sq;
+              auto empty_row = [&](Tensor& o, Tensor& lse, int64_t at) {  // at: index into lse [B, Hq, Sq]
+                const int64_t b = at / (Hq * Sq), h = at / Sq % Hq, i = at % Sq;
+                lse.f32()[at] = -INFINITY;
+                std::fill_n(o.f32() + ((b * Sq + i) * Hq + h) * hd, hd, 0.0f);
+              };
+              if (rows >= 4) {
+                empty_row(o_part, lse_part, 0);                          // only the running row
+                empty_row(o_acc, lse_acc, 1);                            // only the part
+                empty_row(o_part, lse_part, 2), empty_row(o_acc, lse_acc, 2);  // neither: stays empty
+                lse_part.f32()[3] = lse_acc.f32()[3] + 30.0f;            // the part dominates
+              }
+              Problem p("B " + std::to_string(B) + ", Sq " + std::to_string(Sq) + ", Hq " + std::to_string(Hq) +
+                        ", hd " + std::to_string(hd));
+              p.in("o_part", o_part).in("lse_part", lse_part);
+              p.inout("o_acc", o_acc, {1e-6, 0, "two fp32 products and a sum per element, weights rounded to fp32"});
+              p.inout("lse_acc", lse_acc, {1.2e-7, 0, "computed in double, rounded once to fp32 (scale |lse|)"});
+              p.call = [](const ExecContext& ctx, Bound& t) {
+                attention_merge(ctx, t.at("o_part"), t.at("lse_part"), t.at("o_acc"), t.at("lse_acc"));
+              };
+              p.reference = [B, Sq, Hq, hd](const Bound& in, Refs& want) {
+                const std::vector<double> oa = values(in.at("o_acc")), op = values(in.at("o_part")),
+                                          la = values(in.at("lse_acc")), lp = values(in.at("lse_part"));
+                std::vector<double> o = oa, lse = la;
+                for (int64_t b = 0; b < B; ++b)
+                  for (int64_t h = 0; h < Hq; ++h)
+                    for (int64_t i = 0; i < Sq; ++i) {
+                      const int64_t l = (b * Hq + h) * Sq + i, at = ((b * Sq + i) * Hq + h) * hd;
+                      if (lp[l] == -INFINITY) continue;
+                      const double m = std::max(la[l], lp[l]), wa = std::exp(la[l] - m), wp = std::exp(lp[l] - m);
+                      lse[l] = m + std::log(wa + wp);
+                      for (int64_t e = 0; e < hd; ++e) o[at + e] = (wa * oa[at + e] + wp * op[at + e]) / (wa + wp);
+                    }
+                want["o_acc"].value = o;
+                want["lse_acc"].value = lse;
+                for (double x : lse) want["lse_acc"].scale.push_back(std::isfinite(x) ? std::abs(x) : 0.0);
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
 }  // namespace
 
 std::vector<OpEntry> loss_attention_ops() {
@@ -439,7 +501,8 @@ std::vector<OpEntry> loss_attention_ops() {
           cross_entropy_finish_entry(),
           cross_entropy_local_backward_entry(),
           attention_forward_entry(),
-          attention_backward_entry()};
+          attention_backward_entry(),
+          attention_merge_entry()};
 }
 
 }  // namespace origami::testing::backend_ops
