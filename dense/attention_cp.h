@@ -80,9 +80,11 @@ Tensor cp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt,
 // rank's partial weight gradients into `grad` (sum them over cp, see above).
 // cp must be the group forward used; size > 1 runs one reduce_scatter of the
 // packed dK, dV (recv 2·B·(S/cp)·Hkv·hd floats). Null or size 1: bitwise
-// attention_module_backward.
+// attention_module_backward. With defer (kernels/deferred.h) as there: dx and
+// the reduce-scatter now, the weight GEMMs pushed (keeping dy, o, dq, the
+// local dk, dv — under cp the received buffer — and x).
 Tensor cp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
                              const CpAttentionSaved& saved, const Tensor& dy_TD, comm::Communicator* cp,
-                             AttentionWeights& grad);
+                             AttentionWeights& grad, WeightGradQueue* defer = nullptr);
 
 }  // namespace origami::dense
