@@ -169,28 +169,41 @@ void ZeroStore::after_forward(size_t i) {
   prefetch_after(i, /*forward=*/true);
 }
 
-void ZeroStore::before_backward(size_t i) {
+void ZeroStore::before_backward(size_t i, WeightGrads grads) {
   ParamUnit& u = params_.units()[i];
-  if (u.shard.grads) u.grad = Tensor::zeros({u.shard.padded}, DType::f32, MemCategory::grad);
+  if (u.shard.grads && grads == WeightGrads::fused)  // deferred: before_weight allocates it
+    u.grad = Tensor::zeros({u.shard.padded}, DType::f32, MemCategory::grad);
   if (!u.shard.params) return;
   ensure_gathered(i);
   prefetch_after(i, /*forward=*/false);
 }
 
-void ZeroStore::after_backward(size_t i) {
+void ZeroStore::after_backward(size_t i, WeightGrads grads) {
   ParamUnit& u = params_.units()[i];
-  if (u.shard.grads) {
-    // This micro-batch's whole gradient → the owners' slices, accumulated.
-    reduce_replicated(u);
-    Tensor mine = Tensor::empty({u.shard.size}, DType::f32, MemCategory::comm);
-    group_of(u)->reduce_scatter(part(u.grad, 0, u.shard.padded),
-                                part(mine, 0, u.shard.size));
-    add_inplace(*ctx_, u.grad_shard, mine);
-    u.grad = Tensor();
-  }
+  if (u.shard.grads && grads == WeightGrads::fused) reduce_scatter_grad(u);  // deferred: after_weight does
   if (!u.shard.params) return;
   if (reshard_after_forward_) release(i);
   prefetch_after(i, /*forward=*/false);
+}
+
+// This micro-batch's whole gradient → the owners' slices, accumulated.
+void ZeroStore::reduce_scatter_grad(ParamUnit& u) {
+  reduce_replicated(u);
+  Tensor mine = Tensor::empty({u.shard.size}, DType::f32, MemCategory::comm);
+  group_of(u)->reduce_scatter(part(u.grad, 0, u.shard.padded), part(mine, 0, u.shard.size));
+  add_inplace(*ctx_, u.grad_shard, mine);
+  u.grad = Tensor();
+}
+
+// A deferred W pass needs the gradient and no parameter: nothing gathered.
+void ZeroStore::before_weight(size_t i) {
+  ParamUnit& u = params_.units()[i];
+  if (u.shard.grads) u.grad = Tensor::zeros({u.shard.padded}, DType::f32, MemCategory::grad);
+}
+
+void ZeroStore::after_weight(size_t i) {
+  ParamUnit& u = params_.units()[i];
+  if (u.shard.grads) reduce_scatter_grad(u);
 }
 
 }  // namespace origami
