@@ -79,9 +79,10 @@ class ZeroStore final : public UnitHooks {
 
   // Zero the gradient accumulators for a new step.
   void begin_step();
-  // After the last micro-batch: stage 0 all-reduces whole gradients, stage 1
-  // reduce-scatters them into each rank's slice (stages 2-3 did it per unit);
-  // units kept whole (reshard_after_forward = false) are freed.
+  // After the last micro-batch (and every deferred W pass: checked): stage 0
+  // all-reduces whole gradients, stage 1 reduce-scatters them into each
+  // rank's slice (stages 2-3 did it per unit); units kept whole
+  // (reshard_after_forward = false) are freed.
   void finish_gradients();
   // After the optimizer: stages 1-2 all-gather the updated slices.
   void finish_step();
@@ -122,6 +123,7 @@ class ZeroStore final : public UnitHooks {
     std::optional<comm::Request> request;  // in flight
   };
   std::vector<Gather> gathers_;
+  std::vector<int> pending_weights_;  // per unit: deferred backwards whose W has not run yet
   int64_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;
 };
 

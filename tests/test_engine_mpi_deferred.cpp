@@ -7,8 +7,9 @@
 //    bitwise the fused run's;
 //  - B and W together move exactly the fused run's bytes on every group (the
 //    same collectives: the modules' in B, ZeRO's reduce-scatters in W);
-//  - W gathers no parameter at ZeRO 3 (it reads none), and B accumulates no
-//    gradient into the owned slices.
+//  - W gathers no parameter at ZeRO 3 (it reads none), the pending work
+//    holds none once B ended, and B accumulates no gradient (nor allocates a
+//    whole one at ZeRO 2-3).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -19,6 +20,7 @@
 
 #include "engine/model.h"
 #include "engine/zero.h"
+#include "kernels/allocator.h"
 #include "grad_check.h"
 #include "mpi_test_main.h"
 #include "test_context.h"
@@ -106,14 +108,20 @@ struct Outcome {
   std::vector<std::vector<float>> grads;  // per unit: the owned gradient after finish_gradients
   std::vector<int64_t> bytes;             // per group kind, moved by the two micro-batches' passes
   int64_t w_peak_gathered = 0;
+  int64_t params_held_after_b = 0;  // param bytes beyond the persistent ones once B ended
   bool b_left_grads_zero = true;
 };
+
+int64_t param_bytes() {
+  return TrackedAllocator::host().snapshot().current[static_cast<size_t>(MemCategory::param)];
+}
 
 Outcome run(comm::Groups& g, int zero_stage, bool deferred) {
   Model model(ctx, model_config(), 7, moe_config(), &g, zero_stage);
   ZeroStore zero(ctx, model.params(), g);
   zero.begin_step();
   const std::vector<int64_t> bytes0 = bytes_per_group(g);
+  const int64_t persistent_params = param_bytes();
   const float lm_scale = 1.0f / 128, aux_scale = 0.5f;
   Outcome r;
   WeightPass pass[2];
@@ -131,6 +139,7 @@ Outcome run(comm::Groups& g, int zero_stage, bool deferred) {
     model.backward(gio, saved);
   }
   if (deferred) {
+    r.params_held_after_b = param_bytes() - persistent_params;  // a pending call holding a gathered weight shows here
     for (const ParamUnit& u : model.params().units()) {
       const Tensor& kept = u.shard.grads ? u.grad_shard : u.grad;  // what persists; sharded: no whole buffer yet
       r.b_left_grads_zero &= !(u.shard.grads && u.grad.defined()) &&
@@ -172,6 +181,7 @@ TEST(DeferredMpi, BThenWIsBitwiseTheFusedBackwardUnderParallelLayouts) {
       EXPECT_TRUE(any_nonzero);
       EXPECT_EQ(split.bytes, fused.bytes);
       EXPECT_EQ(split.w_peak_gathered, 0) << "W gathered parameters";
+      EXPECT_EQ(split.params_held_after_b, 0) << "the pending weight gradients hold parameters";
       EXPECT_TRUE(split.b_left_grads_zero) << "B reduced a gradient";
     }
 }
