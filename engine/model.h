@@ -58,25 +58,27 @@ struct ForwardStats {
   double z_loss() const;
 };
 
-// What one micro-batch's forward reads and hands back on this stage.
+// What one micro-batch's forward reads and hands back on this stage. (Every
+// member has an initializer, so aggregate initializers may stop early.)
 struct StageIO {
-  Tensor tokens_BS1;              // in: i32 [B, S+1] windows
-  Tensor h_in;                    // in: the previous stage's output (stages after the first)
+  Tensor tokens_BS1{};            // in: i32 [B, S+1] windows
+  Tensor h_in{};                  // in: the previous stage's output (stages after the first)
   ForwardStats* stats = nullptr;  // in/out: this stage's MoE layers' statistics accumulate here
   UnitHooks* hooks = nullptr;     // ZeRO gathers and frees around each unit
   double loss = 0;                // out: Σ token LM loss (last stage; 0 on the others)
-  Tensor h_out;                   // out: this stage's output (stages before the last)
+  Tensor h_out{};                 // out: this stage's output (stages before the last)
 };
 
 class WeightPass;
 
-// What one micro-batch's backward reads and hands back on this stage.
+// What one micro-batch's backward reads and hands back on this stage (every
+// member initialized, as StageIO's).
 struct StageGradIO {
   float lm_grad_scale = 1.0f;  // weight of Σ token loss in the objective
   float aux_scale = 1.0f;      // weight of each layer's aux and z losses
   UnitHooks* hooks = nullptr;
-  Tensor dh_out;  // in: gradient of this stage's output (stages before the last; consumed)
-  Tensor dh_in;   // out: gradient of its input (stages after the first)
+  Tensor dh_out{};  // in: gradient of this stage's output (stages before the last; consumed)
+  Tensor dh_in{};   // out: gradient of its input (stages after the first)
   // Null: the fused backward (input and weight gradients). Non-null, an empty
   // pass: backward runs only the input gradients (B) and records the weight
   // gradients' work here, for Model::weight_backward (W) to run later. The
