@@ -45,15 +45,16 @@ Tensor attention_module_forward(const ExecContext& ctx, const AttentionOptions& 
 }
 
 Tensor attention_module_backward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
-                                 const AttentionSaved& saved, const Tensor& dy_TD, AttentionWeights& grad) {
+                                 const AttentionSaved& saved, const Tensor& dy_TD, AttentionWeights& grad,
+                                 WeightGradQueue* defer) {
   const AttentionDims& d = saved.dims;
   const int64_t T = saved.x_TD.rows(), D = saved.x_TD.cols();
   const int64_t Eq = d.num_heads * d.head_dim, Ekv = d.num_kv_heads * d.head_dim;
   // y = o·Woᵀ
   Tensor do_ = activation({d.batch, d.q_len, d.num_heads, d.head_dim});
   Tensor do_TE = do_.view({T, Eq});
-  gemm(ctx, dy_TD, Trans::no, w.wo, Trans::no, do_TE);                                       // (T, Hq·hd)
-  gemm(ctx, dy_TD, Trans::yes, saved.o_BSHd.view({T, Eq}), Trans::no, grad.wo, 1.0f, 1.0f);  // (D, Hq·hd)
+  gemm(ctx, dy_TD, Trans::no, w.wo, Trans::no, do_TE);                           // (T, Hq·hd)
+  linear_weight_grad(ctx, defer, dy_TD, saved.o_BSHd.view({T, Eq}), grad.wo);  // (D, Hq·hd)
 
   Tensor dq = activation({d.batch, d.q_len, d.num_heads, d.head_dim});
   Tensor dk = activation({d.batch, d.kv_len, d.num_kv_heads, d.head_dim});
@@ -66,9 +67,9 @@ Tensor attention_module_backward(const ExecContext& ctx, const AttentionOptions&
   rope_backward(ctx, dk, saved.pos_S, opt.rope_theta);
 
   const Tensor dq_TE = dq.view({T, Eq}), dk_TE = dk.view({T, Ekv}), dv_TE = dv.view({T, Ekv});
-  gemm(ctx, dq_TE, Trans::yes, saved.x_TD, Trans::no, grad.wq, 1.0f, 1.0f);  // (Hq·hd, D)
-  gemm(ctx, dk_TE, Trans::yes, saved.x_TD, Trans::no, grad.wk, 1.0f, 1.0f);  // (Hkv·hd, D)
-  gemm(ctx, dv_TE, Trans::yes, saved.x_TD, Trans::no, grad.wv, 1.0f, 1.0f);  // (Hkv·hd, D)
+  linear_weight_grad(ctx, defer, dq_TE, saved.x_TD, grad.wq);  // (Hq·hd, D)
+  linear_weight_grad(ctx, defer, dk_TE, saved.x_TD, grad.wk);  // (Hkv·hd, D)
+  linear_weight_grad(ctx, defer, dv_TE, saved.x_TD, grad.wv);  // (Hkv·hd, D)
   Tensor dx = activation({T, D});
   gemm(ctx, dq_TE, Trans::no, w.wq, Trans::no, dx);
   gemm(ctx, dk_TE, Trans::no, w.wk, Trans::no, dx, 1.0f, 1.0f);

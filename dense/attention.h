@@ -5,6 +5,7 @@
 #pragma once
 #include "kernels/attention.h"
 #include "kernels/context.h"
+#include "kernels/deferred.h"
 #include "kernels/tensor.h"
 
 namespace origami::dense {
@@ -36,8 +37,12 @@ struct AttentionSaved {
 // x_TD: [B·S, D]; pos_S: i32 [S]. Returns y_TD [B·S, D].
 Tensor attention_module_forward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
                                 const Tensor& x_TD, int64_t batch, const Tensor& pos_S, AttentionSaved& saved);
-// Returns dx_TD; accumulates into the gradient views `grad`.
+// Returns dx_TD; accumulates into the gradient views `grad`. With defer
+// (kernels/deferred.h) dx only now; the four weight GEMMs are pushed, keeping
+// dy and o (dWo), dq, dk, dv after RoPE's backward and x (dWq, dWk, dWv), and
+// `grad` is the binding they land in.
 Tensor attention_module_backward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
-                                 const AttentionSaved& saved, const Tensor& dy_TD, AttentionWeights& grad);
+                                 const AttentionSaved& saved, const Tensor& dy_TD, AttentionWeights& grad,
+                                 WeightGradQueue* defer = nullptr);
 
 }  // namespace origami::dense

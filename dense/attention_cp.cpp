@@ -112,7 +112,7 @@ Tensor cp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt,
 
 Tensor cp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
                              const CpAttentionSaved& saved, const Tensor& dy_TD, comm::Communicator* cp,
-                             AttentionWeights& grad) {
+                             AttentionWeights& grad, WeightGradQueue* defer) {
   const AttentionDims& d = saved.dims;
   const int n = comm::group_size(cp);
   ORIGAMI_CHECK(n == saved.cp_size, "cp attention backward over a group of ", n, " ranks, forward used ",
@@ -122,8 +122,8 @@ Tensor cp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt
   // y = o·Woᵀ
   Tensor do_ = activation({d.batch, d.q_len, d.num_heads, d.head_dim});
   Tensor do_TE = do_.view({T, Eq});
-  gemm(ctx, dy_TD, Trans::no, w.wo, Trans::no, do_TE);                                       // (T, Hq·hd)
-  gemm(ctx, dy_TD, Trans::yes, saved.o_BSHd.view({T, Eq}), Trans::no, grad.wo, 1.0f, 1.0f);  // (D, Hq·hd)
+  gemm(ctx, dy_TD, Trans::no, w.wo, Trans::no, do_TE);                           // (T, Hq·hd)
+  linear_weight_grad(ctx, defer, dy_TD, saved.o_BSHd.view({T, Eq}), grad.wo);  // (D, Hq·hd)
 
   Tensor dq = activation({d.batch, d.q_len, d.num_heads, d.head_dim});
   Tensor dk, dv, ws;
@@ -156,9 +156,9 @@ Tensor cp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt
   rope_backward(ctx, dk, saved.q_pos_S, opt.rope_theta);  // local keys sit at the local positions
 
   const Tensor dq_TE = dq.view({T, Eq}), dk_TE = dk.view({T, Ekv}), dv_TE = dv.view({T, Ekv});
-  gemm(ctx, dq_TE, Trans::yes, saved.x_TD, Trans::no, grad.wq, 1.0f, 1.0f);  // (Hq·hd, D)
-  gemm(ctx, dk_TE, Trans::yes, saved.x_TD, Trans::no, grad.wk, 1.0f, 1.0f);  // (Hkv·hd, D)
-  gemm(ctx, dv_TE, Trans::yes, saved.x_TD, Trans::no, grad.wv, 1.0f, 1.0f);  // (Hkv·hd, D)
+  linear_weight_grad(ctx, defer, dq_TE, saved.x_TD, grad.wq);  // (Hq·hd, D)
+  linear_weight_grad(ctx, defer, dk_TE, saved.x_TD, grad.wk);  // (Hkv·hd, D)
+  linear_weight_grad(ctx, defer, dv_TE, saved.x_TD, grad.wv);  // (Hkv·hd, D)
   Tensor dx = activation({T, D});
   gemm(ctx, dq_TE, Trans::no, w.wq, Trans::no, dx);
   gemm(ctx, dk_TE, Trans::no, w.wk, Trans::no, dx, 1.0f, 1.0f);

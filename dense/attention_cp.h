@@ -91,8 +91,11 @@ Tensor cp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt,
 // Size > 1: all_gather runs one reduce_scatter of the packed dK, dV (recv U
 // floats); ring sends cp − 1 K, V blocks and cp dK, dV blocks of U per rank.
 // Null or size 1: bitwise attention_module_backward.
+// With defer (kernels/deferred.h) as there: dx and the dK, dV exchange now,
+// the weight GEMMs pushed (keeping dy, o, dq, the local dk, dv — under cp the
+// received buffer — and x).
 Tensor cp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
                              const CpAttentionSaved& saved, const Tensor& dy_TD, comm::Communicator* cp,
-                             AttentionWeights& grad);
+                             AttentionWeights& grad, WeightGradQueue* defer = nullptr);
 
 }  // namespace origami::dense

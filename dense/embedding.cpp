@@ -12,8 +12,11 @@ Tensor embedding_module_forward(const ExecContext& ctx, const Tensor& ids_T, con
   return x;
 }
 
-void embedding_module_backward(const ExecContext& ctx, const Tensor& ids_T, const Tensor& dx_TD, Tensor& dtable_VD) {
-  embedding_backward(ctx, ids_T, dx_TD, /*vocab_start=*/0, dtable_VD);
+void embedding_module_backward(const ExecContext& ctx, const Tensor& ids_T, const Tensor& dx_TD, Tensor& dtable_VD,
+                               WeightGradQueue* defer) {
+  weight_grad(ctx, defer, dtable_VD, [ids_T, dx_TD](const ExecContext& c, Tensor& dtable) {
+    embedding_backward(c, ids_T, dx_TD, /*vocab_start=*/0, dtable);
+  });
 }
 
 }  // namespace origami::dense

@@ -22,11 +22,11 @@ double lm_head_forward(const ExecContext& ctx, const Tensor& w_VD, const Tensor&
 }
 
 Tensor lm_head_backward(const ExecContext& ctx, const Tensor& w_VD, LmHeadSaved& saved, float grad_scale,
-                        Tensor& dw_VD) {
+                        Tensor& dw_VD, WeightGradQueue* defer) {
   const int64_t T = saved.y_TD.rows(), D = saved.y_TD.cols();
   Tensor& dlogits = saved.logits_TV;  // in place: the logits are not needed again
   cross_entropy_backward(ctx, saved.logits_TV, saved.targets_T, saved.lse_T, grad_scale, dlogits);
-  gemm(ctx, dlogits, Trans::yes, saved.y_TD, Trans::no, dw_VD, 1.0f, 1.0f);  // (V, D)
+  linear_weight_grad(ctx, defer, dlogits, saved.y_TD, dw_VD);  // (V, D)
   Tensor dy = Tensor::empty({T, D}, DType::f32, MemCategory::activation);
   gemm(ctx, dlogits, Trans::no, w_VD, Trans::no, dy);  // (T, D)
   saved.logits_TV = Tensor();

@@ -4,6 +4,7 @@
 // keeps loss normalization independent of the layout (ARCHITECTURE.md §6).
 #pragma once
 #include "kernels/context.h"
+#include "kernels/deferred.h"
 #include "kernels/tensor.h"
 
 namespace origami::dense {
@@ -18,8 +19,10 @@ struct LmHeadSaved {
 // Returns Σ_t loss_t (fp64 accumulation); per-token losses into loss_T if defined.
 double lm_head_forward(const ExecContext& ctx, const Tensor& w_VD, const Tensor& y_TD, const Tensor& targets_T,
                        LmHeadSaved& saved, Tensor* loss_T = nullptr);
-// d(grad_scale · Σ loss)/dy; accumulates dW. Consumes saved.logits_TV.
+// d(grad_scale · Σ loss)/dy; accumulates dW. Consumes saved.logits_TV. With
+// defer (kernels/deferred.h) dy only now; dW += dlogitsᵀ·y is pushed, keeping
+// dlogits (the logits buffer) and y, and dw_VD is the binding it lands in.
 Tensor lm_head_backward(const ExecContext& ctx, const Tensor& w_VD, LmHeadSaved& saved, float grad_scale,
-                        Tensor& dw_VD);
+                        Tensor& dw_VD, WeightGradQueue* defer = nullptr);
 
 }  // namespace origami::dense

@@ -25,15 +25,15 @@ Tensor mlp_module_forward(const ExecContext& ctx, const MlpWeights& w, const Ten
 }
 
 Tensor mlp_module_backward(const ExecContext& ctx, const MlpWeights& w, const MlpSaved& saved, const Tensor& dy_TD,
-                           MlpWeights& grad) {
+                           MlpWeights& grad, WeightGradQueue* defer) {
   const int64_t T = saved.x_TD.rows(), D = saved.x_TD.cols(), F = w.gate.rows();
   Tensor dh = activation({T, F});
-  gemm(ctx, dy_TD, Trans::no, w.down, Trans::no, dh);                          // (T, F)
-  gemm(ctx, dy_TD, Trans::yes, saved.h_TF, Trans::no, grad.down, 1.0f, 1.0f);  // (D, F)
+  gemm(ctx, dy_TD, Trans::no, w.down, Trans::no, dh);            // (T, F)
+  linear_weight_grad(ctx, defer, dy_TD, saved.h_TF, grad.down);  // (D, F)
   Tensor dgate = activation({T, F}), dup = activation({T, F});
   swiglu_backward(ctx, dh, saved.gate_TF, saved.up_TF, dgate, dup);
-  gemm(ctx, dgate, Trans::yes, saved.x_TD, Trans::no, grad.gate, 1.0f, 1.0f);  // (F, D)
-  gemm(ctx, dup, Trans::yes, saved.x_TD, Trans::no, grad.up, 1.0f, 1.0f);      // (F, D)
+  linear_weight_grad(ctx, defer, dgate, saved.x_TD, grad.gate);  // (F, D)
+  linear_weight_grad(ctx, defer, dup, saved.x_TD, grad.up);      // (F, D)
   Tensor dx = activation({T, D});
   gemm(ctx, dgate, Trans::no, w.gate, Trans::no, dx);
   gemm(ctx, dup, Trans::no, w.up, Trans::no, dx, 1.0f, 1.0f);

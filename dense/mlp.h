@@ -3,6 +3,7 @@
 // is the dense layer's.
 #pragma once
 #include "kernels/context.h"
+#include "kernels/deferred.h"
 #include "kernels/tensor.h"
 
 namespace origami::dense {
@@ -21,8 +22,11 @@ struct MlpSaved {
 };
 
 Tensor mlp_module_forward(const ExecContext& ctx, const MlpWeights& w, const Tensor& x_TD, MlpSaved& saved);
-// Returns dx_TD; accumulates into `grad`.
+// Returns dx_TD; accumulates into `grad`. With defer (kernels/deferred.h) dx
+// only now; the three weight GEMMs are pushed, keeping dy and h (down), dgate,
+// dup and x (gate, up) — not the saved gate and up — and `grad` is the
+// binding they land in.
 Tensor mlp_module_backward(const ExecContext& ctx, const MlpWeights& w, const MlpSaved& saved, const Tensor& dy_TD,
-                           MlpWeights& grad);
+                           MlpWeights& grad, WeightGradQueue* defer = nullptr);
 
 }  // namespace origami::dense

@@ -16,11 +16,20 @@ Tensor rmsnorm_module_forward(const ExecContext& ctx, const Tensor& x_TD, const 
 }
 
 Tensor rmsnorm_module_backward(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& w_D,
-                               const RmsNormSaved& saved, Tensor& dw_D) {
+                               const RmsNormSaved& saved, Tensor& dw_D, WeightGradQueue* defer) {
   const int64_t T = saved.x_TD.rows(), D = saved.x_TD.cols();
   Tensor dx = Tensor::empty({T, D}, DType::f32, MemCategory::activation);
-  Tensor ws = ctx.workspace(rmsnorm_backward_workspace_bytes(ctx, T, D));
-  rmsnorm_backward(ctx, dy_TD.view({T, D}), saved.x_TD, w_D, saved.rstd_T, dx, dw_D, ws);
+  if (!defer) {
+    Tensor ws = ctx.workspace(rmsnorm_backward_workspace_bytes(ctx, T, D));
+    rmsnorm_backward(ctx, dy_TD.view({T, D}), saved.x_TD, w_D, saved.rstd_T, dx, dw_D, ws);
+    return dx;
+  }
+  const Tensor dy = dy_TD.view({T, D});
+  rmsnorm_backward_input(ctx, dy, saved.x_TD, w_D, saved.rstd_T, dx);
+  defer->push(dw_D, [dy, x = saved.x_TD, rstd = saved.rstd_T](const ExecContext& c, Tensor& dw) {
+    Tensor ws = c.workspace(rmsnorm_backward_weight_workspace_bytes(c, x.rows(), x.cols()));
+    rmsnorm_backward_weight(c, dy, x, rstd, dw, ws);
+  });
   return dx;
 }
 

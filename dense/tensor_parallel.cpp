@@ -107,12 +107,13 @@ Tensor tp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt,
 
 Tensor tp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w_local,
                              const AttentionSaved& saved, const Tensor& dy_shard_TD, comm::Communicator* tp,
-                             AttentionWeights& grad_local) {
-  if (single(tp)) return attention_module_backward(ctx, opt, w_local, saved, dy_shard_TD, grad_local);
+                             AttentionWeights& grad_local, WeightGradQueue* defer) {
+  if (single(tp)) return attention_module_backward(ctx, opt, w_local, saved, dy_shard_TD, grad_local, defer);
   const TpAttentionShard s = tp_attention_shard(opt, tp);
-  const Tensor dy_TD = tp_all_gather_tokens(dy_shard_TD, tp);                                   // (T, D)
-  const Tensor dx_partial = attention_module_backward(ctx, s.local, w_local, saved, dy_TD, grad_local);  // (T, D)
-  return tp_reduce_scatter_tokens(dx_partial, tp);                                              // (T/n, D)
+  const Tensor dy_TD = tp_all_gather_tokens(dy_shard_TD, tp);  // (T, D)
+  const Tensor dx_partial =
+      attention_module_backward(ctx, s.local, w_local, saved, dy_TD, grad_local, defer);  // (T, D)
+  return tp_reduce_scatter_tokens(dx_partial, tp);                                          // (T/n, D)
 }
 
 // ---- dense SwiGLU MLP ---------------------------------------------------------------------------
@@ -130,11 +131,12 @@ Tensor tp_mlp_forward(const ExecContext& ctx, const MlpWeights& w_local, const T
 }
 
 Tensor tp_mlp_backward(const ExecContext& ctx, const MlpWeights& w_local, const MlpSaved& saved,
-                       const Tensor& dy_shard_TD, comm::Communicator* tp, MlpWeights& grad_local) {
-  if (single(tp)) return mlp_module_backward(ctx, w_local, saved, dy_shard_TD, grad_local);
-  const Tensor dy_TD = tp_all_gather_tokens(dy_shard_TD, tp);                       // (T, D)
-  const Tensor dx_partial = mlp_module_backward(ctx, w_local, saved, dy_TD, grad_local);  // (T, D)
-  return tp_reduce_scatter_tokens(dx_partial, tp);                                  // (T/n, D)
+                       const Tensor& dy_shard_TD, comm::Communicator* tp, MlpWeights& grad_local,
+                       WeightGradQueue* defer) {
+  if (single(tp)) return mlp_module_backward(ctx, w_local, saved, dy_shard_TD, grad_local, defer);
+  const Tensor dy_TD = tp_all_gather_tokens(dy_shard_TD, tp);                                   // (T, D)
+  const Tensor dx_partial = mlp_module_backward(ctx, w_local, saved, dy_TD, grad_local, defer);  // (T, D)
+  return tp_reduce_scatter_tokens(dx_partial, tp);                                              // (T/n, D)
 }
 
 // ---- vocab-parallel embedding -------------------------------------------------------------------
@@ -152,12 +154,18 @@ Tensor tp_embedding_forward(const ExecContext& ctx, const Tensor& ids_T, const T
 }
 
 void tp_embedding_backward(const ExecContext& ctx, const Tensor& ids_T, const Tensor& dx_shard_TD, int64_t vocab,
-                           comm::Communicator* tp, Tensor& dtable_local) {
+                           comm::Communicator* tp, Tensor& dtable_local, WeightGradQueue* defer) {
   const TpRange v = tp_vocab_range(vocab, tp);
-  ORIGAMI_CHECK(dtable_local.dim() == 2 && dtable_local.rows() == v.count, "tp embedding: local table gradient ",
-                shape_string(dtable_local.shape()), " should hold ", v.count, " rows");
-  const Tensor dx_TD = tp_all_gather_tokens(dx_shard_TD, tp);  // (T, D)
-  embedding_backward(ctx, ids_T, dx_TD, v.start, dtable_local);
+  auto check = [v](const Tensor& dtable) {
+    ORIGAMI_CHECK(dtable.dim() == 2 && dtable.rows() == v.count, "tp embedding: local table gradient ",
+                  shape_string(dtable.shape()), " should hold ", v.count, " rows");
+  };
+  if (!defer) check(dtable_local);  // deferred: unbound until W, checked there
+  const Tensor dx_TD = tp_all_gather_tokens(dx_shard_TD, tp);  // (T, D), gathered in B when deferred
+  weight_grad(ctx, defer, dtable_local, [check, v, ids_T, dx_TD](const ExecContext& c, Tensor& dtable) {
+    check(dtable);
+    embedding_backward(c, ids_T, dx_TD, v.start, dtable);
+  });
 }
 
 // ---- vocab-parallel LM head + cross-entropy -----------------------------------------------------
@@ -197,7 +205,7 @@ double tp_lm_head_forward(const ExecContext& ctx, const Tensor& w_local, int64_t
 }
 
 Tensor tp_lm_head_backward(const ExecContext& ctx, const Tensor& w_local, TpLmHeadSaved& saved, float grad_scale,
-                           comm::Communicator* tp, Tensor& dw_local) {
+                           comm::Communicator* tp, Tensor& dw_local, WeightGradQueue* defer) {
   const int64_t T = saved.y_TD.rows(), D = saved.y_TD.cols();
   Tensor& dlogits = saved.logits_TV;  // in place: the logits are not needed again
   if (single(tp)) {
@@ -208,7 +216,7 @@ Tensor tp_lm_head_backward(const ExecContext& ctx, const Tensor& w_local, TpLmHe
     cross_entropy_local_backward(ctx, saved.logits_TV, saved.targets_T, saved.lse_T, saved.vocab_start, grad_scale,
                                  dlogits);
   }
-  gemm(ctx, dlogits, Trans::yes, saved.y_TD, Trans::no, dw_local, 1.0f, 1.0f);  // (V_r, D)
+  linear_weight_grad(ctx, defer, dlogits, saved.y_TD, dw_local);  // (V_r, D)
   Tensor dy_partial = activation({T, D});
   gemm(ctx, dlogits, Trans::no, w_local, Trans::no, dy_partial);  // (T, D): this rank's vocab columns only
   saved.logits_TV = Tensor();

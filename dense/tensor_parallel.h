@@ -51,12 +51,19 @@
 //    all-reduced per-token values), so count it once per tp group.
 //  - Sharded weight gradients (q/k/v/o, gate/up/down, embedding, head) are
 //    complete on each rank for its slice: no tp reduction.
+//
+// Deferred weight gradients (kernels/deferred.h): every backward here takes
+// an optional WeightGradQueue. Its collectives stay where they are (the
+// gathers of dy and the reduce-scatters of dx run in B, in the same order);
+// only the local weight-gradient calls are pushed, reading the gathered
+// tensors they would have read (the embedding keeps the gathered [T, D] dx).
 #pragma once
 #include "comm/communicator.h"
 #include "dense/attention.h"
 #include "dense/lm_head.h"
 #include "dense/mlp.h"
 #include "kernels/context.h"
+#include "kernels/deferred.h"
 #include "kernels/tensor.h"
 
 namespace origami::dense {
@@ -101,7 +108,7 @@ Tensor tp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt,
 // local gradient slices grad_local (shaped like w_local).
 Tensor tp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w_local,
                              const AttentionSaved& saved, const Tensor& dy_shard_TD, comm::Communicator* tp,
-                             AttentionWeights& grad_local);
+                             AttentionWeights& grad_local, WeightGradQueue* defer = nullptr);
 
 // ---- dense SwiGLU MLP ---------------------------------------------------------------------------
 // w_local: gate, up [F/n, D], down [D, F/n]. x_shard_TD: [T/n, D].
@@ -109,7 +116,8 @@ Tensor tp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt
 Tensor tp_mlp_forward(const ExecContext& ctx, const MlpWeights& w_local, const Tensor& x_shard_TD,
                       comm::Communicator* tp, MlpSaved& saved);
 Tensor tp_mlp_backward(const ExecContext& ctx, const MlpWeights& w_local, const MlpSaved& saved,
-                       const Tensor& dy_shard_TD, comm::Communicator* tp, MlpWeights& grad_local);
+                       const Tensor& dy_shard_TD, comm::Communicator* tp, MlpWeights& grad_local,
+                       WeightGradQueue* defer = nullptr);
 
 // ---- vocab-parallel embedding -------------------------------------------------------------------
 // ids_T: i32 [T], ALL tokens of the micro-batch (replicated over tp);
@@ -119,7 +127,7 @@ Tensor tp_embedding_forward(const ExecContext& ctx, const Tensor& ids_T, const T
                             comm::Communicator* tp);
 // dx_shard_TD: [T/n, D]; dtable_local += the scatter of the gathered rows.
 void tp_embedding_backward(const ExecContext& ctx, const Tensor& ids_T, const Tensor& dx_shard_TD, int64_t vocab,
-                           comm::Communicator* tp, Tensor& dtable_local);
+                           comm::Communicator* tp, Tensor& dtable_local, WeightGradQueue* defer = nullptr);
 
 // ---- vocab-parallel LM head + cross-entropy -----------------------------------------------------
 struct TpLmHeadSaved {
@@ -139,6 +147,6 @@ double tp_lm_head_forward(const ExecContext& ctx, const Tensor& w_local, int64_t
 // d(grad_scale · Σ loss)/dy for this rank's rows: returns dy_shard [T/n, D];
 // accumulates dw_local [V_r, D]. Consumes saved.logits_TV.
 Tensor tp_lm_head_backward(const ExecContext& ctx, const Tensor& w_local, TpLmHeadSaved& saved, float grad_scale,
-                           comm::Communicator* tp, Tensor& dw_local);
+                           comm::Communicator* tp, Tensor& dw_local, WeightGradQueue* defer = nullptr);
 
 }  // namespace origami::dense

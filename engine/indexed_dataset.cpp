@@ -164,7 +164,7 @@ IndexedDataset IndexedDataset::open(const std::string& prefix, int64_t vocab_siz
 
   // The index is small: parse it into vectors and unmap it on return.
   MappedFile idx(idx_path, dataset_file_kind(prefix));
-  IdxParser in{idx_path, idx.data(), idx.size()};
+  IdxParser in{idx_path, idx.data(), static_cast<uint64_t>(idx.size())};
 
   in.need_header_field(0, sizeof(kMagic), "magic");
   if (std::memcmp(in.p, kMagic, sizeof(kMagic)) != 0) {

@@ -214,8 +214,10 @@ struct Hooks {
   UnitHooks* h;
   void before_forward(size_t u) const { if (h) h->before_forward(u); }
   void after_forward(size_t u) const { if (h) h->after_forward(u); }
-  void before_backward(size_t u) const { if (h) h->before_backward(u); }
-  void after_backward(size_t u) const { if (h) h->after_backward(u); }
+  void before_backward(size_t u, WeightGrads g) const { if (h) h->before_backward(u, g); }
+  void after_backward(size_t u, WeightGrads g) const { if (h) h->after_backward(u, g); }
+  void before_weight(size_t u) const { if (h) h->before_weight(u); }
+  void after_weight(size_t u) const { if (h) h->after_weight(u); }
 };
 }  // namespace
 
@@ -330,15 +332,33 @@ void Model::backward(StageGradIO& io, ModelSaved& saved) {
   const ExecContext& ctx = *ctx_;
   const Hooks hooks{io.hooks};
   const float aux_scale = io.aux_scale;
+  // Deferred: each unit's weight-gradient calls go to a step of the pass, into
+  // the step's views, unbound until weight_backward (kernels/deferred.h).
+  WeightPass* const pass = io.defer;
+  ORIGAMI_CHECK(!pass || pass->empty(), "backward: the WeightPass given still holds another micro-batch's work");
+  const WeightGrads when = pass ? WeightGrads::deferred : WeightGrads::fused;
+  // dh += dx. Deferred, the sum goes into dx's buffer instead (the same bits:
+  // the one addition commutes), since pending calls may keep dh.
+  auto add_residual = [&](Tensor& dh, Tensor dx) {
+    if (!pass) return add_inplace(ctx, dh, dx);
+    add_inplace(ctx, dx, dh);
+    dh = std::move(dx);
+  };
+  Tensor dh;
   const int64_t chunk = saved.chunk;
   const LayerRange layers = stage_.chunks[static_cast<size_t>(chunk)];
-  Tensor dh;
   if (stage_.last_chunk(chunk)) {
-    hooks.before_backward(final_unit_);
-    Tensor dnorm_w = params_.grad(final_norm_), dhead_w = params_.grad(head_);
-    Tensor dy = dense::tp_lm_head_backward(ctx, params_.param(head_), saved.head, io.lm_grad_scale, tp_, dhead_w);
-    dh = dense::rmsnorm_module_backward(ctx, dy, params_.param(final_norm_), saved.final_norm, dnorm_w);
-    hooks.after_backward(final_unit_);
+    hooks.before_backward(final_unit_, when);
+    WeightPass::Step* st = pass ? &pass->add(WeightPass::Kind::final, -1, {final_unit_}) : nullptr;
+    Tensor fused_norm, fused_head;
+    if (!st) fused_norm = params_.grad(final_norm_), fused_head = params_.grad(head_);
+    Tensor& dnorm_w = st ? st->norm : fused_norm;
+    Tensor& dhead_w = st ? st->matrix : fused_head;
+    WeightGradQueue* q = st ? &st->queue : nullptr;
+    Tensor dy =
+        dense::tp_lm_head_backward(ctx, params_.param(head_), saved.head, io.lm_grad_scale, tp_, dhead_w, q);
+    dh = dense::rmsnorm_module_backward(ctx, dy, params_.param(final_norm_), saved.final_norm, dnorm_w, q);
+    hooks.after_backward(final_unit_, when);
   } else {
     ORIGAMI_CHECK(io.dh_out.defined() && io.dh_out.shape() == boundary_shape(saved.batch, saved.seq_len), "stage ",
                   stage_.index, ": output gradient of the wrong shape");
@@ -346,38 +366,86 @@ void Model::backward(StageGradIO& io, ModelSaved& saved) {
   }
   for (int64_t l = layers.end_layer - 1; l >= layers.first_layer; --l) {
     const bool is_moe = moe_cfg_.is_moe_layer(l);
-    if (is_moe) hooks.before_backward(expert_unit_[l]);
-    hooks.before_backward(layer_unit_[l]);
+    if (is_moe) hooks.before_backward(expert_unit_[l], when);
+    hooks.before_backward(layer_unit_[l], when);
     LayerSaved& ls = saved.layers[l - layers.first_layer];
     if (recompute_ == Recompute::full) {  // rebuild this layer's activations from its input
       const Tensor input = ls.input;
       ls = LayerSaved{};
       layer_forward(l, input, saved.batch, saved.seq_len, saved.pos_S, ls, nullptr);
     }
-    LayerWeights w = layer_views(l, /*grads=*/false), g = layer_views(l, /*grads=*/true);
+    WeightPass::Step* st = nullptr;
+    if (pass) {  // the step opens the units in the order the hooks opened them here
+      std::vector<size_t> units{layer_unit_[l]};
+      if (is_moe) units.insert(units.begin(), expert_unit_[l]);
+      st = &pass->add(WeightPass::Kind::layer, l, std::move(units));
+    }
+    LayerWeights w = layer_views(l, /*grads=*/false), fused_grads;
+    if (!st) fused_grads = layer_views(l, /*grads=*/true);
+    LayerWeights& g = st ? st->layer_grads : fused_grads;
+    WeightGradQueue* q = st ? &st->queue : nullptr;
     Tensor dm = is_moe ? moe::moe_layer_backward(ctx, moe_opt_, w.moe, ls.moe, dh, aux_scale, g.moe,
-                                                 dispatchers_[l].get())
-                       : dense::tp_mlp_backward(ctx, w.mlp, ls.mlp, dh, tp_, g.mlp);
-    add_inplace(ctx, dh, dense::rmsnorm_module_backward(ctx, dm, w.mlp_norm, ls.mlp_norm, g.mlp_norm));
-    Tensor da =
-        dense::tp_reduce_scatter_tokens(dense::cp_attention_backward(ctx, local_attn_opt_, w.attn, ls.attn,
-                                                                     dense::tp_all_gather_tokens(dh, tp_), cp_, g.attn),
-                                        tp_);
-    add_inplace(ctx, dh, dense::rmsnorm_module_backward(ctx, da, w.attn_norm, ls.attn_norm, g.attn_norm));
+                                                 dispatchers_[l].get(), q)
+                       : dense::tp_mlp_backward(ctx, w.mlp, ls.mlp, dh, tp_, g.mlp, q);
+    add_residual(dh, dense::rmsnorm_module_backward(ctx, dm, w.mlp_norm, ls.mlp_norm, g.mlp_norm, q));
+    Tensor da = dense::tp_reduce_scatter_tokens(
+        dense::cp_attention_backward(ctx, local_attn_opt_, w.attn, ls.attn, dense::tp_all_gather_tokens(dh, tp_),
+                                     cp_, g.attn, q),
+        tp_);
+    add_residual(dh, dense::rmsnorm_module_backward(ctx, da, w.attn_norm, ls.attn_norm, g.attn_norm, q));
     ls = LayerSaved{};  // free this layer's activations as soon as they are consumed
-    w = g = LayerWeights{};
-    if (is_moe) hooks.after_backward(expert_unit_[l]);
-    hooks.after_backward(layer_unit_[l]);
+    w = fused_grads = LayerWeights{};
+    if (is_moe) hooks.after_backward(expert_unit_[l], when);
+    hooks.after_backward(layer_unit_[l], when);
   }
   if (stage_.first_chunk(chunk)) {
-    hooks.before_backward(embedding_unit_);
-    Tensor demb = params_.grad(embedding_);
-    dense::tp_embedding_backward(ctx, saved.ids_T, dh, cfg_.vocab_size, tp_, demb);
-    hooks.after_backward(embedding_unit_);
+    hooks.before_backward(embedding_unit_, when);
+    WeightPass::Step* st = pass ? &pass->add(WeightPass::Kind::embedding, -1, {embedding_unit_}) : nullptr;
+    Tensor fused_emb;
+    if (!st) fused_emb = params_.grad(embedding_);
+    Tensor& demb = st ? st->matrix : fused_emb;
+    dense::tp_embedding_backward(ctx, saved.ids_T, dh, cfg_.vocab_size, tp_, demb, st ? &st->queue : nullptr);
+    hooks.after_backward(embedding_unit_, when);
     dh = Tensor();
   }
   saved = ModelSaved{};
   io.dh_in = std::move(dh);
+}
+
+WeightPass::Step& WeightPass::add(Kind kind, int64_t layer, std::vector<size_t> units) {
+  steps_.push_back(std::make_unique<Step>());
+  Step& s = *steps_.back();
+  s.kind = kind;
+  s.layer = layer;
+  s.units = std::move(units);
+  return s;
+}
+
+std::vector<size_t> WeightPass::units() const {
+  std::vector<size_t> out;
+  for (const std::unique_ptr<Step>& s : steps_) out.insert(out.end(), s->units.begin(), s->units.end());
+  return out;
+}
+
+void Model::weight_backward(WeightPass& pass, UnitHooks* hooks_in) {
+  const Hooks hooks{hooks_in};
+  for (std::unique_ptr<WeightPass::Step>& st : pass.steps_) {
+    for (size_t u : st->units) hooks.before_weight(u);
+    // The destinations exist now (ZeRO 2-3: before_weight allocated them): bind them.
+    switch (st->kind) {
+      case WeightPass::Kind::final:
+        st->norm = params_.grad(final_norm_);
+        st->matrix = params_.grad(head_);
+        break;
+      case WeightPass::Kind::layer: st->layer_grads = layer_views(st->layer, /*grads=*/true); break;
+      case WeightPass::Kind::embedding: st->matrix = params_.grad(embedding_); break;
+    }
+    st->queue.run(*ctx_);
+    const std::vector<size_t> units = std::move(st->units);
+    st.reset();  // the views die before the units close (the operands went with the calls)
+    for (size_t u : units) hooks.after_weight(u);
+  }
+  pass.steps_.clear();
 }
 
 void Model::backward(ModelSaved& saved, float lm_grad_scale, float aux_scale) {

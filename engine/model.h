@@ -19,6 +19,7 @@
 #include "engine/pipeline.h"
 #include "engine/units.h"
 #include "engine/zero.h"
+#include "kernels/deferred.h"
 #include "moe/moe_layer.h"
 
 namespace origami {
@@ -58,24 +59,84 @@ struct ForwardStats {
   double z_loss() const;
 };
 
-// What one micro-batch's forward reads and hands back on this stage.
+// What one micro-batch's forward reads and hands back on this stage. (Every
+// member has an initializer, so aggregate initializers may stop early.)
 struct StageIO {
-  Tensor tokens_BS1;              // in: i32 [B, S+1] windows
-  Tensor h_in;                    // in: the previous virtual stage's output (all but the first)
+  Tensor tokens_BS1{};            // in: i32 [B, S+1] windows
+  Tensor h_in{};                  // in: the previous virtual stage's output (all but the first)
   ForwardStats* stats = nullptr;  // in/out: this stage's MoE layers' statistics accumulate here
   UnitHooks* hooks = nullptr;     // ZeRO gathers and frees around each unit
   double loss = 0;                // out: Σ token LM loss (last stage; 0 on the others)
-  Tensor h_out;                   // out: this chunk's output (all virtual stages but the last)
+  Tensor h_out{};                 // out: this chunk's output (all virtual stages but the last)
   int64_t chunk = 0;              // in: which of this rank's model chunks runs (interleaved pipelines)
 };
 
-// What one micro-batch's backward reads and hands back on this stage.
+class WeightPass;
+
+// What one micro-batch's backward reads and hands back on this stage (every
+// member initialized, as StageIO's).
 struct StageGradIO {
   float lm_grad_scale = 1.0f;  // weight of Σ token loss in the objective
   float aux_scale = 1.0f;      // weight of each layer's aux and z losses
   UnitHooks* hooks = nullptr;
-  Tensor dh_out;  // in: gradient of this stage's output (stages before the last; consumed)
-  Tensor dh_in;   // out: gradient of its input (stages after the first)
+  Tensor dh_out{};  // in: gradient of this stage's output (stages before the last; consumed)
+  Tensor dh_in{};   // out: gradient of its input (stages after the first)
+  // Null: the fused backward (input and weight gradients). Non-null, an empty
+  // pass: backward runs only the input gradients (B) and records the weight
+  // gradients' work here, for Model::weight_backward (W) to run later. The
+  // pass may keep dh_out: do not reuse its buffer meanwhile.
+  WeightPass* defer = nullptr;
+};
+
+// A decoder layer's parameter views, or (the same shapes) its gradient views.
+struct LayerWeights {
+  Tensor attn_norm;
+  dense::AttentionWeights attn;
+  Tensor mlp_norm;
+  dense::MlpWeights mlp;       // dense layers
+  moe::MoeLayerWeights moe;    // MoE layers
+};
+
+// The deferred weight-gradient (W) work of one micro-batch on this stage: what
+// a backward given StageGradIO::defer recorded instead of accumulating weight
+// gradients (the zero-bubble split, kernels/deferred.h). Grouped per
+// parameter unit in backward order, one step per unit as the fused backward
+// opens them: the final unit; per layer, top-down, its dense unit — and for a
+// MoE layer its expert unit with it, since one MoE backward gives the
+// experts', router's and shared expert's gradients together (the fused
+// backward opens both units around it too); the embedding.
+// Model::weight_backward runs the steps in that order and empties the pass.
+//
+// It holds the operands its calls read — activations and output gradients,
+// ledger category activation, plan::ActivationBytes::weight_pending_* per
+// layer and stage — never a parameter and no gradient buffer: each step's
+// destinations are bound only while it runs (ZeRO 2-3 allocate a unit's
+// whole gradient just then). Move-only; destroying a pass drops its work.
+class WeightPass {
+ public:
+  WeightPass() = default;
+  WeightPass(WeightPass&&) = default;
+  WeightPass& operator=(WeightPass&&) = default;
+  bool empty() const { return steps_.empty(); }
+  // The units W writes, in the order weight_backward opens them.
+  std::vector<size_t> units() const;
+
+ private:
+  friend class Model;
+  enum class Kind { final, layer, embedding };
+  // One step: the units it opens (before_weight, then after_weight, in this
+  // order), the views its calls land in (bound while it runs) and the calls.
+  // Held by pointer: the calls hold the addresses of the views.
+  struct Step {
+    Kind kind = Kind::layer;
+    int64_t layer = -1;              // Kind::layer
+    std::vector<size_t> units;
+    LayerWeights layer_grads;        // Kind::layer
+    Tensor norm, matrix;             // Kind::final: final norm, LM head; Kind::embedding: matrix = the table
+    WeightGradQueue queue;
+  };
+  Step& add(Kind kind, int64_t layer, std::vector<size_t> units);
+  std::vector<std::unique_ptr<Step>> steps_;
 };
 
 // FLOPs of one training step's matmuls and attention, for throughput figures:
@@ -161,20 +222,25 @@ class Model {
   // after each unit's use.
   void forward(StageIO& io, ModelSaved& saved) const;
   // Accumulates d(lm_grad_scale · Σ loss + aux_scale · Σ_layers (aux + z))/dθ
-  // into the grad buffers; consumes saved.
+  // into the grad buffers; consumes saved. With io.defer: only the input
+  // gradients now — every collective of the fused backward, in its order;
+  // hooks told WeightGrads::deferred — and the weight gradients recorded
+  // into *io.defer (the same for every recompute mode: recompute rebuilds
+  // activations here, the pass keeps what its calls read).
   void backward(StageGradIO& io, ModelSaved& saved);
+  // Runs a pass that backward(io with defer = &pass) recorded, step by step
+  // (hooks: before_weight / after_weight around each of its units; no
+  // parameter is read), and empties it. Its gradients are bitwise those the
+  // fused backward would have accumulated. Every rank of a shard group runs
+  // its passes in the same order; a stage's passes run in micro-batch order
+  // when gradients accumulate across micro-batches (ZeRO 0-1).
+  void weight_backward(WeightPass& pass, UnitHooks* hooks);
   // The whole model on one stage, no hooks: Σ token LM loss; and its backward.
   double forward(const Tensor& tokens_BS1, ModelSaved& saved, ForwardStats* stats = nullptr) const;
   void backward(ModelSaved& saved, float lm_grad_scale, float aux_scale = 1.0f);
 
  private:
-  struct LayerWeights {
-    Tensor attn_norm;
-    dense::AttentionWeights attn;
-    Tensor mlp_norm;
-    dense::MlpWeights mlp;
-    moe::MoeLayerWeights moe;
-  };
+  using LayerWeights = origami::LayerWeights;
   // A layer's parameters, resolved once at construction (names built and
   // looked up here only); layer_views takes this micro-batch's views.
   struct LayerRefs {

@@ -196,7 +196,7 @@ ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout
   const ModelConfig& m = in.model;
   const MoeConfig& e = in.moe;
   const int64_t tp = layout.tp(), cp = layout.cp(), etp = layout.etp();
-  const int64_t D = m.hidden_size, hd = m.head_dim(), Hq = m.num_heads / tp;
+  const int64_t D = m.hidden_size, hd = m.head_dim(), Hq = m.num_heads / tp, Hkv = m.num_kv_heads / tp;
   const int64_t F = m.ffn_hidden_size / tp, E = e.router.num_experts, k = e.router.top_k;
   const int64_t Fe = e.expert_ffn(m.ffn_hidden_size) / etp, Fs = e.shared_expert_hidden_size / tp;
   const int64_t s = in.training.seq_len, T = in.training.micro_batch * s / cp, t = T / tp;
@@ -235,6 +235,42 @@ ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout
   a.first_stage = T * kI32;         // token ids i32 [T] (vocab-parallel lookup of the cp shard)
   // Final norm; LmHeadSaved: y [T, D] (tp-gathered), targets i32 [T], logits [T, Vl], lse [T].
   a.last_stage = norm + (T * D + T * ceil_div(m.vocab_size, tp) + T) * f + T * kI32;
+
+  // Pending weight gradients after a deferred backward (kernels/deferred.h):
+  // the operands each pushed call keeps, each tensor once. "Gathered" tensors
+  // are [T, D] (the tp all-gather; the shard itself when tp = 1), residual
+  // stream ones [t, D]. A residual gradient dh is kept by the calls of the
+  // sublayer that read it as dy; deferred, the residual sums go to fresh
+  // buffers, so each dh is its own tensor.
+  //   RMSNorm: dy [t, D] (the sublayer's dx), x [t, D] (its input), rstd [t].
+  const int64_t norm_w = t * (2 * D + 1) * f;
+  //   Attention: dy [T, D] (gathered dh) and o [T, Hq/tp·hd] (Wo); dq [T,
+  //   Hq/tp·hd], dk, dv [T, Hkv/tp·hd] (after RoPE's backward; under cp the
+  //   local keys' reduce-scattered buffer, ledger category comm) and x [T, D]
+  //   (Wq, Wk, Wv).
+  const int64_t attention_w = (2 * T * D + 2 * T * Hq * hd + 2 * T * Hkv * hd) * f;
+  //   Dense MLP: dy [T, D] (gathered dh) and h [T, F/tp] (down); dgate, dup
+  //   [T, F/tp] and x [T, D] (gate, up).
+  const int64_t mlp_w = (2 * T * D + 3 * T * F) * f;
+  a.weight_pending_dense_layer = 2 * norm_w + attention_w + mlp_w;
+  if (E > 0) {
+    const int64_t M = a.rows * etp;
+    //   Router: dlogits [t, E] and x [t, D] (the norm's output m).
+    const int64_t router_w = (t * E + t * D) * f;
+    //   Experts: dy, x [M, D] (the dispatched rows and their gradient), h,
+    //   dgate, dup [M, Fe/etp].
+    const int64_t experts_w = (2 * M * D + 3 * M * Fe) * f;
+    //   Shared expert: dy [t, D] (the layer's dh: kept only when there is
+    //   one), h, dgate, dup [t, Fs]; its x is the router's m. It runs whole on
+    //   the local tokens (engine/units.cpp), so at any tp: t rows, all Fs.
+    const int64_t Fs_whole = e.shared_expert_hidden_size;
+    const int64_t shared_w = Fs_whole > 0 ? (t * D + 3 * t * Fs_whole) * f : 0;
+    a.weight_pending_moe_layer = 2 * norm_w + attention_w + router_w + experts_w + shared_w;
+  }
+  // Embedding: ids i32 [T] and the gathered gradient [T, D] (all of it is W).
+  a.weight_pending_first_stage = T * kI32 + T * D * f;
+  // Final norm (norm_w) and LM head: dlogits [T, Vl] (the logits buffer) and y [T, D] (gathered).
+  a.weight_pending_last_stage = norm_w + (T * ceil_div(m.vocab_size, tp) + T * D) * f;
   return a;
 }
 

@@ -133,10 +133,14 @@ struct ActivationBytes {
   int64_t last_stage = 0;   // + last stage: final norm, LM head, loss
   int64_t every_stage = 0;  // positions
   int64_t rows = 0;         // MoE rows this rank permutes (T_local·k dropless)
-  // What one micro-batch's pending weight-gradient work (zb-h1, between its
-  // B and W ops) keeps alive.
-  int64_t weight_pending_dense_layer = 0, weight_pending_moe_layer = 0;
-  int64_t weight_pending_first_stage = 0, weight_pending_last_stage = 0;
+  // Split backward (zero-bubble schedules; engine/model.h WeightPass): what
+  // one micro-batch's pending weight-gradient work keeps between its B pass
+  // (which frees the saved activations above) and its W pass — the operands
+  // the deferred calls read, per layer and stage extra; nothing every stage.
+  int64_t weight_pending_dense_layer = 0;
+  int64_t weight_pending_moe_layer = 0;
+  int64_t weight_pending_first_stage = 0;  // the embedding's ids and gathered gradient
+  int64_t weight_pending_last_stage = 0;   // final norm and LM head
 };
 ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout);
 

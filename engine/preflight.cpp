@@ -79,7 +79,14 @@ void check_same_run(comm::Communicator& world, const Config& cfg) {
     }
     if (values.size() == 1) continue;
     report += "\n  " + key + ":";
-    for (const auto& [v, ranks] : values) report += " " + shorten(v, 60) + " on " + ranks_text(ranks) + ";";
+    // Piece by piece: `" " + std::string&&` trips a false GCC 12 -Wstringop-overflow.
+    for (const auto& [v, ranks] : values) {
+      report += ' ';
+      report += shorten(v, 60);
+      report += " on ";
+      report += ranks_text(ranks);
+      report += ';';
+    }
     report.pop_back();
   }
   throw JobError(detail::concat("error: the ranks of this job resolved different configs or run different binaries "

@@ -355,6 +355,8 @@ StepMetrics Trainer::run_step() {
   const int64_t chunks = cfg.parallel.virtual_stages;
   std::vector<ModelSaved> saved(static_cast<size_t>(r.accum * chunks));
   auto slot = [&](int64_t chunk, int64_t a) -> ModelSaved& { return saved[static_cast<size_t>(chunk * r.accum + a)]; };
+  const bool split = cfg.parallel.pp_schedule == PipeSchedule::zb_h1;  // B and W apart
+  std::vector<WeightPass> pending(split ? static_cast<size_t>(r.accum) : 0);
   auto forward = [&](int64_t chunk, int64_t a, Tensor h_in) {
     StageIO io;
     io.chunk = chunk;
@@ -378,12 +380,16 @@ StepMetrics Trainer::run_step() {
     io.aux_scale = r.aux_scale;
     io.hooks = &zero;
     io.dh_out = std::move(dh_out);
+    if (split) io.defer = &pending[static_cast<size_t>(a)];
     model.backward(io, slot(chunk, a));
     return io.dh_in;
   };
+  // zb-h1: the weight-gradient half of each backward, run where the schedule puts it.
+  auto weight = [&](int64_t, int64_t a) { model.weight_backward(pending[static_cast<size_t>(a)], &zero); };
   const PipeScheduleSpec spec{cfg.parallel.pp_schedule, comm::group_size(r.pp), r.accum, chunks};
   HeldActivations held{&TrackedAllocator::of(ctx.device())};
-  const StageTiming timing = run_pipeline(r.pp, spec, r.boundary, forward, backward, {}, &held);
+  const StageTiming timing =
+      run_pipeline(r.pp, spec, r.boundary, forward, backward, split ? StageWeight(weight) : StageWeight{}, &held);
   zero.finish_gradients();
   if (comm::Communicator* c = comm::multi_rank(*r.groups, comm::GroupKind::dp_cp))
     c->all_reduce(std::span<double>(&loss_sum, 1));

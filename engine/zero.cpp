@@ -33,7 +33,11 @@ std::function<UnitShard(const ParamUnit&)> zero_shard_plan(int stage, const comm
 }
 
 ZeroStore::ZeroStore(const ExecContext& ctx, ParamStore& params, const comm::Groups& groups, bool reshard_after_forward)
-    : ctx_(&ctx), params_(params), reshard_after_forward_(reshard_after_forward), gathers_(params.units().size()) {
+    : ctx_(&ctx),
+      params_(params),
+      reshard_after_forward_(reshard_after_forward),
+      gathers_(params.units().size()),
+      pending_weights_(params.units().size(), 0) {
   dense_ = comm::multi_rank(groups, comm::GroupKind::dp_cp);
   expert_ = comm::multi_rank(groups, comm::GroupKind::edp);
   tp_ = comm::multi_rank(groups, comm::GroupKind::tp);
@@ -61,6 +65,9 @@ comm::Communicator* ZeroStore::group_of(const ParamUnit& u) const {
 void ZeroStore::begin_step() { params_.zero_grads(); }
 
 void ZeroStore::finish_gradients() {
+  for (size_t i = 0; i < pending_weights_.size(); ++i)
+    ORIGAMI_CHECK(pending_weights_[i] == 0, "unit ", params_.units()[i].name, ": ", pending_weights_[i],
+                  " deferred weight pass(es) not run before finish_gradients (Model::weight_backward)");
   if (!reshard_after_forward_) release_all();  // the optimizer updates the shards next
   for (ParamUnit& u : params_.units()) {
     if (u.shard.grads) continue;  // reduced per unit in backward
@@ -169,28 +176,44 @@ void ZeroStore::after_forward(size_t i) {
   prefetch_after(i, /*forward=*/true);
 }
 
-void ZeroStore::before_backward(size_t i) {
+void ZeroStore::before_backward(size_t i, WeightGrads grads) {
   ParamUnit& u = params_.units()[i];
-  if (u.shard.grads) u.grad = Tensor::zeros({u.shard.padded}, DType::f32, MemCategory::grad);
+  if (u.shard.grads && grads == WeightGrads::fused)  // deferred: before_weight allocates it
+    u.grad = Tensor::zeros({u.shard.padded}, DType::f32, MemCategory::grad);
   if (!u.shard.params) return;
   ensure_gathered(i);
   prefetch_after(i, /*forward=*/false);
 }
 
-void ZeroStore::after_backward(size_t i) {
+void ZeroStore::after_backward(size_t i, WeightGrads grads) {
   ParamUnit& u = params_.units()[i];
-  if (u.shard.grads) {
-    // This micro-batch's whole gradient → the owners' slices, accumulated.
-    reduce_replicated(u);
-    Tensor mine = Tensor::empty({u.shard.size}, DType::f32, MemCategory::comm);
-    group_of(u)->reduce_scatter(part(u.grad, 0, u.shard.padded),
-                                part(mine, 0, u.shard.size));
-    add_inplace(*ctx_, u.grad_shard, mine);
-    u.grad = Tensor();
-  }
+  if (grads == WeightGrads::deferred) ++pending_weights_[i];
+  if (u.shard.grads && grads == WeightGrads::fused) reduce_scatter_grad(u);  // deferred: after_weight does
   if (!u.shard.params) return;
   if (reshard_after_forward_) release(i);
   prefetch_after(i, /*forward=*/false);
+}
+
+// This micro-batch's whole gradient → the owners' slices, accumulated.
+void ZeroStore::reduce_scatter_grad(ParamUnit& u) {
+  reduce_replicated(u);
+  Tensor mine = Tensor::empty({u.shard.size}, DType::f32, MemCategory::comm);
+  group_of(u)->reduce_scatter(part(u.grad, 0, u.shard.padded), part(mine, 0, u.shard.size));
+  add_inplace(*ctx_, u.grad_shard, mine);
+  u.grad = Tensor();
+}
+
+// A deferred W pass needs the gradient and no parameter: nothing gathered.
+void ZeroStore::before_weight(size_t i) {
+  ParamUnit& u = params_.units()[i];
+  ORIGAMI_CHECK(pending_weights_[i] > 0, "unit ", u.name, ": a weight pass without a deferred backward before it");
+  if (u.shard.grads) u.grad = Tensor::zeros({u.shard.padded}, DType::f32, MemCategory::grad);
+}
+
+void ZeroStore::after_weight(size_t i) {
+  ParamUnit& u = params_.units()[i];
+  --pending_weights_[i];
+  if (u.shard.grads) reduce_scatter_grad(u);
 }
 
 }  // namespace origami

@@ -25,6 +25,19 @@
 // The model calls the UnitHooks around each unit's use; the trainer calls
 // begin_step / finish_gradients / the optimizer / finish_step. A unit whose
 // group has one rank is never sharded, so one rank pays nothing.
+//
+// Split backward (zero-bubble schedules, engine/model.h WeightPass): the
+// input-gradient pass B runs before_backward / after_backward with
+// WeightGrads::deferred — stage 3 gathers and frees the unit's params as
+// always, but no gradient buffer is allocated and nothing is reduced — and
+// the unit's weight-gradient pass W later runs between before_weight (stages
+// 2-3 allocate the whole gradient) and after_weight (the tp sum of
+// replicated gradients and the reduce-scatter into the owned slice, what
+// after_backward does for a fused backward). W reads no parameter, so it
+// gathers none. Every rank of a shard group runs its W passes in the same
+// order (they are collectives at stages 2-3); at stages 0-1 W accumulates
+// into the persistent gradients, so all of a step's W passes end before
+// finish_gradients.
 #pragma once
 #include <optional>
 #include <vector>
@@ -34,17 +47,24 @@
 
 namespace origami {
 
+// What a unit's backward computes: both gradients (fused), or only the
+// input gradient, its weight gradients following in a W pass (deferred).
+enum class WeightGrads { fused, deferred };
+
 // Called by the model around each unit's use, in execution order: forward
-// visits units in registration order, backward in reverse. A unit may be
-// live together with the one before it (a MoE layer uses its dense unit's
-// router and norm around its experts).
+// visits units in registration order, backward in reverse, a deferred W pass
+// in its backward's order. A unit may be live together with the one before
+// it (a MoE layer uses its dense unit's router and norm around its experts).
 class UnitHooks {
  public:
   virtual ~UnitHooks() = default;
   virtual void before_forward(size_t unit) = 0;
   virtual void after_forward(size_t unit) = 0;
-  virtual void before_backward(size_t unit) = 0;
-  virtual void after_backward(size_t unit) = 0;
+  virtual void before_backward(size_t unit, WeightGrads grads) = 0;
+  virtual void after_backward(size_t unit, WeightGrads grads) = 0;
+  // Around a unit's deferred weight gradients (after its deferred backward).
+  virtual void before_weight(size_t unit) {}
+  virtual void after_weight(size_t unit) {}
 };
 
 // The shard layout ParamStore::allocate should use for `stage` and groups
@@ -59,9 +79,10 @@ class ZeroStore final : public UnitHooks {
 
   // Zero the gradient accumulators for a new step.
   void begin_step();
-  // After the last micro-batch: stage 0 all-reduces whole gradients, stage 1
-  // reduce-scatters them into each rank's slice (stages 2-3 did it per unit);
-  // units kept whole (reshard_after_forward = false) are freed.
+  // After the last micro-batch (and every deferred W pass: checked): stage 0
+  // all-reduces whole gradients, stage 1 reduce-scatters them into each
+  // rank's slice (stages 2-3 did it per unit); units kept whole
+  // (reshard_after_forward = false) are freed.
   void finish_gradients();
   // After the optimizer: stages 1-2 all-gather the updated slices.
   void finish_step();
@@ -71,8 +92,10 @@ class ZeroStore final : public UnitHooks {
 
   void before_forward(size_t unit) override;
   void after_forward(size_t unit) override;
-  void before_backward(size_t unit) override;
-  void after_backward(size_t unit) override;
+  void before_backward(size_t unit, WeightGrads grads) override;
+  void after_backward(size_t unit, WeightGrads grads) override;
+  void before_weight(size_t unit) override;
+  void after_weight(size_t unit) override;
 
   // Bytes of ZeRO-3 parameters whole at once: now, and the peak since reset.
   int64_t gathered_bytes() const { return gathered_bytes_; }
@@ -94,11 +117,13 @@ class ZeroStore final : public UnitHooks {
   comm::Communicator* tp_ = nullptr;      // sums the tp-replicated params' gradients
   bool reshard_after_forward_ = true;
   void reduce_replicated(ParamUnit& u);
+  void reduce_scatter_grad(ParamUnit& u);  // stages 2-3: whole grad → owned slice, freed
   struct Gather {
     bool live = false;          // param buffer allocated (gathered or in flight)
     std::optional<comm::Request> request;  // in flight
   };
   std::vector<Gather> gathers_;
+  std::vector<int> pending_weights_;  // per unit: deferred backwards whose W has not run yet
   int64_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;
 };
 

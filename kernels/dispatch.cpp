@@ -161,6 +161,31 @@ void rmsnorm_backward(const ExecContext& ctx, const Tensor& dy_TD, const Tensor&
   return cpu::rmsnorm_backward(ctx, dy_TD, x_TD, w_D, rstd_T, dx_TD, dw_D, workspace);
 }
 
+void rmsnorm_backward_input(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& w_D,
+                            const Tensor& rstd_T, Tensor& dx_TD) {
+  if (on_cuda(ctx, "rmsnorm_backward_input",
+              {{"dy_TD", &dy_TD}, {"x_TD", &x_TD}, {"w_D", &w_D}, {"rstd_T", &rstd_T}, {"dx_TD", &dx_TD}}))
+    return ORIGAMI_ON_CUDA(rmsnorm_backward_input)(ctx, dy_TD, x_TD, w_D, rstd_T, dx_TD);
+  const CpuThreads threads(ctx);
+  return cpu::rmsnorm_backward_input(ctx, dy_TD, x_TD, w_D, rstd_T, dx_TD);
+}
+
+size_t rmsnorm_backward_weight_workspace_bytes(const ExecContext& ctx, int64_t T, int64_t D) {
+  if (on_cuda(ctx, "rmsnorm_backward_weight_workspace_bytes", {}))
+    return ORIGAMI_ON_CUDA(rmsnorm_backward_weight_workspace_bytes)(ctx, T, D);
+  const CpuThreads threads(ctx);
+  return cpu::rmsnorm_backward_weight_workspace_bytes(ctx, T, D);
+}
+
+void rmsnorm_backward_weight(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& rstd_T,
+                             Tensor& dw_D, Tensor& workspace) {
+  if (on_cuda(ctx, "rmsnorm_backward_weight",
+              {{"dy_TD", &dy_TD}, {"x_TD", &x_TD}, {"rstd_T", &rstd_T}, {"dw_D", &dw_D}, {"workspace", &workspace}}))
+    return ORIGAMI_ON_CUDA(rmsnorm_backward_weight)(ctx, dy_TD, x_TD, rstd_T, dw_D, workspace);
+  const CpuThreads threads(ctx);
+  return cpu::rmsnorm_backward_weight(ctx, dy_TD, x_TD, rstd_T, dw_D, workspace);
+}
+
 void rope_forward(const ExecContext& ctx, Tensor& x_BSHd, const Tensor& pos_S, float theta) {
   if (on_cuda(ctx, "rope_forward", {{"x_BSHd", &x_BSHd}, {"pos_S", &pos_S}}))
     return ORIGAMI_ON_CUDA(rope_forward)(ctx, x_BSHd, pos_S, theta);

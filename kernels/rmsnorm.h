@@ -16,4 +16,16 @@ size_t rmsnorm_backward_workspace_bytes(const ExecContext& ctx, int64_t T, int64
 void rmsnorm_backward(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& w_D,
                       const Tensor& rstd_T, Tensor& dx_TD, Tensor& dw_D, Tensor& workspace);
 
+// rmsnorm_backward in two kernels, for the backward split into an input and
+// a deferred weight pass (kernels/deferred.h). Together they give bitwise
+// rmsnorm_backward's dx and dw under the same context.
+// The input half: dx_TD overwritten, no workspace.
+void rmsnorm_backward_input(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& w_D,
+                            const Tensor& rstd_T, Tensor& dx_TD);
+// Workspace bytes rmsnorm_backward_weight needs under ctx.
+size_t rmsnorm_backward_weight_workspace_bytes(const ExecContext& ctx, int64_t T, int64_t D);
+// The weight half: dw_D += Σ_t dy ⊙ x · rstd (needs no w).
+void rmsnorm_backward_weight(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& rstd_T,
+                             Tensor& dw_D, Tensor& workspace);
+
 }  // namespace origami

@@ -79,26 +79,35 @@ Tensor experts_forward(const ExecContext& ctx, const ExpertWeights& w, const Ten
 }
 
 Tensor experts_backward(const ExecContext& ctx, const ExpertWeights& w, const ExpertsSaved& saved, const Tensor& dy_ND,
-                        ExpertWeights& grad) {
+                        ExpertWeights& grad, WeightGradQueue* defer) {
   check_weights(w, "experts_backward");
-  check_weights(grad, "experts_backward grad");
   const int64_t E = w.num_experts(), F = w.w1_EFD.size(1), D = w.w1_EFD.size(2);
-  check_shape(grad.w1_EFD, w.w1_EFD.shape(), "experts grad w1");
+  if (!defer) {  // deferred: unbound until W
+    check_weights(grad, "experts_backward grad");
+    check_shape(grad.w1_EFD, w.w1_EFD.shape(), "experts grad w1");
+  }
   const int64_t N = saved.x_ND.size(0);
   check_shape(dy_ND, {N, D}, "experts dy_ND");
   check_segments(saved.segments, E, N);
 
   const std::vector<GemmSegment> groups = gemm_segments(saved.segments);
+  // dW += dYᵀ·X per group, into one of grad's three views (deferred: the
+  // grouped GEMM checks the bound view's shape).
+  auto wgrad = [&](Tensor& dst, const Tensor& dY, const Tensor& X) {
+    weight_grad(ctx, defer, dst, [groups, dY, X](const ExecContext& c, Tensor& dW) {
+      grouped_gemm_wgrad(c, dY, X, groups, dW, 1.0f);
+    });
+  };
   // dh = dy·W2 and dW2 += dyᵀ·h, per segment.
   Tensor dh_NF = activation({N, F});
-  grouped_gemm(ctx, dy_ND, w.w2_EDF, Trans::no, groups, dh_NF);           // (N, F)
-  grouped_gemm_wgrad(ctx, dy_ND, saved.h_NF, groups, grad.w2_EDF, 1.0f);  // (E, D, F)
+  grouped_gemm(ctx, dy_ND, w.w2_EDF, Trans::no, groups, dh_NF);  // (N, F)
+  wgrad(grad.w2_EDF, dy_ND, saved.h_NF);                         // (E, D, F)
   Tensor dgate_NF = activation({N, F}), dup_NF = activation({N, F});
   swiglu_backward(ctx, dh_NF, saved.gate_NF, saved.up_NF, dgate_NF, dup_NF);
 
   // dW1 += dgateᵀ·x, dW3 += dupᵀ·x, dx = dgate·W1 + dup·W3, per segment.
-  grouped_gemm_wgrad(ctx, dgate_NF, saved.x_ND, groups, grad.w1_EFD, 1.0f);  // (E, F, D)
-  grouped_gemm_wgrad(ctx, dup_NF, saved.x_ND, groups, grad.w3_EFD, 1.0f);    // (E, F, D)
+  wgrad(grad.w1_EFD, dgate_NF, saved.x_ND);  // (E, F, D)
+  wgrad(grad.w3_EFD, dup_NF, saved.x_ND);    // (E, F, D)
   Tensor dx_ND = activation({N, D});
   grouped_gemm(ctx, dgate_NF, w.w1_EFD, Trans::no, groups, dx_ND);       // (N, D)
   grouped_gemm(ctx, dup_NF, w.w3_EFD, Trans::no, groups, dx_ND, 1.0f);  // (N, D) +=

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/context.h"
+#include "kernels/deferred.h"
 #include "kernels/tensor.h"
 
 namespace origami::moe {
@@ -51,8 +52,11 @@ inline Tensor experts_forward(const ExecContext& ctx, const ExpertWeights& w, co
                 rows_per_expert.size(), " entries for ", w.num_experts(), " experts");
   return experts_forward(ctx, w, x_ND, segments_of(rows_per_expert), saved);
 }
-// Returns dx_ND; accumulates into `grad`.
+// Returns dx_ND; accumulates into `grad`. With defer (kernels/deferred.h)
+// dx only now; the three weight grouped GEMMs are pushed, keeping dy and h
+// (w2), dgate, dup and x (w1, w3) and the segments — not the saved gate and
+// up — and `grad` is the binding they land in.
 Tensor experts_backward(const ExecContext& ctx, const ExpertWeights& w, const ExpertsSaved& saved, const Tensor& dy_ND,
-                        ExpertWeights& grad);
+                        ExpertWeights& grad, WeightGradQueue* defer = nullptr);
 
 }  // namespace origami::moe

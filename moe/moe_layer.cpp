@@ -78,7 +78,7 @@ Tensor moe_layer_forward(const ExecContext& ctx, const MoeLayerOptions& opt, con
 
 Tensor moe_layer_backward(const ExecContext& ctx, const MoeLayerOptions& opt, const MoeLayerWeights& w,
                           const MoeLayerSaved& saved, const Tensor& dy_TD, float aux_scale, MoeLayerWeights& grad,
-                          const AllToAllDispatcher* dispatcher) {
+                          const AllToAllDispatcher* dispatcher, WeightGradQueue* defer) {
   const AllToAllDispatcher local(opt.router.num_experts, nullptr, nullptr);
   const AllToAllDispatcher& disp = dispatcher ? *dispatcher : local;
   const Permutation& perm = saved.perm;
@@ -87,7 +87,7 @@ Tensor moe_layer_backward(const ExecContext& ctx, const MoeLayerOptions& opt, co
 
   // Shared expert first: its dx starts the accumulator (zeros otherwise).
   Tensor dx_TD = w.has_shared()
-                     ? experts_backward(ctx, w.shared, rebuilt(ctx, w.shared, saved.shared), dy_TD, grad.shared)
+                     ? experts_backward(ctx, w.shared, rebuilt(ctx, w.shared, saved.shared), dy_TD, grad.shared, defer)
                      : Tensor::zeros({T, D}, DType::f32, MemCategory::activation);
 
   // Combine backward: dy per permuted row (p-weighted) and dL/dp per slot,
@@ -98,14 +98,14 @@ Tensor moe_layer_backward(const ExecContext& ctx, const MoeLayerOptions& opt, co
   // Back to the experts' owners, through the experts, home again; then
   // scatter-add each row's dx onto its token.
   const Tensor dy_MD = disp.combine_backward(saved.dispatch, dy_ND);                      // (M, D)
-  const Tensor dx_MD =
-      experts_backward(ctx, w.experts, rebuilt(ctx, w.experts, saved.experts), dy_MD, grad.experts);  // (M, D)
+  const Tensor dx_MD = experts_backward(ctx, w.experts, rebuilt(ctx, w.experts, saved.experts), dy_MD, grad.experts,
+                                        defer);  // (M, D)
   const Tensor dx_ND = disp.dispatch_backward(saved.dispatch, dx_MD);                    // (N, D)
   permute_rows_backward(ctx, dx_ND, perm, dx_TD);
 
   // Router: through p (dweight) and the aux/z losses, scaled by aux_scale.
   const Tensor dx_router =
-      router_backward(ctx, opt.router, saved.router, w.gate_ED, dweight_TK, aux_scale, grad.gate_ED);
+      router_backward(ctx, opt.router, saved.router, w.gate_ED, dweight_TK, aux_scale, grad.gate_ED, defer);
   add_inplace(ctx, dx_TD, dx_router);
   return dx_TD;
 }

@@ -54,9 +54,14 @@ Tensor moe_layer_forward(const ExecContext& ctx, const MoeLayerOptions& opt, con
                          const Tensor& x_TD, int64_t seq_len, MoeLayerSaved& saved, MoeLayerStats& stats,
                          const StatsReducer& reduce = nullptr, const AllToAllDispatcher* dispatcher = nullptr);
 // Returns dx_TD; accumulates into grad (gate_ED, experts, shared). The same
-// dispatcher as forward.
+// dispatcher as forward. With defer (kernels/deferred.h) dx only now — every
+// exchange included, in forward's order — and the router's, experts' and
+// shared expert's weight gradients pushed (see their backwards for what each
+// keeps; under recompute_experts, the rebuilt activations); `grad` is the
+// binding they land in: gate_ED and shared in the layer's dense unit, experts
+// in its expert unit.
 Tensor moe_layer_backward(const ExecContext& ctx, const MoeLayerOptions& opt, const MoeLayerWeights& w,
                           const MoeLayerSaved& saved, const Tensor& dy_TD, float aux_scale, MoeLayerWeights& grad,
-                          const AllToAllDispatcher* dispatcher = nullptr);
+                          const AllToAllDispatcher* dispatcher = nullptr, WeightGradQueue* defer = nullptr);
 
 }  // namespace origami::moe

@@ -90,12 +90,13 @@ Routing router_forward(const ExecContext& ctx, const RouterOptions& opt, const T
 }
 
 Tensor router_backward(const ExecContext& ctx, const RouterOptions& opt, const RouterSaved& saved,
-                       const Tensor& gate_ED, const Tensor& dweight_TK, float aux_scale, Tensor& dgate_ED) {
+                       const Tensor& gate_ED, const Tensor& dweight_TK, float aux_scale, Tensor& dgate_ED,
+                       WeightGradQueue* defer) {
   const Tensor& x = saved.x_TD;
   ORIGAMI_CHECK(x.defined() && saved.logits_TE.defined(), "router_backward without a saved forward");
   const int64_t T = x.rows(), D = x.cols(), E = opt.num_experts, K = opt.top_k;
   check_shape(gate_ED, {E, D}, "router gate_ED");
-  check_shape(dgate_ED, {E, D}, "router dgate_ED");
+  if (!defer) check_shape(dgate_ED, {E, D}, "router dgate_ED");  // deferred: unbound until W (the gemm checks it)
   const MoeTopkParams& params = opt;
   if (T == 0) return activation({0, D});  // no tokens: no gradient (the group's reduction happened in forward)
 
@@ -124,8 +125,8 @@ Tensor router_backward(const ExecContext& ctx, const RouterOptions& opt, const R
   moe_topk_backward(ctx, saved.logits_TE, saved.scores_TE, saved.expert_TK, dweight_TK, aux_SE, seg_len, z_coef, params,
                     dlogits);
   Tensor dx = activation({T, D});
-  gemm(ctx, dlogits, Trans::no, gate_ED, Trans::no, dx);               // (T, D)
-  gemm(ctx, dlogits, Trans::yes, x, Trans::no, dgate_ED, 1.0f, 1.0f);  // (E, D)
+  gemm(ctx, dlogits, Trans::no, gate_ED, Trans::no, dx);  // (T, D)
+  linear_weight_grad(ctx, defer, dlogits, x, dgate_ED);    // (E, D)
   return dx;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/context.h"
+#include "kernels/deferred.h"
 #include "kernels/tensor.h"
 #include "moe/options.h"
 
@@ -59,9 +60,12 @@ Routing router_forward(const ExecContext& ctx, const RouterOptions& opt, const T
 
 // dweight_TK: gradient of the objective w.r.t. p. aux_scale: weight of the aux
 // and z losses in the objective (1 / micro-batches per global batch).
-// Returns dx_TD; accumulates dgate_ED.
+// Returns dx_TD; accumulates dgate_ED. With defer (kernels/deferred.h) dx
+// only now; dgate += dlogitsᵀ·x is pushed, keeping dlogits and x, and
+// dgate_ED is the binding it lands in.
 Tensor router_backward(const ExecContext& ctx, const RouterOptions& opt, const RouterSaved& saved,
-                       const Tensor& gate_ED, const Tensor& dweight_TK, float aux_scale, Tensor& dgate_ED);
+                       const Tensor& gate_ED, const Tensor& dweight_TK, float aux_scale, Tensor& dgate_ED,
+                       WeightGradQueue* defer = nullptr);
 
 // Aux-loss-free balancing (DeepSeek-V3): b_e += rate · sign(mean(load) − load_e).
 void update_expert_bias(const ExecContext& ctx, Tensor& bias_E, const std::vector<int64_t>& load_E, float rate);

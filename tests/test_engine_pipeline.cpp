@@ -236,8 +236,11 @@ TEST(PipeSchedules, EveryOpOnceForwardBeforeBackwardBeforeWeight) {
       for (const auto& [f, b, w] : at) {
         EXPECT_GE(f, 0);
         EXPECT_GT(b, f) << "backward before its forward";
-        if (has_w) EXPECT_GT(w, b) << "W before its B";
-        else EXPECT_EQ(w, -1);
+        if (has_w) {
+          EXPECT_GT(w, b) << "W before its B";
+        } else {
+          EXPECT_EQ(w, -1);
+        }
       }
       if (spec.kind == PipeSchedule::zb_h1) {  // 1F1B's order of F and B
         std::vector<PipeOp> fb;
@@ -276,8 +279,9 @@ TEST(PipeSchedules, NoDeadlockAndTheMakespanFormula) {
     }
     EXPECT_DOUBLE_EQ(sim.makespan, expected);
     for (int64_t s = 0; s < spec.stages; ++s) EXPECT_DOUBLE_EQ(sim.busy[s], 3 * m * v) << "stage " << s;
-    if (spec.kind != PipeSchedule::zb_h1 || m >= p)
+    if (spec.kind != PipeSchedule::zb_h1 || m >= p) {
       EXPECT_NEAR(sim.idle_fraction(0), predicted_bubble(spec), 1e-12);
+    }
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <random>
@@ -40,7 +41,7 @@ std::vector<Config> tiny_configs() {
 }
 
 // One model per config for the whole binary (initialization is the slow part).
-const Model& model_of(const Config& cfg) {
+Model& model_of(const Config& cfg) {
   static TrackedAllocator& allocator = TrackedAllocator::host();  // first built, so destroyed after the models
   static std::map<std::string, std::unique_ptr<Model>> models;
   (void)allocator;
@@ -142,6 +143,59 @@ TEST(Plan, ActivationsEqualTheMeasuredLedgerOfAForward) {
       EXPECT_EQ(TrackedAllocator::host().snapshot().current[act] - before, expected);
     }
     EXPECT_GT(expected, 0);
+  }
+}
+
+// A deferred backward (StageGradIO::defer) frees the saved activations and
+// keeps only what the pending weight gradients read: the activation ledger
+// then holds exactly the plan's weight_pending_* figure (one rank), in every
+// recompute mode, and nothing once the W pass ran.
+TEST(Plan, PendingWeightGradientsEqualTheMeasuredLedgerOfADeferredBackward) {
+  std::vector<Config> configs = tiny_configs();
+  configs.push_back(load("tiny-moe.toml", {"moe.capacity_factor=1.25", "moe.pad_to_capacity=true"}));
+  for (Config& cfg : configs) {
+    cfg.training.micro_batch = 2;
+    cfg.training.seq_len = 64;
+    SCOPED_TRACE(cfg.source + (cfg.moe.shared_expert_hidden_size ? " + shared expert" : ""));
+    Model& model = model_of(cfg);
+    const plan::ActivationBytes a = plan::activation_bytes(plan::plan_input(cfg), layout_of(cfg, 1));
+    int64_t dense = 0, moe = 0;
+    for (int64_t l = 0; l < cfg.model.num_layers; ++l) (cfg.moe.is_moe_layer(l) ? moe : dense) += 1;
+    const int64_t saved_bytes =
+        dense * a.dense_layer + moe * a.moe_layer + a.every_stage + a.first_stage + a.last_stage;
+    const int64_t pending = dense * a.weight_pending_dense_layer + moe * a.weight_pending_moe_layer +
+                            a.weight_pending_first_stage + a.weight_pending_last_stage;
+    std::mt19937 rng(5);
+    const Tensor tokens =
+        testing::random_tokens(cfg.training.micro_batch, cfg.training.seq_len + 1, cfg.model.vocab_size, rng);
+    const auto act = static_cast<size_t>(MemCategory::activation);
+    for (Recompute mode : {Recompute::none, Recompute::moe, Recompute::full}) {
+      SCOPED_TRACE("recompute " + std::to_string(static_cast<int>(mode)));
+      model.set_recompute(mode);
+      const int64_t before = TrackedAllocator::host().snapshot().current[act];
+      ModelSaved saved;
+      model.forward(tokens, saved);
+      WeightPass pass;
+      StageGradIO io;
+      io.lm_grad_scale = 1.0f / 128;
+      io.defer = &pass;
+      model.backward(io, saved);
+      EXPECT_EQ(TrackedAllocator::host().snapshot().current[act] - before, pending);
+      model.weight_backward(pass, nullptr);
+      EXPECT_EQ(TrackedAllocator::host().snapshot().current[act], before);
+    }
+    model.set_recompute(Recompute::none);
+    EXPECT_GT(pending, 0);
+    if (cfg.source.find("tiny-moe") != std::string::npos && !cfg.moe.shared_expert_hidden_size &&
+        !cfg.moe.capacity.capacity_factor)
+      std::printf("tiny-moe, micro-batch 2 x 64: saved activations %lld bytes (dense layer %lld, MoE layer %lld), "
+                  "pending W %lld bytes (dense layer %lld, MoE layer %lld, first stage %lld, last stage %lld)\n",
+                  static_cast<long long>(saved_bytes), static_cast<long long>(a.dense_layer),
+                  static_cast<long long>(a.moe_layer), static_cast<long long>(pending),
+                  static_cast<long long>(a.weight_pending_dense_layer),
+                  static_cast<long long>(a.weight_pending_moe_layer),
+                  static_cast<long long>(a.weight_pending_first_stage),
+                  static_cast<long long>(a.weight_pending_last_stage));
   }
 }
 

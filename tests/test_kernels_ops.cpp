@@ -2,7 +2,7 @@
 // backend harness, tests/backend_ops/): sgemm_raw inside a parallel region
 // (no nested team, concurrent calls correct), gemm's shape error message,
 // rmsnorm's and cross-entropy's backward against finite differences of an
-// fp64 forward, cross-entropy backward in place, rope's backward as the
+// fp64 forward, rmsnorm's split backward bitwise its fused one, cross-entropy backward in place, rope's backward as the
 // inverse and the adjoint of its forward, add_inplace, and reductions that
 // reproduce bitwise. Attention, MoE routing, grouped GEMM, init and the
 // vectorized exp have their own files.
@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -176,6 +177,32 @@ TEST(RmsNorm, BackwardDataGradientMatchesFiniteDifferencesOfForward) {
   }
   EXPECT_LT(rel_err(dx, want_dx), 2e-5);  // fp32 kernel vs O(h²) + 1e-11/h differencing noise
   EXPECT_EQ(count_nonzero(dx), T * D);
+}
+
+// The backward's two halves (input, deferred weight) are bitwise the fused
+// kernel at every thread count: the split moves dw to a second call, it does
+// not change one rounding (kernels/deferred.h relies on it).
+TEST(RmsNorm, InputAndWeightHalvesAreBitwiseTheFusedBackward) {
+  std::mt19937 g(6);
+  for (auto [T, D] : {std::pair<int64_t, int64_t>{13, 67}, {1, 1}, {97, 256}})
+    for (int threads : {1, 2, 3}) {
+      SCOPED_TRACE("T " + std::to_string(T) + ", D " + std::to_string(D) + ", threads " + std::to_string(threads));
+      const ExecContext c = ExecContext::cpu(threads);
+      Tensor x = randn({T, D}, g, 2.0f), w = randn({D}, g), dy = randn({T, D}, g);
+      Tensor y = make({T, D}), rstd = make({T});
+      rmsnorm_forward(c, x, w, 1e-5f, y, rstd);
+      Tensor dx_fused = make({T, D}), dx_split = make({T, D});
+      Tensor dw_fused = randn({D}, g), dw_split = make({D});
+      dw_split.copy_from(dw_fused);  // both accumulate onto the same start
+      Tensor ws = c.workspace(rmsnorm_backward_workspace_bytes(c, T, D));
+      rmsnorm_backward(c, dy, x, w, rstd, dx_fused, dw_fused, ws);
+      rmsnorm_backward_input(c, dy, x, w, rstd, dx_split);
+      Tensor ws_w = c.workspace(rmsnorm_backward_weight_workspace_bytes(c, T, D));
+      rmsnorm_backward_weight(c, dy, x, rstd, dw_split, ws_w);
+      EXPECT_TRUE(std::equal(dx_fused.f32(), dx_fused.f32() + T * D, dx_split.f32()));
+      EXPECT_TRUE(std::equal(dw_fused.f32(), dw_fused.f32() + D, dw_split.f32()));
+      EXPECT_EQ(count_nonzero(dx_split), T * D);
+    }
 }
 
 // ---------------------------------------------------------------- rope

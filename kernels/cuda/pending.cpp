@@ -39,6 +39,17 @@ void rmsnorm_backward(const ExecContext& ctx, const Tensor& dy_TD, const Tensor&
                       const Tensor& rstd_T, Tensor& dx_TD, Tensor& dw_D, Tensor& workspace) {
   pending("rmsnorm_backward");
 }
+void rmsnorm_backward_input(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& w_D,
+                            const Tensor& rstd_T, Tensor& dx_TD) {
+  pending("rmsnorm_backward_input");
+}
+size_t rmsnorm_backward_weight_workspace_bytes(const ExecContext& ctx, int64_t T, int64_t D) {
+  pending("rmsnorm_backward_weight_workspace_bytes");
+}
+void rmsnorm_backward_weight(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& rstd_T,
+                             Tensor& dw_D, Tensor& workspace) {
+  pending("rmsnorm_backward_weight");
+}
 void rope_forward(const ExecContext& ctx, Tensor& x_BSHd, const Tensor& pos_S, float theta) { pending("rope_forward"); }
 void rope_backward(const ExecContext& ctx, Tensor& dx_BSHd, const Tensor& pos_S, float theta) {
   pending("rope_backward");

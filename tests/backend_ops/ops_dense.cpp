@@ -170,6 +170,69 @@ OpEntry rmsnorm_backward_entry() {
           }};
 }
 
+// rmsnorm_backward's two halves, each against the same reference: the input
+// half's dx (no workspace) and the weight half's dw (no w).
+enum class NormHalf { input, weight };
+OpEntry rmsnorm_backward_half_entry(const char* name, NormHalf half) {
+  return {name, [half](std::mt19937& g) {
+            std::vector<Problem> ps;
+            for (auto [T, D] : {std::pair<int64_t, int64_t>{13, 67}, {1, 1}, {64, 48}}) {
+              Problem p("T " + std::to_string(T) + ", D " + std::to_string(D));
+              Tensor x = randn({T, D}, g, 2.0f);
+              std::vector<double> rstd(T);
+              for (int64_t t = 0; t < T; ++t) {
+                double ss = 0.0;
+                for (int64_t i = 0; i < D; ++i) ss += double(x.f32()[t * D + i]) * x.f32()[t * D + i];
+                rstd[t] = 1.0 / std::sqrt(ss / D + 1e-5);
+              }
+              p.in("dy_TD", randn({T, D}, g)).in("x_TD", x);
+              if (half == NormHalf::input) p.in("w_D", randn({D}, g));
+              p.in("rstd_T", from_doubles(rstd, {T}));
+              if (half == NormHalf::input)
+                p.out("dx_TD", {T, D}, DType::f32,
+                      {1e-5, 0, "fp32 dot of D terms, then a difference of two terms (scale: their magnitudes)"});
+              else
+                p.inout("dw_D", randn({D}, g), {2e-6, 0, "fp32 sum over T rows of one product each, added to dw"});
+              p.call = [=](const ExecContext& ctx, Bound& t) {
+                if (half == NormHalf::input) {
+                  rmsnorm_backward_input(ctx, t.at("dy_TD"), t.at("x_TD"), t.at("w_D"), t.at("rstd_T"), t.at("dx_TD"));
+                  return;
+                }
+                Tensor ws = poisoned_workspace(ctx, rmsnorm_backward_weight_workspace_bytes(ctx, T, D));
+                rmsnorm_backward_weight(ctx, t.at("dy_TD"), t.at("x_TD"), t.at("rstd_T"), t.at("dw_D"), ws);
+              };
+              p.reference = [=](const Bound& in, Refs& want) {
+                const std::vector<double> dy = values(in.at("dy_TD")), xv = values(in.at("x_TD")),
+                                          r = values(in.at("rstd_T"));
+                if (half == NormHalf::weight) {
+                  std::vector<double> dw = values(in.at("dw_D"));
+                  for (int64_t t = 0; t < T; ++t)
+                    for (int64_t i = 0; i < D; ++i) dw[i] += dy[t * D + i] * xv[t * D + i] * r[t];
+                  want["dw_D"].value = dw;
+                  return;
+                }
+                const std::vector<double> w = values(in.at("w_D"));
+                std::vector<double> dx(T * D), dx_scale(T * D);
+                for (int64_t t = 0; t < T; ++t) {
+                  double dot = 0.0, dot_abs = 0.0;
+                  for (int64_t i = 0; i < D; ++i) {
+                    dot += w[i] * dy[t * D + i] * xv[t * D + i];
+                    dot_abs += std::abs(w[i] * dy[t * D + i] * xv[t * D + i]);
+                  }
+                  const double c = r[t] * r[t] * r[t] / D;
+                  for (int64_t i = 0; i < D; ++i) {
+                    dx[t * D + i] = r[t] * w[i] * dy[t * D + i] - c * xv[t * D + i] * dot;
+                    dx_scale[t * D + i] = std::abs(r[t] * w[i] * dy[t * D + i]) + c * std::abs(xv[t * D + i]) * dot_abs;
+                  }
+                }
+                want["dx_TD"] = {dx, dx_scale};
+              };
+              ps.push_back(std::move(p));
+            }
+            return ps;
+          }};
+}
+
 // ---------------------------------------------------------------- rope
 
 // x rotated by sign · angle in double: the forward (+1) and its gradient (−1).
@@ -464,6 +527,8 @@ std::vector<OpEntry> dense_ops() {
           reduction_entry("sum", false),
           rmsnorm_forward_entry(),
           rmsnorm_backward_entry(),
+          rmsnorm_backward_half_entry("rmsnorm_backward_input", NormHalf::input),
+          rmsnorm_backward_half_entry("rmsnorm_backward_weight", NormHalf::weight),
           rope_entry("rope_forward", 1.0),
           rope_entry("rope_backward", -1.0),
           swiglu_forward_entry(),
