@@ -368,6 +368,23 @@ TEST_F(Parity, PipelineSchedulesMatchOneRank) {
     std::printf("%s: max relative lm loss difference to one rank %.3g\n", l.tag, worst);
     expect_held_as_planned(run, l.np, l.args);
   }
+  // zb-h1 against 1F1B at the same PP: bitwise (see above).
+  for (const auto& [tag, np, layout] :
+       {std::tuple{"zb-pp2", 2, std::string("--set parallel.pp=2")}, std::tuple{"zb-pp4", 4, std::string("--set parallel.pp=4")}}) {
+    SCOPED_TRACE(tag);
+    const auto one_f_one_b = train(std::string(tag) + "-1f1b", np, layout);
+    const std::string zb_layout = layout + " --set parallel.pp_schedule=zb-h1";
+    const auto zb = train(tag, np, zb_layout);
+    ASSERT_EQ(zb.size(), one_f_one_b.size());
+    for (size_t s = 0; s < zb.size(); ++s) {
+      EXPECT_EQ(zb[s].at("lm_loss").get<double>(), one_f_one_b[s].at("lm_loss").get<double>()) << "step " << s + 1;
+      EXPECT_EQ(zb[s].at("grad_norm").get<double>(), one_f_one_b[s].at("grad_norm").get<double>()) << "step " << s + 1;
+      EXPECT_EQ(zb[s].at("aux_loss").get<double>(), one_f_one_b[s].at("aux_loss").get<double>()) << "step " << s + 1;
+    }
+    std::printf("%s: bitwise the 1F1B run; max relative lm loss difference to one rank %.3g\n", tag,
+                expect_close(base, zb, 1e-6));
+    expect_held_as_planned(zb, np, zb_layout);
+  }
   // A checkpoint saved with two chunks per rank resumes under plain 1F1B
   // (the same ranks, layers regrouped into two stages): steps 6-10 follow
   // the interleaved run's.
