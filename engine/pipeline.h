@@ -140,12 +140,12 @@ double predicted_bubble(const PipeScheduleSpec& spec, double t_f = 1, double t_b
 
 // A discrete-event run of every rank's schedule under run_pipeline's
 // protocol (below): an op starts when its rank is free and its input has
-// arrived; after it the rank posts its output's send and the receive of its
-// next op that needs one, and waits until that send is matched (the
-// receiver has posted its receive). Op times per micro-batch and chunk:
-// t_f, t_b, t_w (without W ops, a backward takes t_b + t_w). Each message
-// travels on the (source rank, destination rank, tag) queue run_pipeline
-// uses, so a receive popping another micro-batch's message is an error.
+// arrived (sent, and its receive posted: each rank keeps the receives of its
+// next two input-needing ops posted); sends never block. Op times per
+// micro-batch and chunk: t_f, t_b, t_w (without W ops, a backward takes
+// t_b + t_w). Each message travels on the (source rank, destination rank,
+// tag) queue run_pipeline uses, so a receive popping another micro-batch's
+// message is an error.
 struct PipelineSimulation {
   bool finished = false;       // every op ran (false: deadlock)
   std::string error;           // first mismatched receive, if any

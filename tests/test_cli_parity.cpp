@@ -430,40 +430,65 @@ TEST_F(Parity, SixteenRankLayoutMatchesOneRank) {
   std::printf("TP 2 x CP 2 ring x PP 2 interleaved, EP 2 x ETP 2: max relative lm loss difference %.3g\n", worst);
 }
 
-// The pipeline bubble: on PP = 4 with 8 micro-batches every stage's measured
-// idle share of its 1F1B schedule (JSONL pipeline[s].idle_fraction, median of
-// steps 2-4) lies within 10 points of origami plan's (p − 1)/(m + p − 1) =
-// 3/11. The formula assumes equal stages, so the model here makes them
-// nearly so: every layer MoE, and hidden 512 so the LM head and
-// cross-entropy the last stage adds are small beside a layer (stage busy
-// times within ~8%). seq_len 1024 makes each op ~200 ms: 4 ranks share 2
-// cores here, and every hand-off between stages costs a few ms of
-// scheduling, which shorter ops turn into 5-10 points of extra idle.
+// The pipeline bubble of each schedule: on PP = 4 with 8 micro-batches every
+// stage's measured idle share of its schedule (JSONL pipeline[s].idle_fraction,
+// median of steps 2-3) lies within 10 points of origami plan's prediction,
+// and their mean over the stages within 5: 1F1B (p − 1)/(m + p − 1) = 27.3%,
+// interleaved v = 2 (p − 1)/(v·m + p − 1) = 15.8%, zb-h1 13.0% (its schedule
+// simulated with F : B : W from the FLOPs); both below 1F1B's. Measured
+// (means of 4 stages): 25.9, 12.3 and 10.2%; single stages scatter more
+// (interleaved 7.0-15.9%), as ranks sharing cores speed up whoever is left
+// computing. The formula assumes equal stages,
+// so the model makes them nearly so: 8 all-MoE layers (two chunks of one
+// layer per rank when interleaved), hidden 512 so the LM head and
+// cross-entropy the last stage adds are small beside a layer, seq_len 512 so
+// an op takes ~100 ms: 4 ranks share 2 cores here, and every hand-off
+// between ranks costs a few ms of scheduling. Runs alone (RUN_SERIAL).
 TEST_F(Parity, PipelineIdleFractionMatchesThePlan) {
-  const std::string layout =
-      "--set parallel.pp=4 --set moe.first_dense_layers=0 --set model.hidden_size=512 --set model.num_heads=8 "
-      "--set model.num_kv_heads=4 --set moe.ffn_hidden_size=512 --set training.seq_len=1024 "
+  const std::string model =
+      "--set parallel.pp=4 --set model.num_layers=8 --set moe.first_dense_layers=0 --set model.hidden_size=512 "
+      "--set model.num_heads=8 --set model.num_kv_heads=4 --set moe.ffn_hidden_size=512 --set training.seq_len=512 "
       "--set training.global_batch=16 --set training.micro_batch=2";
-  const auto run = train("bubble-pp4", 4, layout, "tiny-moe.toml", 4);
-  ASSERT_EQ(run.size(), 4u);
-  auto r = run_command(std::string(ORIGAMI_BINARY) + " plan " + ORIGAMI_SOURCE_DIR +
-                       "/configs/tiny-moe.toml --world 4 --json --set export.dir= " + layout);
-  ASSERT_EQ(r.status, 0) << r.output;
-  const double predicted =
-      nlohmann::json::parse(r.output.substr(r.output.find('{'))).at("step").at("bubble").get<double>();
-  EXPECT_NEAR(predicted, 3.0 / 11.0, 1e-12);
-  for (size_t stage = 0; stage < 4; ++stage) {
-    std::vector<double> idle;
-    for (size_t s = 1; s < run.size(); ++s) {
-      const auto& p = run[s].at("pipeline").at(stage);
-      EXPECT_GT(p.at("busy_s").get<double>(), 0.0);
-      idle.push_back(p.at("idle_fraction").get<double>());
+  const struct {
+    const char* tag;
+    std::string schedule;
+    double tolerance;
+  } cases[] = {{"bubble-1f1b", "--set parallel.pp_schedule=1f1b", 0.10},
+               {"bubble-interleaved", "--set parallel.pp_schedule=interleaved --set parallel.virtual_stages=2", 0.10},
+               {"bubble-zb-h1", "--set parallel.pp_schedule=zb-h1", 0.10}};
+  double mean_1f1b = 0;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.tag);
+    const std::string layout = model + " " + c.schedule;
+    const auto run = train(c.tag, 4, layout, "tiny-moe.toml", 3);
+    ASSERT_EQ(run.size(), 3u);
+    auto r = run_command(std::string(ORIGAMI_BINARY) + " plan " + ORIGAMI_SOURCE_DIR +
+                         "/configs/tiny-moe.toml --world 4 --json --set export.dir= " + layout);
+    ASSERT_EQ(r.status, 0) << r.output;
+    const auto plan = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+    const double predicted = plan.at("pipeline").at("bubble").get<double>();
+    EXPECT_EQ(plan.at("step").at("bubble").get<double>(), predicted);
+    if (c.tag == std::string("bubble-1f1b")) EXPECT_NEAR(predicted, 3.0 / 11.0, 1e-12);
+    if (c.tag == std::string("bubble-interleaved")) EXPECT_NEAR(predicted, 3.0 / 19.0, 1e-12);
+    double mean = 0;
+    for (size_t stage = 0; stage < 4; ++stage) {
+      std::vector<double> idle;
+      for (size_t s = 1; s < run.size(); ++s) {
+        const auto& p = run[s].at("pipeline").at(stage);
+        EXPECT_GT(p.at("busy_s").get<double>(), 0.0);
+        idle.push_back(p.at("idle_fraction").get<double>());
+      }
+      const double median = (idle[0] + idle[1]) / 2;
+      mean += median / 4;
+      std::printf("%s stage %zu: idle %.1f%% (planned %.1f%%)\n", c.tag, stage, 100 * median, 100 * predicted);
+      EXPECT_NEAR(median, predicted, c.tolerance) << "stage " << stage;
     }
-    std::sort(idle.begin(), idle.end());
-    const size_t n = idle.size();
-    const double median = (idle[(n - 1) / 2] + idle[n / 2]) / 2;
-    std::printf("stage %zu: idle %.1f%% (planned %.1f%%)\n", stage, 100 * median, 100 * predicted);
-    EXPECT_NEAR(median, predicted, 0.10) << "stage " << stage;
+    std::printf("%s: mean idle %.1f%% (planned %.1f%%)\n", c.tag, 100 * mean, 100 * predicted);
+    EXPECT_NEAR(mean, predicted, 0.05) << "mean over the stages";
+    if (c.tag == std::string("bubble-1f1b"))
+      mean_1f1b = mean;
+    else
+      EXPECT_LT(mean, mean_1f1b) << "the schedule should idle less than 1F1B";
   }
 }
 
