@@ -468,8 +468,12 @@ TEST_F(Parity, PipelineIdleFractionMatchesThePlan) {
     const auto plan = nlohmann::json::parse(r.output.substr(r.output.find('{')));
     const double predicted = plan.at("pipeline").at("bubble").get<double>();
     EXPECT_EQ(plan.at("step").at("bubble").get<double>(), predicted);
-    if (c.tag == std::string("bubble-1f1b")) EXPECT_NEAR(predicted, 3.0 / 11.0, 1e-12);
-    if (c.tag == std::string("bubble-interleaved")) EXPECT_NEAR(predicted, 3.0 / 19.0, 1e-12);
+    if (c.tag == std::string("bubble-1f1b")) {
+      EXPECT_NEAR(predicted, 3.0 / 11.0, 1e-12);
+    }
+    if (c.tag == std::string("bubble-interleaved")) {
+      EXPECT_NEAR(predicted, 3.0 / 19.0, 1e-12);
+    }
     double mean = 0;
     for (size_t stage = 0; stage < 4; ++stage) {
       std::vector<double> idle;
@@ -485,10 +489,11 @@ TEST_F(Parity, PipelineIdleFractionMatchesThePlan) {
     }
     std::printf("%s: mean idle %.1f%% (planned %.1f%%)\n", c.tag, 100 * mean, 100 * predicted);
     EXPECT_NEAR(mean, predicted, 0.05) << "mean over the stages";
-    if (c.tag == std::string("bubble-1f1b"))
+    if (c.tag == std::string("bubble-1f1b")) {
       mean_1f1b = mean;
-    else
+    } else {
       EXPECT_LT(mean, mean_1f1b) << "the schedule should idle less than 1F1B";
+    }
   }
 }
 
