@@ -54,13 +54,18 @@ TEST(CheckAbort, InternalCheckInAParallelRegionAbortsTheJobOnceAndCleanly) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("[check abort] np %d: exit %d in %.2f s\n", np, r.status, seconds);
     EXPECT_EQ(r.status, kExitInternal) << r.output;
-    // One report per rank, each naming file, line, rank and the condition.
-    EXPECT_EQ(count(r.output, "check failed: omp_get_thread_num() < 0: thread "), np) << r.output;
+    // At most one report per rank (never one per thread), each naming file,
+    // line, rank and the condition. Not always every rank's: the first rank
+    // to abort takes the job down, and under load mpirun may kill another
+    // rank before its report is out (seen once in a full suite run, np 2).
+    const int reports = count(r.output, "check failed: omp_get_thread_num() < 0: thread ");
+    EXPECT_GE(reports, 1) << r.output;
+    EXPECT_LE(reports, np) << r.output;
+    int ranks_reporting = 0;
     for (int rank = 0; rank < np; ++rank)
-      EXPECT_NE(r.output.find("test_kernels_check.cpp:" + std::to_string(kCheckLine) + " [rank " +
-                              std::to_string(rank) + "] check failed"),
-                std::string::npos)
-          << r.output;
+      ranks_reporting += r.output.find("test_kernels_check.cpp:" + std::to_string(kCheckLine) + " [rank " +
+                                       std::to_string(rank) + "] check failed") != std::string::npos;
+    EXPECT_EQ(ranks_reporting, reports) << "every report names its own rank, once:\n" << r.output;
     for (const char* crash : {"Segmentation", "signal", "core dumped", "Aborted"})
       EXPECT_EQ(r.output.find(crash), std::string::npos) << crash << " in:\n" << r.output;
     EXPECT_LT(seconds, 20.0) << r.output;
