@@ -107,6 +107,12 @@ void grouped_gemm_wgrad(const ExecContext& ctx, const Tensor& dY_NM, const Tenso
   return cpu::grouped_gemm_wgrad(ctx, dY_NM, X_NK, segments, dW_GMK, beta);
 }
 
+void cast(const ExecContext& ctx, const Tensor& src, Tensor& dst) {
+  if (on_cuda(ctx, "cast", {{"src", &src}, {"dst", &dst}})) return ORIGAMI_ON_CUDA(cast)(ctx, src, dst);
+  const CpuThreads threads(ctx);
+  return cpu::cast(ctx, src, dst);
+}
+
 void axpy(const ExecContext& ctx, float a, const Tensor& x, Tensor& y) {
   if (on_cuda(ctx, "axpy", {{"x", &x}, {"y", &y}})) return ORIGAMI_ON_CUDA(axpy)(ctx, a, x, y);
   const CpuThreads threads(ctx);

@@ -10,5 +10,9 @@ void axpy(const ExecContext& ctx, float a, const Tensor& x, Tensor& y);  // y +=
 void scale_inplace(const ExecContext& ctx, Tensor& y, float a);          // y *= a
 double sum_squares(const ExecContext& ctx, const Tensor& x);             // Σ x² in fp64 (grad norm)
 double sum(const ExecContext& ctx, const Tensor& x);                     // Σ x in fp64
+// dst = src converted to dst's dtype (same element count): f32 → bf16 rounds
+// to nearest even (any NaN becomes the canonical 0x7FFF), bf16 → f32 is exact, equal dtypes
+// copy. The one place precision changes (the bf16 recipe's working copies).
+void cast(const ExecContext& ctx, const Tensor& src, Tensor& dst);
 
 }  // namespace origami

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "kernels/cpu/ops.h"
 
@@ -67,6 +68,48 @@ double sum_squares(const ExecContext& ctx, const Tensor& x) {
 
 double sum(const ExecContext& ctx, const Tensor& x) {
   return reduce(ctx, x, "sum", [](double v) { return v; });
+}
+
+namespace {
+// Round to nearest even on the upper 16 bits. Any NaN becomes the canonical
+// 0x7FFF, as CUDA's cvt.rn.bf16.f32 gives (rounding a payload could carry
+// it into infinity), so both backends agree bit for bit.
+inline uint16_t bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFFu;
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+inline float bf16_value(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+}  // namespace
+
+void cast(const ExecContext& ctx, const Tensor& src, Tensor& dst) {
+  ORIGAMI_CHECK(src.defined() && dst.defined(), "cast of an undefined tensor");
+  ORIGAMI_CHECK(src.numel() == dst.numel(), "cast: ", shape_string(src.shape()), " into ", shape_string(dst.shape()));
+  const auto floating = [](DType d) { return d == DType::f32 || d == DType::bf16; };
+  ORIGAMI_CHECK(floating(src.dtype()) && floating(dst.dtype()), "cast converts between f32 and bf16, not ",
+                to_string(src.dtype()), " to ", to_string(dst.dtype()));
+  const int64_t n = src.numel();
+  if (src.dtype() == dst.dtype()) {
+    if (n) std::memcpy(dst.raw(), src.raw(), src.nbytes());
+    return;
+  }
+  if (src.dtype() == DType::f32) {
+    const float* s = src.f32();
+    auto* d = static_cast<uint16_t*>(dst.raw());
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) d[i] = bf16_bits(s[i]);
+  } else {
+    const auto* s = static_cast<const uint16_t*>(src.raw());
+    float* d = dst.f32();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) d[i] = bf16_value(s[i]);
+  }
 }
 
 }  // namespace origami::cpu

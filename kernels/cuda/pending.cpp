@@ -28,6 +28,7 @@ void axpy(const ExecContext& ctx, float a, const Tensor& x, Tensor& y) { pending
 void scale_inplace(const ExecContext& ctx, Tensor& y, float a) { pending("scale_inplace"); }
 double sum_squares(const ExecContext& ctx, const Tensor& x) { pending("sum_squares"); }
 double sum(const ExecContext& ctx, const Tensor& x) { pending("sum"); }
+void cast(const ExecContext& ctx, const Tensor& src, Tensor& dst) { pending("cast"); }
 void rmsnorm_forward(const ExecContext& ctx, const Tensor& x_TD, const Tensor& w_D, float eps, Tensor& y_TD,
                      Tensor& rstd_T) {
   pending("rmsnorm_forward");

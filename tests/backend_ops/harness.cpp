@@ -1,12 +1,36 @@
 // The harness's input generators and helpers (backend_ops/harness.h).
 #include "backend_ops/harness.h"
 
+#include <algorithm>
 #include <cstring>
+
+#include "kernels/elementwise.h"
 
 namespace origami::testing::backend_ops {
 
 Problem& Problem::out(std::string name, Shape shape, DType dt, Tol tol, Where where) {
   return add({std::move(name), empty(std::move(shape), dt), Role::out, tol, where});
+}
+
+Problem bf16_variant(const Problem& p, std::initializer_list<std::string_view> keep_f32, Tol tol,
+                     const std::map<std::string, Tol, std::less<>>& tols) {
+  static const ExecContext host = ExecContext::cpu(1);
+  Problem q = p;
+  q.label += ", bf16";
+  q.cuda_only = true;
+  for (Arg& a : q.args) {
+    const bool keep = std::find(keep_f32.begin(), keep_f32.end(), a.name) != keep_f32.end();
+    if (a.value.dtype() == DType::f32 && !keep && a.where == Where::device) {
+      Tensor rounded = empty(a.value.shape(), DType::bf16);
+      if (a.role != Role::out) cast(host, a.value, rounded);
+      a.value = rounded;
+    }
+    if (a.role != Role::in) {
+      const auto it = tols.find(a.name);
+      a.tol = it != tols.end() ? it->second : tol;
+    }
+  }
+  return q;
 }
 
 Tensor empty(Shape s, DType dt) { return Tensor::empty(std::move(s), dt, MemCategory::activation); }

@@ -67,6 +67,10 @@ struct Problem {
   // Fills want[name] for every out and inout argument.
   std::function<void(const Bound& in, Refs& want)> reference;
 
+  // bf16 problems (bf16_variant): the CPU backend is fp32, so these run on
+  // CUDA only, against the fp64 reference on the rounded inputs.
+  bool cuda_only = false;
+
   explicit Problem(std::string l) : label(std::move(l)) {}
   Problem& in(std::string name, Tensor value) { return add({std::move(name), std::move(value), Role::in, {}}); }
   Problem& inout(std::string name, Tensor value, Tol tol) {
@@ -93,6 +97,16 @@ std::vector<OpEntry> loss_attention_ops();    // ops_loss_attention.cpp
 std::vector<OpEntry> moe_ops();               // ops_moe.cpp
 std::vector<OpEntry> moe_stats_ops();         // ops_moe_stats.cpp
 std::vector<OpEntry> context_parallel_ops();  // ops_context_parallel.cpp
+
+// A bf16 copy of `p` for the CUDA backend (kernels/cuda/common.cuh's dtype
+// rule): every f32 argument not named in `keep_f32` (the op's statistics:
+// rstd, lse, router scores, ...) becomes bf16. Inputs are rounded to nearest
+// even first, so the reference sees exactly the values the op reads; outputs
+// and inouts get `tol` unless `tols` names them. The call and reference are
+// p's own (they must not assume f32 for the converted arguments). The label
+// gains ", bf16".
+Problem bf16_variant(const Problem& p, std::initializer_list<std::string_view> keep_f32, Tol tol,
+                     const std::map<std::string, Tol, std::less<>>& tols = {});
 
 // ---- input generators (host tensors; fresh values from the entry's rng)
 

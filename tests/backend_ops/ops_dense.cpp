@@ -90,6 +90,49 @@ OpEntry reduction_entry(const char* name, bool squares) {
           }};
 }
 
+// cast: f32 → bf16 against an independent nearest-even rounding in fp64
+// (scale the value to 8 significant bits, nearbyint — ties to even in the
+// default rounding mode — and scale back), with exact ties planted; bf16 →
+// f32 and same-dtype copies are exact. Every result is exactly representable.
+double ref_bf16(double x) {
+  if (x == 0.0) return x;
+  int e;
+  std::frexp(x, &e);  // |x| in [2^(e-1), 2^e)
+  return std::ldexp(std::nearbyint(std::ldexp(x, 8 - e)), e - 8);
+}
+
+OpEntry cast_entry() {
+  return {"cast", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            const Tol exact{0, 0, "rounding to nearest even is exact arithmetic"};
+            for (int64_t n : {1, 17, 4099}) {
+              Tensor x = randn({n}, g, 3.0f);
+              // Ties (half an ulp of bf16 above a value with an even and an odd last bit) and an ulp above.
+              const float planted[] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -(2.0f + 0x1p-7f), 1.0f + 0x1p-8f + 0x1p-20f};
+              for (int64_t i = 0; i < std::min<int64_t>(n, 4); ++i) x.f32()[i] = planted[i];
+              for (auto [from, to] : {std::pair{DType::f32, DType::bf16}, {DType::bf16, DType::f32},
+                                      {DType::f32, DType::f32}, {DType::bf16, DType::bf16}}) {
+                Problem p("n " + std::to_string(n) + ", " + std::string(to_string(from)) + " to " +
+                          std::string(to_string(to)));
+                Tensor src = x;
+                if (from == DType::bf16) {  // the bf16 input: x rounded by the reference rule
+                  std::vector<double> r;
+                  for (double v : values(x)) r.push_back(ref_bf16(v));
+                  src = empty({n}, DType::bf16);
+                  cast(ExecContext::cpu(1), from_doubles(r, {n}), src);
+                }
+                p.in("src", src).out("dst", {n}, to, exact);
+                p.call = [](const ExecContext& ctx, Bound& t) { cast(ctx, t.at("src"), t.at("dst")); };
+                p.reference = [to](const Bound& in, Refs& want) {
+                  for (double v : values(in.at("src"))) want["dst"].value.push_back(to == DType::bf16 ? ref_bf16(v) : v);
+                };
+                ps.push_back(std::move(p));
+              }
+            }
+            return ps;
+          }};
+}
+
 // ---------------------------------------------------------------- rmsnorm
 
 OpEntry rmsnorm_forward_entry() {
@@ -525,6 +568,7 @@ std::vector<OpEntry> dense_ops() {
           scale_inplace_entry(),
           reduction_entry("sum_squares", true),
           reduction_entry("sum", false),
+          cast_entry(),
           rmsnorm_forward_entry(),
           rmsnorm_backward_entry(),
           rmsnorm_backward_half_entry("rmsnorm_backward_input", NormHalf::input),
