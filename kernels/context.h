@@ -40,7 +40,10 @@ class ExecContext {
   // Waits until every op issued through this context has finished.
   void synchronize() const;
 
-  struct CudaState;  // stream and handle (kernels/cuda/context.cu)
+  struct CudaState;  // stream, handles, BLAS scratch (kernels/cuda/blas.h)
+  // The CUDA backend's state of this context; null on the host. For
+  // kernels/cuda/ alone (its definition is visible only there).
+  CudaState* cuda_state() const { return cuda_.get(); }
 
  private:
   ExecContext(Device device, int threads);

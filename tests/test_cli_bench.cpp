@@ -2,9 +2,12 @@
 // No timing is asserted (the machine is shared); the figures' relations are.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "cli_util.h"
+#include "kernels/device.h"
 
 namespace origami {
 namespace {
@@ -36,6 +39,53 @@ TEST(CliBench, CheckpointReportsRatesBesideTheDisk) {
   EXPECT_NEAR(j["save_over_disk"].get<double>(), j["save_gb_s"].get<double>() / j["disk_write_gb_s"].get<double>(), 1e-9);
   EXPECT_EQ(j["bytes_total"], j["bytes_per_rank"]) << "one rank";
   EXPECT_GT(j["bytes_total"].get<int64_t>(), 12 * 1500000) << "tiny-moe's 1.58M parameters, 12 bytes each";
+}
+
+// bench kernels at tiny shapes on the CPU: every op of the table, each with
+// a finite positive time and rate, its fraction the rate over the ceiling it
+// is measured against, and the routing line's share of the expert GEMMs.
+TEST(CliBench, KernelsReportsEveryOpAgainstTheCeilings) {
+  auto r = testing::run_command(std::string(ORIGAMI_BINARY) +
+                                " bench kernels --device cpu --shapes tiny --samples 3 --json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  const double tflops = j["ceilings"]["gemm_tflops"].get<double>(), gbps = j["ceilings"]["copy_gbps"].get<double>();
+  EXPECT_TRUE(std::isfinite(tflops) && tflops > 0) << j["ceilings"];
+  EXPECT_TRUE(std::isfinite(gbps) && gbps > 0) << j["ceilings"];
+  EXPECT_EQ(j["wrong"], 0);
+  std::set<std::string> keys;
+  for (const auto& op : j.at("ops")) {
+    const std::string key = op.at("key");
+    EXPECT_TRUE(keys.insert(key).second) << key << " twice";
+    const bool compute = op.contains("tflops");
+    const double ms = op.at("ms").get<double>(), rate = op.at(compute ? "tflops" : "gbps").get<double>();
+    EXPECT_TRUE(std::isfinite(ms) && ms > 0) << op;
+    EXPECT_TRUE(std::isfinite(rate) && rate > 0) << op;
+    EXPECT_NEAR(op.at("fraction_of_ceiling").get<double>(), rate / (compute ? tflops : gbps), 1e-9 * rate) << op;
+    EXPECT_FALSE(op.contains("wrong")) << op;
+  }
+  for (const char* key :
+       {"gemm/q.fwd", "gemm/q.dgrad", "gemm/q.wgrad", "gemm/kv.fwd", "gemm/out.fwd", "gemm/mlp_up.fwd",
+        "gemm/mlp_down.wgrad", "grouped_gemm/gate_up.fwd", "grouped_gemm/down.fwd", "grouped_gemm/down.dgrad",
+        "grouped_gemm/gate_up.dgrad", "grouped_gemm_wgrad/gate_up", "grouped_gemm_wgrad/down", "attention_forward",
+        "attention_backward", "rmsnorm_forward", "rmsnorm_backward", "rope_forward", "rope_backward",
+        "swiglu_forward", "swiglu_backward", "embedding_forward", "embedding_backward", "cross_entropy_forward",
+        "cross_entropy_backward", "adamw_update", "moe_routing_permute"})
+    EXPECT_EQ(keys.count(key), 1u) << key;
+  for (const auto& op : j["ops"])
+    if (op["key"] == "moe_routing_permute") {
+      EXPECT_GT(op.at("fraction_of_expert_gemm").get<double>(), 0.0);
+      EXPECT_EQ(op["target"]["max"].get<double>(), 0.10);
+    }
+}
+
+// Without a CUDA device (or a CUDA build) --device cuda is a usage error
+// that says why.
+TEST(CliBench, KernelsOnCudaWithoutADeviceIsAUserError) {
+  if (built_with_cuda() && cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is present";
+  auto r = testing::run_command(std::string(ORIGAMI_BINARY) + " bench kernels --device cuda --shapes tiny");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("bench kernels --device cuda"), std::string::npos) << r.output;
 }
 
 TEST(CliBench, UnknownBenchIsAUsageError) {

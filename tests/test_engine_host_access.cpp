@@ -35,6 +35,8 @@ const std::map<std::string, Allowed>& allowlist() {
       // Tools, not the training path.
       {"tools/bench_moe.cpp", {4, "benchmark: exchange buffers and the bitwise comparison of two passes"}},
       {"tools/cmd_bench.cpp", {2, "benchmark: GEMM inputs and random token ids"}},
+      {"tools/bench_kernels.cpp", {1, "benchmark: random ids and targets written on the host, then uploaded"}},
+      {"tools/bench_kernels_ops.cpp", {1, "benchmark: the per-expert counts read back (the dispatcher's own sync point)"}},
   };
   return list;
 }

@@ -3,7 +3,9 @@
 // the tile size, live in the op × backend harness,
 // tests/backend_ops/ops_loss_attention.cpp): the backward against finite
 // differences of the forward, bitwise independence from the thread count,
-// and a rate report against sgemm.
+// and a rate report against sgemm; on CUDA (skipped without a device) the
+// same finite-difference check of the fp32 kernels and bitwise run-to-run
+// reproducibility.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -13,10 +15,12 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/device.h"
 #include "kernels/gemm.h"
 #include "test_context.h"
 
@@ -146,6 +150,99 @@ TEST(Attention, ResultsDoNotDependOnThreadCount) {
   EXPECT_EQ(one.dq, many.dq);
   EXPECT_EQ(one.dk, many.dk);
   EXPECT_EQ(one.dv, many.dv);
+}
+
+// ---- CUDA: the same finite-difference check of the fp32 (SIMT) kernels, and
+// bitwise run-to-run reproducibility (no atomics, fixed reduction orders).
+
+std::string no_cuda_reason() {
+  if (!built_with_cuda()) return "built without CUDA";
+  if (cuda_device_count() == 0) return "no CUDA device";
+  return "";
+}
+
+const ExecContext& cuda_context() {
+  static const ExecContext c = ExecContext::cuda(0);
+  return c;
+}
+
+Tensor on(const ExecContext& c, const Tensor& host) { return host.to(c.device()); }
+std::vector<double> flat_from(const ExecContext& c, const Tensor& t) {
+  c.synchronize();
+  return flat(t.to(Device::cpu()));
+}
+
+Result run_cuda(const Problem& p, bool backward) {
+  const ExecContext& c = cuda_context();
+  const AttentionDims& d = p.d;
+  auto dev_empty = [&](Shape s) {
+    return Tensor::empty(std::move(s), DType::f32, MemCategory::activation, c.device());
+  };
+  const Tensor q = on(c, p.q), k = on(c, p.k), v = on(c, p.v), dO = on(c, p.dO);
+  const Tensor qp = on(c, ints(p.qpos)), kp = on(c, ints(p.kvpos));
+  Tensor o = dev_empty(p.q.shape()), lse = dev_empty({d.batch, d.num_heads, d.q_len});
+  Tensor wf = c.workspace(attention_forward_workspace_bytes(c, d));
+  attention_forward(c, d, q, k, v, qp, kp, p.scale, o, lse, wf);
+  Result r{flat_from(c, o), flat_from(c, lse), {}, {}, {}};
+  if (!backward) return r;
+  Tensor dq = dev_empty(p.q.shape()), dk = dev_empty(p.k.shape()), dv = dev_empty(p.v.shape());
+  Tensor wb = c.workspace(attention_backward_workspace_bytes(c, d));
+  attention_backward(c, d, q, k, v, o, lse, dO, qp, kp, p.scale, dq, dk, dv, wb);
+  r.dq = flat_from(c, dq);
+  r.dk = flat_from(c, dk);
+  r.dv = flat_from(c, dv);
+  return r;
+}
+
+TEST(AttentionCuda, BackwardMatchesFiniteDifferencesOfForward) {
+  if (const std::string why = no_cuda_reason(); !why.empty()) GTEST_SKIP() << why;
+  // Context-parallel chunks over two 32-key tiles of the SIMT kernels, GQA
+  // group 2; keys 48..63 are seen by no query.
+  auto qpos = iota(8, 16);
+  auto tail = iota(40, 48);
+  qpos.insert(qpos.end(), tail.begin(), tail.end());
+  Problem p = make_problem(1, 4, 2, 16, qpos, iota(0, 64), 6);
+  const Result base = run_cuda(p, true);
+  auto loss = [&](const Problem& pp) {  // L = Σ o ⊙ dO
+    const Result r = run_cuda(pp, false);
+    double l = 0.0;
+    for (size_t i = 0; i < r.o.size(); ++i) l += r.o[i] * pp.dO.f32()[i];
+    return l;
+  };
+  std::mt19937 g(7);
+  const float h = 1e-2f;
+  int checked = 0;
+  for (Tensor Problem::*which : {&Problem::q, &Problem::k, &Problem::v}) {
+    const std::vector<double>& grad = which == &Problem::q ? base.dq : which == &Problem::k ? base.dk : base.dv;
+    std::uniform_int_distribution<int64_t> pick(0, (p.*which).numel() - 1);
+    for (int probe = 0; probe < 8; ++probe) {
+      const int64_t idx = pick(g);
+      float& x = (p.*which).f32()[idx];
+      const float x0 = x;
+      x = x0 + h;
+      const double lp = loss(p);
+      x = x0 - h;
+      const double lm = loss(p);
+      x = x0;
+      const double fd = (lp - lm) / (2.0 * h);
+      // As on the CPU: O(h²) truncation plus fp32 rounding of L over 2h.
+      EXPECT_NEAR(grad[idx], fd, 1e-4 + 1e-3 * std::abs(fd)) << "element " << idx;
+      checked += grad[idx] != 0.0;
+    }
+  }
+  EXPECT_GT(checked, 12);
+}
+
+TEST(AttentionCuda, ResultsAreBitwiseReproducible) {
+  if (const std::string why = no_cuda_reason(); !why.empty()) GTEST_SKIP() << why;
+  auto pos = iota(0, 200);
+  Problem p = make_problem(2, 4, 2, 64, pos, pos, 8);
+  const Result one = run_cuda(p, true), two = run_cuda(p, true);
+  EXPECT_EQ(one.o, two.o);
+  EXPECT_EQ(one.lse, two.lse);
+  EXPECT_EQ(one.dq, two.dq);
+  EXPECT_EQ(one.dk, two.dk);
+  EXPECT_EQ(one.dv, two.dv);
 }
 
 // Not a pass/fail gate (the build machine is shared): prints the attention

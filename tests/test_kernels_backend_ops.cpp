@@ -4,10 +4,8 @@
 // case runs the same problems (same seed, same inputs, copied with
 // Tensor::to) on cuda:0 against the CPU result, or skips naming why (built
 // without CUDA / no CUDA device). CTest runs the halves as BackendOps.cpu
-// and BackendOps.cuda (tests/CMakeLists.txt). An op still pending on CUDA
-// (a stub in kernels/cuda/pending.cpp, read from the source) must stop naming
-// itself — checked in a death test, so an op implemented but left there
-// fails — and its case then skips; the written ops run. Each call's
+// and BackendOps.cuda (tests/CMakeLists.txt). bf16 problems (cuda_only)
+// run on CUDA alone, against the reference. Each call's
 // arguments sit between sentinel regions that must come back bitwise
 // intact, overwritten outputs start poisoned and must be written
 // everywhere, and inputs must come back unchanged.
@@ -181,26 +179,6 @@ void expect_close(const std::string& what, const Tensor& got, const Ref& want, c
       << what << ": the reference is all zeros, so the comparison would prove nothing";
 }
 
-// The ops whose CUDA twin is still a stub: the names pending.cpp's stubs pass
-// to pending("..."), read from the source so there is no second list.
-const std::vector<std::string>& cuda_pending_ops() {
-  static const std::vector<std::string> names = [] {
-    std::ifstream src(ORIGAMI_SOURCE_DIR "/kernels/cuda/pending.cpp");
-    std::vector<std::string> out;
-    const std::regex stub(R"re(pending\("(\w+)"\))re");
-    for (std::string line; std::getline(src, line);) {
-      std::smatch m;
-      if (std::regex_search(line, m, stub)) out.push_back(m[1]);
-    }
-    return out;
-  }();
-  return names;
-}
-bool cuda_pending(const std::string& op) {
-  const auto& p = cuda_pending_ops();
-  return std::find(p.begin(), p.end(), op) != p.end();
-}
-
 class Run : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Run, Matches) {
@@ -213,13 +191,6 @@ TEST_P(Run, Matches) {
   std::mt19937 rng(static_cast<uint32_t>(name_hash(entry.name)));  // fresh per op, the same on every backend
   const std::vector<Problem> problems = entry.problems(rng);
   ASSERT_FALSE(problems.empty());
-  if (backend == Backend::cuda && cuda_pending(entry.name)) {
-    GTEST_FLAG_SET(death_test_style, "threadsafe");
-    EXPECT_DEATH(execute(problems.front(), cuda_context()),
-                 entry.name + "(_workspace_bytes)? has no CUDA implementation yet")
-        << "kernels/cuda/pending.cpp still has a stub for " << entry.name << ", but the op no longer stops there";
-    GTEST_SKIP() << entry.name << " has no CUDA implementation yet (kernels/cuda/pending.cpp)";
-  }
   for (const Problem& p : problems) {
     if (p.cuda_only && backend == Backend::cpu) continue;  // bf16: the CPU backend is fp32
     const std::string where = entry.name + " [" + p.label + "]";
@@ -284,17 +255,6 @@ TEST(BackendOpsTable, CoversEveryBackendOp) {
   std::sort(declared.begin(), declared.end());
   std::sort(covered.begin(), covered.end());
   EXPECT_EQ(covered, declared);
-}
-
-// The stub list parses, and names only ops of the table (a stale stub name
-// would otherwise go unnoticed until a device runs it).
-TEST(BackendOpsTable, CudaStubsNameTableOps) {
-  std::vector<std::string> known;
-  for (const OpEntry& e : all_ops()) known.push_back(e.name);
-  EXPECT_GT(cuda_pending_ops().size(), 0u) << "kernels/cuda/pending.cpp has no stubs left: delete this test's parse";
-  for (const std::string& op : cuda_pending_ops())  // workspace queries go with their op
-    EXPECT_TRUE(op.ends_with("_workspace_bytes") || std::find(known.begin(), known.end(), op) != known.end())
-        << "kernels/cuda/pending.cpp stubs " << op << ", which is no op of kernels/backend_ops.inc";
 }
 
 }  // namespace

@@ -194,12 +194,12 @@ TEST_F(CudaDeviceDeathTest, HostReadOfADeviceTensorIsAClearError) {
               "host access to the elements of a f32 \\[8\\] tensor on cuda:0");
 }
 
-TEST_F(CudaDeviceDeathTest, AnOpWithoutACudaTwinFailsNamingIt) {
+TEST_F(CudaDeviceDeathTest, AnOpRefusesADtypeItDoesNotTakeNamingIt) {
   const ExecContext ctx = ExecContext::cuda(0);
-  const Tensor a = random_host({4, 4}, 7).to(Device::cuda(0));
-  Tensor c = Tensor::empty({4, 4}, DType::f32, MemCategory::activation, Device::cuda(0));
-  EXPECT_EXIT(gemm(ctx, a, Trans::no, a, Trans::no, c), ::testing::ExitedWithCode(kExitInternal),
-              "gemm has no CUDA implementation yet");
+  const Tensor src = Tensor::zeros({4, 4}, DType::i32, MemCategory::activation, Device::cuda(0));
+  Tensor dst = Tensor::empty({4, 4}, DType::f32, MemCategory::activation, Device::cuda(0));
+  EXPECT_EXIT(cast(ctx, src, dst), ::testing::ExitedWithCode(kExitInternal),
+              "cast converts between f32 and bf16, not i32 to f32");
 }
 
 TEST_F(CudaDeviceDeathTest, MixedDevicesAreRefusedBeforeAnyBackendRuns) {

@@ -172,6 +172,7 @@ void add_bench_command(CLI::App& app) {
   add_bench_moe_layer_command(*bench);
   add_bench_checkpoint_command(*bench);
   add_bench_imbalance_command(*bench);
+  add_bench_kernels_command(*bench);
 }
 
 }  // namespace origami::tools

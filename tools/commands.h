@@ -28,5 +28,6 @@ void add_bench_moe_layer_command(CLI::App& bench);
 void add_bench_comm_command(CLI::App& bench);
 void add_bench_checkpoint_command(CLI::App& bench);
 void add_bench_imbalance_command(CLI::App& bench);
+void add_bench_kernels_command(CLI::App& bench);
 
 }  // namespace origami::tools

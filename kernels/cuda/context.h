@@ -1,5 +1,7 @@
 // The CUDA half of ExecContext (kernels/cuda/context.cu): a non-blocking
-// stream and a cuBLAS handle bound to it, per context.
+// stream, cuBLAS and cuBLASLt handles and the BLAS scratch, per context
+// (kernels/cuda/blas.h defines the state). Host-only declarations, so that
+// kernels/context.cpp includes this in any build.
 #pragma once
 #include "kernels/context.h"
 

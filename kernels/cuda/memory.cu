@@ -38,14 +38,24 @@ int device_count() {
   return n;
 }
 
+// Tensor::to / copy_from / fill_zero are synchronous with respect to every
+// stream: the contexts' streams are non-blocking, so the legacy stream that
+// cudaMemcpy and cudaMemset use would not wait for an op still writing the
+// memory, nor would an op wait for the fill. Hence a device sync before and
+// after: correct anywhere, and kept off the training step's hot path, which
+// moves data with ops on its context's stream.
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   CUDA_CHECK(cudaSetDevice(dst_device.is_host() ? src_device.index : dst_device.index));
+  CUDA_CHECK(cudaDeviceSynchronize());
   CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 void fill_zero(void* dst, size_t bytes, int device_index) {
   CUDA_CHECK(cudaSetDevice(device_index));
+  CUDA_CHECK(cudaDeviceSynchronize());
   CUDA_CHECK(cudaMemset(dst, 0, bytes));
+  CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 }  // namespace origami::cuda

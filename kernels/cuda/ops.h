@@ -1,6 +1,5 @@
 // The CUDA backend: one implementation per entry of kernels/backend_ops.inc,
-// each in kernels/cuda/<op>.cu once written; until then its definition in
-// kernels/cuda/pending.cpp fails at run time naming the op. Called only by
+// each in kernels/cuda/<op>.cu (the dtype rule: common.cuh). Called only by
 // kernels/dispatch.cpp, which has already checked that every tensor is on
 // the context's device.
 #pragma once

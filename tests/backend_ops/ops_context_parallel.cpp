@@ -182,12 +182,15 @@ struct KvDims {
 
 // f32 over the shapes (one-row chunks, odd row widths, cp = 3), then the
 // other element sizes, then 2·B·S·E·4 = 1 MiB: the size at which the CPU
-// copies go parallel.
+// copies go parallel. bf16, the recipe's K/V dtype, also on runs of 2 bytes
+// (one element), 28 bytes (C·E = 14) and a large one: a device copy moving
+// the widest word that divides a run takes 2-, 4- and 16-byte words there.
 const KvDims kKvDims[] = {
     {1, 1, 2, 1, 1, DType::f32},    {1, 2, 8, 2, 4, DType::f32},    {2, 1, 4, 1, 3, DType::f32},
     {2, 3, 8, 2, 5, DType::f32},    {3, 2, 12, 1, 7, DType::f32},   {4, 2, 16, 2, 8, DType::f32},
     {4, 1, 64, 3, 2, DType::f32},   {8, 2, 32, 2, 16, DType::f32},  {2, 3, 8, 2, 5, DType::bf16},
-    {8, 2, 32, 2, 16, DType::bf16}, {3, 2, 12, 2, 3, DType::i32},   {4, 2, 16, 2, 8, DType::i32},
+    {8, 2, 32, 2, 16, DType::bf16}, {1, 1, 2, 1, 1, DType::bf16},   {3, 2, 12, 1, 7, DType::bf16},
+    {4, 2, 256, 4, 64, DType::bf16}, {3, 2, 12, 2, 3, DType::i32},  {4, 2, 16, 2, 8, DType::i32},
     {3, 2, 12, 2, 3, DType::f64},   {4, 2, 256, 4, 64, DType::f32},
 };
 

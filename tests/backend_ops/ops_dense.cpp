@@ -38,7 +38,12 @@ OpEntry axpy_entry() {
                   r.scale.push_back(std::abs(y[i]) + std::abs(double(a) * x[i]));
                 }
               };
+              // bf16 x and y (CUDA only): |y + a·x| <= 31.5 in halves, 6 significant bits: exact in bf16.
+              Problem b = bf16_variant(p, {},
+                                       integers ? Tol{0, 0, "integers plus halves, at most 6 significant bits: exact"}
+                                                : Tol{4e-3, 0, "one fp32 fma rounded once to bf16: 2^-8 of |y + a·x|"});
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
             };
             for (int64_t n : {1, 17, 4099}) add(n, -2.5f, true);  // odd lengths: vector-loop tails
             add(1000, 0.3f, false);
@@ -57,7 +62,9 @@ OpEntry scale_inplace_entry() {
                 p.reference = [a](const Bound& in, Refs& want) {
                   for (double y : values(in.at("y"))) want["y"].value.push_back(y * a);
                 };
+                Problem b = bf16_variant(p, {}, {0, 0, "small integers times 0.5 or −3 (<= 5 bits): exact in bf16"});
                 ps.push_back(std::move(p));
+                ps.push_back(std::move(b));
               }
             return ps;
           }};
@@ -84,7 +91,10 @@ OpEntry reduction_entry(const char* name, bool squares) {
                 }
                 want["result"] = {{s}, {mag}};
               };
+              // bf16 x (CUDA only): widened exactly, then the same fp64 sums (the result is host f64).
+              Problem b = bf16_variant(p, {}, tol);
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
             }
             return ps;
           }};
@@ -156,7 +166,11 @@ OpEntry rmsnorm_forward_entry() {
                   want["rstd_T"].value.push_back(1.0 / std::sqrt(ss / D + eps));
                 }
               };
+              // bf16 x, w, y (CUDA only); rstd stays f32, from the same exactly widened x.
+              Problem b = bf16_variant(p, {"rstd_T"}, {5e-3, 0, "y rounded once to bf16 (2^-8 of |y|) after fp32 math"},
+                                       {{"rstd_T", tol}});
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
             }
             return ps;
           }};
@@ -164,6 +178,8 @@ OpEntry rmsnorm_forward_entry() {
 
 // dx = r·w⊙dy − r³/D · x · Σ_j w_j·dy_j·x_j per row (r = the saved rstd);
 // dw += Σ_t dy ⊙ x · r.
+// Under bf16 data, dw may be the f32 master gradient (CUDA only).
+const Tol kNormDwF32Tol{2e-6, 0, "fp32 sum over T rows of exact bf16 products, into an f32 dw"};
 OpEntry rmsnorm_backward_entry() {
   return {"rmsnorm_backward", [](std::mt19937& g) {
             std::vector<Problem> ps;
@@ -207,7 +223,14 @@ OpEntry rmsnorm_backward_entry() {
                 want["dx_TD"] = {dx, dx_scale};
                 want["dw_D"].value = dw;
               };
+              // bf16 dy, x, w, dx and dw (CUDA only), then with an f32 dw (the master gradient).
+              const Tol bf16_out{5e-3, 0, "rounded once to bf16 (2^-8 of |dx| <= its scale, of |dw|) after fp32 math"};
+              Problem b = bf16_variant(p, {"rstd_T"}, bf16_out);
+              Problem bw = bf16_variant(p, {"rstd_T", "dw_D"}, bf16_out, {{"dw_D", kNormDwF32Tol}});
+              bw.label += " (dw f32)";
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
+              ps.push_back(std::move(bw));
             }
             return ps;
           }};
@@ -270,6 +293,14 @@ OpEntry rmsnorm_backward_half_entry(const char* name, NormHalf half) {
                 }
                 want["dx_TD"] = {dx, dx_scale};
               };
+              // bf16 data (CUDA only); the weight half also into an f32 dw (the master gradient).
+              ps.push_back(bf16_variant(
+                  p, {"rstd_T"},
+                  {5e-3, 0, "rounded once to bf16 (2^-8 of |dx| <= its scale, of |dw|) after fp32 math"}));
+              if (half == NormHalf::weight) {
+                ps.push_back(bf16_variant(p, {"rstd_T", "dw_D"}, {}, {{"dw_D", kNormDwF32Tol}}));
+                ps.back().label += " (dw f32)";
+              }
               ps.push_back(std::move(p));
             }
             return ps;
@@ -323,7 +354,10 @@ OpEntry rope_entry(const char* name, double sign) {
               p.reference = [c, sign](const Bound& in, Refs& want) {
                 want["x_BSHd"].value = ref_rope(values(in.at("x_BSHd")), c.pos, c.B, c.S, c.H, c.hd, c.theta, sign);
               };
+              Problem b =
+                  bf16_variant(p, {}, {5e-3, 0, "x' rounded once to bf16 (2^-8 relative) after the fp32 rotation"});
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
             }
             return ps;
           }};
@@ -342,6 +376,7 @@ Tensor swiglu_gate(int64_t T, int64_t F, std::mt19937& g) {
 
 const std::pair<int64_t, int64_t> kSwigluShapes[] = {{9, 53}, {1, 1}, {3, 8}};
 const Tol kSwigluTol{1e-6, 0, "exp_fast within 2e-7 relative; one division and two products follow"};
+const Tol kSwigluBf16Tol{5e-3, 0, "rounded once to bf16 (2^-8 relative) after fp32 arithmetic good to 1e-6"};
 
 OpEntry swiglu_forward_entry() {
   return {"swiglu_forward", [](std::mt19937& g) {
@@ -357,7 +392,9 @@ OpEntry swiglu_forward_entry() {
                 const std::vector<double> gate = values(in.at("gate_TF")), up = values(in.at("up_TF"));
                 for (size_t i = 0; i < gate.size(); ++i) want["h_TF"].value.push_back(silu(gate[i]) * up[i]);
               };
+              Problem b = bf16_variant(p, {}, kSwigluBf16Tol);
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
             }
             return ps;
           }};
@@ -384,7 +421,9 @@ OpEntry swiglu_backward_entry() {
                                                    (2 * step));
                 }
               };
+              Problem b = bf16_variant(p, {}, kSwigluBf16Tol);
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
             }
             return ps;
           }};
@@ -397,12 +436,30 @@ struct EmbeddingCase {
   std::vector<int32_t> ids;
 };
 
-// A shard with ids of other shards (zero rows, no gradient) and repeats.
+// A shard with ids of other shards (zero rows, no gradient) and repeats;
+// then long runs of one id (203 and exactly 128 tokens: a device backward
+// that takes a run's tokens in rounds of 128 sees a partial, a full and an
+// empty round) over rows wider than one block of columns.
 std::vector<EmbeddingCase> embedding_cases(std::mt19937& g) {
   std::vector<int32_t> random_ids(64);
   std::uniform_int_distribution<int32_t> id(95, 160);  // shard [100, 150) plus neighbours
   for (int32_t& v : random_ids) v = id(g);
-  return {{10, 37, 20, {23, 5, 29, 23, 20, 35, 23, 21}}, {50, 8, 100, random_ids}, {1, 1, 3, {3, 2, 4, 3}}};
+  std::vector<int32_t> runs(812);
+  std::uniform_int_distribution<int32_t> other(-5, 44);  // shard [0, 40) plus neighbours
+  for (int32_t i = 0; i < 812; ++i) {
+    if (i % 4 == 0) {
+      runs[i] = 7;
+    } else if (i % 4 == 1 && i < 512) {
+      runs[i] = 39;
+    } else {
+      do runs[i] = other(g);
+      while (runs[i] == 7 || runs[i] == 39);
+    }
+  }
+  return {{10, 37, 20, {23, 5, 29, 23, 20, 35, 23, 21}},
+          {50, 8, 100, random_ids},
+          {1, 1, 3, {3, 2, 4, 3}},
+          {40, 1040, 0, runs}};
 }
 
 const Tol kExactCopy{0, 0, "rows copied, or integers summed: exact"};
@@ -426,7 +483,9 @@ OpEntry embedding_forward_entry() {
                     want["out_TD"].value.push_back(row >= 0 && row < c.V ? table[row * c.D + d] : 0.0);
                 }
               };
+              Problem b = bf16_variant(p, {}, {0, 0, "bf16 rows copied into bf16: exact"});
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
             }
             return ps;
           }};
@@ -454,7 +513,12 @@ OpEntry embedding_backward_entry() {
                 }
                 want["dtable_VD"].value = dtable;
               };
+              Problem b = bf16_variant(p, {},
+                                       {4e-3, 0,
+                                        "integer sums, exact in fp32, rounded once to bf16: 2^-8 of the element, "
+                                        "at most 2^-8 = 3.9e-3 of the largest"});
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
             }
             return ps;
           }};
@@ -475,8 +539,8 @@ OpEntry adamw_entry() {
               for (int64_t i = 0; i < n; ++i) v.f32()[i] *= v.f32()[i];  // a second moment: >= 0
               // The step (O(lr)) is small next to |p|: the bound is 1e-4 of the step
               // plus 4e-7 of |p| (fp32 rounding of p(1 − lr·wd) and of the update).
-              p.inout("param", randn({n}, g),
-                      {1e-4, 0, "1e-4 of the step + a few ulp of |p| (scale |Δ| + 4e-3·|p|)"});
+              const Tol param_tol{1e-4, 0, "1e-4 of the step + a few ulp of |p| (scale |Δ| + 4e-3·|p|)"};
+              p.inout("param", randn({n}, g), param_tol);
               p.in("grad", randn({n}, g, 0.5f));
               const Tol moments{4e-7, 0, "two rounded products and a sum: a few ulp of |β·m| + |(1−β)·g|"};
               p.inout("exp_avg", randn({n}, g, 0.1f), moments).inout("exp_avg_sq", v, moments);
@@ -501,7 +565,10 @@ OpEntry adamw_entry() {
                   P.scale.push_back(std::abs(p - p0[i]) + 4e-3 * std::abs(p0[i]));
                 }
               };
+              // A bf16 grad (CUDA only), widened exactly: the fp32 state's bounds stand.
+              Problem b = bf16_variant(p, {"param", "exp_avg", "exp_avg_sq"}, moments, {{"param", param_tol}});
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
             }
             return ps;
           }};
@@ -540,7 +607,9 @@ OpEntry init_normal_entry() {
                   want["out"].scale.push_back(std::abs(v));
                 }
               };
+              Problem b = bf16_variant(p, {}, {4e-3, 0, "the fp32 sample rounded once more, to bf16: 2^-8 of |want|"});
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
             }
             return ps;
           }};
@@ -555,7 +624,9 @@ OpEntry init_constant_entry() {
               p.out("out", {n}, DType::f32, {0, 0, "a copied constant: exact"});
               p.call = [value](const ExecContext& ctx, Bound& t) { init_constant(ctx, t.at("out"), value); };
               p.reference = [n, value](const Bound&, Refs& want) { want["out"].value.assign(n, value); };
+              Problem b = bf16_variant(p, {}, {4e-3, 0, "the constant rounded once to bf16: 2^-8 relative"});
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
             }
             return ps;
           }};

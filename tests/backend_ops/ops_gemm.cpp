@@ -6,6 +6,7 @@
 
 #include "backend_ops/harness.h"
 #include "grouped_gemm_cases.h"
+#include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/grouped_gemm.h"
 #include "naive_ops.h"
@@ -14,6 +15,15 @@ namespace origami::testing::backend_ops {
 namespace {
 
 const char* trans_name(Trans t) { return t == Trans::no ? "n" : "t"; }
+
+// An input as f32 for the references (bf16 variants hand them bf16; exact).
+Tensor as_f32(const Tensor& t) {
+  if (t.dtype() == DType::f32) return t;
+  static const ExecContext host = ExecContext::cpu(1);
+  Tensor f = empty(t.shape());
+  cast(host, t, f);
+  return f;
+}
 
 // ---------------------------------------------------------------- gemm
 
@@ -33,9 +43,17 @@ OpEntry gemm_entry() {
               };
               p.reference = [=](const Bound& in, Refs& want) {
                 const std::vector<double> C0 = overwrite ? std::vector<double>(M * N) : values(in.at("C"));
-                want["C"].value = ref_gemm(in.at("A"), ta, in.at("B"), tb, C0, M, N, K, alpha, beta);
+                want["C"].value = ref_gemm(as_f32(in.at("A")), ta, as_f32(in.at("B")), tb, C0, M, N, K, alpha, beta);
               };
+              // bf16 A and B (CUDA only): C in bf16, and C in f32.
+              Problem c_bf16 = bf16_variant(
+                  p, {}, {4e-3, 0, "C rounded to bf16 once (2^-9 relative) after fp32 alpha·Σ + beta·C"});
+              Problem c_f32 = bf16_variant(
+                  p, {"C"},
+                  tol.rel == 0 ? tol : Tol{1e-5, 0, "bf16 products exact in fp32; fp32 (tensor-core) sums of 64"});
               ps.push_back(std::move(p));
+              ps.push_back(std::move(c_bf16));
+              ps.push_back(std::move(c_f32));
             };
             for (Trans ta : {Trans::no, Trans::yes})
               for (Trans tb : {Trans::no, Trans::yes}) {
@@ -115,6 +133,10 @@ Ref naive_wgrad(const Tensor& dY, const Tensor& X, const Segments& segs, const s
 // practice (u = 6e-8: ~3e-6 at K = 2600), K·u·Σ|terms| at worst. 2e-5 is
 // ~7x the practical size and far below a wrong group, offset or transpose.
 const Tol kGroupedTol{2e-5, 1e-30, "fp32 sums of <= 2600 products: ~u·√K of Σ|terms|"};
+// bf16 outputs (CUDA only): Y is rounded to bf16 once (2^-9 of |Y| <= Σ|terms|); dW once per
+// segment of its group (each round of the CUDA weight gradient stores it), at most 3 here.
+const Tol kGroupedBf16Tol{4e-3, 1e-30, "Y rounded to bf16 once (2^-9 of Σ|terms|), fp32 sums"};
+const Tol kWgradBf16Tol{8e-3, 1e-30, "dW rounded to bf16 once per segment of its group (<= 3: 3·2^-9 of Σ|terms|)"};
 
 OpEntry grouped_gemm_entry() {
   return {"grouped_gemm", [](std::mt19937& g) {
@@ -136,9 +158,15 @@ OpEntry grouped_gemm_entry() {
                   };
                   p.reference = [=](const Bound& in, Refs& want) {
                     const std::vector<double> Y0 = beta == 0.0f ? std::vector<double>() : values(in.at("Y"));
-                    want["Y"] = naive_rows(in.at("X"), in.at("W"), trans_w, segs, Y0, beta);
+                    want["Y"] = naive_rows(as_f32(in.at("X")), as_f32(in.at("W")), trans_w, segs, Y0, beta);
                   };
+                  // bf16 X and W (CUDA only): Y in bf16 (the grouped cuBLAS call), and Y in f32
+                  // (per-segment cuBLASLt).
+                  Problem y_bf16 = bf16_variant(p, {}, kGroupedBf16Tol);
+                  Problem y_f32 = bf16_variant(p, {"Y"}, kGroupedTol);
                   ps.push_back(std::move(p));
+                  ps.push_back(std::move(y_bf16));
+                  ps.push_back(std::move(y_f32));
                 }
             return ps;
           }};
@@ -161,10 +189,15 @@ OpEntry grouped_gemm_wgrad_entry() {
                 };
                 p.reference = [=](const Bound& in, Refs& want) {
                   const std::vector<double> dW0 = beta == 0.0f ? std::vector<double>() : values(in.at("dW"));
-                  want["dW"] = naive_wgrad(in.at("dY"), in.at("X"), segs, dW0, G, M, K, beta);
+                  want["dW"] = naive_wgrad(as_f32(in.at("dY")), as_f32(in.at("X")), segs, dW0, G, M, K, beta);
                   want["dW"].may_be_zero = N == 0 && beta == 0.0f;  // no rows, overwritten: exactly zero
                 };
+                // bf16 dY and X (CUDA only): dW in bf16, and dW in f32 (the fp32 master gradient).
+                Problem dw_bf16 = bf16_variant(p, {}, kWgradBf16Tol);
+                Problem dw_f32 = bf16_variant(p, {"dW"}, kGroupedTol);
                 ps.push_back(std::move(p));
+                ps.push_back(std::move(dw_bf16));
+                ps.push_back(std::move(dw_f32));
               }
             return ps;
           }};

@@ -11,6 +11,7 @@
 #include "backend_ops/harness.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/elementwise.h"
 #include "naive_ops.h"
 
 namespace origami::testing::backend_ops {
@@ -37,7 +38,16 @@ CeInputs ce_inputs(int64_t T, int64_t V, std::mt19937& g) {
   return c;
 }
 
-const std::pair<int64_t, int64_t> kCeShapes[] = {{9, 1001}, {1, 2}, {5, 17}};
+// The last two are wide enough for a device's row loop to take several 16-byte
+// loads per thread: V odd (rows start anywhere) and V a power of two.
+const std::pair<int64_t, int64_t> kCeShapes[] = {{9, 1001}, {1, 2}, {5, 17}, {4, 33001}, {2, 8192}};
+
+// bf16 problems (bf16_variant) round the logits, never the statistics; the
+// reference then sees the rounded logits, so an f32 output keeps its f32
+// tolerance and a bf16 one adds its single rounding.
+const Tol kBf16Dlogits{4e-3, 0,
+                       "fp32 (exp(x − lse) − onehot)·scale of bf16 logits, rounded once to bf16: 2^-8 of the "
+                       "element, at most 2^-8 = 3.9e-3 of the largest"};
 
 OpEntry cross_entropy_forward_entry() {
   return {"cross_entropy_forward", [](std::mt19937& g) {
@@ -46,20 +56,28 @@ OpEntry cross_entropy_forward_entry() {
               const CeInputs c = ce_inputs(T, V, g);
               Problem p("T " + std::to_string(T) + ", V " + std::to_string(V));
               p.in("logits_TV", c.logits_TV).in("targets_T", i32s(c.targets));
-              p.out("loss_T", {T}, DType::f32, {2e-6, 0, "lse's error, measured against |lse| (scale |lse|)"});
-              p.out("lse_T", {T}, DType::f32, {1e-6, 0, "fp32 sum of V terms <= 1 plus exp_fast's 2e-7"});
+              // lse = m + log Σ: the relative error of the fp32 sum of V terms (each
+              // <= 1; the CPU adds them in order: <= V·2^-24) is lse's absolute error.
+              const double sum_err = double(V) * 0x1p-24;
+              const Tol loss_tol{2e-6, sum_err, "lse's error: exp_fast's against |lse|, plus the sum's V·2^-24"};
+              const Tol lse_tol{1e-6, sum_err, "exp_fast's 2e-7 of |lse|, plus the fp32 sum of V terms: V·2^-24"};
+              p.out("loss_T", {T}, DType::f32, loss_tol).out("lse_T", {T}, DType::f32, lse_tol);
               p.call = [](const ExecContext& ctx, Bound& t) {
                 cross_entropy_forward(ctx, t.at("logits_TV"), t.at("targets_T"), t.at("loss_T"), t.at("lse_T"));
               };
               p.reference = [c](const Bound& in, Refs& want) {
                 const std::vector<double> x = values(in.at("logits_TV"));
                 for (int64_t t = 0; t < c.T; ++t) {
-                  want["loss_T"].value.push_back(c.lse[t] - x[t * c.V + c.targets[t]]);
-                  want["loss_T"].scale.push_back(std::abs(c.lse[t]));
-                  want["lse_T"].value.push_back(c.lse[t]);
+                  double lse = 0.0;
+                  ref_cross_entropy_row(x, c.V, t, c.targets[t], &lse);
+                  want["loss_T"].value.push_back(lse - x[t * c.V + c.targets[t]]);
+                  want["loss_T"].scale.push_back(std::abs(lse));
+                  want["lse_T"].value.push_back(lse);
                 }
               };
+              Problem b = bf16_variant(p, {"loss_T", "lse_T"}, lse_tol, {{"loss_T", loss_tol}});
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
             }
             return ps;
           }};
@@ -93,7 +111,9 @@ OpEntry cross_entropy_backward_entry() {
                 want["dlogits_TV"].value = ref_dlogits(values(in.at("logits_TV")), c.T, c.V, c.targets,
                                                        values(in.at("lse_T")), 0, scale);
               };
+              Problem b = bf16_variant(p, {"lse_T"}, kBf16Dlogits);
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
             }
             return ps;
           }};
@@ -109,9 +129,10 @@ Tensor shard(const CeInputs& c, int64_t start, int64_t Vr) {
 
 std::vector<double> row_max(const Tensor& x_TV) {
   const int64_t T = x_TV.rows(), V = x_TV.cols();
+  const std::vector<double> x = values(x_TV);  // any dtype (bf16 variants)
   std::vector<double> m(T, -INFINITY);
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < V; ++i) m[t] = std::max(m[t], double(x_TV.f32()[t * V + i]));
+    for (int64_t i = 0; i < V; ++i) m[t] = std::max(m[t], x[t * V + i]);
   return m;
 }
 
@@ -136,7 +157,9 @@ OpEntry cross_entropy_local_max_entry() {
                 cross_entropy_local_max(ctx, t.at("logits_TV"), t.at("max_T"));
               };
               p.reference = [](const Bound& in, Refs& want) { want["max_T"].value = row_max(in.at("logits_TV")); };
+              Problem b = bf16_variant(p, {"max_T"}, {0, 0, "a maximum of bf16 values, widened to f32: exact"});
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
             }
             return ps;
           }};
@@ -152,8 +175,9 @@ OpEntry cross_entropy_local_sums_entry() {
               Problem p("T " + std::to_string(s.T) + ", columns [" + std::to_string(s.start) + ", +" +
                         std::to_string(s.Vr) + ") of " + std::to_string(s.vocab));
               p.in("logits_TV", x).in("targets_T", i32s(c.targets)).in("max_T", from_doubles(row_max(x), {s.T}));
-              p.out("sums_2T", {2, s.T}, DType::f64,
-                    {2e-6, 0, "row 0: exp of the fp32-rounded logit − max (~1e-6 at |x − max| <= 20); row 1 copied"});
+              const Tol sums_tol{2e-6, 0,
+                                 "row 0: exp of the fp32-rounded logit − max (~1e-6 at |x − max| <= 20); row 1 copied"};
+              p.out("sums_2T", {2, s.T}, DType::f64, sums_tol);
               p.call = [s](const ExecContext& ctx, Bound& t) {
                 cross_entropy_local_sums(ctx, t.at("logits_TV"), t.at("targets_T"), t.at("max_T"), s.start, s.vocab,
                                          t.at("sums_2T"));
@@ -169,7 +193,9 @@ OpEntry cross_entropy_local_sums_entry() {
                 }
                 for (double v : r.value) r.scale.push_back(std::abs(v));
               };
+              Problem b = bf16_variant(p, {"max_T"}, sums_tol);  // sums stay f64, max_T f32
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
             }
             return ps;
           }};
@@ -229,7 +255,9 @@ OpEntry cross_entropy_local_backward_entry() {
                 const std::vector<double> x = values(in.at("logits_TV")), lse = values(in.at("lse_T"));
                 want["dlogits_TV"].value = ref_dlogits(x, s.T, s.Vr, c.targets, lse, s.start, scale);
               };
+              Problem b = bf16_variant(p, {"lse_T"}, kBf16Dlogits);
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
             }
             return ps;
           }};
@@ -297,6 +325,45 @@ AttentionProblem attention_problem(const AttentionCase& c, std::mt19937& g) {
   p.k = randn({c.B, p.d.kv_len, c.Hkv, c.hd}, g);
   p.v = randn({c.B, p.d.kv_len, c.Hkv, c.hd}, g);
   p.dO = randn({c.B, p.d.q_len, c.Hq, c.hd}, g);
+  return p;
+}
+
+// bf16 problems: every case above (head dims other than 64 / 128 take the
+// CUDA SIMT kernels) plus head dims 64 and 128, which take the tensor-core
+// kernels: tiles of 128 / 64 rows with partial ones, GQA, skipped and
+// partially masked key tiles, rows before every key, shuffled positions.
+std::vector<AttentionCase> attention_bf16_cases(std::mt19937& g) {
+  std::vector<AttentionCase> cs = attention_cases(g);
+  std::vector<int32_t> shuffled = iota(0, 150);
+  std::shuffle(shuffled.begin(), shuffled.end(), g);
+  const std::vector<AttentionCase> mma = {
+      {"hd 64, group 2, S 300", 1, 4, 2, 64, iota(0, 300), iota(0, 300)},
+      {"hd 128, group 2, S 200", 1, 4, 2, 128, iota(0, 200), iota(0, 200)},
+      {"hd 64, Sq 3 < Skv 200 (the last positions)", 2, 4, 2, 64, iota(197, 200), iota(0, 200)},
+      {"hd 128, CP, fully masked key tiles", 1, 2, 1, 128, concat(iota(128, 256), iota(768, 896)), iota(0, 1024),
+       0.3f},
+      {"hd 128, ring block: rows before every key", 2, 4, 2, 128, concat(iota(0, 16), iota(48, 64)),
+       concat(iota(16, 32), iota(32, 48))},
+      {"hd 128, shuffled rows before every key", 1, 2, 1, 128,
+       std::vector<int32_t>(shuffled.begin(), shuffled.begin() + 60), iota(40, 150)},
+      {"hd 64, shuffled positions", 1, 2, 1, 64, std::vector<int32_t>(shuffled.begin(), shuffled.begin() + 90),
+       shuffled},
+  };
+  cs.insert(cs.end(), mma.begin(), mma.end());
+  return cs;
+}
+
+// p with q, k, v, dO rounded to bf16 (kept as f32 tensors): the values a bf16
+// problem's op reads, so the fp64 reference (and the saved o, lse of the
+// backward) are computed from exactly those.
+AttentionProblem rounded_to_bf16(AttentionProblem p) {
+  static const ExecContext host = ExecContext::cpu(1);
+  for (Tensor* t : {&p.q, &p.k, &p.v, &p.dO}) {
+    Tensor b = empty(t->shape(), DType::bf16), r = empty(t->shape());
+    cast(host, *t, b);
+    cast(host, b, r);
+    *t = r;
+  }
   return p;
 }
 
@@ -371,6 +438,19 @@ const Tol kAttentionFwdTol{1e-5, 0, "fp32 GEMMs over <= 1024 terms and exp_fast:
 // The 1e-6 absolute term: a gradient that is exactly zero (a query with one
 // visible key has softmax ≡ 1) comes out as the rounding of dP − D, ~1e-7.
 const Tol kAttentionBwdTol{2e-5, 1e-6, "five chained fp32 products and the cancellation dP − D: ~2e-6 observed"};
+// bf16 (CUDA only, against fp64 on the rounded inputs). Forward: P is rounded
+// to bf16 for the P·V product (2^-9 per term, fp32 sums; the denominator
+// sums the unrounded P) and o once more on output: <= ~2·2^-9 = 3.9e-3 of the
+// largest |o|, 2x margin. lse stays fp32 from fp32 scores: exp2/log2 rounding.
+const Tol kAttentionBf16OTol{8e-3, 0, "P rounded to bf16 for P·V (2^-9 per term) and o rounded to bf16: ~4e-3"};
+const Tol kAttentionBf16LseTol{2e-5, 0, "fp32 scores of bf16 inputs, fp32 exp2 sums and log2: ~1e-6"};
+// Backward: P and dS rounded to bf16 for the tensor-core products (2^-9 per
+// term), the saved o rounded to bf16 (it enters D = rowsum(dO ⊙ O), then the
+// cancellation dP − D: ~2^-9·√hd absolute on a dP of ~√hd) and the outputs
+// rounded once: a few 2^-9 of the largest gradient. The absolute term covers
+// a gradient that is exactly zero (one visible key): fp32 rounding of dP − D.
+const Tol kAttentionBf16BwdTol{1e-2, 1e-5,
+                               "P, dS, o rounded to bf16 (2^-9 each) into fp32 products and dP − D, output rounded"};
 
 std::string attention_label(const AttentionProblem& p) {
   return std::string(p.c.name) + ": B " + std::to_string(p.d.batch) + ", Hq " + std::to_string(p.d.num_heads) +
@@ -378,62 +458,73 @@ std::string attention_label(const AttentionProblem& p) {
          std::to_string(p.d.q_len) + ", Skv " + std::to_string(p.d.kv_len);
 }
 
+// One forward problem of ap (f32; bf16_variant makes the bf16 copy).
+Problem attention_forward_problem(const AttentionProblem& ap) {
+  const AttentionDims d = ap.d;
+  const float scale = ap.scale;
+  Problem p(attention_label(ap));
+  p.in("q", ap.q).in("k", ap.k).in("v", ap.v).in("q_pos_S", i32s(ap.c.qpos)).in("kv_pos_S", i32s(ap.c.kvpos));
+  p.out("o", ap.q.shape(), DType::f32, kAttentionFwdTol);
+  p.out("lse_BHS", {d.batch, d.num_heads, d.q_len}, DType::f32, kAttentionFwdTol);
+  p.call = [d, scale](const ExecContext& ctx, Bound& t) {
+    Tensor ws = poisoned_workspace(ctx, attention_forward_workspace_bytes(ctx, d));
+    attention_forward(ctx, d, t.at("q"), t.at("k"), t.at("v"), t.at("q_pos_S"), t.at("kv_pos_S"), scale, t.at("o"),
+                      t.at("lse_BHS"), ws);
+  };
+  p.reference = [ap](const Bound&, Refs& want) {
+    AttentionRef r = naive_attention(ap);
+    want["o"].value = std::move(r.o);
+    want["lse_BHS"].value = std::move(r.lse);
+  };
+  return p;
+}
+
 OpEntry attention_forward_entry() {
   return {"attention_forward", [](std::mt19937& g) {
             std::vector<Problem> ps;
-            for (const AttentionCase& c : attention_cases(g)) {
-              const AttentionProblem ap = attention_problem(c, g);
-              const AttentionDims d = ap.d;
-              const float scale = ap.scale;
-              Problem p(attention_label(ap));
-              p.in("q", ap.q).in("k", ap.k).in("v", ap.v).in("q_pos_S", i32s(c.qpos)).in("kv_pos_S", i32s(c.kvpos));
-              p.out("o", ap.q.shape(), DType::f32, kAttentionFwdTol);
-              p.out("lse_BHS", {d.batch, d.num_heads, d.q_len}, DType::f32, kAttentionFwdTol);
-              p.call = [d, scale](const ExecContext& ctx, Bound& t) {
-                Tensor ws = poisoned_workspace(ctx, attention_forward_workspace_bytes(ctx, d));
-                attention_forward(ctx, d, t.at("q"), t.at("k"), t.at("v"), t.at("q_pos_S"), t.at("kv_pos_S"), scale,
-                                  t.at("o"), t.at("lse_BHS"), ws);
-              };
-              p.reference = [ap](const Bound&, Refs& want) {
-                AttentionRef r = naive_attention(ap);
-                want["o"].value = std::move(r.o);
-                want["lse_BHS"].value = std::move(r.lse);
-              };
-              ps.push_back(std::move(p));
-            }
+            for (const AttentionCase& c : attention_cases(g))
+              ps.push_back(attention_forward_problem(attention_problem(c, g)));
+            for (const AttentionCase& c : attention_bf16_cases(g))
+              ps.push_back(bf16_variant(attention_forward_problem(rounded_to_bf16(attention_problem(c, g))),
+                                        {"lse_BHS"}, kAttentionBf16OTol, {{"lse_BHS", kAttentionBf16LseTol}}));
             return ps;
           }};
+}
+
+// One backward problem of ap; the saved forward outputs are the reference's, rounded to fp32.
+Problem attention_backward_problem(const AttentionProblem& ap) {
+  const AttentionDims d = ap.d;
+  const float scale = ap.scale;
+  auto r = std::make_shared<AttentionRef>(naive_attention(ap));
+  Problem p(attention_label(ap));
+  p.in("q", ap.q).in("k", ap.k).in("v", ap.v).in("o", from_doubles(r->o, ap.q.shape()));
+  p.in("lse_BHS", from_doubles(r->lse, {d.batch, d.num_heads, d.q_len})).in("do", ap.dO);
+  p.in("q_pos_S", i32s(ap.c.qpos)).in("kv_pos_S", i32s(ap.c.kvpos));
+  p.out("dq", ap.q.shape(), DType::f32, kAttentionBwdTol);
+  p.out("dk", ap.k.shape(), DType::f32, kAttentionBwdTol);
+  p.out("dv", ap.v.shape(), DType::f32, kAttentionBwdTol);
+  p.call = [d, scale](const ExecContext& ctx, Bound& t) {
+    Tensor ws = poisoned_workspace(ctx, attention_backward_workspace_bytes(ctx, d));
+    attention_backward(ctx, d, t.at("q"), t.at("k"), t.at("v"), t.at("o"), t.at("lse_BHS"), t.at("do"),
+                       t.at("q_pos_S"), t.at("kv_pos_S"), scale, t.at("dq"), t.at("dk"), t.at("dv"), ws);
+  };
+  p.reference = [r, one_key = d.kv_len == 1](const Bound&, Refs& want) {
+    want["dq"].value = r->dq;
+    want["dk"].value = r->dk;
+    want["dq"].may_be_zero = want["dk"].may_be_zero = one_key;  // one key: softmax ≡ 1
+    want["dv"].value = r->dv;
+  };
+  return p;
 }
 
 OpEntry attention_backward_entry() {
   return {"attention_backward", [](std::mt19937& g) {
             std::vector<Problem> ps;
-            for (const AttentionCase& c : attention_cases(g)) {
-              const AttentionProblem ap = attention_problem(c, g);
-              const AttentionDims d = ap.d;
-              const float scale = ap.scale;
-              // The saved forward outputs: the reference's, rounded to fp32.
-              auto r = std::make_shared<AttentionRef>(naive_attention(ap));
-              Problem p(attention_label(ap));
-              p.in("q", ap.q).in("k", ap.k).in("v", ap.v).in("o", from_doubles(r->o, ap.q.shape()));
-              p.in("lse_BHS", from_doubles(r->lse, {d.batch, d.num_heads, d.q_len})).in("do", ap.dO);
-              p.in("q_pos_S", i32s(c.qpos)).in("kv_pos_S", i32s(c.kvpos));
-              p.out("dq", ap.q.shape(), DType::f32, kAttentionBwdTol);
-              p.out("dk", ap.k.shape(), DType::f32, kAttentionBwdTol);
-              p.out("dv", ap.v.shape(), DType::f32, kAttentionBwdTol);
-              p.call = [d, scale](const ExecContext& ctx, Bound& t) {
-                Tensor ws = poisoned_workspace(ctx, attention_backward_workspace_bytes(ctx, d));
-                attention_backward(ctx, d, t.at("q"), t.at("k"), t.at("v"), t.at("o"), t.at("lse_BHS"), t.at("do"),
-                                   t.at("q_pos_S"), t.at("kv_pos_S"), scale, t.at("dq"), t.at("dk"), t.at("dv"), ws);
-              };
-              p.reference = [r, one_key = d.kv_len == 1](const Bound&, Refs& want) {
-                want["dq"].value = r->dq;
-                want["dk"].value = r->dk;
-                want["dq"].may_be_zero = want["dk"].may_be_zero = one_key;  // one key: softmax ≡ 1
-                want["dv"].value = r->dv;
-              };
-              ps.push_back(std::move(p));
-            }
+            for (const AttentionCase& c : attention_cases(g))
+              ps.push_back(attention_backward_problem(attention_problem(c, g)));
+            for (const AttentionCase& c : attention_bf16_cases(g))
+              ps.push_back(bf16_variant(attention_backward_problem(rounded_to_bf16(attention_problem(c, g))),
+                                        {"lse_BHS"}, kAttentionBf16BwdTol));
             return ps;
           }};
 }
@@ -485,7 +576,12 @@ OpEntry attention_merge_entry() {
                 want["lse_acc"].value = lse;
                 for (double x : lse) want["lse_acc"].scale.push_back(std::isfinite(x) ? std::abs(x) : 0.0);
               };
+              // bf16 o rows (lse stays f32): the blend in fp32, rounded once to bf16.
+              Problem b = bf16_variant(p, {"lse_part", "lse_acc"},
+                                       {4e-3, 0, "fp32 blend of bf16 rows, rounded once to bf16: 2^-9 = 2e-3"},
+                                       {{"lse_acc", {1.2e-7, 0, "computed in double, rounded once to fp32"}}});
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
             }
             return ps;
           }};

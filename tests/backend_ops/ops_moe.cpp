@@ -383,15 +383,21 @@ OpEntry permutation_maps_entry() {
 
 // ---------------------------------------------------------------- row gathers and scatters
 
-const int64_t kRowWidths[] = {7, 33, 5, 1};  // D per routing case: off the vector width
+// (routing case, D): widths off the vector width, and one on it (D = 64:
+// the CUDA kernels' 16-byte packs).
+struct RowCase {
+  size_t routing;
+  int64_t D;
+};
+const RowCase kRowCases[] = {{0, 7}, {1, 33}, {2, 5}, {3, 1}, {1, 64}};
 
 OpEntry permute_rows_entry() {
   return {"moe_permute_rows", [](std::mt19937& g) {
             std::vector<Problem> ps;
             const std::vector<Routing> cases = routing_cases(g);
-            for (size_t i = 0; i < cases.size(); ++i) {
-              const Routing& r = cases[i];
-              const int64_t D = kRowWidths[i], N = total_rows(r);
+            for (const RowCase& rc : kRowCases) {
+              const Routing& r = cases[rc.routing];
+              const int64_t D = rc.D, N = total_rows(r);
               const Maps m = naive_maps(r);
               Problem p(r.name + ", D " + std::to_string(D));
               p.in("x_TD", randn({r.T, D}, g)).in("row_token_N", i32s(m.row_token));
@@ -404,7 +410,9 @@ OpEntry permute_rows_entry() {
                 for (int32_t tok : m.row_token)
                   for (int64_t d = 0; d < D; ++d) want["x_ND"].value.push_back(tok < 0 ? 0.0 : x[tok * D + d]);
               };
+              Problem b = bf16_variant(p, {}, {0, 0, "bf16 rows copied into bf16, padding zero: exact"});
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
             }
             return ps;
           }};
@@ -414,9 +422,9 @@ OpEntry permute_rows_backward_entry() {
   return {"moe_permute_rows_backward", [](std::mt19937& g) {
             std::vector<Problem> ps;
             const std::vector<Routing> cases = routing_cases(g);
-            for (size_t i = 0; i < cases.size(); ++i) {
-              const Routing& r = cases[i];
-              const int64_t D = kRowWidths[i], N = total_rows(r);
+            for (const RowCase& rc : kRowCases) {
+              const Routing& r = cases[rc.routing];
+              const int64_t D = rc.D, N = total_rows(r);
               const Maps m = naive_maps(r);
               Problem p(r.name + ", D " + std::to_string(D));
               p.in("dx_ND", randint({N, D}, g, -9, 9)).in("row_of_TK", i32s(m.row_of, {r.T, r.K}));
@@ -432,7 +440,10 @@ OpEntry permute_rows_backward_entry() {
                     for (int64_t d = 0; d < D; ++d) dx[(s / K) * D + d] += src[m.row_of[s] * D + d];
                 want["dx_TD"].value = dx;
               };
+              Problem b = bf16_variant(
+                  p, {}, {0, 0, "integers |x| <= 9·(K + 1) = 36: exact in bf16 inputs, fp32 sums and the bf16 result"});
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
             }
             return ps;
           }};
@@ -442,9 +453,9 @@ OpEntry unpermute_rows_entry() {
   return {"moe_unpermute_rows", [](std::mt19937& g) {
             std::vector<Problem> ps;
             const std::vector<Routing> cases = routing_cases(g);
-            for (size_t i = 0; i < cases.size(); ++i) {
-              const Routing& r = cases[i];
-              const int64_t D = kRowWidths[i], N = total_rows(r), K = r.K;
+            for (const RowCase& rc : kRowCases) {
+              const Routing& r = cases[rc.routing];
+              const int64_t D = rc.D, N = total_rows(r), K = r.K;
               const Maps m = naive_maps(r);
               Problem p(r.name + ", D " + std::to_string(D));
               p.in("y_ND", randn({N, D}, g)).in("row_of_TK", i32s(m.row_of, {r.T, K}));
@@ -467,7 +478,13 @@ OpEntry unpermute_rows_entry() {
                       o.scale[(s / K) * D + d] += std::abs(w[s] * y[m.row_of[s] * D + d]);
                     }
               };
+              Problem b = bf16_variant(p, {"weight_TK"},
+                                       {5e-3, 1e-30,
+                                        "y rounded to bf16 (the reference reads the rounded values), K products "
+                                        "summed in fp32 (<= 2K·2^-24), the sum rounded once to bf16: 2^-8 of "
+                                        "|out| <= Σ|terms|"});
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
             }
             return ps;
           }};
@@ -477,9 +494,9 @@ OpEntry unpermute_rows_backward_entry() {
   return {"moe_unpermute_rows_backward", [](std::mt19937& g) {
             std::vector<Problem> ps;
             const std::vector<Routing> cases = routing_cases(g);
-            for (size_t i = 0; i < cases.size(); ++i) {
-              const Routing& r = cases[i];
-              const int64_t D = kRowWidths[i], N = total_rows(r), K = r.K;
+            for (const RowCase& rc : kRowCases) {
+              const Routing& r = cases[rc.routing];
+              const int64_t D = rc.D, N = total_rows(r), K = r.K;
               const Maps m = naive_maps(r);
               Problem p(r.name + ", D " + std::to_string(D));
               p.in("dout_TD", randn({r.T, D}, g)).in("y_ND", randn({N, D}, g));
@@ -510,7 +527,15 @@ OpEntry unpermute_rows_backward_entry() {
                 }
                 for (double v : dy.value) dy.scale.push_back(std::abs(v));
               };
+              Problem b = bf16_variant(
+                  p, {"weight_TK", "dweight_TK"},
+                  {5e-3, 0, "weight · dout in fp32 (2^-24), rounded once to bf16 (2^-8 of |want|, plus the fp32 "
+                            "rounding before it); padding rows zero"},
+                  {{"dweight_TK",
+                    {1.2e-7 * double(D), 1e-30,
+                     "bf16 · bf16 products are exact in fp32, so only the fp32 dot of D terms: <= D·2u of Σ|terms|"}}});
               ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
             }
             return ps;
           }};
