@@ -1,107 +1,523 @@
 #!/usr/bin/env bash
-# The one prepared GPU check (README "Developers"). Two halves:
+# The one prepared GPU check (README "Developers"). Here, once:
+#   tools/device_bundle.sh                  (the Debian packages the GPU image lacks, into .bundle/)
+# then on the lent GPU machine, through the device tool:
+#   run(command='bash tools/gpu_check.sh', carry=['.bundle'], timeout_s=540)
 #
-#   tools/gpu_check.sh pack   here, on the CPU machine: a CUDA build
-#                             (-DORIGAMI_CUDA=ON) and a bundle in .gpu/ of the
-#                             test binaries, the origami binary and every
-#                             shared library they need that the device image
-#                             lacks (oneDNN, OpenMPI with its plugins and
-#                             PMIx, toml++, ...). CUDA libraries (cudart,
-#                             cuBLAS, NCCL) are the device's own.
-#   tools/gpu_check.sh run    on the lent GPU machine, through the device
-#                             tool with carry [".gpu"]: unpacks the bundle,
-#                             prints the device, runs the CUDA tests (the
-#                             device ledger, Tensor::to, copies and fills,
-#                             the context's stream and handle; every op of the
-#                             op x backend harness: written ones against the
-#                             CPU, stubbed ones must stop naming themselves),
-#                             then the NCCL test under mpirun, and ends with a
-#                             table of what passed. Logs go to $OUT.
+# Steps, each timed:
+#   tools        the machine's compilers (g++ for nvcc, nvcc, CMake, ninja), glibc >= 2.36
+#   unpack       .bundle/debs into a private prefix with dpkg-deb -x (never into /)
+#   configure    build-gpu/ with -DORIGAMI_CUDA=ON for Hopper only (90-real),
+#                against that prefix and the machine's own CUDA (cudart, cuBLAS, NCCL)
+#   build        only `origami` and the test binaries whose tests carry the CTest
+#                label cuda, with every core (ccache when there is one)
+#   cpu_ops      BackendOps.cpu (the op harness's CPU half) and
+#   mpi_np2      mpirun -np 2 origami groups --tp 2 through the bundled OpenMPI:
+#                a broken bundle shows apart from a broken CUDA op
+#   cuda_tests   ctest -L cuda (4 at a time on the one GPU)
+#   bench_kernels  origami bench kernels --device cuda --json
+#   bench_torch  tools/bench_kernels_torch.py (PyTorch at the same shapes)
+# and last a table: each step's status and time, the CUDA test counts, and
+# the kernels against PyTorch. A failed step prints its last 40 lines; steps
+# after a failed build do not run. Every step has a time limit, so the whole
+# stays inside one device call (typically ~5 minutes on 16 cores).
 #
-# Budget: the run half takes about a minute of device time plus the start;
-# give it timeout_s 300 so a rerun still fits the 15-minute lease.
+# Results in RESULTS_DIR (default $OUT, else ./gpu-results), five files since
+# the device tool returns at most 8: gpu_check.log (every step's full
+# output), ctest_cuda.xml, bench_kernels.json, bench_torch.json, summary.txt.
+# Without a GPU the CUDA tests skip and the benchmarks say there is no
+# device; that fails the check unless --no-gpu-ok (tools/bundle_check.sh runs
+# it so on a CPU machine). Exit status: 0 when every step passed, 1 when one
+# failed, 2 on a usage error.
+#
+# Usage: tools/gpu_check.sh [--no-gpu-ok] [RESULTS_DIR]
+#        ORIGAMI_PREFIX (default /tmp/origami-prefix), ORIGAMI_GPU_BUILD (default build-gpu),
+#        ORIGAMI_GPU_BUILD_TIMEOUT (seconds, default 330: the build's limit on 16 cores)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-bundle=.gpu/bundle.tar.gz
 
-pack() {
-  set -e
-  tools/setup.sh
-  tools/build.sh -DORIGAMI_CUDA=ON
-  grep -q "ORIGAMI_WITH_CUDA" build/build.ninja || { echo "gpu_check: build/ is not a CUDA build" >&2; exit 1; }
-  grep -qx "/.gpu/" .git/info/exclude 2>/dev/null || echo "/.gpu/" >> .git/info/exclude
-  local stage
-  stage=$(mktemp -d)
-  mkdir -p "$stage/bin" "$stage/lib" "$stage/usr/lib/x86_64-linux-gnu" "$stage/usr/share" "$stage/usr/bin"
-  local bins=(build/tests/test_kernels_device build/tests/test_kernels_backend_ops build/tests/test_comm_nccl
-              build/tools/origami)
-  cp "${bins[@]}" "$stage/bin/"
-  # Every library the binaries and OpenMPI's plugins load, except the C
-  # runtime (the device's is newer) and CUDA's own (the device's match its driver).
-  local skip='^(libc|libm|libdl|libpthread|librt|libutil|ld-linux-x86-64|libstdc\+\+|libgcc_s|libcudart|libcublas|libcublasLt|libnccl|libcuda)\.so'
-  { for b in "${bins[@]}"; do ldd "$b"; done
-    find /usr/lib/x86_64-linux-gnu/openmpi /usr/lib/x86_64-linux-gnu/pmix2 -name '*.so*' -exec ldd {} \; 2>/dev/null
-  } | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u | while read -r lib; do
-    basename "$lib" | grep -Eq "$skip" || cp -L "$lib" "$stage/lib/"
+usage() { echo "usage: tools/gpu_check.sh [--no-gpu-ok] [RESULTS_DIR]" >&2; exit 2; }
+no_gpu_ok=0
+results=""
+for a in "$@"; do
+  case $a in
+    --no-gpu-ok) no_gpu_ok=1 ;;
+    -*) usage ;;
+    *) [ -z "$results" ] || usage; results=$a ;;
+  esac
+done
+results=${results:-${OUT:-$root/gpu-results}}
+mkdir -p "$results" || { echo "gpu_check: cannot create $results" >&2; exit 2; }
+results=$(cd "$results" && pwd)
+prefix=${ORIGAMI_PREFIX:-/tmp/origami-prefix}
+build=${ORIGAMI_GPU_BUILD:-build-gpu}
+build_timeout=${ORIGAMI_GPU_BUILD_TIMEOUT:-330}  # s; 16 cores there, so a slower machine sets more
+bundle=$root/.bundle
+log=$results/gpu_check.log
+summary=$results/summary.txt
+rm -f "$results/ctest_cuda.xml" "$results/bench_kernels.json" "$results/bench_torch.json"
+: > "$log"
+
+# The binaries whose tests carry the CTest label cuda (tests/CMakeLists.txt).
+# A labelled test in a binary not built here would be missing from ctest -L
+# cuda without a word, so the build step warns about any such binary.
+cuda_targets=(test_kernels_backend_ops test_kernels_device test_kernels_attention test_comm_nccl)
+
+multiarch=x86_64-linux-gnu
+L=$prefix/usr/lib/$multiarch
+orig_ld_path=${LD_LIBRARY_PATH:-}
+
+gpu=""  # "name, driver, memory" of GPU 0, empty without one
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU 0'; then
+  gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1)
+fi
+
+# ---- steps: each prints to the log; returns 0 ok, 77 skipped, else failed;
+# sets note[STEP] for the table.
+declare -A status=() secs=() note=()
+steps=()  # the steps run so far, in order
+all_steps=(tools unpack configure build cpu_ops mpi_np2 cuda_tests bench_kernels bench_torch)
+cxx="" cc="" nvcc="" cmake_version=""
+
+# A version at least a minimum (both dotted numbers).
+version_at_least() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n 1)" = "$2" ]; }
+
+step_tools() {
+  echo "host: $(. /etc/os-release 2>/dev/null && echo "${PRETTY_NAME:-?}"), $(uname -m), $(nproc) cores"
+  local glibc
+  glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+  echo "glibc: ${glibc:-unknown}"
+  # Debian 12's packages were built against glibc 2.36.
+  if [ -z "$glibc" ] || ! version_at_least "$glibc" 2.36; then
+    note[tools]="glibc ${glibc:-unknown} < 2.36: the bundled Debian 12 libraries need 2.36"; return 1
+  fi
+  cxx=$(command -v g++ || command -v c++ || true)
+  cc=$(command -v gcc || command -v cc || true)
+  [ -n "$cxx" ] && [ -n "$cc" ] || { note[tools]="no host C/C++ compiler (g++/gcc) for nvcc"; return 1; }
+  echo "host compiler: $cxx ($("$cxx" --version | head -n 1))"
+  nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc 2>/dev/null | head -n 1 || true)
+  [ -n "$nvcc" ] || { note[tools]="no nvcc on PATH nor in /usr/local/cuda*/bin"; return 1; }
+  echo "nvcc: $nvcc ($("$nvcc" --version | grep -o 'release [0-9.]*' || echo '?'))"
+  local t
+  for t in cmake ctest ninja python3 dpkg-deb readelf; do
+    command -v "$t" >/dev/null 2>&1 || { note[tools]="no $t on PATH"; return 1; }
   done
-  cp -a /usr/lib/x86_64-linux-gnu/openmpi /usr/lib/x86_64-linux-gnu/pmix2 "$stage/usr/lib/x86_64-linux-gnu/"
-  cp -a /usr/share/openmpi "$stage/usr/share/"
-  [ -d /usr/share/pmix ] && cp -a /usr/share/pmix "$stage/usr/share/"
-  cp -L /usr/bin/orterun "$stage/usr/bin/mpirun"
-  cp -L /usr/bin/orted "$stage/usr/bin/orted"
-  git rev-parse --short HEAD > "$stage/REVISION"
-  mkdir -p .gpu
-  tar -C "$stage" -czf "$bundle" .
-  rm -rf "$stage"
-  echo "gpu_check: $bundle $(du -h "$bundle" | cut -f1) at $(git rev-parse --short HEAD)"
-  echo "gpu_check: on the device machine: run(command='bash tools/gpu_check.sh run', carry=['.gpu'], timeout_s=300)"
+  cmake_version=$(cmake --version | head -n 1 | awk '{print $3}')
+  echo "cmake $cmake_version, ninja $(ninja --version), $(python3 --version 2>&1)"
+  version_at_least "$cmake_version" 3.25 || { note[tools]="cmake $cmake_version < 3.25 (CMakeLists.txt)"; return 1; }
+  echo "GPU: ${gpu:-none}"
+  local nvcc_version; nvcc_version=$("$nvcc" --version | grep -o 'V[0-9][0-9.]*' | tr -d V)
+  note[tools]="$(basename "$cxx") $("$cxx" -dumpfullversion 2>/dev/null), nvcc $nvcc_version, cmake $cmake_version, glibc $glibc"
 }
 
-# The directory holding a CUDA library on the device, searched where the
-# image keeps them (toolkit, driver, the Python wheels).
-lib_dir_of() {
-  find /usr/local/cuda*/ /usr/local/nvidia /usr/lib/x86_64-linux-gnu /opt /usr/local/lib -name "$1" 2>/dev/null |
-    head -1 | xargs -r dirname
+step_unpack() {
+  if [ ! -f "$bundle/MANIFEST" ]; then
+    note[unpack]="no .bundle/MANIFEST: run tools/device_bundle.sh on the CPU machine, carry .bundle"; return 1
+  fi
+  # rm -rf only a prefix this script made (its marker file), never /, /usr, ...
+  case $prefix in /*/*) ;; *) note[unpack]="ORIGAMI_PREFIX must be an absolute path two levels deep: $prefix"; return 1 ;; esac
+  if [ -e "$prefix" ] && [ ! -e "$prefix/.origami-prefix" ]; then
+    note[unpack]="$prefix exists and was not made by gpu_check.sh: give another ORIGAMI_PREFIX"; return 1
+  fi
+  rm -rf "$prefix" && mkdir -p "$prefix" && touch "$prefix/.origami-prefix" || { note[unpack]="cannot make $prefix"; return 1; }
+  local line pv p v f n=0 bytes=0
+  while read -r line; do
+    case $line in ''|'#'*) continue ;; esac
+    pv=${line%% *}; p=${pv%%=*}; v=${pv#*=}
+    f=$(ls "$bundle/debs/${p}_"*.deb 2>/dev/null | head -n 1)
+    if [ -z "$f" ] || [ "$(dpkg-deb -f "$f" Version)" != "$v" ]; then
+      note[unpack]="bundle lacks $p=$v: rerun tools/device_bundle.sh"; return 1
+    fi
+    dpkg-deb -x "$f" "$prefix" || { note[unpack]="dpkg-deb -x $f failed"; return 1; }
+    n=$((n + 1)); bytes=$((bytes + $(stat -c %s "$f")))
+  done < "$bundle/MANIFEST"
+  echo "unpacked $n packages ($((bytes / 1048576)) MiB of .debs) into $prefix"
+  # What the packages' install scripts would have made (Debian alternatives).
+  local b
+  for b in mpicc:mpicc.openmpi mpicxx:mpic++.openmpi mpic++:mpic++.openmpi mpirun:mpirun.openmpi mpiexec:mpiexec.openmpi; do
+    ln -sfn "${b#*:}" "$prefix/usr/bin/${b%%:*}"
+  done
+  ln -sfn openmpi/lib/libmpi.so "$L/libmpi.so"
+  ln -sfn ../../lib/$multiarch/openmpi/include "$prefix/usr/include/$multiarch/mpi"
+  local psm; psm=$(ls "$prefix"/usr/lib/libpsm1/libpsm_infinipath.so.1.* 2>/dev/null | head -n 1)
+  [ -n "$psm" ] && ln -sfn "../libpsm1/$(basename "$psm")" "$L/libpsm_infinipath.so.1"
+  # A library the machine already has (same soname in ldconfig's cache) is
+  # taken from the machine: the prefix's copy becomes a link to it, so no
+  # process mixes an older Debian copy with the machine's newer libraries.
+  local cache soname host shared=()
+  cache=$(ldconfig -p 2>/dev/null)
+  while read -r f; do
+    soname=$(readelf -d "$f" 2>/dev/null | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+    [ -n "$soname" ] || continue
+    host=$(awk -v s="$soname" '$1 == s && /x86-64/ {print $NF; exit}' <<<"$cache")
+    [ -n "$host" ] && [ -e "$host" ] || continue
+    ln -sf "$host" "$f" && shared+=("$soname") && echo "the machine's own $soname: $host"
+  done < <(find "$L" "$prefix/lib/$multiarch" -maxdepth 1 -type f -name 'lib*.so.*' 2>/dev/null)
+  # OpenMPI and PMIx plugins whose libraries cannot be found would print a
+  # load error at every start: set them aside.
+  local dropped=()
+  mkdir -p "$prefix/disabled-plugins"
+  while read -r f; do
+    if LD_LIBRARY_PATH=$(runtime_ld_path) ldd "$f" 2>/dev/null | grep -q 'not found'; then
+      echo "plugin set aside (unresolved libraries): $f"
+      LD_LIBRARY_PATH=$(runtime_ld_path) ldd "$f" | grep 'not found'
+      mv "$f" "$prefix/disabled-plugins/" && dropped+=("$(basename "$f" .so)")
+    fi
+  done < <(find "$L/openmpi/lib/openmpi3" "$L/pmix2/lib/pmix" -name '*.so' 2>/dev/null)
+  note[unpack]="$n packages, $((bytes / 1048576)) MiB"
+  [ ${#shared[@]} -gt 0 ] && note[unpack]+="; machine's own: ${shared[*]}"
+  [ ${#dropped[@]} -gt 0 ] && note[unpack]+="; plugins set aside: ${dropped[*]}"
+  return 0
 }
 
+# Where the CUDA files live on this machine (toolkit, driver, the Python
+# wheels): one search, listed in the log. The libraries' folders go on
+# LD_LIBRARY_PATH (cuBLAS is dlopen'ed by name when it is not in the
+# toolkit folder the build recorded); nccl.h and libnccl go to CMake.
+cuda_files="" cuda_lib_dirs=""
+find_cuda_files() {
+  local toolkit l p d
+  toolkit=$(cd "$(dirname "$nvcc")/.." && pwd)
+  cuda_files=$(find "$toolkit" /usr/local/cuda*/ /usr/local/nvidia /usr/lib/$multiarch /usr/include /opt /usr/local/lib \
+    \( -name libcudart.so.13 -o -name libcublas.so.13 -o -name libcublasLt.so.13 -o -name libcuda.so.1 \
+       -o -name nccl.h -o -name libnccl.so -o -name libnccl.so.2 \) 2>/dev/null)
+  for l in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcuda.so.1; do
+    p=$(first_file "$l")
+    echo "$l: ${p:-not found}"
+    [ -n "$p" ] || continue
+    d=$(dirname "$p")
+    case ":$cuda_lib_dirs:" in *":$d:"*) ;; *) cuda_lib_dirs=${cuda_lib_dirs:+$cuda_lib_dirs:}$d ;; esac
+  done
+}
+first_file() {  # NAME [UNDER]: the first file found of that name (under UNDER if given)
+  awk -v n="$1" -v u="${2:-}" '{ b = $0; sub(/.*\//, "", b) } b == n && index($0, u) == 1 { print; exit }' <<<"$cuda_files"
+}
+runtime_ld_path() {
+  echo "$L:$prefix/lib/$multiarch:$L/openmpi/lib:$L/pmix2/lib${cuda_lib_dirs:+:$cuda_lib_dirs}${orig_ld_path:+:$orig_ld_path}"
+}
+
+# The prefix for every later step: its tools first on PATH, its libraries on
+# LD_LIBRARY_PATH (python3 gets the machine's own), OpenMPI relocated
+# (OPAL_PREFIX; PMIx beside it: PMIX_PREFIX, and its plugin folder named,
+# since mpirun hands PMIx the unrelocated prefix) and set for one node:
+# shared memory and self only, no single-copy CMA (refused in some
+# sandboxes), root allowed, and `false` as the remote-start agent, since
+# without ssh OpenMPI's launcher refuses to start even local ranks.
+use_prefix() {
+  export PATH="$prefix/usr/bin:$PATH"
+  export LD_LIBRARY_PATH; LD_LIBRARY_PATH=$(runtime_ld_path)
+  export OPAL_PREFIX=$prefix/usr PMIX_PREFIX=$L/pmix2 PMIX_INSTALL_PREFIX=$L/pmix2 OMPI_MCA_pmix_base_silence_warning=1
+  export PMIX_MCA_mca_base_component_path=$L/pmix2/lib/pmix
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=false
+  export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_osc=^ucx OMPI_MCA_btl_vader_single_copy_mechanism=none
+  export PKG_CONFIG_LIBDIR=$L/pkgconfig:$prefix/usr/share/pkgconfig PKG_CONFIG_SYSROOT_DIR=$prefix
+}
+
+step_configure() {
+  find_cuda_files
+  use_prefix
+  mpicxx -showme:compile | grep -q "$prefix" || { note[configure]="mpicxx does not point into $prefix (OPAL_PREFIX)"; return 1; }
+  local args=(-S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
+    -DORIGAMI_CUDA=ON -DORIGAMI_CUDA_ARCHITECTURES=90-real -DCMAKE_CUDA_ARCHITECTURES=90-real
+    -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_HOST_COMPILER="$cxx"
+    -DCMAKE_PREFIX_PATH="$prefix/usr" -DPKG_CONFIG_EXECUTABLE="$prefix/usr/bin/pkgconf"
+    -DMPI_C_COMPILER="$prefix/usr/bin/mpicc" -DMPI_CXX_COMPILER="$prefix/usr/bin/mpicxx"
+    -DMPIEXEC_EXECUTABLE="$prefix/usr/bin/mpirun"
+    # CMake 4 refuses policy versions below 3.5; bookworm's CMake files ask
+    # 2.6...3.19 and the like (a range, which CMake 4 takes; this is the net).
+    -DCMAKE_POLICY_VERSION_MINIMUM=3.5)
+  if command -v ccache >/dev/null 2>&1; then
+    args+=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  fi
+  # NCCL: the toolkit's, else the PyTorch wheel's, whose libnccl.so.2 has no
+  # unversioned link for find_library: the library beside the header found.
+  local h tree lib
+  h=$(first_file nccl.h)
+  if [ -n "$h" ]; then
+    tree=$(dirname "$(dirname "$h")")
+    lib=$(first_file libnccl.so "$tree"); [ -n "$lib" ] || lib=$(first_file libnccl.so.2 "$tree")
+    [ -n "$lib" ] && args+=(-DORIGAMI_NCCL_INCLUDE_DIR="$(dirname "$h")" -DORIGAMI_NCCL_LIBRARY="$lib")
+  fi
+  echo "cmake ${args[*]}"
+  local out; out=$(mktemp)
+  timeout 300 cmake "${args[@]}" 2>&1 | tee "$out"
+  local rc=${PIPESTATUS[0]}
+  note[configure]="$(grep -o 'Origami CUDA backend: .*' "$out" | head -n 1)"
+  note[configure]+="; $(grep -o 'Origami NCCL backend: .*' "$out" | head -n 1)"
+  rm -f "$out"
+  return "$rc"
+}
+
+step_build() {
+  local t known missing=()
+  known=$(ninja -C "$build" -t targets all 2>/dev/null | sed 's/:.*//')
+  for t in origami "${cuda_targets[@]}"; do
+    grep -qx "$t" <<<"$known" || missing+=("$t")
+  done
+  [ ${#missing[@]} -eq 0 ] || { note[build]="no target ${missing[*]}: update cuda_targets in tools/gpu_check.sh"; return 1; }
+  # Binaries with tests labelled cuda that are not built here, read from
+  # gtest_discover_tests' files (best effort: their form is CMake's own).
+  local unbuilt=()
+  for t in $(grep -l 'LABELS;cuda' "$build"/tests/*_include.cmake 2>/dev/null | sed 's|.*/||; s|\[.*||' | sort -u); do
+    [[ " ${cuda_targets[*]} " == *" $t "* ]] || unbuilt+=("$t")
+  done
+  if [ ${#unbuilt[@]} -gt 0 ]; then
+    echo "WARNING: ${unbuilt[*]} carry tests labelled cuda but are not built: add them to cuda_targets"
+    note[build]="WARNING not built, labelled cuda: ${unbuilt[*]}; "
+  fi
+  local jobs; jobs=$(nproc)
+  echo "ninja -j $jobs origami ${cuda_targets[*]}"
+  timeout "$build_timeout" ninja -C "$build" -j "$jobs" origami "${cuda_targets[@]}" || return
+  note[build]+="$(( ${#cuda_targets[@]} + 1 )) targets, $jobs jobs"
+}
+
+step_cpu_ops() {
+  local out rc; out=$(mktemp)
+  timeout 180 ctest --test-dir "$build" -R '^BackendOps\.cpu$' --no-tests=error --output-on-failure 2>&1 | tee "$out"
+  rc=${PIPESTATUS[0]}
+  local failed  # gtest's names of the failed cases, the last part of each
+  failed=$(grep -oE '^\[  FAILED  \] [^ ,]+[./][^ ,]+' "$out" | sed 's|.*[./]||' | sort -u | tr '\n' ' ')
+  note[cpu_ops]="BackendOps.cpu${failed:+; failed: $failed}"
+  rm -f "$out"
+  return "$rc"
+}
+
+step_mpi_np2() {
+  local out
+  out=$(timeout 60 "$prefix/usr/bin/mpirun" --oversubscribe -np 2 "$build/tools/origami" groups --tp 2 2>&1)
+  local rc=$?
+  echo "$out"
+  [ $rc -eq 0 ] || return $rc
+  grep -q 'dense tp' <<<"$out" || { note[mpi_np2]="origami groups printed no 'dense tp' line"; return 1; }
+  note[mpi_np2]="mpirun -np 2 origami groups --tp 2"
+}
+
+cuda_counts=""
+step_cuda_tests() {
+  timeout 240 ctest --test-dir "$build" -L cuda --no-tests=error --output-on-failure -j 4 --timeout 180 \
+    --output-junit "$results/ctest_cuda.xml"
+  local rc=$?
+  [ $rc -eq 124 ] && return 124
+  # passed failed skipped total, from CTest's JUnit file
+  cuda_counts=$(python3 - "$results/ctest_cuda.xml" <<'EOF' 2>/dev/null
+import sys, xml.etree.ElementTree as ET
+cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
+n = {"passed": 0, "failed": 0, "skipped": 0}
+for c in cases:
+    s = c.get("status", "")
+    if s == "fail" or c.find("failure") is not None: n["failed"] += 1
+    elif s in ("notrun", "disabled") or c.find("skipped") is not None: n["skipped"] += 1
+    else: n["passed"] += 1
+print(n["passed"], n["failed"], n["skipped"], sum(n.values()))
+EOF
+)
+  local passed failed skipped total
+  read -r passed failed skipped total <<<"${cuda_counts:-? ? ? ?}"
+  note[cuda_tests]="$passed passed, $failed failed, $skipped skipped (of $total)"
+  [ $rc -eq 0 ] || return 1
+  if [ -z "$gpu" ]; then
+    note[cuda_tests]+="; no GPU"
+    [ $no_gpu_ok -eq 1 ] && return 0
+    return 1
+  fi
+  [ "$skipped" = 0 ] || note[cuda_tests]+="; skips on a GPU machine: read the log"
+}
+
+# A JSON file that python3 can read.
+is_json() { python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$1" 2>/dev/null; }
+
+# Without a GPU a benchmark's failure or no-op is expected: skipped with
+# --no-gpu-ok, failed without.
+no_gpu_verdict() {  # step
+  note[$1]="no GPU${note[$1]:+: ${note[$1]}}"
+  [ $no_gpu_ok -eq 1 ] && return 77
+  return 1
+}
+
+step_bench_kernels() {
+  timeout 150 "$build/tools/origami" bench kernels --device cuda --json > "$results/bench_kernels.json"
+  local rc=$?
+  [ -s "$results/bench_kernels.json" ] || rm -f "$results/bench_kernels.json"
+  if [ -z "$gpu" ]; then note[bench_kernels]="exit $rc"; no_gpu_verdict bench_kernels; return; fi
+  [ $rc -eq 0 ] || return $rc
+  is_json "$results/bench_kernels.json" || { note[bench_kernels]="stdout is not one JSON object"; return 1; }
+}
+
+step_bench_torch() {
+  [ -f tools/bench_kernels_torch.py ] || { note[bench_torch]="no tools/bench_kernels_torch.py"; return 1; }
+  # The machine's own libraries for PyTorch: the prefix's and the toolkit's
+  # would come before its wheels' on LD_LIBRARY_PATH.
+  (
+    if [ -n "$orig_ld_path" ]; then export LD_LIBRARY_PATH=$orig_ld_path; else unset LD_LIBRARY_PATH; fi
+    PYTHONUNBUFFERED=1 timeout 120 python3 tools/bench_kernels_torch.py --json "$results/bench_torch.json"
+  )
+  local rc=$?
+  if [ -z "$gpu" ]; then note[bench_torch]="exit $rc"; no_gpu_verdict bench_torch; return; fi
+  [ $rc -eq 0 ] || return $rc
+  is_json "$results/bench_torch.json" || { note[bench_torch]="no JSON in bench_torch.json"; return 1; }
+}
+
+# ---- runner and summary
+
+# run STEP: runs step_STEP with its output appended to the log; prints a
+# status line, and the output's tail when it failed.
 run() {
-  local out=${OUT:-/tmp/gpu_check_out} g=/tmp/origami-gpu
-  mkdir -p "$out" "$g"
-  [ -f "$bundle" ] || { echo "gpu_check: no $bundle (run 'tools/gpu_check.sh pack' here and carry .gpu)"; exit 1; }
-  tar -C "$g" -xzf "$bundle"
-  echo "== device"; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
-  echo "bundle revision $(cat $g/REVISION), tree revision $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-  local cuda_dirs=""
-  for l in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
-    d=$(lib_dir_of "$l"); [ -n "$d" ] && cuda_dirs="$cuda_dirs:$d"; echo "$l: ${d:-MISSING}"
-  done
-  export LD_LIBRARY_PATH="$g/lib$cuda_dirs:$g/usr/lib/x86_64-linux-gnu/openmpi/lib:${LD_LIBRARY_PATH:-}"
-  export OPAL_PREFIX="$g/usr" PMIX_INSTALL_PREFIX="$g/usr/lib/x86_64-linux-gnu/pmix2" PATH="$g/usr/bin:$PATH"
-  export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  declare -A result
-  local names=()
-  check() {  # name, command...
-    local name=$1; shift
-    names+=("$name")
-    echo "== $name: $*"
-    local t0=$SECONDS
-    ( cd "$root" && timeout 240 "$@" ) > "$out/$name.log" 2>&1
-    local rc=$?
-    tail -25 "$out/$name.log"
-    result[$name]="rc=$rc $(grep -Eo '[0-9]+ tests? (from [0-9]+ test suites? ran|passed)|\[  PASSED  \] [0-9]+ tests?|\[  SKIPPED \] [0-9]+ tests?|\[  FAILED  \] [0-9]+ tests?' "$out/$name.log" | tr '\n' ' ') $((SECONDS - t0)) s"
-  }
-  check device "$g/bin/test_kernels_device" --gtest_brief=1
-  check harness "$g/bin/test_kernels_backend_ops" --gtest_filter='*_cuda'
-  check harness_cpu "$g/bin/test_kernels_backend_ops" --gtest_filter='BackendOpsTable.*:*_cpu' --gtest_brief=1
-  check mpi_groups mpirun --oversubscribe -np 2 "$g/bin/origami" groups --tp 2
-  check nccl mpirun --oversubscribe -np 1 "$g/bin/test_comm_nccl" --gtest_brief=1
-  echo "== summary (logs in \$OUT)"
-  for n in "${names[@]}"; do printf '%-12s %s\n' "$n" "${result[$n]}"; done
+  local name=$1 t0=$SECONDS start rc
+  steps+=("$name")
+  start=$(($(wc -l < "$log") + 1))
+  printf '\n===== %s\n' "$name" >> "$log"
+  "step_$name" >> "$log" 2>&1
+  rc=$?
+  secs[$name]=$((SECONDS - t0))
+  case $rc in
+    0) status[$name]=ok ;;
+    77) status[$name]=skipped ;;
+    124) status[$name]=FAILED; note[$name]="timed out${note[$name]:+; ${note[$name]}}" ;;
+    *) status[$name]=FAILED ;;
+  esac
+  echo "gpu_check: [$name] ${status[$name]} in ${secs[$name]} s${note[$name]:+ (${note[$name]})}"
+  if [ "${status[$name]}" = FAILED ]; then
+    echo "---- last lines of $name (all of it in $log)"
+    tail -n +"$start" "$log" | tail -n 40
+    echo "----"
+  fi
+  write_summary
+  [ $rc -eq 0 ] || [ $rc -eq 77 ]
 }
 
-case "${1:-}" in
-  pack) pack ;;
-  run) run ;;
-  *) echo "usage: tools/gpu_check.sh pack|run" >&2; exit 2 ;;
-esac
+# The kernel table: origami's bench kernels beside PyTorch's, matched by key
+# (tools/bench_kernels.cpp names its lines so that bench_kernels_torch.py's
+# counterparts share the key). Tolerant of missing files and keys.
+kernel_table() {
+  python3 - "$results/bench_kernels.json" "$results/bench_torch.json" <<'EOF'
+import json, sys
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except Exception:
+        return None
+
+def entries(doc):
+    if isinstance(doc, list):
+        return [e for e in doc if isinstance(e, dict)]
+    if isinstance(doc, dict):
+        if isinstance(doc.get("ops"), list):
+            return entries(doc["ops"])
+        for v in doc.values():
+            if isinstance(v, list) and v and all(isinstance(e, dict) for e in v):
+                return v
+    return []
+
+def first(e, *keys):
+    for k in keys:
+        if isinstance(e, dict) and e.get(k) is not None:
+            return e[k]
+    return None
+
+def num(x):
+    return x if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+def text(x):
+    return "" if x is None else x if isinstance(x, str) else json.dumps(x, separators=(",", ":"))
+
+def key(e):
+    return text(first(e, "key", "op", "name"))
+
+def f3(x):
+    return f"{x:.3f}" if num(x) is not None else "-"
+
+def rate(e):
+    t, g = num(first(e, "tflops")), num(first(e, "gbps"))
+    return f"{t:.3g} TF/s" if t is not None else f"{g:.3g} GB/s" if g is not None else "-"
+
+def target(e):
+    t, met = first(e, "target"), first(e, "meets_target")
+    if not isinstance(t, dict):
+        return ""
+    lo, hi = num(t.get("min")), num(t.get("max"))
+    bound = f">={lo:.0%}" if lo is not None else f"<={hi:.0%}" if hi is not None else "?"
+    of = "" if t.get("of") in (None, "ceiling") else "/" + text(t.get("of"))[:6]
+    return bound + of + (" ok" if met is True else " MISS" if met is False else "")
+
+ours, torch = load(sys.argv[1]), load(sys.argv[2])
+for name, doc in (("origami", ours), ("torch", torch)):
+    if not isinstance(doc, dict):
+        continue
+    c = doc.get("ceilings") if isinstance(doc.get("ceilings"), dict) else {}
+    gemm_tf = num(c.get("gemm_tflops")) or num(doc.get("ceiling_tflops"))
+    copy_gb = num(c.get("copy_gbps"))
+    facts = [text(first(doc, "device_name", "device")), text(first(doc, "dtype")),
+             f"ceiling {gemm_tf:.4g} TF/s" if gemm_tf else "", f"copy {copy_gb:.4g} GB/s" if copy_gb else "",
+             f"skipped: {text(doc['skipped'])}" if doc.get("skipped") else "",
+             f"WRONG DATA in {doc['wrong']} op(s)" if num(doc.get("wrong")) else ""]
+    print(f"{name}: " + "; ".join(f for f in facts if f))
+mine, theirs = entries(ours), entries(torch)
+if not mine and not theirs:
+    print("kernels: nothing measured")
+    sys.exit(0)
+by_key = {}
+for t in theirs:
+    by_key.setdefault(key(t), []).append(t)
+fmt = "{:<26} {:<20} {:>9} {:>11} {:>5} {:<17} {:>9} {:<11} {:>7}"
+print(fmt.format("key", "shape", "ms", "rate", "%ceil", "target", "torch ms", "torch impl", "ours/pt"))
+shown = set()
+for e in mine:
+    ms, frac = num(first(e, "ms")), num(first(e, "fraction_of_ceiling"))
+    for t in by_key.get(key(e), [None]):
+        shown.add(id(t))
+        tms = num(first(t, "ms"))
+        print(fmt.format(key(e)[:26], text(first(e, "shape"))[:20], f3(ms), rate(e),
+                         f"{100 * frac:.0f}" if frac is not None else "-", target(e)[:17], f3(tms),
+                         text(first(t, "impl"))[:11], f"{ms / tms:.2f}" if ms and tms else "-"))
+for t in theirs:
+    if id(t) not in shown:
+        print(fmt.format(key(t)[:26], text(first(t, "shape"))[:20], "-", "-", "-", "", f3(first(t, "ms")),
+                         text(first(t, "impl"))[:11], "-"))
+print("ours/pt: origami's time over PyTorch's (below 1: origami is faster)")
+EOF
+}
+
+write_summary() {
+  {
+    echo "== gpu_check summary ($(date -u '+%Y-%m-%d %H:%M UTC'); full output: $log)"
+    echo "GPU: ${gpu:-none}   prefix: $prefix   build: $build"
+    printf '%-14s %-8s %6s  %s\n' step status time note
+    local n total=0
+    for n in "${steps[@]}"; do
+      printf '%-14s %-8s %4s s  %s\n' "$n" "${status[$n]}" "${secs[$n]}" "${note[$n]:-}"
+      total=$((total + secs[$n]))
+    done
+    for n in "${all_steps[@]}"; do
+      [ -n "${status[$n]:-}" ] || printf '%-14s %-8s %4s    %s\n' "$n" "not run" "" "an earlier step failed"
+    done
+    printf '%-14s %-8s %4s s\n' total "" "$total"
+    [ -n "$cuda_counts" ] && echo "CUDA tests (ctest -L cuda): ${note[cuda_tests]}"
+    kernel_table 2>&1
+  } > "$summary"
+}
+
+# ---- main
+echo "gpu_check: results in $results, prefix $prefix, build $build, GPU: ${gpu:-none}"
+ok=1
+run tools && run unpack && run configure && run build || ok=0
+if [ $ok -eq 1 ]; then
+  run cpu_ops || ok=0
+  run mpi_np2 || ok=0
+  run cuda_tests || ok=0
+  run bench_kernels || ok=0
+  run bench_torch || ok=0
+fi
+write_summary
+echo
+cat "$summary"
+if [ $ok -eq 1 ]; then
+  echo "gpu_check: PASSED"
+else
+  failed=()
+  for n in "${steps[@]}"; do [ "${status[$n]}" = FAILED ] && failed+=("$n"); done
+  echo "gpu_check: FAILED (${failed[*]:-a step}; logs in $results)"
+fi
+[ $ok -eq 1 ]
