@@ -1,5 +1,5 @@
 // Tracked allocators: per-device byte counts over a memory source (host
-// aligned_alloc here; cudaMalloc in kernels/cuda/memory.cu).
+// aligned_alloc here; cudaMalloc in kernels/cuda/memory.cpp).
 #include "kernels/allocator.h"
 
 #include <array>

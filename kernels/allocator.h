@@ -36,7 +36,7 @@ struct LedgerSnapshot {
 };
 
 // Where an allocator's bytes come from: aligned host memory, or cudaMalloc on
-// one device (kernels/cuda/memory.cu).
+// one device (kernels/cuda/memory.cpp).
 struct MemorySource {
   void* (*allocate)(size_t bytes, int device_index) = nullptr;  // null on failure
   void (*release)(void* ptr, int device_index) = nullptr;

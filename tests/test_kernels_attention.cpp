@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -101,15 +102,18 @@ Result run_kernel(const Problem& p, bool backward = true, const ExecContext& ctx
   return r;
 }
 
-TEST(Attention, BackwardMatchesFiniteDifferencesOfForward) {
+// Backward against central finite differences of forward, through `run`
+// (a backend's forward, and backward when asked): context-parallel chunks of
+// queries over 64 keys, GQA group 2; keys 48..63 are seen by no query.
+void expect_backward_matches_finite_differences(const std::function<Result(const Problem&, bool)>& run) {
   auto qpos = iota(8, 16);
   auto tail = iota(40, 48);
   qpos.insert(qpos.end(), tail.begin(), tail.end());
   Problem p = make_problem(1, 4, 2, 16, qpos, iota(0, 64), 6);
-  const Result base = run_kernel(p);
+  const Result base = run(p, true);
   // L = Σ o ⊙ dO, so ∂L/∂x is what backward returns for upstream gradient dO.
   auto loss = [&](const Problem& pp) {
-    const Result r = run_kernel(pp, false);
+    const Result r = run(pp, false);
     double l = 0.0;
     for (size_t i = 0; i < r.o.size(); ++i) l += r.o[i] * pp.dO.f32()[i];
     return l;
@@ -130,12 +134,16 @@ TEST(Attention, BackwardMatchesFiniteDifferencesOfForward) {
       const double lm = loss(p);
       x = x0;
       const double fd = (lp - lm) / (2.0 * h);
-      // O(h²) truncation plus fp32 rounding of L over 2h: observed <= 3e-5.
+      // O(h²) truncation plus fp32 rounding of L over 2h: observed <= 3e-5 on the CPU.
       EXPECT_NEAR(grad[idx], fd, 1e-4 + 1e-3 * std::abs(fd)) << "element " << idx;
       checked += grad[idx] != 0.0;
     }
   }
-  EXPECT_GT(checked, 12);  // keys 48..63 are seen by no query (zero gradient); most probes are elsewhere
+  EXPECT_GT(checked, 12);  // keys 48..63 get a zero gradient; most probes are elsewhere
+}
+
+TEST(Attention, BackwardMatchesFiniteDifferencesOfForward) {
+  expect_backward_matches_finite_differences([](const Problem& p, bool backward) { return run_kernel(p, backward); });
 }
 
 TEST(Attention, ResultsDoNotDependOnThreadCount) {
@@ -196,41 +204,7 @@ Result run_cuda(const Problem& p, bool backward) {
 
 TEST(AttentionCuda, BackwardMatchesFiniteDifferencesOfForward) {
   if (const std::string why = no_cuda_reason(); !why.empty()) GTEST_SKIP() << why;
-  // Context-parallel chunks over two 32-key tiles of the SIMT kernels, GQA
-  // group 2; keys 48..63 are seen by no query.
-  auto qpos = iota(8, 16);
-  auto tail = iota(40, 48);
-  qpos.insert(qpos.end(), tail.begin(), tail.end());
-  Problem p = make_problem(1, 4, 2, 16, qpos, iota(0, 64), 6);
-  const Result base = run_cuda(p, true);
-  auto loss = [&](const Problem& pp) {  // L = Σ o ⊙ dO
-    const Result r = run_cuda(pp, false);
-    double l = 0.0;
-    for (size_t i = 0; i < r.o.size(); ++i) l += r.o[i] * pp.dO.f32()[i];
-    return l;
-  };
-  std::mt19937 g(7);
-  const float h = 1e-2f;
-  int checked = 0;
-  for (Tensor Problem::*which : {&Problem::q, &Problem::k, &Problem::v}) {
-    const std::vector<double>& grad = which == &Problem::q ? base.dq : which == &Problem::k ? base.dk : base.dv;
-    std::uniform_int_distribution<int64_t> pick(0, (p.*which).numel() - 1);
-    for (int probe = 0; probe < 8; ++probe) {
-      const int64_t idx = pick(g);
-      float& x = (p.*which).f32()[idx];
-      const float x0 = x;
-      x = x0 + h;
-      const double lp = loss(p);
-      x = x0 - h;
-      const double lm = loss(p);
-      x = x0;
-      const double fd = (lp - lm) / (2.0 * h);
-      // As on the CPU: O(h²) truncation plus fp32 rounding of L over 2h.
-      EXPECT_NEAR(grad[idx], fd, 1e-4 + 1e-3 * std::abs(fd)) << "element " << idx;
-      checked += grad[idx] != 0.0;
-    }
-  }
-  EXPECT_GT(checked, 12);
+  expect_backward_matches_finite_differences(run_cuda);  // the SIMT kernels: fp32, hd 16, two 32-key tiles
 }
 
 TEST(AttentionCuda, ResultsAreBitwiseReproducible) {

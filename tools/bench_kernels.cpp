@@ -135,12 +135,7 @@ const ShapeSet& shape_set(const std::string& name) {
   ORIGAMI_USER_ERROR("bench kernels: unknown shape set '", shorten(name), "' (tiny, small, model)");
 }
 
-void fence(const ExecContext& ctx) {
-  ctx.synchronize();
-#if ORIGAMI_WITH_CUDA
-  if (!ctx.device().is_host()) CUDA_CHECK(cudaDeviceSynchronize());
-#endif
-}
+void fence(const ExecContext& ctx) { ctx.synchronize(); }
 
 Tensor empty(const ExecContext& ctx, Shape shape, DType dt) {
   return Tensor::empty(std::move(shape), dt, MemCategory::workspace, ctx.device());

@@ -28,10 +28,8 @@ struct ShapeSet {
 // "model", "small" or "tiny"; a UserError for anything else.
 const ShapeSet& shape_set(const std::string& name);
 
-// Waits for every op of ctx and, on CUDA, for the legacy default stream too:
-// Tensor::copy_from and to() run there (kernels/cuda/memory.cu) and the
-// context's stream is non-blocking, so ctx.synchronize() alone would neither
-// time the copy ceiling nor order an upload before the kernels that read it.
+// Waits for every op of ctx (Tensor::copy_from and to() synchronize the
+// whole device themselves: kernels/cuda/memory.cpp).
 void fence(const ExecContext& ctx);
 
 // ---- inputs, on the context's device, made by the context's own ops

@@ -1,5 +1,5 @@
 // The CUDA half of ExecContext's state (created and destroyed by
-// kernels/cuda/context.cu) and the cuBLASLt helpers that gemm.cu and
+// kernels/cuda/context.cpp) and the cuBLASLt helpers that gemm.cu and
 // grouped_gemm.cu share. Included by kernels/cuda sources only.
 //
 // A context owns, once, for its lifetime:

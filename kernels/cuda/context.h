@@ -1,4 +1,4 @@
-// The CUDA half of ExecContext (kernels/cuda/context.cu): a non-blocking
+// The CUDA half of ExecContext (kernels/cuda/context.cpp): a non-blocking
 // stream, cuBLAS and cuBLASLt handles and the BLAS scratch, per context
 // (kernels/cuda/blas.h defines the state). Host-only declarations, so that
 // kernels/context.cpp includes this in any build.

@@ -1,4 +1,4 @@
-// The CUDA backend's memory primitives (kernels/cuda/memory.cu): device
+// The CUDA backend's memory primitives (kernels/cuda/memory.cpp): device
 // memory for the tracked allocator, copies between any two devices, fills,
 // and the device count. Declared in every build, defined only when
 // ORIGAMI_WITH_CUDA; host code calls them only behind that macro.
