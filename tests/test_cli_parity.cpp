@@ -432,7 +432,8 @@ TEST_F(Parity, SixteenRankLayoutMatchesOneRank) {
 
 // The pipeline bubble of each schedule: on PP = 4 with 8 micro-batches every
 // stage's measured idle share of its schedule (JSONL pipeline[s].idle_fraction
-// of step 2; step 1 also allocates and warms up) lies within 15 points of
+// averaged over steps 2 and 3; step 1 also allocates and warms up; one step
+// alone scattered zb-h1's mean to 21% once) lies within 15 points of
 // origami plan's prediction (one step of one stage scatters: 1F1B's stage 0
 // measured 37.5% once), and the mean over the stages within 5 for the
 // new schedules (10 for 1F1B, as before): 1F1B (p − 1)/(m + p − 1) = 27.3%,
@@ -463,8 +464,8 @@ TEST_F(Parity, PipelineIdleFractionMatchesThePlan) {
   for (const auto& c : cases) {
     SCOPED_TRACE(c.tag);
     const std::string layout = model + " " + c.schedule;
-    const auto run = train(c.tag, 4, layout, "tiny-moe.toml", 2);
-    ASSERT_EQ(run.size(), 2u);
+    const auto run = train(c.tag, 4, layout, "tiny-moe.toml", 3);
+    ASSERT_EQ(run.size(), 3u);
     auto r = run_command(std::string(ORIGAMI_BINARY) + " plan " + ORIGAMI_SOURCE_DIR +
                          "/configs/tiny-moe.toml --world 4 --json --set export.dir= " + layout);
     ASSERT_EQ(r.status, 0) << r.output;
@@ -485,10 +486,10 @@ TEST_F(Parity, PipelineIdleFractionMatchesThePlan) {
         EXPECT_GT(p.at("busy_s").get<double>(), 0.0);
         idle.push_back(p.at("idle_fraction").get<double>());
       }
-      const double median = idle[0];  // step 2 (step 1 also allocates and warms up)
-      mean += median / 4;
-      std::printf("%s stage %zu: idle %.1f%% (planned %.1f%%)\n", c.tag, stage, 100 * median, 100 * predicted);
-      EXPECT_NEAR(median, predicted, c.tolerance) << "stage " << stage;
+      const double measured = (idle[0] + idle[1]) / 2;  // steps 2-3 (step 1 also allocates and warms up)
+      mean += measured / 4;
+      std::printf("%s stage %zu: idle %.1f%% (planned %.1f%%)\n", c.tag, stage, 100 * measured, 100 * predicted);
+      EXPECT_NEAR(measured, predicted, c.tolerance) << "stage " << stage;
     }
     std::printf("%s: mean idle %.1f%% (planned %.1f%%)\n", c.tag, 100 * mean, 100 * predicted);
     EXPECT_NEAR(mean, predicted, c.mean_tolerance) << "mean over the stages";
