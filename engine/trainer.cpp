@@ -114,15 +114,20 @@ std::atomic<int> g_stop_signal{0};
 extern "C" void note_stop_signal(int sig) { g_stop_signal.store(sig); }
 
 // Installs the preemption handlers for a Trainer's lifetime. SA_RESETHAND:
-// the second signal finds the default action and kills at once.
+// the second signal finds the default action and kills at once. SA_ONSTACK:
+// a signal that lands in oneDNN's JIT GEMM, whose rsp points into the heap,
+// must not push its frame there (it corrupted the heap about one run in six
+// of the SIGTERM test before); install_signal_stacks gives the threads that
+// run kernels the stack to use.
 class StopSignals {
  public:
   StopSignals() {
     g_stop_signal.store(0);
+    install_signal_stacks();
     struct sigaction sa {};
     sa.sa_handler = note_stop_signal;
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART | SA_RESETHAND;
+    sa.sa_flags = SA_RESTART | SA_RESETHAND | SA_ONSTACK;
     sigaction(SIGTERM, &sa, &old_term_);
     sigaction(SIGINT, &sa, &old_int_);
   }

@@ -1,12 +1,19 @@
-// Thread-count policy for CPU ranks.
+// Thread-count policy for CPU ranks, and the alternate signal stacks of the
+// threads that run kernels.
 #include "kernels/threads.h"
 
 #include <omp.h>
 #include <sched.h>
+#include <signal.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
+#include <vector>
+
+#include "kernels/check.h"
 
 namespace origami {
 
@@ -25,8 +32,51 @@ int default_threads_per_rank() {
   return threads;
 }
 
-void set_num_threads(int threads) { omp_set_num_threads(std::max(1, threads)); }
+void set_num_threads(int threads) {
+  omp_set_num_threads(std::max(1, threads));
+  install_signal_stacks();  // the team may have grown
+}
 
 int num_threads() { return omp_get_max_threads(); }
+
+namespace {
+
+// One thread's alternate signal stack; removed before its memory goes at
+// thread exit. A thread that already had one (a sanitizer's, say) keeps it.
+class SignalStack {
+ public:
+  SignalStack() {
+    stack_t current{};
+    ORIGAMI_CHECK(sigaltstack(nullptr, &current) == 0, "sigaltstack: ", std::strerror(errno));
+    if (!(current.ss_flags & SS_DISABLE)) return;
+    memory_.resize(kBytes);
+    stack_t ss{};
+    ss.ss_sp = memory_.data();
+    ss.ss_size = memory_.size();
+    ORIGAMI_CHECK(sigaltstack(&ss, nullptr) == 0, "sigaltstack of ", kBytes, " bytes: ", std::strerror(errno));
+  }
+  ~SignalStack() {
+    if (memory_.empty()) return;
+    stack_t off{};
+    off.ss_flags = SS_DISABLE;
+    sigaltstack(&off, nullptr);  // at thread exit nothing is left to report a failure to
+  }
+  SignalStack(const SignalStack&) = delete;
+  SignalStack& operator=(const SignalStack&) = delete;
+
+ private:
+  static constexpr size_t kBytes = 64 << 10;  // well above SIGSTKSZ for a handler that stores one atomic
+  std::vector<char> memory_;
+};
+
+void install_signal_stack_on_this_thread() { thread_local SignalStack stack; }
+
+}  // namespace
+
+void install_signal_stacks() {
+  install_signal_stack_on_this_thread();
+#pragma omp parallel
+  install_signal_stack_on_this_thread();
+}
 
 }  // namespace origami

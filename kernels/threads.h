@@ -10,7 +10,15 @@ namespace origami {
 int default_threads_per_rank();
 // Ranks of this job on this node (OMPI_COMM_WORLD_LOCAL_SIZE), at least 1.
 int ranks_on_this_node();
+// Also gives the team's threads their signal stacks (below).
 void set_num_threads(int threads);
 int num_threads();
+
+// Gives the calling thread and every thread of the OpenMP team an alternate
+// signal stack, once per thread (a thread that has one keeps it). Needed by
+// any signal handler installed while kernels run: oneDNN's JIT GEMM points rsp
+// into the heap (oneDNN issue #4845), so a handler run on the interrupted
+// stack writes its frame over heap memory. Handlers must set SA_ONSTACK.
+void install_signal_stacks();
 
 }  // namespace origami
