@@ -339,6 +339,27 @@ TEST(Plan, ShippedLargeConfigsLoadAndCountAsPublished) {
   EXPECT_EQ(p.stages[15].num_layers, 3);
 }
 
+// The GPU configs fill one H200 (141 GB) on one rank, in either recipe (16
+// persistent bytes per parameter at ZeRO 0), without overflowing it; the
+// Mixtral-like one holds as many layers as fit (a sixth would not).
+TEST(Plan, GpuConfigsFitOneH200) {
+  plan::Machine h200;
+  h200.memory_gb = 141;
+  for (const char* name : {"gpu-mixtral-h200.toml", "gpu-deepseek-h200.toml"})
+    for (plan::Recipe recipe : {plan::Recipe::fp32, plan::Recipe::bf16}) {
+      SCOPED_TRACE(name);
+      const Config cfg = load(name);
+      EXPECT_EQ(cfg.runtime.device, RuntimeDevice::cuda);
+      plan::PlanInput in = plan::plan_input(cfg);
+      in.recipe = recipe;
+      const plan::LayoutPlan p = plan::plan_layout(in, layout_of(cfg, 1), h200);
+      EXPECT_LT(static_cast<double>(p.peak_bytes()), 141e9);
+      EXPECT_GT(static_cast<double>(p.peak_bytes()), 100e9) << "the config should fill most of the GPU";
+    }
+  const Config six = load("gpu-mixtral-h200.toml", {"model.num_layers=6"});
+  EXPECT_GT(static_cast<double>(plan::plan_layout(plan::plan_input(six), layout_of(six, 1), h200).peak_bytes()), 141e9);
+}
+
 TEST(Plan, StageLayers) {
   EXPECT_EQ(plan::stage_layers(10, 4), (std::vector<int64_t>{3, 3, 2, 2}));
   EXPECT_EQ(plan::stage_layers(10, 2, {7, 3}), (std::vector<int64_t>{7, 3}));
