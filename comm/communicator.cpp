@@ -143,8 +143,13 @@ void Request::wait(bool sleep_when_idle) {
         sched_yield();
       if (waited > limit) abort_on_timeout(*op_, std::chrono::duration<double>(waited).count());
     }
+    add_exposed(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   op_.reset();
+}
+
+void Request::add_exposed(double host_wait_s) {
+  if (op_->exposed_sink) *op_->exposed_sink += op_->exposed_seconds(host_wait_s);
 }
 
 void Request::wait_on(void* cuda_stream) {
@@ -158,11 +163,18 @@ void Request::wait_on(void* cuda_stream) {
 
 bool Request::wait_for(double seconds) {
   using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
-  for (int polls = 0; !test(); ++polls) {
-    if (Clock::now() > deadline) return false;
+  const auto t0 = Clock::now();
+  const auto deadline = t0 + std::chrono::duration<double>(seconds);
+  if (!op_ || op_->test()) {
+    op_.reset();
+    return true;
+  }
+  for (int polls = 0; !op_->test(); ++polls) {
+    if (Clock::now() > deadline) return false;  // counted when a later wait completes it
     if (polls >= 256) std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
+  add_exposed(std::chrono::duration<double>(Clock::now() - t0).count());
+  op_.reset();
   return true;
 }
 
@@ -262,6 +274,7 @@ Request Communicator::launch(Call c, int64_t bytes) {
   op->bytes = bytes;
   op->memory = *c.memory;
   op->timeout_s = options_.timeout_s;
+  op->exposed_sink = &st.exposed_s;
   return Request(std::move(op));
 }
 

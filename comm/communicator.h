@@ -104,6 +104,11 @@ std::string memory_refusal(Backend backend, Device memory, ElemType type, CommOp
 
 struct CommOptions {
   double timeout_s = 300.0;  // runtime.collective_timeout_s
+  // NCCL only: the cudaStream_t that writes and reads the device tensors
+  // (the compute stream, a non-blocking one). Every op then starts after the
+  // work queued there so far (an event the communication stream waits on,
+  // no host sync). Null: ordered only after the legacy default stream.
+  void* compute_stream = nullptr;
 };
 
 struct OpStats {
@@ -117,6 +122,13 @@ struct OpStats {
   // completion (waiting for late peers included): what the imbalance tool
   // turns into an all-to-all rate. Other ops' time is their callers' to measure.
   double blocking_s = 0;
+  // Exposed communication: seconds this rank's work stood still waiting for
+  // this op's requests — every op, blocking or async, counted when a wait
+  // (Request::wait, wait_for) finds it unfinished. MPI: the host's wall time
+  // in the wait. NCCL: the op's own run time on the communication stream
+  // (CUDA events around it), the span the compute stream had nothing to do
+  // while the host waited; an op handed to a stream (wait_on) adds nothing.
+  double exposed_s = 0;
 };
 
 // Per-rank ring volumes in bytes (the convention above), for tests and plans.
@@ -141,6 +153,10 @@ class PendingOp {
   // host; false when the backend cannot (its memory is host memory, so the
   // host must wait).
   virtual bool enqueue_wait(void* /*stream*/) { return false; }
+  // Once complete, after a wait that found it unfinished and took
+  // `host_wait_s`: the exposed seconds to count (OpStats::exposed_s).
+  virtual double exposed_seconds(double host_wait_s) { return host_wait_s; }
+  double* exposed_sink = nullptr;  // the communicator's OpStats::exposed_s of this op
   std::string group;
   CommOp op = CommOp::barrier;
   int64_t seq = 0;
@@ -189,6 +205,7 @@ class Request {
   void abandon() { (void)op_.release(); }
 
  private:
+  void add_exposed(double host_wait_s);
   std::unique_ptr<detail::PendingOp> op_;
 };
 

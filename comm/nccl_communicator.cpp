@@ -54,12 +54,25 @@ ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::max ? ncclMax : ncclSu
 
 class NcclPending final : public detail::PendingOp {
  public:
+  // Timing events: the op's run time on the stream is its exposed time when
+  // the host waits for it (exposed_seconds).
   NcclPending(ncclComm_t comm, cudaStream_t stream) : comm_(comm) {
-    ORIGAMI_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    ORIGAMI_CUDA_CHECK(cudaEventCreate(&started_));
+    ORIGAMI_CUDA_CHECK(cudaEventCreate(&event_));
     stream_ = stream;
   }
-  ~NcclPending() override { cudaEventDestroy(event_); }
+  ~NcclPending() override {
+    cudaEventDestroy(started_);
+    cudaEventDestroy(event_);
+  }
+  // Around the op's kernels, after the stream's wait for its inputs.
+  void record_start() { ORIGAMI_CUDA_CHECK(cudaEventRecord(started_, stream_)); }
   void record() { ORIGAMI_CUDA_CHECK(cudaEventRecord(event_, stream_)); }
+  double exposed_seconds(double) override {
+    float ms = 0;
+    ORIGAMI_CUDA_CHECK(cudaEventElapsedTime(&ms, started_, event_));
+    return ms / 1e3;
+  }
   bool test() override {
     const cudaError_t rc = cudaEventQuery(event_);
     if (rc == cudaSuccess) return true;
@@ -82,6 +95,7 @@ class NcclPending final : public detail::PendingOp {
  private:
   ncclComm_t comm_;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t started_ = nullptr;
   cudaEvent_t event_ = nullptr;
 };
 
@@ -97,12 +111,15 @@ class NcclCommunicator final : public Communicator {
     MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, boot.handle()));
     ORIGAMI_CUDA_CHECK(cudaStreamCreate(&stream_));  // blocking: orders after the legacy default stream
     ORIGAMI_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(int32_t)));
+    compute_ = static_cast<cudaStream_t>(options.compute_stream);
+    if (compute_) ORIGAMI_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
     ORIGAMI_NCCL_CHECK(ncclCommInitRank(&comm_, size(), id, rank()));
   }
   ~NcclCommunicator() override {
     cudaStreamSynchronize(stream_);
     ncclCommDestroy(comm_);
     cudaFree(scratch_);
+    if (inputs_ready_) cudaEventDestroy(inputs_ready_);
     cudaStreamDestroy(stream_);
   }
   Backend backend() const override { return Backend::nccl; }
@@ -117,6 +134,11 @@ class NcclCommunicator final : public Communicator {
   }
   std::unique_ptr<detail::PendingOp> start(const Call& c) override {
     auto p = std::make_unique<NcclPending>(comm_, stream_);
+    if (compute_) {  // the inputs were written by ops queued on the compute stream
+      ORIGAMI_CUDA_CHECK(cudaEventRecord(inputs_ready_, compute_));
+      ORIGAMI_CUDA_CHECK(cudaStreamWaitEvent(stream_, inputs_ready_, 0));
+    }
+    p->record_start();
     const ncclDataType_t t = nccl_type(c.type);
     const size_t es = elem_size(c.type);
     switch (c.op) {
@@ -187,6 +209,8 @@ class NcclCommunicator final : public Communicator {
  private:
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t compute_ = nullptr;      // CommOptions::compute_stream
+  cudaEvent_t inputs_ready_ = nullptr;  // recorded on compute_ before each op
   void* scratch_ = nullptr;
   Device device_;
 };

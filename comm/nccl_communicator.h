@@ -8,7 +8,9 @@
 // group (ncclGetUniqueId on group rank 0, MPI_Bcast, ncclCommInitRank), and
 // runs its ops on its own CUDA stream. That stream is a blocking stream, so it
 // orders after work already queued on the legacy default stream: buffers the
-// caller filled there are ready. Completion is a CUDA event polled by the
+// caller filled there are ready; with CommOptions::compute_stream it also
+// orders each op after the work queued so far on that (non-blocking) stream,
+// through an event rather than a host sync. Completion is a CUDA event polled by the
 // shared bounded wait, or handed to a caller's stream (Request::wait_on,
 // cudaStreamWaitEvent); a timeout calls ncclCommAbort before MPI_Abort. NCCL has
 // no message tags: send/recv between two ranks match in call order.

@@ -10,7 +10,7 @@
 namespace origami::dense {
 
 namespace {
-Tensor activation(Shape shape) { return Tensor::empty(std::move(shape), DType::f32, MemCategory::activation); }
+Tensor activation(const ExecContext& ctx, Shape shape) { return ctx.empty(std::move(shape), DType::f32, MemCategory::activation); }
 }  // namespace
 
 Tensor attention_module_forward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
@@ -21,9 +21,9 @@ Tensor attention_module_forward(const ExecContext& ctx, const AttentionOptions& 
   saved.dims = AttentionDims{batch, S, S, Hq, Hkv, hd};
   saved.x_TD = x_TD;
   saved.pos_S = pos_S;
-  saved.q_BSHd = activation({batch, S, Hq, hd});
-  saved.k_BSHd = activation({batch, S, Hkv, hd});
-  saved.v_BSHd = activation({batch, S, Hkv, hd});
+  saved.q_BSHd = activation(ctx, {batch, S, Hq, hd});
+  saved.k_BSHd = activation(ctx, {batch, S, Hkv, hd});
+  saved.v_BSHd = activation(ctx, {batch, S, Hkv, hd});
   Tensor q_TE = saved.q_BSHd.view({T, Hq * hd}), k_TE = saved.k_BSHd.view({T, Hkv * hd}),
          v_TE = saved.v_BSHd.view({T, Hkv * hd});
   gemm(ctx, x_TD, Trans::no, w.wq, Trans::yes, q_TE);  // (T, Hq·hd)
@@ -32,14 +32,14 @@ Tensor attention_module_forward(const ExecContext& ctx, const AttentionOptions& 
   rope_forward(ctx, saved.q_BSHd, pos_S, opt.rope_theta);
   rope_forward(ctx, saved.k_BSHd, pos_S, opt.rope_theta);
 
-  saved.o_BSHd = activation({batch, S, Hq, hd});
-  saved.lse_BHS = activation({batch, Hq, S});
+  saved.o_BSHd = activation(ctx, {batch, S, Hq, hd});
+  saved.lse_BHS = activation(ctx, {batch, Hq, S});
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   Tensor ws = ctx.workspace(attention_forward_workspace_bytes(ctx, saved.dims));
   attention_forward(ctx, saved.dims, saved.q_BSHd, saved.k_BSHd, saved.v_BSHd, pos_S, pos_S, scale, saved.o_BSHd,
                     saved.lse_BHS, ws);
 
-  Tensor y = activation({T, D});
+  Tensor y = activation(ctx, {T, D});
   gemm(ctx, saved.o_BSHd.view({T, Hq * hd}), Trans::no, w.wo, Trans::yes, y);  // (T, D)
   return y;
 }
@@ -51,14 +51,14 @@ Tensor attention_module_backward(const ExecContext& ctx, const AttentionOptions&
   const int64_t T = saved.x_TD.rows(), D = saved.x_TD.cols();
   const int64_t Eq = d.num_heads * d.head_dim, Ekv = d.num_kv_heads * d.head_dim;
   // y = o·Woᵀ
-  Tensor do_ = activation({d.batch, d.q_len, d.num_heads, d.head_dim});
+  Tensor do_ = activation(ctx, {d.batch, d.q_len, d.num_heads, d.head_dim});
   Tensor do_TE = do_.view({T, Eq});
   gemm(ctx, dy_TD, Trans::no, w.wo, Trans::no, do_TE);                           // (T, Hq·hd)
   linear_weight_grad(ctx, defer, dy_TD, saved.o_BSHd.view({T, Eq}), grad.wo);  // (D, Hq·hd)
 
-  Tensor dq = activation({d.batch, d.q_len, d.num_heads, d.head_dim});
-  Tensor dk = activation({d.batch, d.kv_len, d.num_kv_heads, d.head_dim});
-  Tensor dv = activation({d.batch, d.kv_len, d.num_kv_heads, d.head_dim});
+  Tensor dq = activation(ctx, {d.batch, d.q_len, d.num_heads, d.head_dim});
+  Tensor dk = activation(ctx, {d.batch, d.kv_len, d.num_kv_heads, d.head_dim});
+  Tensor dv = activation(ctx, {d.batch, d.kv_len, d.num_kv_heads, d.head_dim});
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
   Tensor ws = ctx.workspace(attention_backward_workspace_bytes(ctx, d));
   attention_backward(ctx, d, saved.q_BSHd, saved.k_BSHd, saved.v_BSHd, saved.o_BSHd, saved.lse_BHS, do_, saved.pos_S,
@@ -70,7 +70,7 @@ Tensor attention_module_backward(const ExecContext& ctx, const AttentionOptions&
   linear_weight_grad(ctx, defer, dq_TE, saved.x_TD, grad.wq);  // (Hq·hd, D)
   linear_weight_grad(ctx, defer, dk_TE, saved.x_TD, grad.wk);  // (Hkv·hd, D)
   linear_weight_grad(ctx, defer, dv_TE, saved.x_TD, grad.wv);  // (Hkv·hd, D)
-  Tensor dx = activation({T, D});
+  Tensor dx = activation(ctx, {T, D});
   gemm(ctx, dq_TE, Trans::no, w.wq, Trans::no, dx);
   gemm(ctx, dk_TE, Trans::no, w.wk, Trans::no, dx, 1.0f, 1.0f);
   gemm(ctx, dv_TE, Trans::no, w.wv, Trans::no, dx, 1.0f, 1.0f);

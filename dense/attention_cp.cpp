@@ -17,9 +17,9 @@ namespace origami::dense {
 
 namespace {
 
-Tensor activation(Shape shape) { return Tensor::empty(std::move(shape), DType::f32, MemCategory::activation); }
-Tensor positions(int64_t n) { return Tensor::empty({n}, DType::i32, MemCategory::activation); }
-Tensor comm_buffer(int64_t n) { return Tensor::empty({n}, DType::f32, MemCategory::comm); }
+Tensor activation(const ExecContext& ctx, Shape shape) { return ctx.empty(std::move(shape), DType::f32, MemCategory::activation); }
+Tensor positions(const ExecContext& ctx, int64_t n) { return ctx.empty({n}, DType::i32, MemCategory::activation); }
+Tensor comm_buffer(const ExecContext& ctx, int64_t n) { return ctx.empty({n}, DType::f32, MemCategory::comm); }
 
 }  // namespace
 
@@ -27,7 +27,7 @@ Tensor cp_positions(const ExecContext& ctx, int64_t seq_len, int64_t cp, int64_t
   ORIGAMI_CHECK(cp >= 1 && rank >= 0 && rank < cp, "cp_positions: rank ", rank, " of cp ", cp);
   ORIGAMI_CHECK(seq_len > 0 && seq_len % (2 * cp) == 0, "cp_positions: seq_len ", seq_len,
                 " must be a positive multiple of 2·cp = ", 2 * cp);
-  Tensor pos_S = positions(seq_len / cp);
+  Tensor pos_S = positions(ctx, seq_len / cp);
   cp_zigzag_positions(ctx, cp, rank, pos_S);
   return pos_S;
 }
@@ -39,8 +39,8 @@ CpTokens cp_shard_tokens(const ExecContext& ctx, const Tensor& tokens_BS1, int64
   CpTokens out;
   out.pos_S = cp_positions(ctx, S, cp, rank);
   const int64_t Sl = out.pos_S.numel();
-  out.ids_T = Tensor::empty({B * Sl}, DType::i32, MemCategory::activation);
-  out.targets_T = Tensor::empty({B * Sl}, DType::i32, MemCategory::activation);
+  out.ids_T = ctx.empty({B * Sl}, DType::i32, MemCategory::activation);
+  out.targets_T = ctx.empty({B * Sl}, DType::i32, MemCategory::activation);
   cp_gather_tokens(ctx, tokens_BS1, out.pos_S, out.ids_T, out.targets_T);
   return out;
 }
@@ -62,13 +62,13 @@ Tensor cp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt,
   saved.comm = method;
   saved.x_TD = x_TD;
   saved.q_pos_S = pos_local_S;
-  saved.q_BSHd = activation({batch, Sl, Hq, hd});
+  saved.q_BSHd = activation(ctx, {batch, Sl, Hq, hd});
   // Local K and V: with a group they are computed straight into the send
   // buffer (the ring's is the saved block it sends first).
   const int64_t n_kv = batch * Sl * Hkv * hd;
-  Tensor kv_send = ring ? activation({2, batch, Sl, Hkv, hd}) : n > 1 ? comm_buffer(2 * n_kv) : Tensor();
-  Tensor k_local = n > 1 ? kv_send.flat_view(0, n_kv, {batch, Sl, Hkv, hd}) : activation({batch, Sl, Hkv, hd});
-  Tensor v_local = n > 1 ? kv_send.flat_view(n_kv, n_kv, {batch, Sl, Hkv, hd}) : activation({batch, Sl, Hkv, hd});
+  Tensor kv_send = ring ? activation(ctx, {2, batch, Sl, Hkv, hd}) : n > 1 ? comm_buffer(ctx, 2 * n_kv) : Tensor();
+  Tensor k_local = n > 1 ? kv_send.flat_view(0, n_kv, {batch, Sl, Hkv, hd}) : activation(ctx, {batch, Sl, Hkv, hd});
+  Tensor v_local = n > 1 ? kv_send.flat_view(n_kv, n_kv, {batch, Sl, Hkv, hd}) : activation(ctx, {batch, Sl, Hkv, hd});
   Tensor q_TE = saved.q_BSHd.view({T, Hq * hd}), k_TE = k_local.view({T, Hkv * hd}),
          v_TE = v_local.view({T, Hkv * hd});
   gemm(ctx, x_TD, Trans::no, w.wq, Trans::yes, q_TE);  // (T, Hq·hd)
@@ -83,17 +83,17 @@ Tensor cp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt,
     saved.kv_pos_S = pos_local_S;
     if (ring) saved.kv_local = kv_send;
   } else {
-    Tensor kv_recv = comm_buffer(n * 2 * n_kv);  // wire (cp, 2, B, S/cp, Hkv·hd)
+    Tensor kv_recv = comm_buffer(ctx, n * 2 * n_kv);  // wire (cp, 2, B, S/cp, Hkv·hd)
     cp->all_gather(kv_send, kv_recv);
-    saved.k_BSHd = activation({batch, S, Hkv, hd});
-    saved.v_BSHd = activation({batch, S, Hkv, hd});
+    saved.k_BSHd = activation(ctx, {batch, S, Hkv, hd});
+    saved.v_BSHd = activation(ctx, {batch, S, Hkv, hd});
     cp_unpack_kv(ctx, kv_recv.view({n, 2, batch, Sl, Hkv * hd}), saved.k_BSHd, saved.v_BSHd);  // global order
-    saved.kv_pos_S = positions(S);
+    saved.kv_pos_S = positions(ctx, S);
     cp_zigzag_positions(ctx, 1, 0, saved.kv_pos_S);  // one rank's zigzag is the iota 0..S−1
   }
 
-  saved.o_BSHd = activation({batch, Sl, Hq, hd});
-  saved.lse_BHS = activation({batch, Hq, Sl});
+  saved.o_BSHd = activation(ctx, {batch, Sl, Hq, hd});
+  saved.lse_BHS = activation(ctx, {batch, Hq, Sl});
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   Tensor ws;  // the kernel's (the ring's steps size their own)
   if (ring) {
@@ -105,7 +105,7 @@ Tensor cp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt,
                       scale, saved.o_BSHd, saved.lse_BHS, ws);
   }
 
-  Tensor y = activation({T, D});
+  Tensor y = activation(ctx, {T, D});
   gemm(ctx, saved.o_BSHd.view({T, Hq * hd}), Trans::no, w.wo, Trans::yes, y);  // (T, D)
   return y;
 }
@@ -120,12 +120,12 @@ Tensor cp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt
   const int64_t T = saved.x_TD.rows(), D = saved.x_TD.cols();
   const int64_t Eq = d.num_heads * d.head_dim, Ekv = d.num_kv_heads * d.head_dim;
   // y = o·Woᵀ
-  Tensor do_ = activation({d.batch, d.q_len, d.num_heads, d.head_dim});
+  Tensor do_ = activation(ctx, {d.batch, d.q_len, d.num_heads, d.head_dim});
   Tensor do_TE = do_.view({T, Eq});
   gemm(ctx, dy_TD, Trans::no, w.wo, Trans::no, do_TE);                           // (T, Hq·hd)
   linear_weight_grad(ctx, defer, dy_TD, saved.o_BSHd.view({T, Eq}), grad.wo);  // (D, Hq·hd)
 
-  Tensor dq = activation({d.batch, d.q_len, d.num_heads, d.head_dim});
+  Tensor dq = activation(ctx, {d.batch, d.q_len, d.num_heads, d.head_dim});
   Tensor dk, dv, ws;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
   const int64_t n_kv = d.batch * d.q_len * Ekv;
@@ -136,18 +136,18 @@ Tensor cp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt
     dv = dkv.flat_view(n_kv, n_kv, {d.batch, d.q_len, d.num_kv_heads, d.head_dim});
   } else {
     // dK, dV of every gathered key (this rank's queries' share only).
-    dk = activation({d.batch, d.kv_len, d.num_kv_heads, d.head_dim});
-    dv = activation({d.batch, d.kv_len, d.num_kv_heads, d.head_dim});
+    dk = activation(ctx, {d.batch, d.kv_len, d.num_kv_heads, d.head_dim});
+    dv = activation(ctx, {d.batch, d.kv_len, d.num_kv_heads, d.head_dim});
     ws = ctx.workspace(attention_backward_workspace_bytes(ctx, d));
     attention_backward(ctx, d, saved.q_BSHd, saved.k_BSHd, saved.v_BSHd, saved.o_BSHd, saved.lse_BHS, do_,
                        saved.q_pos_S, saved.kv_pos_S, scale, dq, dk, dv, ws);
   }
 
   if (n > 1 && saved.comm == CpComm::all_gather) {  // sum every rank's share onto the keys' owners
-    Tensor send = comm_buffer(n * 2 * n_kv);  // wire (cp, 2, B, S/cp, Hkv·hd): block r for rank r's keys
+    Tensor send = comm_buffer(ctx, n * 2 * n_kv);  // wire (cp, 2, B, S/cp, Hkv·hd): block r for rank r's keys
     Tensor send_wire = send.view({n, 2, d.batch, d.q_len, Ekv});
     cp_pack_kv(ctx, dk, dv, send_wire);
-    Tensor recv = comm_buffer(2 * n_kv);  // (2, B, S/cp, Hkv·hd)
+    Tensor recv = comm_buffer(ctx, 2 * n_kv);  // (2, B, S/cp, Hkv·hd)
     cp->reduce_scatter(send, recv);
     dk = recv.flat_view(0, n_kv, {d.batch, d.q_len, d.num_kv_heads, d.head_dim});
     dv = recv.flat_view(n_kv, n_kv, {d.batch, d.q_len, d.num_kv_heads, d.head_dim});
@@ -159,7 +159,7 @@ Tensor cp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt
   linear_weight_grad(ctx, defer, dq_TE, saved.x_TD, grad.wq);  // (Hq·hd, D)
   linear_weight_grad(ctx, defer, dk_TE, saved.x_TD, grad.wk);  // (Hkv·hd, D)
   linear_weight_grad(ctx, defer, dv_TE, saved.x_TD, grad.wv);  // (Hkv·hd, D)
-  Tensor dx = activation({T, D});
+  Tensor dx = activation(ctx, {T, D});
   gemm(ctx, dq_TE, Trans::no, w.wq, Trans::no, dx);
   gemm(ctx, dk_TE, Trans::no, w.wk, Trans::no, dx, 1.0f, 1.0f);
   gemm(ctx, dv_TE, Trans::no, w.wv, Trans::no, dx, 1.0f, 1.0f);

@@ -17,8 +17,8 @@ namespace {
 // send and receive order (attention_ring.h) pairs them on any backend.
 constexpr int kKvTag = 31, kGradTag = 32;
 
-Tensor activation(Shape shape) { return Tensor::empty(std::move(shape), DType::f32, MemCategory::activation); }
-Tensor block_buffer(int64_t n) { return Tensor::empty({n}, DType::f32, MemCategory::comm); }
+Tensor activation(const ExecContext& ctx, Shape shape) { return ctx.empty(std::move(shape), DType::f32, MemCategory::activation); }
+Tensor block_buffer(const ExecContext& ctx, int64_t n) { return ctx.empty({n}, DType::f32, MemCategory::comm); }
 
 // The ring's neighbours and the block held at each step.
 struct Ring {
@@ -49,11 +49,11 @@ void cp_ring_attention_forward(const ExecContext& ctx, const AttentionDims& d, c
   check_block(d, cp, kv_local);
   const Ring ring(cp);
   Tensor ws = ctx.workspace(attention_forward_workspace_bytes(ctx, d));
-  Tensor kv_pos = Tensor::empty({d.kv_len}, DType::i32, MemCategory::activation);  // the held block's positions
-  Tensor o_part = activation({d.batch, d.q_len, d.num_heads, d.head_dim});
-  Tensor lse_part = activation({d.batch, d.num_heads, d.q_len});
+  Tensor kv_pos = ctx.empty({d.kv_len}, DType::i32, MemCategory::activation);  // the held block's positions
+  Tensor o_part = activation(ctx, {d.batch, d.q_len, d.num_heads, d.head_dim});
+  Tensor lse_part = activation(ctx, {d.batch, d.num_heads, d.q_len});
   std::vector<Tensor> in_flight;  // a block received at step i is sent on at step i+1 while the next arrives
-  for (int i = 0; i < std::min(2, ring.n - 1); ++i) in_flight.push_back(block_buffer(kv_local.numel()));
+  for (int i = 0; i < std::min(2, ring.n - 1); ++i) in_flight.push_back(block_buffer(ctx, kv_local.numel()));
 
   Tensor held = kv_local;
   for (int step = 0; step < ring.n; ++step) {
@@ -87,15 +87,15 @@ Tensor cp_ring_attention_backward(const ExecContext& ctx, const AttentionDims& d
   const Shape kv_shape = kv_local.shape();
   const int64_t U = kv_local.numel();
   Tensor ws = ctx.workspace(attention_backward_workspace_bytes(ctx, d));
-  Tensor kv_pos = Tensor::empty({d.kv_len}, DType::i32, MemCategory::activation);
-  Tensor dq_part = activation(dq_BSHd.shape());
+  Tensor kv_pos = ctx.empty({d.kv_len}, DType::i32, MemCategory::activation);
+  Tensor dq_part = activation(ctx, dq_BSHd.shape());
   std::vector<Tensor> in_flight;  // K, V blocks, as in forward
-  for (int i = 0; i < std::min(2, ring.n - 1); ++i) in_flight.push_back(block_buffer(U));
+  for (int i = 0; i < std::min(2, ring.n - 1); ++i) in_flight.push_back(block_buffer(ctx, U));
   // dK, dV accumulators: the one computed and sent at a step alternates
   // between two (the previous one may still be on the wire); `arrived`
   // receives the one from rank c−1.
-  Tensor acc[2] = {block_buffer(U).view(kv_shape), block_buffer(U).view(kv_shape)};
-  Tensor arrived = block_buffer(U).view(kv_shape);
+  Tensor acc[2] = {block_buffer(ctx, U).view(kv_shape), block_buffer(ctx, U).view(kv_shape)};
+  Tensor arrived = block_buffer(ctx, U).view(kv_shape);
 
   Tensor held = kv_local;
   comm::Request acc_send;

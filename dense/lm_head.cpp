@@ -12,10 +12,10 @@ double lm_head_forward(const ExecContext& ctx, const Tensor& w_VD, const Tensor&
   const int64_t T = y_TD.rows(), V = w_VD.rows();
   saved.y_TD = y_TD;
   saved.targets_T = targets_T;
-  saved.logits_TV = Tensor::empty({T, V}, DType::f32, MemCategory::activation);
-  saved.lse_T = Tensor::empty({T}, DType::f32, MemCategory::activation);
+  saved.logits_TV = ctx.empty({T, V}, DType::f32, MemCategory::activation);
+  saved.lse_T = ctx.empty({T}, DType::f32, MemCategory::activation);
   gemm(ctx, y_TD, Trans::no, w_VD, Trans::yes, saved.logits_TV);  // (T, V)
-  Tensor losses = Tensor::empty({T}, DType::f32, MemCategory::activation);
+  Tensor losses = ctx.empty({T}, DType::f32, MemCategory::activation);
   cross_entropy_forward(ctx, saved.logits_TV, targets_T, losses, saved.lse_T);
   if (loss_T) *loss_T = losses;
   return sum(ctx, losses);
@@ -27,7 +27,7 @@ Tensor lm_head_backward(const ExecContext& ctx, const Tensor& w_VD, LmHeadSaved&
   Tensor& dlogits = saved.logits_TV;  // in place: the logits are not needed again
   cross_entropy_backward(ctx, saved.logits_TV, saved.targets_T, saved.lse_T, grad_scale, dlogits);
   linear_weight_grad(ctx, defer, dlogits, saved.y_TD, dw_VD);  // (V, D)
-  Tensor dy = Tensor::empty({T, D}, DType::f32, MemCategory::activation);
+  Tensor dy = ctx.empty({T, D}, DType::f32, MemCategory::activation);
   gemm(ctx, dlogits, Trans::no, w_VD, Trans::no, dy);  // (T, D)
   saved.logits_TV = Tensor();
   return dy;

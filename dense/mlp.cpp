@@ -7,19 +7,19 @@
 namespace origami::dense {
 
 namespace {
-Tensor activation(Shape shape) { return Tensor::empty(std::move(shape), DType::f32, MemCategory::activation); }
+Tensor activation(const ExecContext& ctx, Shape shape) { return ctx.empty(std::move(shape), DType::f32, MemCategory::activation); }
 }  // namespace
 
 Tensor mlp_module_forward(const ExecContext& ctx, const MlpWeights& w, const Tensor& x_TD, MlpSaved& saved) {
   const int64_t T = x_TD.rows(), D = x_TD.cols(), F = w.gate.rows();
   saved.x_TD = x_TD;
-  saved.gate_TF = activation({T, F});
-  saved.up_TF = activation({T, F});
-  saved.h_TF = activation({T, F});
+  saved.gate_TF = activation(ctx, {T, F});
+  saved.up_TF = activation(ctx, {T, F});
+  saved.h_TF = activation(ctx, {T, F});
   gemm(ctx, x_TD, Trans::no, w.gate, Trans::yes, saved.gate_TF);
   gemm(ctx, x_TD, Trans::no, w.up, Trans::yes, saved.up_TF);
   swiglu_forward(ctx, saved.gate_TF, saved.up_TF, saved.h_TF);
-  Tensor y = activation({T, D});
+  Tensor y = activation(ctx, {T, D});
   gemm(ctx, saved.h_TF, Trans::no, w.down, Trans::yes, y);
   return y;
 }
@@ -27,14 +27,14 @@ Tensor mlp_module_forward(const ExecContext& ctx, const MlpWeights& w, const Ten
 Tensor mlp_module_backward(const ExecContext& ctx, const MlpWeights& w, const MlpSaved& saved, const Tensor& dy_TD,
                            MlpWeights& grad, WeightGradQueue* defer) {
   const int64_t T = saved.x_TD.rows(), D = saved.x_TD.cols(), F = w.gate.rows();
-  Tensor dh = activation({T, F});
+  Tensor dh = activation(ctx, {T, F});
   gemm(ctx, dy_TD, Trans::no, w.down, Trans::no, dh);            // (T, F)
   linear_weight_grad(ctx, defer, dy_TD, saved.h_TF, grad.down);  // (D, F)
-  Tensor dgate = activation({T, F}), dup = activation({T, F});
+  Tensor dgate = activation(ctx, {T, F}), dup = activation(ctx, {T, F});
   swiglu_backward(ctx, dh, saved.gate_TF, saved.up_TF, dgate, dup);
   linear_weight_grad(ctx, defer, dgate, saved.x_TD, grad.gate);  // (F, D)
   linear_weight_grad(ctx, defer, dup, saved.x_TD, grad.up);      // (F, D)
-  Tensor dx = activation({T, D});
+  Tensor dx = activation(ctx, {T, D});
   gemm(ctx, dgate, Trans::no, w.gate, Trans::no, dx);
   gemm(ctx, dup, Trans::no, w.up, Trans::no, dx, 1.0f, 1.0f);
   return dx;

@@ -18,7 +18,7 @@ namespace origami::dense {
 
 namespace {
 
-Tensor activation(Shape shape) { return Tensor::empty(std::move(shape), DType::f32, MemCategory::activation); }
+Tensor activation(const ExecContext& ctx, Shape shape) { return ctx.empty(std::move(shape), DType::f32, MemCategory::activation); }
 
 bool single(const comm::Communicator* tp) { return comm::group_size(tp) == 1; }
 
@@ -71,7 +71,9 @@ TpAttentionShard tp_attention_shard(const AttentionOptions& opt, const comm::Com
 Tensor tp_all_gather_tokens(const Tensor& shard_TD, comm::Communicator* tp) {
   if (single(tp)) return shard_TD;
   const int64_t n = tp->size();
-  Tensor full = activation({shard_TD.rows() * n, shard_TD.cols()});  // (T, D)
+  // On the shard's device (these take no context: they only communicate).
+  Tensor full = Tensor::empty({shard_TD.rows() * n, shard_TD.cols()}, DType::f32, MemCategory::activation,
+                              shard_TD.device());  // (T, D)
   tp->all_gather(shard_TD, full);
   return full;
 }
@@ -79,7 +81,8 @@ Tensor tp_all_gather_tokens(const Tensor& shard_TD, comm::Communicator* tp) {
 Tensor tp_reduce_scatter_tokens(const Tensor& partial_TD, comm::Communicator* tp) {
   if (single(tp)) return partial_TD;
   const TpRange rows = tp_token_range(partial_TD.rows(), tp);
-  Tensor shard = activation({rows.count, partial_TD.cols()});  // (T/n, D)
+  Tensor shard = Tensor::empty({rows.count, partial_TD.cols()}, DType::f32, MemCategory::activation,
+                               partial_TD.device());  // (T/n, D)
   tp->reduce_scatter(partial_TD, shard);
   return shard;
 }
@@ -148,7 +151,7 @@ Tensor tp_embedding_forward(const ExecContext& ctx, const Tensor& ids_T, const T
                 shape_string(table_local.shape()), " should hold ", v.count, " rows (vocab ", vocab, ", tp rank ",
                 comm::group_rank(tp), " of ", comm::group_size(tp), ")");
   tp_token_range(ids_T.numel(), tp);  // checks T % n
-  Tensor partial = activation({ids_T.numel(), table_local.cols()});  // (T, D): zero rows for ids not owned
+  Tensor partial = activation(ctx, {ids_T.numel(), table_local.cols()});  // (T, D): zero rows for ids not owned
   embedding_forward(ctx, ids_T, table_local, v.start, partial);
   return tp_reduce_scatter_tokens(partial, tp);  // (T/n, D)
 }
@@ -180,10 +183,10 @@ double tp_lm_head_forward(const ExecContext& ctx, const Tensor& w_local, int64_t
                 shape_string(targets_T.shape()), " should be i32 [", T, "] (all tokens of the micro-batch)");
   saved.targets_T = targets_T;
   saved.vocab_start = v.start;
-  saved.logits_TV = activation({T, Vr});
-  saved.lse_T = activation({T});
+  saved.logits_TV = activation(ctx, {T, Vr});
+  saved.lse_T = activation(ctx, {T});
   gemm(ctx, saved.y_TD, Trans::no, w_local, Trans::yes, saved.logits_TV);  // (T, V_r)
-  Tensor losses = activation({T});
+  Tensor losses = activation(ctx, {T});
 
   if (single(tp)) {
     // The whole vocabulary is here: the single-rank kernel, bitwise as lm_head_forward.
@@ -192,10 +195,10 @@ double tp_lm_head_forward(const ExecContext& ctx, const Tensor& w_local, int64_t
     // Per-token max over the local columns (−inf on a rank without vocab
     // rows), MAX over tp; then [Σ exp(logit − max) | target logit or 0] in
     // fp64, SUM over tp; then the log-sum-exp and loss of every token.
-    Tensor mx = Tensor::empty({T}, DType::f32, MemCategory::comm);
+    Tensor mx = ctx.empty({T}, DType::f32, MemCategory::comm);
     cross_entropy_local_max(ctx, saved.logits_TV, mx);
     tp->all_reduce(mx, comm::ReduceOp::max);
-    Tensor sums = Tensor::empty({2, T}, DType::f64, MemCategory::comm);
+    Tensor sums = ctx.empty({2, T}, DType::f64, MemCategory::comm);
     cross_entropy_local_sums(ctx, saved.logits_TV, targets_T, mx, v.start, vocab, sums);
     tp->all_reduce(sums);
     cross_entropy_finish(ctx, mx, sums, losses, saved.lse_T);
@@ -217,7 +220,7 @@ Tensor tp_lm_head_backward(const ExecContext& ctx, const Tensor& w_local, TpLmHe
                                  dlogits);
   }
   linear_weight_grad(ctx, defer, dlogits, saved.y_TD, dw_local);  // (V_r, D)
-  Tensor dy_partial = activation({T, D});
+  Tensor dy_partial = activation(ctx, {T, D});
   gemm(ctx, dlogits, Trans::no, w_local, Trans::no, dy_partial);  // (T, D): this rank's vocab columns only
   saved.logits_TV = Tensor();
   return tp_reduce_scatter_tokens(dy_partial, tp);  // (T/n, D)

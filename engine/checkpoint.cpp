@@ -331,7 +331,8 @@ CheckpointSaveStats CheckpointWriter::save(const Config& cfg, const Model& model
     stats.seconds = pending_->blocked_s = std::chrono::duration<double>(Clock::now() - t0).count();
     return stats;
   }
-  p->write(rank, world_size, live);
+  // Device state is written from host copies (the checkpoint's named host point).
+  p->write(rank, world_size, model.params().device().is_host() ? live : snapshot(live));
   pending_ = std::move(p);
   stats = *wait(world);
   stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -651,10 +652,23 @@ void fill_held_state(Model& model, const comm::Groups& groups, bool with_moments
   const UnitTable& table = model.units();
   const std::map<std::string, size_t> index = unit_index(table);
   // Elements [begin, end) of the rank's flat unit buffer, `dst` holding element `begin`.
+  // Device state is read into a host copy of itself (so elements no piece
+  // covers keep their values), then copied back: the checkpoint's named
+  // host point.
+  auto read_into = [](Tensor dst, const std::function<void(float*)>& read_host) {
+    Tensor host = dst.on_host();
+    read_host(host.f32());
+    if (!dst.device().is_host()) dst.copy_from(host);
+  };
+  // Elements [begin, end) of the rank's flat unit buffer `buf`, whose
+  // element 0 is unit element `first`.
   auto fill = [&](const UnitSpec& spec, const LocalUnit& local, int64_t begin, int64_t end, const std::string& moment,
-                  float* dst) {
-    for (const UnitPiece& p : pieces_in(local, begin, end))
-      read(spec.tensors[p.tensor].name, moment, p.range, dst + (p.unit_offset - begin));
+                  const Tensor& buf, int64_t first) {
+    if (end <= begin) return;
+    read_into(buf.flat_view(begin - first, end - begin, {end - begin}), [&](float* dst) {
+      for (const UnitPiece& p : pieces_in(local, begin, end))
+        read(spec.tensors[p.tensor].name, moment, p.range, dst + (p.unit_offset - begin));
+    });
   };
   for (ParamUnit& pu : model.params().units()) {
     const UnitSpec& spec = table.units()[index.at(pu.name)];
@@ -663,16 +677,17 @@ void fill_held_state(Model& model, const comm::Groups& groups, bool with_moments
     // What the rank holds: the parameters whole unless ZeRO-3 shards them,
     // the moments whole unless ZeRO 1-3 shard them.
     const int64_t owned_end = std::min(pu.numel, s.begin + s.size);
-    if (s.params) fill(spec, local, s.begin, owned_end, "", pu.param_shard.f32());
-    else fill(spec, local, 0, pu.numel, "", pu.param.f32());
+    if (s.params) fill(spec, local, s.begin, owned_end, "", pu.param_shard, s.begin);
+    else fill(spec, local, 0, pu.numel, "", pu.param, 0);
     if (!with_moments) continue;
     const int64_t mb = s.optim ? s.begin : 0, me = s.optim ? owned_end : pu.numel;
-    fill(spec, local, mb, me, "exp_avg", pu.exp_avg.f32());
-    fill(spec, local, mb, me, "exp_avg_sq", pu.exp_avg_sq.f32());
+    fill(spec, local, mb, me, "exp_avg", pu.exp_avg, mb);
+    fill(spec, local, mb, me, "exp_avg_sq", pu.exp_avg_sq, mb);
   }
   for (size_t l = 0; l < model.expert_bias().size(); ++l) {
-    Tensor bias = model.expert_bias()[l];
-    if (bias.defined()) read(expert_bias_name(static_cast<int64_t>(l)), "", whole_range(bias.shape()), bias.f32());
+    const Tensor& bias = model.expert_bias()[l];
+    if (bias.defined())
+      read_into(bias, [&](float* dst) { read(expert_bias_name(static_cast<int64_t>(l)), "", whole_range(bias.shape()), dst); });
   }
 }
 

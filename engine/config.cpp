@@ -103,7 +103,7 @@ using config_detail::Origins;
 // absent unless the file sets it; a list key is an array of integers.
 using FieldPtr = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::optional<double>*,
                               std::vector<int64_t>*, moe::ScoreFunction*, moe::LoadBalancing*, moe::DropPolicy*,
-                              Recompute*, PipeSchedule*, dense::CpComm*>;
+                              Recompute*, PipeSchedule*, dense::CpComm*, RuntimeDevice*, Precision*>;
 struct Field {
   std::string_view key;
   FieldPtr ptr;
@@ -130,6 +130,16 @@ const EnumNames<moe::LoadBalancing>& enum_names(const moe::LoadBalancing*) {
 const EnumNames<Recompute>& enum_names(const Recompute*) {
   static const EnumNames<Recompute> n = {
       {"none", Recompute::none}, {"full", Recompute::full}, {"moe", Recompute::moe}};
+  return n;
+}
+const EnumNames<RuntimeDevice>& enum_names(const RuntimeDevice*) {
+  static const EnumNames<RuntimeDevice> n = {
+      {"cpu", RuntimeDevice::cpu}, {"cuda", RuntimeDevice::cuda}, {"auto", RuntimeDevice::auto_}};
+  return n;
+}
+const EnumNames<Precision>& enum_names(const Precision*) {
+  static const EnumNames<Precision> n = {
+      {"auto", Precision::auto_}, {"fp32", Precision::fp32}, {"bf16", Precision::bf16}};
   return n;
 }
 const EnumNames<PipeSchedule>& enum_names(const PipeSchedule*) {
@@ -199,7 +209,9 @@ std::vector<Section> schema(Config& c) {
         {"init_from_hf", &c.checkpoint.init_from_hf}}},
       {"export", {{"dir", &c.exp.dir}}},
       {"logging", {{"dir", &c.logging.dir}, {"interval", &c.logging.interval}}},
-      {"runtime", {{"threads", &c.runtime.threads}, {"collective_timeout_s", &c.runtime.collective_timeout_s}}},
+      {"runtime",
+       {{"threads", &c.runtime.threads}, {"collective_timeout_s", &c.runtime.collective_timeout_s},
+        {"device", &c.runtime.device}, {"precision", &c.runtime.precision}}},
   };
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/pipeline.h"
+#include "kernels/device.h"
 #include "dense/cp_comm.h"
 #include "moe/options.h"
 #include "moe/placement.h"
@@ -156,9 +157,21 @@ struct LoggingConfig {
   int64_t interval = 1;   // print a step line every N steps (JSONL gets every step)
 };
 
+// runtime.device: where the training path runs. auto = cuda when this build
+// has the CUDA backend and the machine a device, else cpu. One GPU per rank:
+// rank -> cuda:(local rank) (OMPI_COMM_WORLD_LOCAL_RANK).
+enum class RuntimeDevice { cpu, cuda, auto_ };
+// runtime.precision: fp32 everywhere (the CPU engine's recipe; on CUDA it
+// compares exactly with a CPU run), or bf16 weights and activations with
+// fp32 master weights, moments and statistics (CUDA only). auto = fp32 for
+// now: the bf16 training recipe has not landed yet.
+enum class Precision { auto_, fp32, bf16 };
+
 struct RuntimeConfig {
   int64_t threads = 0;  // 0: max(1, cores / ranks on the node)
   double collective_timeout_s = 300.0;
+  RuntimeDevice device = RuntimeDevice::cpu;
+  Precision precision = Precision::auto_;
 };
 
 struct Config {
@@ -203,7 +216,19 @@ std::string canonical_text(const Config& cfg);
 // node's memory refused up front with the bytes it needs (a lower bound:
 // the §6 ledger of perfectly balanced shards for the layout of `world_size`
 // ranks, `ranks_per_node` of them sharing this node's memory).
+// On CUDA the bound is of one device's memory (one GPU per rank).
 void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node);
+
+// Where a rank trains and in which recipe, as this machine resolves
+// runtime.device and runtime.precision (never auto).
+struct RunPlacement {
+  Device device;  // cpu, or cuda:(local rank)
+  Precision precision = Precision::fp32;
+};
+// For the rank `local_rank` of the `ranks_per_node` on this node. UserError
+// naming the key and the rule when the machine cannot: a build without CUDA,
+// no device, more ranks on the node than devices, bf16 on the CPU.
+RunPlacement resolve_placement(const Config& cfg, int local_rank, int ranks_per_node);
 
 // The rule that running this model and training shape with `parallel` on
 // `world_size` ranks breaks, or "" when it can run: comm::Layout's rules

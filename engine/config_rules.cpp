@@ -17,6 +17,7 @@
 #include "comm/layout.h"
 #include "engine/config_rules.h"
 #include "kernels/check.h"
+#include "kernels/threads.h"
 
 namespace origami {
 
@@ -378,6 +379,56 @@ void validate(const Config& c, const Origins& o) {
 
 }  // namespace config_detail
 
+RunPlacement resolve_placement(const Config& cfg, int local_rank, int ranks_per_node) {
+  const RuntimeConfig& rt = cfg.runtime;
+  const int devices = cuda_device_count();
+  RunPlacement out;
+  const bool cuda = rt.device == RuntimeDevice::cuda || (rt.device == RuntimeDevice::auto_ && devices > 0);
+  if (cuda) {
+    const std::string& at = cfg.origin("runtime.device");
+    if (!built_with_cuda())
+      ORIGAMI_USER_ERROR(at, ": runtime.device = \"cuda\", but this origami was built without the CUDA backend "
+                         "(configure with -DORIGAMI_CUDA=ON on a machine with the CUDA toolkit)");
+    if (devices == 0)
+      ORIGAMI_USER_ERROR(at, ": runtime.device = \"cuda\", but this process sees no CUDA device (no driver, no GPU, "
+                         "or CUDA_VISIBLE_DEVICES hides them)");
+    if (ranks_per_node > devices)
+      ORIGAMI_USER_ERROR(at, ": runtime.device = \"cuda\" runs one GPU per rank, but ", ranks_per_node,
+                         " ranks share this node and it has ", devices,
+                         " CUDA device(s); start at most that many ranks per node (mpirun -npernode ", devices,
+                         ") or train on runtime.device = \"cpu\"");
+    // NCCL point-to-point ops have no tags and run in issue order on one
+    // stream: a receive the pipeline (or the CP ring) posts ahead would block
+    // the sends queued behind it until its peer's send arrives. Until those
+    // exchanges are issued as matched group calls, refuse rather than hang.
+    const ParallelConfig& p = cfg.parallel;
+    if (p.pp > 1)
+      ORIGAMI_USER_ERROR(cfg.origin("parallel.pp"), ": parallel.pp = ", p.pp, " with runtime.device = \"cuda\": ",
+                         "pipeline stages over NCCL are not in this version yet (their send/recv must become matched "
+                         "group calls); train on CUDA with parallel.pp = 1, or on runtime.device = \"cpu\"");
+    if (p.cp > 1 && p.cp_comm == dense::CpComm::ring)
+      ORIGAMI_USER_ERROR(cfg.origin("parallel.cp_comm"), ": parallel.cp_comm = \"ring\" with runtime.device = ",
+                         "\"cuda\": the CP ring over NCCL is not in this version yet; use parallel.cp_comm = ",
+                         "\"all_gather\" on CUDA");
+    ORIGAMI_CHECK(local_rank >= 0 && local_rank < ranks_per_node, "local rank ", local_rank, " of ", ranks_per_node);
+    out.device = Device::cuda(local_rank);
+  }
+  switch (rt.precision) {
+    case Precision::auto_:
+    case Precision::fp32: out.precision = Precision::fp32; break;
+    case Precision::bf16:
+      if (!cuda)
+        ORIGAMI_USER_ERROR(cfg.origin("runtime.precision"),
+                           ": runtime.precision = \"bf16\" is the CUDA recipe (bf16 weights and activations, fp32 "
+                           "master weights and moments); the CPU engine trains in fp32: use runtime.precision = "
+                           "\"fp32\" (or \"auto\"), or runtime.device = \"cuda\"");
+      ORIGAMI_USER_ERROR(cfg.origin("runtime.precision"),
+                         ": runtime.precision = \"bf16\": the bf16 training recipe is not in this version yet; "
+                         "train on CUDA with runtime.precision = \"fp32\" (or \"auto\")");
+  }
+  return out;
+}
+
 void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node) {
   const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (cfg.runtime.threads > cpus)
@@ -411,15 +462,19 @@ void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node)
       tokens * 4 *
       (2 * static_cast<long double>(cfg.model.hidden_size) * static_cast<long double>(cfg.model.num_layers) / pp +
        static_cast<long double>(cfg.model.vocab_size) / tp);
-  const long double pages = static_cast<long double>(::sysconf(_SC_PHYS_PAGES));
-  const long double memory = pages * static_cast<long double>(::sysconf(_SC_PAGE_SIZE));
-  const int sharing = std::max(1, ranks_per_node);
-  if (pages > 0 && (state + activations) * sharing > memory)
+  // The host's memory, shared by the node's ranks; or one rank's own GPU.
+  const RunPlacement placement = resolve_placement(cfg, local_rank_on_this_node(), ranks_per_node);
+  const bool on_gpu = !placement.device.is_host();
+  const long double pages = on_gpu ? 1 : static_cast<long double>(::sysconf(_SC_PHYS_PAGES));
+  const long double memory = on_gpu ? static_cast<long double>(cuda_device_memory(placement.device.index))
+                                    : pages * static_cast<long double>(::sysconf(_SC_PAGE_SIZE));
+  const int sharing = on_gpu ? 1 : std::max(1, ranks_per_node);
+  if (pages > 0 && memory > 0 && (state + activations) * sharing > memory)
     ORIGAMI_USER_ERROR(cfg.source, ": the model (", fmt_count(dense + expert), " parameters) needs at least ",
                        fmt_bytes(state + activations), " per rank (training state at ZeRO stage ", p.zero_stage, ": ",
                        fmt_bytes(state), "; activations of one micro-batch: ", fmt_bytes(activations), ") on ",
                        world_size, " rank(s) (tp ", p.tp, ", cp ", p.cp, ", pp ", p.pp, ", ep ", p.ep, ", etp ", p.etp,
-                       "), and ", sharing, " rank(s) share this machine's ", fmt_bytes(memory),
+                       "), and ", on_gpu ? concat("its ", to_string(placement.device), " has ") : concat(sharing, " rank(s) share this machine's "), fmt_bytes(memory),
                        " of memory; check model.num_layers, hidden_size, ffn_hidden_size, vocab_size, moe.num_experts ",
                        "and training.micro_batch, seq_len, or spread the model over more ranks");
 }

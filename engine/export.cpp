@@ -61,7 +61,8 @@ std::map<std::string, Tensor> gather_experts(const Model& model, const comm::Gro
     const ParamUnit& u = *it;
     const int64_t n = shards.size();
     Tensor all = Tensor::empty({n * u.numel}, DType::f32, MemCategory::comm);
-    shards.all_gather(std::span<const float>(u.param.f32(), u.numel), std::span<float>(all.f32(), n * u.numel));
+    const Tensor mine = u.param.on_host();
+    shards.all_gather(std::span<const float>(mine.f32(), u.numel), std::span<float>(all.f32(), n * u.numel));
     if (groups.world_rank() != stage_root) continue;
     for (int64_t m = 0; m < n; ++m) {
       const LocalUnit local = table.local_unit(spec, groups.layout(), groups.layout().coords(shards.members()[m]));
@@ -154,7 +155,7 @@ void export_hf(const Model& model, const std::string& dir, const comm::Groups* g
     for (const ParamUnit& u : model.params().units())
       for (size_t i = 0; i < u.params.size(); ++i)
         if (!u.expert && u.params[i].shard.dim >= 0)
-          if (Tensor t = gather_tp_slices(model.units(), u.params[i], u.param_view(i), *groups, *tp, root); root)
+          if (Tensor t = gather_tp_slices(model.units(), u.params[i], u.param_view(i).on_host(), *groups, *tp, root); root)
             tensors.push_back({u.params[i].name, t});
   }
   if (!root) return;
@@ -162,9 +163,10 @@ void export_hf(const Model& model, const std::string& dir, const comm::Groups* g
     if (!(spread && u.expert))
       for (size_t i = 0; i < u.params.size(); ++i)
         if (!(tp && !u.expert && u.params[i].shard.dim >= 0))
-          tensors.push_back({u.params[i].name, u.param_view(i)});
+          tensors.push_back({u.params[i].name, u.param_view(i).on_host()});
   for (size_t l = 0; l < model.expert_bias().size(); ++l)
-    if (model.expert_bias()[l].defined()) tensors.push_back({bias_name(static_cast<int64_t>(l)), model.expert_bias()[l]});
+    if (model.expert_bias()[l].defined())
+      tensors.push_back({bias_name(static_cast<int64_t>(l)), model.expert_bias()[l].on_host()});
   if (groups && groups->layout().pp() > 1) {
     comm::Communicator& roots = groups->get(comm::GroupKind::pp);  // stage roots: world rank 0's pp group
     if (roots.rank() != 0) return send_stage_tensors(roots, tensors);

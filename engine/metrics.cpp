@@ -51,6 +51,11 @@ nlohmann::ordered_json to_json(const StepMetrics& m) {
   nlohmann::ordered_json j = {{"step", m.step},         {"lm_loss", m.lm_loss},   {"grad_norm", m.grad_norm},
                               {"lr", m.lr},             {"tokens", m.tokens},     {"step_time_s", m.step_time_s},
                               {"tokens_per_s", m.tokens_per_s}, {"gflops", m.gflops}, {"mem", mem}};
+  if (m.peak_gflops > 0) {
+    j["peak_gflops"] = m.peak_gflops;
+    j["mfu"] = m.mfu;
+  }
+  j["comm_exposed_s"] = m.comm_exposed_s;
   if (!m.comm_bytes.empty()) {
     nlohmann::ordered_json comm = nlohmann::ordered_json::object();
     for (const auto& [group, bytes] : m.comm_bytes) comm[group] = bytes;
@@ -120,11 +125,19 @@ std::string format_step_line(const StepMetrics& m) {
     for (const MoeLayerRecord& r : m.moe) worst = std::max(worst, to_json(r)["max_over_mean"].get<double>());
     std::snprintf(moe, sizeof moe, " | aux %.4f z %.4f | load max/mean %.2f", m.aux_loss, m.z_loss, worst);
   }
+  // TFLOP/s where a rank reaches them (GPUs), GFLOP/s below.
+  char rate[64];
+  if (m.gflops >= 1000) std::snprintf(rate, sizeof rate, "%.1f TFLOP/s", m.gflops / 1000);
+  else std::snprintf(rate, sizeof rate, "%.1f GFLOP/s", m.gflops);
+  char mfu[32] = "";
+  if (m.peak_gflops > 0) std::snprintf(mfu, sizeof mfu, " (MFU %.1f%%)", 100 * m.mfu);
+  char comm[48] = "";
+  if (m.comm_exposed_s > 0) std::snprintf(comm, sizeof comm, " | comm exposed %.0f ms", 1e3 * m.comm_exposed_s);
   std::snprintf(buf, sizeof buf,
-                "step %5lld/%lld | lm loss %.4f%s | grad norm %.3f | lr %.3e | %.0f tok/s | %.1f GFLOP/s | "
+                "step %5lld/%lld | lm loss %.4f%s | grad norm %.3f | lr %.3e | %.0f tok/s | %s%s%s | "
                 "mem param %s grad %s optim %s act %s ws %s%s",
                 static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.lm_loss, moe, m.grad_norm,
-                m.lr, m.tokens_per_s, m.gflops, format_bytes(pk[0]).c_str(), format_bytes(pk[1]).c_str(),
+                m.lr, m.tokens_per_s, rate, mfu, comm, format_bytes(pk[0]).c_str(), format_bytes(pk[1]).c_str(),
                 format_bytes(pk[2]).c_str(), format_bytes(pk[3]).c_str(), format_bytes(pk[5]).c_str(), pipe.c_str());
   std::string line = buf;
   if (m.checkpoint) {

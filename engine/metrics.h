@@ -36,6 +36,12 @@ struct StepMetrics {
   double aux_loss = 0, z_loss = 0;    // Σ over MoE layers, mean over micro-batches
   std::vector<MoeLayerRecord> moe;    // per MoE layer, summed over the step's micro-batches
   double step_time_s = 0, tokens_per_s = 0, gflops = 0;  // achieved GFLOP/s on this rank
+  // Model FLOP utilization: gflops against the compute device's GEMM peak
+  // measured at start-up (engine/device_peak.h), both per rank; 0 unknown.
+  double peak_gflops = 0, mfu = 0;
+  // Seconds of the step this rank stood waiting on communication over the
+  // layout's groups (OpStats::exposed_s): what overlap did not hide.
+  double comm_exposed_s = 0;
   int64_t tokens = 0;
   // The step's global batch: samples [first_sample, + samples) of the
   // sampler's stream (engine/dataset.h), in epoch `epoch`.

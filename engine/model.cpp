@@ -83,7 +83,7 @@ Model::Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, cons
   const comm::Layout one_rank = single_rank_layout(moe_cfg);
   params_.add_units(units_, groups ? groups->layout() : one_rank, groups ? groups->coords() : comm::RankCoords{},
                     stage_);
-  params_.allocate(zero_shard_plan(zero_stage, groups));
+  params_.allocate(ctx.device(), zero_shard_plan(zero_stage, groups));
   params_.initialize(ctx, seed, static_cast<float>(cfg.init_std), cfg.num_layers);
   layer_unit_.assign(cfg.num_layers, 0);
   expert_unit_.assign(cfg.num_layers, 0);
@@ -106,7 +106,7 @@ Model::Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, cons
   expert_bias_.resize(cfg.num_layers);
   if (moe_cfg.expert_bias)
     for (int64_t l = 0; l < cfg.num_layers; ++l)
-      if (stage_.owns_layer(l) && moe_cfg.is_moe_layer(l)) expert_bias_[l] = Tensor::zeros({E}, DType::f32, MemCategory::param);
+      if (stage_.owns_layer(l) && moe_cfg.is_moe_layer(l)) expert_bias_[l] = ctx.zeros({E}, DType::f32, MemCategory::param);
 }
 
 Model::LayerRefs Model::resolve_layer(int64_t l) const {

@@ -70,7 +70,8 @@ void ParamStore::add_param(ParamUnit& unit, const std::string& name, Shape shape
   unit.params.push_back(std::move(info));
 }
 
-void ParamStore::allocate(const std::function<UnitShard(const ParamUnit&)>& shard_of) {
+void ParamStore::allocate(Device device, const std::function<UnitShard(const ParamUnit&)>& shard_of) {
+  device_ = device;
   for (ParamUnit& u : units_) {
     UnitShard& s = u.shard;
     s = shard_of ? shard_of(u) : UnitShard{};
@@ -88,16 +89,16 @@ void ParamStore::allocate(const std::function<UnitShard(const ParamUnit&)>& shar
     // Padding elements are zero in every buffer and stay zero (no gradient
     // reaches them, and AdamW leaves a zero param with zero moments at zero).
     if (s.params)
-      u.param_shard = Tensor::zeros({s.size}, DType::f32, MemCategory::param);
+      u.param_shard = Tensor::zeros({s.size}, DType::f32, MemCategory::param, device);
     else
-      u.param = Tensor::zeros({s.padded}, DType::f32, MemCategory::param);
+      u.param = Tensor::zeros({s.padded}, DType::f32, MemCategory::param, device);
     if (s.grads)
-      u.grad_shard = Tensor::zeros({s.size}, DType::f32, MemCategory::grad);
+      u.grad_shard = Tensor::zeros({s.size}, DType::f32, MemCategory::grad, device);
     else
-      u.grad = Tensor::zeros({s.padded}, DType::f32, MemCategory::grad);
+      u.grad = Tensor::zeros({s.padded}, DType::f32, MemCategory::grad, device);
     const int64_t m = s.optim ? s.size : s.padded;
-    u.exp_avg = Tensor::zeros({m}, DType::f32, MemCategory::optim);
-    u.exp_avg_sq = Tensor::zeros({m}, DType::f32, MemCategory::optim);
+    u.exp_avg = Tensor::zeros({m}, DType::f32, MemCategory::optim, device);
+    u.exp_avg_sq = Tensor::zeros({m}, DType::f32, MemCategory::optim, device);
   }
 }
 
@@ -108,7 +109,7 @@ void ParamStore::initialize(const ExecContext& ctx, uint64_t seed, float init_st
   for (ParamUnit& u : units_) {
     // A ZeRO-3 unit is drawn whole, one unit at a time, and keeps its slice.
     const bool sharded = u.shard.params;
-    if (sharded) u.param = Tensor::zeros({u.shard.padded}, DType::f32, MemCategory::workspace);
+    if (sharded) u.param = ctx.zeros({u.shard.padded}, DType::f32, MemCategory::workspace);
     for (size_t i = 0; i < u.params.size(); ++i) {
       Tensor t = u.param_view(i);
       const ParamInfo& p = u.params[i];

@@ -87,7 +87,9 @@ class ParamStore {
                  bool tp_replicated = false);
   // Buffers by each unit's UnitShard (shard_of(unit); null: nothing sharded),
   // moments and grads zeroed.
-  void allocate(const std::function<UnitShard(const ParamUnit&)>& shard_of = nullptr);
+  void allocate(Device device, const std::function<UnitShard(const ParamUnit&)>& shard_of = nullptr);
+  // Where allocate() put every buffer (the compute device).
+  Device device() const { return device_; }
   // Layout-independent init (§4): element i of tensor `name` from (seed, name,
   // i), i the element's index in the global tensor, so a shard holds exactly
   // the values of its slice of the whole.
@@ -106,6 +108,7 @@ class ParamStore {
 
  private:
   std::vector<ParamUnit> units_;
+  Device device_ = Device::cpu();
   std::map<std::string, std::pair<size_t, size_t>> index_;
 };
 

@@ -364,7 +364,7 @@ StageTiming run_pipeline(comm::Communicator* pp, const PipeScheduleSpec& spec, c
     for (size_t k = std::max(from, unposted); k < ops.size() && incoming.size() < kReceivesAhead; ++k) {
       unposted = k + 1;
       if (peers[k].in.rank < 0) continue;
-      Tensor x = Tensor::empty(boundary, DType::f32, MemCategory::activation);
+      Tensor x = Tensor::empty(boundary, DType::f32, MemCategory::activation, spec.device);
       comm::Request r = pp->recv_async(x, peers[k].in.rank, peers[k].in.tag);
       incoming.emplace_back(k, Transfer{std::move(x), std::move(r)});
     }

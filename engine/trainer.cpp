@@ -17,6 +17,7 @@
 #include "comm/mpi_communicator.h"
 #include "engine/checkpoint.h"
 #include "engine/dataset.h"
+#include "engine/device_peak.h"
 #include "engine/export.h"
 #include "engine/files.h"
 #include "engine/indexed_dataset.h"
@@ -45,11 +46,19 @@ int world_size() {
   return w;
 }
 
-// The rank's execution context: the host, with runtime.threads (or the
-// per-rank default) OpenMP threads.
-ExecContext make_context(const RuntimeConfig& rt) {
+// The rank's execution context on the device runtime.device resolves to
+// (resolve_placement), with runtime.threads (or the per-rank default) OpenMP
+// threads for host work. ORIGAMI_HOST_STAND_IN=1 trains a CPU run on the
+// stand-in device cpu:1 (ExecContext::host_stand_in): the test that every
+// buffer of the training path is allocated on the context's device.
+ExecContext make_context(const Config& cfg) {
+  const RuntimeConfig& rt = cfg.runtime;
   const int threads = rt.threads > 0 ? static_cast<int>(rt.threads) : default_threads_per_rank();
   set_num_threads(threads);
+  const RunPlacement placement = resolve_placement(cfg, local_rank_on_this_node(), ranks_on_this_node());
+  if (!placement.device.is_host()) return ExecContext::cuda(placement.device.index, threads);
+  const char* stand_in = std::getenv("ORIGAMI_HOST_STAND_IN");
+  if (stand_in && std::string(stand_in) == "1") return ExecContext::host_stand_in(threads);
   return ExecContext::cpu(threads);
 }
 
@@ -64,6 +73,25 @@ void snapshot_memory(const ExecContext& ctx, StepMetrics& m) {
 comm::Layout make_layout(const Config& cfg, int world) {
   const ParallelConfig& p = cfg.parallel;
   return comm::Layout(world, comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, cfg.moe.router.num_experts});
+}
+
+// Groups over the world: MPI only on the host; on CUDA each group also gets
+// an NCCL communicator whose ops order after the context's stream.
+comm::Groups make_groups(const Config& cfg, const ExecContext& ctx, int world) {
+  comm::GroupsOptions o;
+  o.comm.timeout_s = cfg.runtime.collective_timeout_s;
+  if (!ctx.device().is_host()) {
+    o.compute_device = ctx.device();
+    o.comm.compute_stream = ctx.stream();
+  }
+  return comm::Groups::create(make_layout(cfg, world), MPI_COMM_WORLD, o);
+}
+
+// Seconds this rank has stood waiting on `c`'s communication, every op.
+double exposed_seconds(const comm::Communicator& c) {
+  double s = 0;
+  for (int op = 0; op < comm::kNumCommOps; ++op) s += c.stats(static_cast<comm::CommOp>(op)).exposed_s;
+  return s;
 }
 
 // Every stage's timing (stage order), from its ranks in this rank's pp group.
@@ -158,6 +186,16 @@ void load_micro_batch(const GptDataset& data, int64_t mb, int64_t seq_len, Index
   for (int64_t i = 0; i < mb; ++i) data.get(index_of(i), tokens_BS1.i32() + i * (seq_len + 1));
 }
 
+// The micro-batch's token windows on the compute device: written on the host
+// (the data loader's named host point), then copied once.
+template <class IndexFn>
+Tensor device_micro_batch(const ExecContext& ctx, const GptDataset& data, int64_t mb, int64_t seq_len,
+                          IndexFn index_of) {
+  Tensor host = Tensor::empty({mb, seq_len + 1}, DType::i32, MemCategory::activation);
+  load_micro_batch(data, mb, seq_len, index_of, host);
+  return host.device() == ctx.device() ? host : host.to(ctx.device());
+}
+
 }  // namespace
 
 // One run's state, in construction order (members are built by the
@@ -181,6 +219,7 @@ struct Trainer::Run {
   int64_t dp = 1, dp_rank = 0, accum = 1, micro_batches = 1;
   float grad_scale = 1, aux_scale = 1;
   StepFlops flops;  // per rank
+  GemmPeak peak;    // the compute device's, for MFU
   Shape boundary;
   PendingFailure pending;
   TrainSummary summary;
@@ -227,9 +266,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
     r.resume_dir = resolve_load(ck);
     if (r.rank == 0 && !cfg.exp.dir.empty()) check_writable_dir(cfg.exp.dir, "export.dir");
   });
-  r.ctx.emplace(make_context(cfg.runtime));
-  r.groups.emplace(comm::Groups::create(make_layout(cfg, r.world), MPI_COMM_WORLD, comm::Backend::mpi,
-                                        comm::CommOptions{cfg.runtime.collective_timeout_s}));
+  r.ctx.emplace(make_context(cfg));
+  r.peak = measure_gemm_peak(*r.ctx);
+  r.groups.emplace(make_groups(cfg, *r.ctx, r.world));
   const comm::Groups& groups = *r.groups;
   r.dp = groups.layout().dp();
   r.dp_rank = groups.coords().dp;
@@ -331,6 +370,9 @@ void Trainer::Run::print_banner() const {
               format_bytes(s.current[static_cast<int>(MemCategory::param)]).c_str(),
               format_bytes(s.current[static_cast<int>(MemCategory::grad)]).c_str(),
               format_bytes(s.current[static_cast<int>(MemCategory::optim)]).c_str());
+  std::printf("origami: training on %s; MFU against its %s GEMM peak measured at start-up, %.1f GFLOP/s (%lld^3)\n",
+              to_string(ctx->device()).c_str(), std::string(to_string(peak.dtype)).c_str(), peak.flops_per_s / 1e9,
+              static_cast<long long>(peak.n));
 }
 
 StepMetrics Trainer::run_step() {
@@ -347,9 +389,11 @@ StepMetrics Trainer::run_step() {
   if (!ctx.device().is_host()) TrackedAllocator::host().reset_peaks();
   std::vector<int64_t> bytes_before;
   std::vector<double> a2a_before;
+  double exposed_before = 0;
   for (comm::Communicator* c : r.counted) {
     bytes_before.push_back(c->total_bytes());
     a2a_before.push_back(c->stats(comm::CommOp::all_to_all_v).blocking_s);
+    exposed_before += exposed_seconds(*c);
   }
   zero.begin_step();
   double loss_sum = 0;  // last stage only
@@ -365,13 +409,9 @@ StepMetrics Trainer::run_step() {
   auto forward = [&](int64_t chunk, int64_t a, Tensor h_in) {
     StageIO io;
     io.chunk = chunk;
-    io.tokens_BS1 = Tensor::empty({tc.micro_batch, tc.seq_len + 1}, DType::i32, MemCategory::activation);
-    load_micro_batch(*r.data, tc.micro_batch, tc.seq_len,
-                     [&](int64_t i) {
-                       return r.sample_base +
-                              sample_index(step - 1, tc.global_batch, a, r.dp, r.dp_rank, tc.micro_batch, i);
-                     },
-                     io.tokens_BS1);
+    io.tokens_BS1 = device_micro_batch(ctx, *r.data, tc.micro_batch, tc.seq_len, [&](int64_t i) {
+      return r.sample_base + sample_index(step - 1, tc.global_batch, a, r.dp, r.dp_rank, tc.micro_batch, i);
+    });
     io.h_in = std::move(h_in);
     io.stats = &fstats;
     io.hooks = &zero;
@@ -391,7 +431,7 @@ StepMetrics Trainer::run_step() {
   };
   // zb-h1: the weight-gradient half of each backward, run where the schedule puts it.
   auto weight = [&](int64_t, int64_t a) { model.weight_backward(pending[static_cast<size_t>(a)], &zero); };
-  const PipeScheduleSpec spec{cfg.parallel.pp_schedule, comm::group_size(r.pp), r.accum, chunks};
+  const PipeScheduleSpec spec{cfg.parallel.pp_schedule, comm::group_size(r.pp), r.accum, chunks, ctx.device()};
   HeldActivations held{&TrackedAllocator::of(ctx.device())};
   const StageTiming timing =
       run_pipeline(r.pp, spec, r.boundary, forward, backward, split ? StageWeight(weight) : StageWeight{}, &held);
@@ -445,6 +485,10 @@ StepMetrics Trainer::run_step() {
   m.step_time_s = dt;
   m.tokens_per_s = static_cast<double>(m.tokens) / dt;
   m.gflops = r.flops.total() / dt / 1e9;
+  m.peak_gflops = r.peak.flops_per_s / 1e9;
+  m.mfu = m.peak_gflops > 0 ? m.gflops / m.peak_gflops : 0;
+  for (comm::Communicator* c : r.counted) m.comm_exposed_s += exposed_seconds(*c);
+  m.comm_exposed_s -= exposed_before;
   snapshot_memory(ctx, m);
   m.stages = every_stage(timing, r.pp);
   const CheckpointConfig& ck = cfg.checkpoint;
@@ -517,7 +561,7 @@ EvalResult evaluate(const Config& cfg, const std::string& weights_dir, const std
   validate_for_world(one, 1);
   validate_for_machine(one, 1, ranks_on_this_node());
   check_config_matches_export(cfg, weights_dir);
-  const ExecContext ctx = make_context(cfg.runtime);
+  const ExecContext ctx = make_context(cfg);
   Model model(ctx, cfg.model, cfg.training.seed, cfg.moe);
   load_hf_weights(model, weights_dir);
   IndexedDataset indexed = IndexedDataset::open(data_prefix, cfg.model.vocab_size);
@@ -530,8 +574,7 @@ EvalResult evaluate(const Config& cfg, const std::string& weights_dir, const std
   double loss_sum = 0;
   for (int64_t start = 0; start < samples; start += mb) {
     const int64_t n = std::min(mb, samples - start);
-    Tensor tokens = Tensor::empty({n, S + 1}, DType::i32, MemCategory::activation);
-    load_micro_batch(data, n, S, [&](int64_t i) { return start + i; }, tokens);
+    const Tensor tokens = device_micro_batch(ctx, data, n, S, [&](int64_t i) { return start + i; });
     ModelSaved saved;
     loss_sum += model.forward(tokens, saved);
   }

@@ -80,7 +80,7 @@ void ZeroStore::finish_gradients() {
       continue;
     }
     // Stage 1: each rank needs only its slice of the sum.
-    Tensor mine = Tensor::empty({s.size}, DType::f32, MemCategory::comm);
+    Tensor mine = ctx_->empty({s.size}, DType::f32, MemCategory::comm);
     c->reduce_scatter(part(u.grad, 0, s.padded), part(mine, 0, s.size));
     part(u.grad, s.begin, s.size).copy_from(mine);
   }
@@ -115,7 +115,7 @@ int ZeroStore::live_units() const {
 void ZeroStore::start_gather(size_t i) {
   ParamUnit& u = params_.units()[i];
   Gather& g = gathers_[i];
-  u.param = Tensor::empty({u.shard.padded}, DType::f32, MemCategory::param);
+  u.param = ctx_->empty({u.shard.padded}, DType::f32, MemCategory::param);
   g.request.emplace(group_of(u)->all_gather_async(part(u.param_shard, 0, u.shard.size),
                                                   part(u.param, 0, u.shard.padded)));
   g.live = true;
@@ -179,7 +179,7 @@ void ZeroStore::after_forward(size_t i) {
 void ZeroStore::before_backward(size_t i, WeightGrads grads) {
   ParamUnit& u = params_.units()[i];
   if (u.shard.grads && grads == WeightGrads::fused)  // deferred: before_weight allocates it
-    u.grad = Tensor::zeros({u.shard.padded}, DType::f32, MemCategory::grad);
+    u.grad = ctx_->zeros({u.shard.padded}, DType::f32, MemCategory::grad);
   if (!u.shard.params) return;
   ensure_gathered(i);
   prefetch_after(i, /*forward=*/false);
@@ -197,7 +197,7 @@ void ZeroStore::after_backward(size_t i, WeightGrads grads) {
 // This micro-batch's whole gradient → the owners' slices, accumulated.
 void ZeroStore::reduce_scatter_grad(ParamUnit& u) {
   reduce_replicated(u);
-  Tensor mine = Tensor::empty({u.shard.size}, DType::f32, MemCategory::comm);
+  Tensor mine = ctx_->empty({u.shard.size}, DType::f32, MemCategory::comm);
   group_of(u)->reduce_scatter(part(u.grad, 0, u.shard.padded), part(mine, 0, u.shard.size));
   add_inplace(*ctx_, u.grad_shard, mine);
   u.grad = Tensor();
@@ -207,7 +207,7 @@ void ZeroStore::reduce_scatter_grad(ParamUnit& u) {
 void ZeroStore::before_weight(size_t i) {
   ParamUnit& u = params_.units()[i];
   ORIGAMI_CHECK(pending_weights_[i] > 0, "unit ", u.name, ": a weight pass without a deferred backward before it");
-  if (u.shard.grads) u.grad = Tensor::zeros({u.shard.padded}, DType::f32, MemCategory::grad);
+  if (u.shard.grads) u.grad = ctx_->zeros({u.shard.padded}, DType::f32, MemCategory::grad);
 }
 
 void ZeroStore::after_weight(size_t i) {

@@ -23,6 +23,11 @@ ExecContext ExecContext::cpu(int threads) {
   return ExecContext(Device::cpu(), threads);
 }
 
+ExecContext ExecContext::host_stand_in(int threads) {
+  ORIGAMI_CHECK(threads >= 1, "a CPU context needs at least one thread, got ", threads);
+  return ExecContext(Device{DeviceKind::cpu, 1}, threads);
+}
+
 ExecContext ExecContext::cuda(int device_index, int host_threads) {
   if (!built_with_cuda())
     ORIGAMI_USER_ERROR("cuda:", device_index,
@@ -55,6 +60,14 @@ void* ExecContext::blas() const {
 
 Tensor ExecContext::workspace(size_t bytes) const {
   return Tensor::empty({static_cast<int64_t>(bytes)}, DType::u8, MemCategory::workspace, device_);
+}
+
+Tensor ExecContext::empty(Shape shape, DType dtype, MemCategory category) const {
+  return Tensor::empty(std::move(shape), dtype, category, device_);
+}
+
+Tensor ExecContext::zeros(Shape shape, DType dtype, MemCategory category) const {
+  return Tensor::zeros(std::move(shape), dtype, category, device_);
 }
 
 void ExecContext::synchronize() const {

@@ -19,6 +19,13 @@ class ExecContext {
  public:
   // Host ops on `threads` OpenMP threads (oneDNN included), >= 1.
   static ExecContext cpu(int threads);
+  // A host context whose device is the stand-in cpu:1: host memory and the
+  // CPU implementations, but a device of its own, so the dispatch's device
+  // rule fails at the first op that meets a tensor allocated on plain cpu.
+  // A whole training run on it proves, without a GPU, that every buffer of
+  // the training path is allocated on the context's device (the GPU run
+  // needs exactly that). For tests (ORIGAMI_HOST_STAND_IN=1 in the trainer).
+  static ExecContext host_stand_in(int threads);
   // Ops on CUDA device `device_index` (its own stream and cuBLAS handle);
   // host-side work keeps `host_threads`. A UserError naming the reason when
   // the build has no CUDA backend or the device does not exist.
@@ -37,6 +44,10 @@ class ExecContext {
   // `bytes` of scratch on this context's device, tracked as workspace, freed
   // with the returned tensor (u8 [bytes]).
   Tensor workspace(size_t bytes) const;
+  // A new tensor on this context's device: how every module above kernels/
+  // allocates, so that one code path serves the host and the GPU.
+  Tensor empty(Shape shape, DType dtype, MemCategory category) const;
+  Tensor zeros(Shape shape, DType dtype, MemCategory category) const;
   // Waits until every op issued through this context has finished.
   void synchronize() const;
 

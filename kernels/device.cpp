@@ -5,7 +5,11 @@
 
 namespace origami {
 
-std::string to_string(Device d) { return d.is_host() ? "cpu" : "cuda:" + std::to_string(d.index); }
+// The host is "cpu"; cpu:1 is the host stand-in of ExecContext::host_stand_in.
+std::string to_string(Device d) {
+  if (d.is_host()) return d.index == 0 ? "cpu" : "cpu:" + std::to_string(d.index);
+  return "cuda:" + std::to_string(d.index);
+}
 
 bool built_with_cuda() {
 #if ORIGAMI_WITH_CUDA
@@ -22,6 +26,14 @@ int cuda_device_count() {
 #else
   return 0;
 #endif
+}
+
+size_t cuda_device_memory(int index) {
+#if ORIGAMI_WITH_CUDA
+  if (index >= 0 && index < cuda_device_count()) return cuda::device_memory_bytes(index);
+#endif
+  (void)index;
+  return 0;
 }
 
 }  // namespace origami

@@ -2,6 +2,7 @@
 // The CPU build knows only the host; a CUDA build adds cuda:N, N < the
 // visible device count.
 #pragma once
+#include <cstddef>
 #include <string>
 
 namespace origami {
@@ -25,5 +26,8 @@ bool built_with_cuda();
 // CUDA devices this process can use: 0 without the backend, a driver or a
 // device.
 int cuda_device_count();
+// Total memory of CUDA device `index` in bytes; 0 without the backend or the
+// device.
+size_t cuda_device_memory(int index);
 
 }  // namespace origami

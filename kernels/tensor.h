@@ -105,6 +105,9 @@ class Tensor {
 
   // A copy on `device` (same shape, dtype and ledger category); synchronous.
   Tensor to(Device device) const;
+  // This tensor when its memory is the host's, else a copy on the host: what
+  // the named host points (checkpoint, export) read.
+  Tensor on_host() const { return device().is_host() ? *this : to(Device::cpu()); }
   // Overwrite with zeros / with src's elements (same numel and dtype, any two
   // devices); synchronous. Both dispatch to the backend of the memory.
   void fill_zero();

@@ -22,6 +22,11 @@ int ranks_on_this_node() {
   return s ? std::max(1, std::atoi(s)) : 1;
 }
 
+int local_rank_on_this_node() {
+  const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  return s ? std::max(0, std::atoi(s)) : 0;
+}
+
 int default_threads_per_rank() {
   int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int threads = std::max(1, cores / ranks_on_this_node());

@@ -10,6 +10,8 @@ namespace origami {
 int default_threads_per_rank();
 // Ranks of this job on this node (OMPI_COMM_WORLD_LOCAL_SIZE), at least 1.
 int ranks_on_this_node();
+// This rank's index among them (OMPI_COMM_WORLD_LOCAL_RANK; 0 outside mpirun).
+int local_rank_on_this_node();
 // Also gives the team's threads their signal stacks (below).
 void set_num_threads(int threads);
 int num_threads();

@@ -14,7 +14,7 @@ namespace origami::moe {
 
 namespace {
 
-Tensor activation(Shape shape) { return Tensor::empty(std::move(shape), DType::f32, MemCategory::activation); }
+Tensor activation(const ExecContext& ctx, Shape shape) { return ctx.empty(std::move(shape), DType::f32, MemCategory::activation); }
 
 // The segments as the grouped GEMM reads them (group = expert).
 std::vector<GemmSegment> gemm_segments(const ExpertSegments& segments) {
@@ -63,10 +63,10 @@ Tensor experts_forward(const ExecContext& ctx, const ExpertWeights& w, const Ten
 
   saved.segments = segments;
   saved.x_ND = x_ND;
-  saved.gate_NF = activation({N, F});  // x·W1ᵀ per expert
-  saved.up_NF = activation({N, F});    // x·W3ᵀ per expert
-  saved.h_NF = activation({N, F});     // silu(gate) ⊙ up
-  Tensor y_ND = activation({N, D});
+  saved.gate_NF = activation(ctx, {N, F});  // x·W1ᵀ per expert
+  saved.up_NF = activation(ctx, {N, F});    // x·W3ᵀ per expert
+  saved.h_NF = activation(ctx, {N, F});     // silu(gate) ⊙ up
+  Tensor y_ND = activation(ctx, {N, D});
 
   const std::vector<GemmSegment> groups = gemm_segments(segments);
   grouped_gemm(ctx, x_ND, w.w1_EFD, Trans::yes, groups, saved.gate_NF);  // (N, F) = x·W1ᵀ per segment
@@ -99,16 +99,16 @@ Tensor experts_backward(const ExecContext& ctx, const ExpertWeights& w, const Ex
     });
   };
   // dh = dy·W2 and dW2 += dyᵀ·h, per segment.
-  Tensor dh_NF = activation({N, F});
+  Tensor dh_NF = activation(ctx, {N, F});
   grouped_gemm(ctx, dy_ND, w.w2_EDF, Trans::no, groups, dh_NF);  // (N, F)
   wgrad(grad.w2_EDF, dy_ND, saved.h_NF);                         // (E, D, F)
-  Tensor dgate_NF = activation({N, F}), dup_NF = activation({N, F});
+  Tensor dgate_NF = activation(ctx, {N, F}), dup_NF = activation(ctx, {N, F});
   swiglu_backward(ctx, dh_NF, saved.gate_NF, saved.up_NF, dgate_NF, dup_NF);
 
   // dW1 += dgateᵀ·x, dW3 += dupᵀ·x, dx = dgate·W1 + dup·W3, per segment.
   wgrad(grad.w1_EFD, dgate_NF, saved.x_ND);  // (E, F, D)
   wgrad(grad.w3_EFD, dup_NF, saved.x_ND);    // (E, F, D)
-  Tensor dx_ND = activation({N, D});
+  Tensor dx_ND = activation(ctx, {N, D});
   grouped_gemm(ctx, dgate_NF, w.w1_EFD, Trans::no, groups, dx_ND);       // (N, D)
   grouped_gemm(ctx, dup_NF, w.w3_EFD, Trans::no, groups, dx_ND, 1.0f);  // (N, D) +=
   return dx_ND;

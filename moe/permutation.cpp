@@ -20,7 +20,7 @@ void check_routing(const Tensor& expert_TK, int64_t num_experts) {
   ORIGAMI_CHECK(num_experts > 0, "num_experts must be positive, got ", num_experts);
 }
 
-Tensor i32(Shape shape) { return Tensor::empty(std::move(shape), DType::i32, MemCategory::activation); }
+Tensor i32(const ExecContext& ctx, Shape shape) { return ctx.empty(std::move(shape), DType::i32, MemCategory::activation); }
 
 // Rows of the counts tensor of make_permutation.
 enum CountRow : int64_t { kRouted = 0, kKept = 1, kRows = 2, kCountRows = 3 };
@@ -52,7 +52,7 @@ int64_t expert_capacity(const CapacityOptions& opt, int64_t num_tokens, int64_t 
 Tensor apply_capacity(const ExecContext& ctx, const CapacityOptions& opt, const Tensor& expert_TK,
                       const Tensor& weight_TK, int64_t num_experts, int64_t capacity) {
   check_routing(expert_TK, num_experts);
-  Tensor kept = Tensor::empty(expert_TK.shape(), DType::u8, MemCategory::activation);
+  Tensor kept = ctx.empty(expert_TK.shape(), DType::u8, MemCategory::activation);
   // capacity < 0 (dropless): the kernel keeps every slot.
   moe_capacity_mask(ctx, expert_TK, weight_TK, num_experts, capacity, opt.drop_policy, kept);
   return kept;
@@ -66,7 +66,7 @@ Permutation make_permutation(const ExecContext& ctx, const Tensor& expert_TK, co
   Permutation perm;
   perm.num_experts = E;
   // Per-expert counts on the routing's device, one row each.
-  Tensor count_3E = Tensor::empty({kCountRows, E}, DType::i64, MemCategory::workspace);
+  Tensor count_3E = ctx.empty({kCountRows, E}, DType::i64, MemCategory::workspace);
   Tensor routed_E = count_3E.flat_view(kRouted * E, E, {E});
   Tensor kept_E = count_3E.flat_view(kKept * E, E, {E});
   Tensor rows_E = count_3E.flat_view(kRows * E, E, {E});
@@ -81,16 +81,16 @@ Permutation make_permutation(const ExecContext& ctx, const Tensor& expert_TK, co
     N += perm.rows_per_expert[e];
   }
   ORIGAMI_CHECK(N <= INT32_MAX, "permuted buffer of ", N, " rows exceeds i32 row indices");
-  perm.row_of_TK = i32({T, K});
-  perm.row_token_N = i32({N});
-  perm.row_slot_N = i32({N});
+  perm.row_of_TK = i32(ctx, {T, K});
+  perm.row_token_N = i32(ctx, {N});
+  perm.row_slot_N = i32(ctx, {N});
   moe_permutation_maps(ctx, expert_TK, kept_TK, rows_E, perm.row_of_TK, perm.row_token_N, perm.row_slot_N);
   return perm;
 }
 
 Tensor permute_rows(const ExecContext& ctx, const Tensor& x_TD, const Permutation& perm) {
   ORIGAMI_CHECK(x_TD.defined(), "permute_rows on an undefined tensor");
-  Tensor x_ND = Tensor::empty({perm.num_rows(), x_TD.cols()}, DType::f32, MemCategory::activation);
+  Tensor x_ND = ctx.empty({perm.num_rows(), x_TD.cols()}, DType::f32, MemCategory::activation);
   moe_permute_rows(ctx, x_TD, perm.row_token_N, x_ND);
   return x_ND;
 }
@@ -105,7 +105,7 @@ Tensor unpermute_rows(const ExecContext& ctx, const Tensor& y_ND, const Permutat
   ORIGAMI_CHECK(y_ND.defined(), "unpermute_rows on an undefined tensor");
   check_shape(y_ND, {perm.num_rows(), y_ND.cols()}, "unpermute_rows y_ND");
   check_shape(perm.row_of_TK, {num_tokens, perm.row_of_TK.cols()}, "unpermute_rows: permutation token count");
-  Tensor out = Tensor::empty({num_tokens, y_ND.cols()}, DType::f32, MemCategory::activation);
+  Tensor out = ctx.empty({num_tokens, y_ND.cols()}, DType::f32, MemCategory::activation);
   moe_unpermute_rows(ctx, y_ND, perm.row_of_TK, weight_TK, out);
   return out;
 }
@@ -114,8 +114,8 @@ void unpermute_rows_backward(const ExecContext& ctx, const Tensor& dout_TD, cons
                              const Tensor& weight_TK, Tensor& dy_ND, Tensor& dweight_TK) {
   ORIGAMI_CHECK(y_ND.defined() && weight_TK.defined(), "unpermute_rows_backward on an undefined tensor");
   check_shape(y_ND, {perm.num_rows(), y_ND.cols()}, "unpermute_rows_backward y_ND");
-  if (!dy_ND.defined()) dy_ND = Tensor::empty(y_ND.shape(), DType::f32, MemCategory::activation);
-  if (!dweight_TK.defined()) dweight_TK = Tensor::empty(weight_TK.shape(), DType::f32, MemCategory::activation);
+  if (!dy_ND.defined()) dy_ND = ctx.empty(y_ND.shape(), DType::f32, MemCategory::activation);
+  if (!dweight_TK.defined()) dweight_TK = ctx.empty(weight_TK.shape(), DType::f32, MemCategory::activation);
   moe_unpermute_rows_backward(ctx, dout_TD, y_ND, perm.row_of_TK, perm.row_token_N, weight_TK, dy_ND, dweight_TK);
 }
 

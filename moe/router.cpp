@@ -34,8 +34,8 @@ int64_t aux_segments(const RouterOptions& opt, int64_t T, int64_t seq_len) {
   return T / seq_len;
 }
 
-Tensor activation(Shape shape, DType dt = DType::f32) {
-  return Tensor::empty(std::move(shape), dt, MemCategory::activation);
+Tensor activation(const ExecContext& ctx, Shape shape, DType dt = DType::f32) {
+  return ctx.empty(std::move(shape), dt, MemCategory::activation);
 }
 
 }  // namespace
@@ -49,12 +49,12 @@ Routing router_forward(const ExecContext& ctx, const RouterOptions& opt, const T
   const MoeTopkParams& params = opt;  // the kernels read the router's options as they are
   check_moe_topk_params(params, E);
 
-  Tensor logits = activation({T, E});
+  Tensor logits = activation(ctx, {T, E});
   gemm(ctx, x_TD, Trans::no, gate_ED, Trans::yes, logits);  // (T, E)
-  Tensor scores = activation({T, E});
-  Routing routing{activation({T, K}, DType::i32), activation({T, K})};
+  Tensor scores = activation(ctx, {T, E});
+  Routing routing{activation(ctx, {T, K}, DType::i32), activation(ctx, {T, K})};
   const bool want_aux = opt.aux_active(), want_z = opt.z_active();
-  Tensor lse = want_z ? Tensor::empty({T}, DType::f32, MemCategory::workspace) : Tensor();
+  Tensor lse = want_z ? ctx.empty({T}, DType::f32, MemCategory::workspace) : Tensor();
   moe_topk_forward(ctx, logits, bias_E, params, scores, routing.expert_TK, routing.weight_TK, lse);
 
   saved.x_TD = x_TD;
@@ -71,7 +71,7 @@ Routing router_forward(const ExecContext& ctx, const RouterOptions& opt, const T
   // One buffer, one reduction: [counts S·E | score sums S·E | tokens | Σ lse²].
   // A rank with no tokens adds zeros (its group's statistics still reduce).
   const int64_t S = want_aux ? aux_segments(opt, T, seq_len) : 0, SE = S * E;
-  Tensor stats = activation({2 * SE + 2}, DType::f64);
+  Tensor stats = activation(ctx, {2 * SE + 2}, DType::f64);
   moe_routing_stats(ctx, scores, routing.expert_TK, lse, params.score_function, S, stats);
   if (reduce) reduce(stats);
   const MoeRoutingTotals totals = moe_routing_totals(ctx, stats, S, E, K);
@@ -98,7 +98,7 @@ Tensor router_backward(const ExecContext& ctx, const RouterOptions& opt, const R
   check_shape(gate_ED, {E, D}, "router gate_ED");
   if (!defer) check_shape(dgate_ED, {E, D}, "router dgate_ED");  // deferred: unbound until W (the gemm checks it)
   const MoeTopkParams& params = opt;
-  if (T == 0) return activation({0, D});  // no tokens: no gradient (the group's reduction happened in forward)
+  if (T == 0) return activation(ctx, {0, D});  // no tokens: no gradient (the group's reduction happened in forward)
 
   // ∂(aux_scale · aux)/∂s'_te, one row per segment.
   Tensor aux_SE;
@@ -113,7 +113,7 @@ Tensor router_backward(const ExecContext& ctx, const RouterOptions& opt, const R
     const double Tb = saved.aux_tokens / static_cast<double>(S);
     const double c = static_cast<double>(aux_scale) * static_cast<double>(opt.aux_loss_coeff_f32()) *
                      static_cast<double>(E) / (static_cast<double>(S) * Tb * Tb * static_cast<double>(K));
-    aux_SE = Tensor::empty({S, E}, DType::f32, MemCategory::workspace);
+    aux_SE = ctx.empty({S, E}, DType::f32, MemCategory::workspace);
     moe_aux_coefficients(ctx, saved.stats_N, c, aux_SE);
   }
   // ∂(aux_scale · z_coeff · Σ lse² / T_group)/∂(Σ lse²).
@@ -121,10 +121,10 @@ Tensor router_backward(const ExecContext& ctx, const RouterOptions& opt, const R
       opt.z_active() ? static_cast<float>(aux_scale * static_cast<double>(opt.z_loss_coeff_f32()) / saved.aux_tokens)
                      : 0.0f;
 
-  Tensor dlogits = activation({T, E});
+  Tensor dlogits = activation(ctx, {T, E});
   moe_topk_backward(ctx, saved.logits_TE, saved.scores_TE, saved.expert_TK, dweight_TK, aux_SE, seg_len, z_coef, params,
                     dlogits);
-  Tensor dx = activation({T, D});
+  Tensor dx = activation(ctx, {T, D});
   gemm(ctx, dlogits, Trans::no, gate_ED, Trans::no, dx);  // (T, D)
   linear_weight_grad(ctx, defer, dlogits, x, dgate_ED);    // (E, D)
   return dx;

@@ -22,7 +22,10 @@ std::vector<int64_t> times(const std::vector<int64_t>& rows, int64_t D) {
   return out;
 }
 
-Tensor rows_buffer(int64_t rows, int64_t D, MemCategory cat) { return Tensor::empty({rows, D}, DType::f32, cat); }
+// On the exchanged rows' device (the exchanges take no context).
+Tensor rows_buffer(Device device, int64_t rows, int64_t D, MemCategory cat) {
+  return Tensor::empty({rows, D}, DType::f32, cat, device);
+}
 
 // Step 0's copies: slot s takes expert expert_at(s)'s rows, in slot order;
 // consecutive experts that stay consecutive move as one block.
@@ -157,14 +160,14 @@ Tensor AllToAllDispatcher::forward_exchange(const DispatchHandle& h, const Tenso
   Tensor received = rows_ND;  // 2. over ep
   if (ep_size_ > 1) {
     const int64_t n = sum(h.recv_rows_per_ep);
-    received = rows_buffer(n, D, etp_size_ > 1 ? MemCategory::comm : MemCategory::activation);
+    received = rows_buffer(rows_ND.device(), n, D, etp_size_ > 1 ? MemCategory::comm : MemCategory::activation);
     const Tensor sent = h.to_slot_order.empty()
                             ? rows_ND
                             : reorder(rows_ND, h.to_slot_order, Order::to_slots, MemCategory::comm);  // step 0
     ep_->all_to_all_v(sent, times(h.send_rows_per_ep, D), received, times(h.recv_rows_per_ep, D));
   }
   if (etp_size_ == 1) return received;
-  Tensor gathered = rows_buffer(h.num_rows_out, D, MemCategory::activation);  // 3. over etp
+  Tensor gathered = rows_buffer(rows_ND.device(), h.num_rows_out, D, MemCategory::activation);  // 3. over etp
   etp_->all_gather_v(received, gathered, times(h.recv_rows_per_etp, D));
   return gathered;
 }
@@ -175,12 +178,12 @@ Tensor AllToAllDispatcher::reverse_exchange(const DispatchHandle& h, const Tenso
   const int64_t D = rows_MD.size(1);
   Tensor mine = rows_MD;  // reverse of 3: sum the F-partials, keep this peer's block
   if (etp_size_ > 1) {
-    mine = rows_buffer(h.recv_rows_per_etp[etp_rank_], D, ep_size_ > 1 ? MemCategory::comm : MemCategory::activation);
+    mine = rows_buffer(rows_MD.device(), h.recv_rows_per_etp[etp_rank_], D, ep_size_ > 1 ? MemCategory::comm : MemCategory::activation);
     etp_->reduce_scatter_v(rows_MD, mine, times(h.recv_rows_per_etp, D));
   }
   if (ep_size_ == 1) return mine;
   const bool placed = !h.to_slot_order.empty();
-  Tensor out = rows_buffer(h.num_rows_in, D, placed ? MemCategory::comm : MemCategory::activation);  // reverse of 2
+  Tensor out = rows_buffer(rows_MD.device(), h.num_rows_in, D, placed ? MemCategory::comm : MemCategory::activation);  // reverse of 2
   ep_->all_to_all_v(mine, times(h.recv_rows_per_ep, D), out, times(h.send_rows_per_ep, D));
   return placed ? reorder(out, h.to_slot_order, Order::to_experts, MemCategory::activation) : out;  // reverse of 0
 }

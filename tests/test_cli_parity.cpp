@@ -15,6 +15,9 @@
 //   layers at DP 2 keeping ZeRO-3 units whole all step (np 4), PP=2 with
 //   recompute "full" (np 2) and PP=2 × EP=2 with recompute "moe" (np 4).
 // The 16-rank layout TP=2 CP=2 DP=2 PP=2 with ETP=2 EP=2 EDP=2 runs alone.
+// The multi-rank runs of train() run on the host stand-in device cpu:1
+// (ORIGAMI_HOST_STAND_IN=1): matching losses also prove that every buffer of
+// each layout's training path lives on the context's device.
 // Gradient clipping (clip_grad 1.0) is active in these steps: the baseline's
 // grad norm exceeds 1 (asserted), so the norm must count every element once.
 // Why 1e-4 holds with room: the layouts compute the same sums in another
@@ -65,8 +68,12 @@ class Parity : public ::testing::Test {
   // Runs `np` ranks of tiny-moe for kSteps steps; returns the JSONL records.
   static std::vector<nlohmann::json> train(const std::string& tag, int np, const std::string& extra,
                                            const std::string& config = "tiny-moe.toml", int steps = kSteps) {
+    // Multi-rank layouts train on the host stand-in device cpu:1
+    // (ExecContext::host_stand_in): a buffer of the training path allocated
+    // on plain cpu instead of the context's device stops the run at its first
+    // op, so the same runs prove the placement the GPU path needs.
     const std::string launcher = np == 1 ? std::string()
-                                         : std::string(ORIGAMI_MPIEXEC) +
+                                         : std::string("ORIGAMI_HOST_STAND_IN=1 ") + ORIGAMI_MPIEXEC +
                                                " --allow-run-as-root --oversubscribe --bind-to none -np " +
                                                std::to_string(np) + " ";
     auto r = run_command(launcher + ORIGAMI_BINARY + " train " + ORIGAMI_SOURCE_DIR + "/configs/" + config +
@@ -88,6 +95,17 @@ class Parity : public ::testing::Test {
   static void expect_parity(const std::vector<nlohmann::json>& base, const std::vector<nlohmann::json>& run,
                             int64_t ep, const Placement& placement = {}) {
     ASSERT_EQ(run.size(), base.size());
+    // Exposed communication: within each step's time; some on every layout
+    // (every multi-rank layout waits on peers somewhere), none on one rank.
+    double exposed = 0;
+    for (size_t s = 0; s < run.size(); ++s) {
+      const double e = run[s].at("comm_exposed_s").get<double>();
+      EXPECT_GE(e, 0.0);
+      EXPECT_LE(e, run[s].at("step_time_s").get<double>()) << "step " << s + 1;
+      exposed += e;
+      EXPECT_EQ(base[s].at("comm_exposed_s").get<double>(), 0.0);
+    }
+    EXPECT_GT(exposed, 0.0);
     for (size_t s = 0; s < run.size(); ++s) {
       const double b = base[s].at("lm_loss").get<double>(), x = run[s].at("lm_loss").get<double>();
       EXPECT_LE(std::abs(x - b), kLossRtol * std::abs(b)) << "step " << s + 1 << ": " << x << " vs " << b;

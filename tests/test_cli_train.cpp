@@ -27,6 +27,8 @@ TEST(CliTrain, TinyDenseLearnsFortunesWithin150Steps) {
                   " --set export.dir=" + (dir / "export") + " --set training.steps=150");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_GE(std::count(r.output.begin(), r.output.end(), '\n'), 10) << "progress lines expected:\n" << r.output;
+  EXPECT_NE(r.output.find("GEMM peak measured at start-up"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(MFU "), std::string::npos) << r.output;
 
   std::ifstream jsonl(dir / "log/metrics.jsonl");
   std::vector<double> losses;
@@ -36,6 +38,11 @@ TEST(CliTrain, TinyDenseLearnsFortunesWithin150Steps) {
     for (const char* key : {"step", "lm_loss", "grad_norm", "lr", "tokens_per_s", "gflops", "mem"})
       ASSERT_TRUE(j.contains(key)) << key << " missing in " << line;
     EXPECT_GT(j["mem"]["param"].get<int64_t>(), 0);
+    // MFU against the start-up GEMM peak; one rank exposes no communication.
+    EXPECT_GT(j.at("peak_gflops").get<double>(), 0.0);
+    EXPECT_GT(j.at("mfu").get<double>(), 0.0);
+    EXPECT_NEAR(j.at("mfu").get<double>(), j["gflops"].get<double>() / j["peak_gflops"].get<double>(), 1e-12);
+    EXPECT_EQ(j.at("comm_exposed_s").get<double>(), 0.0);
     EXPECT_GT(j["mem"]["activation"].get<int64_t>(), 0);
     losses.push_back(j["lm_loss"].get<double>());
   }

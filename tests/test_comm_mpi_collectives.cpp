@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdio>
 #include <numeric>
+#include <thread>
 
 #include "comm/groups.h"
 #include "comm/mpi_communicator.h"
@@ -284,6 +286,53 @@ TEST(CommMpi, AsyncCollectivesOverlap) {
   }
   for (int p = 0; p < b.size(); ++p)
     ASSERT_EQ(gathered[2 * p + 1], tag<float>(b.members()[p], 1)) << untag(gathered[2 * p + 1]);
+}
+
+// Exposed communication (OpStats::exposed_s): a rank that reaches an
+// all-reduce 80 ms before the last rank waits about that long, and the wait is
+// counted whether it blocks in the plain call or in a later wait of the async
+// form; the late rank, finding its peers there, waits far less; a request
+// already complete when waited adds nothing.
+TEST(CommMpi, ExposedTimeCountsTheWaitForALatePeer) {
+  auto world = whole_mpi(MPI_COMM_WORLD, "world", kOptions);
+  if (world->size() == 1) {
+    std::vector<float> v(4, 1.0f);
+    world->all_reduce(std::span(v));
+    EXPECT_EQ(world->stats(CommOp::all_reduce).exposed_s, 0.0) << "one rank waits for no one";
+    return;
+  }
+  const bool late = world->rank() == world->size() - 1;
+  constexpr double kDelay = 0.08;
+  for (bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "blocking");
+    world->barrier();
+    world->reset_stats();
+    if (late) std::this_thread::sleep_for(std::chrono::duration<double>(kDelay));
+    std::vector<float> v(4, 1.0f);
+    if (async) {
+      Request r = world->all_reduce_async(std::span(v));
+      r.wait();
+    } else {
+      world->all_reduce(std::span(v));
+    }
+    ASSERT_EQ(v[0], static_cast<float>(world->size()));
+    const double exposed = world->stats(CommOp::all_reduce).exposed_s;
+    // The early ranks' wait spans the late one's sleep (less 10 ms for clock
+    // and wake-up slack); the late rank's is bounded by scheduling on a
+    // shared machine, so only checked to be well under the delay.
+    if (late) EXPECT_LT(exposed, kDelay / 2);
+    else EXPECT_GE(exposed, kDelay - 0.01);
+    EXPECT_LT(exposed, 5.0);
+    EXPECT_EQ(world->stats(CommOp::all_gather).exposed_s, 0.0) << "no all-gather ran";
+  }
+  // Complete before the wait: nothing exposed.
+  world->barrier();
+  world->reset_stats();
+  std::vector<float> v(4, 1.0f);
+  Request r = world->all_reduce_async(std::span(v));
+  while (!r.test()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  r.wait();
+  EXPECT_EQ(world->stats(CommOp::all_reduce).exposed_s, 0.0);
 }
 
 // Ring volumes derived here from first principles (not through ring_bytes).

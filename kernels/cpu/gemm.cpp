@@ -68,7 +68,7 @@ void gemm(const ExecContext& ctx, const Tensor& A, Trans trans_a, const Tensor& 
   ORIGAMI_CHECK(A.dtype() == DType::f32 && B.dtype() == DType::f32 && C.dtype() == DType::f32,
                 "gemm is fp32 on CPU; got A ", to_string(A.dtype()), ", B ", to_string(B.dtype()), ", C ",
                 to_string(C.dtype()));
-  ORIGAMI_CHECK(A.device() == Device::cpu() && B.device() == Device::cpu() && C.device() == Device::cpu(),
+  ORIGAMI_CHECK(A.device().is_host() && B.device().is_host() && C.device().is_host(),
                 "CPU gemm on a device tensor");
   const int64_t a_rows = matrix_rows(A), b_rows = matrix_rows(B);
   const int64_t M = trans_a == Trans::yes ? A.cols() : a_rows;

@@ -69,7 +69,7 @@ void run_items(const std::vector<Item>& items, bool in_parallel, F&& f) {
 void check_f32_cpu(const Tensor& t, const char* op, const char* name) {
   ORIGAMI_CHECK(t.defined(), op, ": ", name, " is undefined");
   ORIGAMI_CHECK(t.dtype() == DType::f32, op, " is fp32 on CPU; ", name, " is ", to_string(t.dtype()));
-  ORIGAMI_CHECK(t.device() == Device::cpu(), "CPU ", op, " on a device tensor (", name, ")");
+  ORIGAMI_CHECK(t.device().is_host(), "CPU ", op, " on a device tensor (", name, ")");
 }
 
 // The segments tile `N` rows and name groups in [0, G).

@@ -38,6 +38,15 @@ int device_count() {
   return n;
 }
 
+size_t device_memory_bytes(int device_index) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device_index) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return prop.totalGlobalMem;
+}
+
 // Tensor::to / copy_from / fill_zero are synchronous with respect to every
 // stream: the contexts' streams are non-blocking, so the legacy stream that
 // cudaMemcpy and cudaMemset use would not wait for an op still writing the

@@ -14,6 +14,8 @@ namespace origami::cuda {
 MemorySource device_memory_source();
 // Visible CUDA devices; 0 when there is no driver or no device (never fails).
 int device_count();
+// Total memory of device `device_index` in bytes; 0 when it cannot be asked.
+size_t device_memory_bytes(int device_index);
 // Synchronous copy of `bytes` between host and/or device memory
 // (cudaMemcpyDefault: unified addressing tells the directions apart).
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
