@@ -17,14 +17,19 @@
 #   cuda_tests   ctest -L cuda (4 at a time on the one GPU)
 #   bench_kernels  origami bench kernels --device cuda --json
 #   bench_torch  tools/bench_kernels_torch.py (PyTorch at the same shapes)
+#   train_gpu    3 steps of each GPU config (configs/gpu-*.toml) on cuda:0, in
+#                fp32 until the bf16 recipe lands, on a corpus made from this
+#                checkout's text: tokens/s, TFLOP/s, MFU, peak memory, exposed
+#                communication of the last step
 # and last a table: each step's status and time, the CUDA test counts, and
 # the kernels against PyTorch. A failed step prints its last 40 lines; steps
 # after a failed build do not run. Every step has a time limit, so the whole
 # stays inside one device call (typically ~5 minutes on 16 cores).
 #
-# Results in RESULTS_DIR (default $OUT, else ./gpu-results), five files since
+# Results in RESULTS_DIR (default $OUT, else ./gpu-results), six files since
 # the device tool returns at most 8: gpu_check.log (every step's full
-# output), ctest_cuda.xml, bench_kernels.json, bench_torch.json, summary.txt.
+# output), ctest_cuda.xml, bench_kernels.json, bench_torch.json,
+# train_gpu.json, summary.txt.
 # Without a GPU the CUDA tests skip and the benchmarks say there is no
 # device; that fails the check unless --no-gpu-ok (tools/bundle_check.sh runs
 # it so on a CPU machine). Exit status: 0 when every step passed, 1 when one
@@ -56,7 +61,7 @@ build_timeout=${ORIGAMI_GPU_BUILD_TIMEOUT:-330}  # s; 16 cores there, so a slowe
 bundle=$root/.bundle
 log=$results/gpu_check.log
 summary=$results/summary.txt
-rm -f "$results/ctest_cuda.xml" "$results/bench_kernels.json" "$results/bench_torch.json"
+rm -f "$results/ctest_cuda.xml" "$results/bench_kernels.json" "$results/bench_torch.json" "$results/train_gpu.json"
 : > "$log"
 
 # The binaries whose tests carry the CTest label cuda (tests/CMakeLists.txt).
@@ -77,7 +82,7 @@ fi
 # sets note[STEP] for the table.
 declare -A status=() secs=() note=()
 steps=()  # the steps run so far, in order
-all_steps=(tools unpack configure build cpu_ops mpi_np2 cuda_tests bench_kernels bench_torch)
+all_steps=(tools unpack configure build cpu_ops mpi_np2 cuda_tests bench_kernels bench_torch train_gpu)
 cxx="" cc="" nvcc="" cmake_version=""
 
 # A version at least a minimum (both dotted numbers).
@@ -358,6 +363,53 @@ step_bench_torch() {
   is_json "$results/bench_torch.json" || { note[bench_torch]="no JSON in bench_torch.json"; return 1; }
 }
 
+# Each GPU config for a few steps; the last step's record of each into
+# train_gpu.json ({config: record}), its figures into the note.
+step_train_gpu() {
+  local corpus=$build/gpu-corpus inputs built
+  built=$(cd "$build" && pwd)
+  inputs=$(find "$root" -path "$built" -prune -o -path "$root/.bundle" -prune -o -path "$root/.git" -prune -o \
+             -type f \( -name '*.md' -o -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.toml' \) -print | sort)
+  # shellcheck disable=SC2086  # one argument per file
+  timeout 60 "$build/tools/origami" preprocess --format text --output-prefix "$corpus" --input $inputs ||
+    { note[train_gpu]="origami preprocess of the checkout's text failed"; return 1; }
+  local c rc=0 out
+  for c in "$root"/configs/gpu-*.toml; do
+    local name; name=$(basename "$c" .toml)
+    rm -rf "$build/train-$name"
+    echo "origami train $c (3 steps of 2 x 4096 tokens)"
+    timeout 150 "$build/tools/origami" train "$c" --set data.path="$corpus" --set training.steps=3 \
+      --set training.global_batch=2 --set lr_schedule.warmup_steps=1 --set runtime.precision=fp32 \
+      --set export.dir= --set logging.dir="$build/train-$name" || rc=1
+  done
+  out=$(python3 - "$results/train_gpu.json" "$build" "$root"/configs/gpu-*.toml <<'EOF'
+import json, os, sys
+out, build, configs = sys.argv[1], sys.argv[2], sys.argv[3:]
+runs, notes = {}, []
+for c in configs:
+    name = os.path.basename(c)[:-5]
+    try:
+        with open(os.path.join(build, "train-" + name, "metrics.jsonl")) as f:
+            last = [json.loads(l) for l in f if l.strip()][-1]
+    except Exception:
+        notes.append(f"{name}: no metrics")
+        continue
+    runs[name] = last
+    mem = last.get("mem", {}).get("total", 0)
+    notes.append(f"{name}: {last['tokens_per_s']:.0f} tok/s, {last['gflops'] / 1e3:.1f} TFLOP/s, "
+                 f"MFU {100 * last.get('mfu', 0):.1f}%, peak {mem / 1e9:.1f} GB, "
+                 f"comm exposed {last.get('comm_exposed_s', 0):.3f} s")
+with open(out, "w") as f:
+    json.dump(runs, f, indent=1)
+print("; ".join(notes))
+EOF
+)
+  echo "$out"
+  note[train_gpu]="fp32: $out"
+  if [ -z "$gpu" ]; then no_gpu_verdict train_gpu; return; fi
+  return $rc
+}
+
 # ---- runner and summary
 
 # run STEP: runs step_STEP with its output appended to the log; prints a
@@ -509,6 +561,7 @@ if [ $ok -eq 1 ]; then
   run cuda_tests || ok=0
   run bench_kernels || ok=0
   run bench_torch || ok=0
+  run train_gpu || ok=0
 fi
 write_summary
 echo
