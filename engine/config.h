@@ -85,6 +85,11 @@ struct ParallelConfig {
   // gather until the step's gradients are done (one gather per unit per
   // step, at the memory of the whole stage's params).
   bool reshard_after_forward = true;
+  // ZeRO 2-3: each unit's gradient reduce-scatter runs while the next unit's
+  // backward computes (one in flight; on CUDA on the communication stream),
+  // at the memory of a second whole gradient (Megatron's
+  // overlap_grad_reduce). Same sums in the same order: bitwise the same run.
+  bool overlap_grad_reduce = false;
   // The pipeline schedule (engine/pipeline.h): "1f1b", "interleaved" (with
   // virtual_stages >= 2 model chunks per rank; pp_layers then lists
   // pp·virtual_stages counts) or "zb-h1" (weight gradients deferred).

@@ -134,6 +134,7 @@ PlanInput plan_input(const Config& cfg) {
   in.zero_stage = static_cast<int>(cfg.parallel.zero_stage);
   in.pp_layers = cfg.parallel.pp_layers;
   in.reshard_after_forward = cfg.parallel.reshard_after_forward;
+  in.overlap_grad_reduce = cfg.parallel.overlap_grad_reduce;
   in.pp_schedule = cfg.parallel.pp_schedule;
   in.virtual_stages = cfg.parallel.virtual_stages;
   in.cp_comm = cfg.parallel.cp_comm;
@@ -558,20 +559,23 @@ LayoutPlan plan_layout(const PlanInput& in, const UnitTable& table, const comm::
     }
     st.first_layer = chunk_first.front();
     // ZeRO working buffers: stage 2 keeps a unit's whole gradient during its
-    // backward; stage 3 also keeps at most two units' whole params (the one
+    // backward (two with overlap_grad_reduce: the previous unit's, in flight,
+    // beside it: the two largest); stage 3 also keeps at most two units' whole params (the one
     // computing and the one prefetched; largest units of the stage), or all
     // of them with reshard_after_forward = false.
-    std::vector<int64_t> gathered;
-    int64_t whole_grad = 0;
+    std::vector<int64_t> gathered, whole_grads;
     for (const UnitPlan& u : lp.units) {
       if (u.stage != s) continue;
       st.state += u.state;
       if (u.group <= 1) continue;
       gathered.push_back(u.padded * rb.param);
-      whole_grad = std::max(whole_grad, u.padded * rb.grad);
+      whole_grads.push_back(u.padded * rb.grad);
     }
     std::sort(gathered.rbegin(), gathered.rend());
-    if (in.zero_stage >= 2) st.transient += whole_grad;
+    std::sort(whole_grads.rbegin(), whole_grads.rend());
+    if (in.zero_stage >= 2)
+      for (size_t i = 0; i < std::min<size_t>(in.overlap_grad_reduce ? 2 : 1, whole_grads.size()); ++i)
+        st.transient += whole_grads[i];
     if (in.zero_stage >= 3)
       for (size_t i = 0; i < (in.reshard_after_forward ? std::min<size_t>(2, gathered.size()) : gathered.size()); ++i)
         st.transient += gathered[i];

@@ -89,6 +89,7 @@ struct PlanInput {
   Recipe recipe = Recipe::fp32;
   std::vector<int64_t> pp_layers;  // layers per virtual stage (Σ = num_layers); empty: even split
   bool reshard_after_forward = true;  // false: ZeRO-3 units stay whole all step (one gather each)
+  bool overlap_grad_reduce = false;   // ZeRO 2-3: two whole gradients at once (one in flight)
   PipeSchedule pp_schedule = PipeSchedule::one_f_one_b;
   int64_t virtual_stages = 1;
   dense::CpComm cp_comm = dense::CpComm::all_gather;  // parallel.cp_comm
@@ -182,7 +183,7 @@ struct StageMemory {
   int64_t stage = 0, first_layer = 0, num_layers = 0, num_moe_layers = 0;  // first_layer: of chunk 0
   std::vector<int64_t> chunk_layers;  // layers of each model chunk (one unless interleaved)
   StateBytes state;
-  int64_t transient = 0;    // ZeRO working buffers: stage 2 the largest whole grad, stage 3 + two gathered units
+  int64_t transient = 0;    // ZeRO working buffers: stage 2 the largest whole grad (two largest with overlap_grad_reduce), stage 3 + two gathered units
   int64_t in_flight = 1;    // most micro-batch·chunks with saved activations at once (1F1B: min(pp − stage, m))
   int64_t pending_w = 0;    // zb-h1: most micro-batches with W operands kept at once
   // The largest activation bytes held between two ops of the stage's

@@ -283,7 +283,8 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
   r.pp = comm::multi_rank(groups, comm::GroupKind::pp);
   // Gradient reductions (SUMs, §6) and ZeRO sharding: dense units over dp-cp,
   // expert units over edp.
-  r.zero.emplace(*r.ctx, r.model->params(), groups, cfg.parallel.reshard_after_forward);
+  r.zero.emplace(*r.ctx, r.model->params(), groups, cfg.parallel.reshard_after_forward,
+                 cfg.parallel.overlap_grad_reduce);
   r.norm_groups = {comm::multi_rank(groups, comm::GroupKind::dp_cp), comm::multi_rank(groups, comm::GroupKind::edp),
                    comm::multi_rank(groups, comm::GroupKind::tp_ep), comm::multi_rank(groups, comm::GroupKind::tp),
                    r.pp};

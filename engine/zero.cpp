@@ -32,10 +32,12 @@ std::function<UnitShard(const ParamUnit&)> zero_shard_plan(int stage, const comm
   };
 }
 
-ZeroStore::ZeroStore(const ExecContext& ctx, ParamStore& params, const comm::Groups& groups, bool reshard_after_forward)
+ZeroStore::ZeroStore(const ExecContext& ctx, ParamStore& params, const comm::Groups& groups, bool reshard_after_forward,
+                     bool overlap_grad_reduce)
     : ctx_(&ctx),
       params_(params),
       reshard_after_forward_(reshard_after_forward),
+      overlap_grad_reduce_(overlap_grad_reduce),
       gathers_(params.units().size()),
       pending_weights_(params.units().size(), 0) {
   dense_ = comm::multi_rank(groups, comm::GroupKind::dp_cp);
@@ -52,6 +54,7 @@ void ZeroStore::reduce_replicated(ParamUnit& u) {
 ZeroStore::~ZeroStore() {
   for (Gather& g : gathers_)
     if (g.request) g.request->wait();
+  if (in_flight_) in_flight_->request.wait();
 }
 
 comm::Communicator* ZeroStore::group_of(const ParamUnit& u) const {
@@ -68,6 +71,7 @@ void ZeroStore::finish_gradients() {
   for (size_t i = 0; i < pending_weights_.size(); ++i)
     ORIGAMI_CHECK(pending_weights_[i] == 0, "unit ", params_.units()[i].name, ": ", pending_weights_[i],
                   " deferred weight pass(es) not run before finish_gradients (Model::weight_backward)");
+  settle_reduce();
   if (!reshard_after_forward_) release_all();  // the optimizer updates the shards next
   for (ParamUnit& u : params_.units()) {
     if (u.shard.grads) continue;  // reduced per unit in backward
@@ -195,12 +199,29 @@ void ZeroStore::after_backward(size_t i, WeightGrads grads) {
 }
 
 // This micro-batch's whole gradient → the owners' slices, accumulated.
+// With overlap_grad_reduce the sum waits in flight until the next unit's
+// reduce-scatter (or finish_gradients): the same additions in the same order.
 void ZeroStore::reduce_scatter_grad(ParamUnit& u) {
   reduce_replicated(u);
+  settle_reduce();  // at most one in flight: per-unit accumulation order is kept
   Tensor mine = ctx_->empty({u.shard.size}, DType::f32, MemCategory::comm);
-  group_of(u)->reduce_scatter(part(u.grad, 0, u.shard.padded), part(mine, 0, u.shard.size));
+  comm::Request r = group_of(u)->reduce_scatter_async(part(u.grad, 0, u.shard.padded), part(mine, 0, u.shard.size));
+  if (overlap_grad_reduce_) {
+    in_flight_.emplace(InFlightReduce{&u, std::move(u.grad), std::move(mine), std::move(r)});
+    u.grad = Tensor();
+    return;
+  }
+  r.wait();
   add_inplace(*ctx_, u.grad_shard, mine);
   u.grad = Tensor();
+}
+
+void ZeroStore::settle_reduce() {
+  if (!in_flight_) return;
+  // The compute stream waits (CUDA); the host waits (MPI: host memory).
+  in_flight_->request.wait_on(ctx_->stream());
+  add_inplace(*ctx_, in_flight_->unit->grad_shard, in_flight_->mine);
+  in_flight_.reset();  // the whole gradient goes; on CUDA later work on the compute stream is ordered after the wait
 }
 
 // A deferred W pass needs the gradient and no parameter: nothing gathered.

@@ -74,7 +74,12 @@ std::function<UnitShard(const ParamUnit&)> zero_shard_plan(int stage, const comm
 class ZeroStore final : public UnitHooks {
  public:
   // ctx runs the gradient sums; it must outlive the store.
-  ZeroStore(const ExecContext& ctx, ParamStore& params, const comm::Groups& groups, bool reshard_after_forward = true);
+  // overlap_grad_reduce: stages 2-3 keep one unit's reduce-scatter in flight
+  // while the next unit's backward computes (settled before the next one
+  // starts and in finish_gradients; on CUDA the compute stream, not the
+  // host, waits for it), at the memory of a second whole gradient.
+  ZeroStore(const ExecContext& ctx, ParamStore& params, const comm::Groups& groups, bool reshard_after_forward = true,
+            bool overlap_grad_reduce = false);
   ~ZeroStore() override;
 
   // Zero the gradient accumulators for a new step.
@@ -118,6 +123,16 @@ class ZeroStore final : public UnitHooks {
   bool reshard_after_forward_ = true;
   void reduce_replicated(ParamUnit& u);
   void reduce_scatter_grad(ParamUnit& u);  // stages 2-3: whole grad → owned slice, freed
+  void settle_reduce();                    // overlap_grad_reduce: the one in flight, accumulated
+  bool overlap_grad_reduce_ = false;
+  // The reduce-scatter in flight: its unit's whole gradient (the send
+  // buffer, kept alive until it completes) and the owned slice it sums into.
+  struct InFlightReduce {
+    ParamUnit* unit = nullptr;
+    Tensor whole, mine;
+    comm::Request request;
+  };
+  std::optional<InFlightReduce> in_flight_;
   struct Gather {
     bool live = false;          // param buffer allocated (gathered or in flight)
     std::optional<comm::Request> request;  // in flight

@@ -7,7 +7,8 @@
 //   EP=4 with two experts per rank and a shared expert (np 4),
 //   ZeRO stages 0, 1, 2, 3 at DP = 4 (np 4, EP = 1, experts sharded over edp 4),
 //   TP=2 (np 2), CP=2 (np 2), TP=2 × CP=2 (np 4), the folded layout
-//   TP=2 CP=2 DP=2 with ETP=1 EP=4 EDP=2 (np 8), activation recompute
+//   TP=2 CP=2 DP=2 with ETP=1 EP=4 EDP=2 (np 8, gradient reduce-scatters
+//   overlapped with backward: parallel.overlap_grad_reduce), activation recompute
 //   "full" (TP 2 × EP 2) and "moe" (EP 4 with a shared expert), and pipeline
 //   stages (1F1B over 8 micro-batches; plain PP=2 and PP=4 run in
 //   PipelineSchedulesMatchOneRank beside their zb-h1 twins),
@@ -164,7 +165,9 @@ TEST_F(Parity, EveryLayoutMatchesOneRank) {
       {"cp2", 2, "--set parallel.cp=2", 1, false},
       {"tp2-cp2", 4, "--set parallel.tp=2 --set parallel.cp=2", 1, false},
       // The folded layout: attention TP 2 × CP 2 × DP 2, experts ETP 1 × EP 4 × EDP 2.
-      {"folded8", 8, "--set parallel.tp=2 --set parallel.cp=2 --set parallel.ep=4", 4, false},
+      // With the gradient reduce-scatters overlapped (overlap_grad_reduce).
+      {"folded8", 8, "--set parallel.tp=2 --set parallel.cp=2 --set parallel.ep=4 --set parallel.overlap_grad_reduce=true",
+       4, false},
       {"recompute-full", 4, "--set training.recompute=full --set parallel.tp=2 --set parallel.ep=2", 2, false},
       {"recompute-moe", 4, "--set training.recompute=moe --set parallel.ep=4 " + shared, 4, true},
       // Attention TP 2 × DP 2 × PP 2, experts ETP 1 × EP 2 × EDP 2 in each stage.

@@ -51,6 +51,9 @@ TEST(Config, DefaultsLoad) {
   EXPECT_EQ(c.parallel.zero_stage, 3);
   EXPECT_TRUE(c.parallel.pp_layers.empty());  // even split
   EXPECT_TRUE(c.parallel.reshard_after_forward);
+  EXPECT_FALSE(c.parallel.overlap_grad_reduce);
+  EXPECT_EQ(c.runtime.device, RuntimeDevice::cpu);
+  EXPECT_EQ(c.runtime.precision, Precision::auto_);
   EXPECT_EQ(c.training.steps, d.training.steps);
   EXPECT_EQ(c.training.seed, d.training.seed);
   EXPECT_EQ(c.optimizer.lr, d.optimizer.lr);
@@ -108,6 +111,7 @@ order = "tp-cp-dp-ep-pp"
 zero_stage = 1
 pp_layers = [3]
 reshard_after_forward = false
+overlap_grad_reduce = true
 [training]
 steps = 7
 seq_len = 32
@@ -139,6 +143,8 @@ interval = 5
 [runtime]
 threads = 2
 collective_timeout_s = 30
+device = "auto"
+precision = "fp32"
 )",
                                 kFile);
   EXPECT_EQ(c.model.vocab_size, 300);
@@ -180,6 +186,7 @@ collective_timeout_s = 30
   EXPECT_EQ(c.parallel.zero_stage, 1);
   EXPECT_EQ(c.parallel.pp_layers, (std::vector<int64_t>{3}));
   EXPECT_FALSE(c.parallel.reshard_after_forward);
+  EXPECT_TRUE(c.parallel.overlap_grad_reduce);
   EXPECT_EQ(c.training.steps, 7);
   EXPECT_EQ(c.training.seq_len, 32);
   EXPECT_EQ(c.training.global_batch, 12);
@@ -202,6 +209,8 @@ collective_timeout_s = 30
   EXPECT_EQ(c.logging.interval, 5);
   EXPECT_EQ(c.runtime.threads, 2);
   EXPECT_EQ(c.runtime.collective_timeout_s, 30.0);
+  EXPECT_EQ(c.runtime.device, RuntimeDevice::auto_);
+  EXPECT_EQ(c.runtime.precision, Precision::fp32);
 }
 
 TEST(Config, DottedKeysAndInlineTablesAreTheSameKeys) {
@@ -412,6 +421,10 @@ TEST(Config, MoeBadEnumNamesValueAndAllowed) {
                 "must be one of \"aux_loss\", \"seq_aux_loss\", \"global_aux_loss\", \"none\""});
   expect_error(std::string(kMinimal) + "[moe]\ndrop_policy = \"random\"\n",
                {kFile, "moe.drop_policy = \"random\"", "must be one of \"probs\", \"position\""});
+  expect_error(std::string(kMinimal) + "[runtime]\ndevice = \"gpu\"\n",
+               {kFile, "runtime.device = \"gpu\"", "must be one of \"cpu\", \"cuda\", \"auto\""});
+  expect_error(std::string(kMinimal) + "[runtime]\nprecision = \"fp16\"\n",
+               {kFile, "runtime.precision = \"fp16\"", "must be one of \"auto\", \"fp32\", \"bf16\""});
   // Exact spelling only.
   expect_error(std::string(kMinimal) + "[moe]\nscore_function = \"Softmax\"\n",
                {kFile, "moe.score_function = \"Softmax\"", "must be one of", "did you mean \"softmax\""});

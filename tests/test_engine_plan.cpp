@@ -360,6 +360,25 @@ TEST(Plan, GpuConfigsFitOneH200) {
   EXPECT_GT(static_cast<double>(plan::plan_layout(plan::plan_input(six), layout_of(six, 1), h200).peak_bytes()), 141e9);
 }
 
+// overlap_grad_reduce keeps a second whole gradient (the unit in flight):
+// the working buffers grow by the second-largest unit's whole gradient.
+TEST(Plan, OverlappedGradReduceAddsTheSecondLargestWholeGradient) {
+  for (int stage : {2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const Config cfg = load("tiny-moe.toml", {"parallel.zero_stage=" + std::to_string(stage)});
+    plan::PlanInput in = plan::plan_input(cfg);
+    const plan::LayoutPlan plain = plan::plan_layout(in, layout_of(cfg, 4), plan::Machine{});
+    in.overlap_grad_reduce = true;
+    const plan::LayoutPlan overlapped = plan::plan_layout(in, layout_of(cfg, 4), plan::Machine{});
+    std::vector<int64_t> grads;
+    for (const plan::UnitPlan& u : plain.units)
+      if (u.group > 1) grads.push_back(u.padded * 4);
+    std::sort(grads.rbegin(), grads.rend());
+    ASSERT_GE(grads.size(), 2u);
+    EXPECT_EQ(overlapped.stages[0].transient - plain.stages[0].transient, grads[1]);
+  }
+}
+
 TEST(Plan, StageLayers) {
   EXPECT_EQ(plan::stage_layers(10, 4), (std::vector<int64_t>{3, 3, 2, 2}));
   EXPECT_EQ(plan::stage_layers(10, 2, {7, 3}), (std::vector<int64_t>{7, 3}));

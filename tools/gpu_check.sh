@@ -21,15 +21,17 @@
 #                fp32 until the bf16 recipe lands, on a corpus made from this
 #                checkout's text: tokens/s, TFLOP/s, MFU, peak memory, exposed
 #                communication of the last step
+#   train_torch  tools/train_torch.py: the same configs in PyTorch eager on the
+#                same GPU, for origami's tokens/s over PyTorch's
 # and last a table: each step's status and time, the CUDA test counts, and
 # the kernels against PyTorch. A failed step prints its last 40 lines; steps
 # after a failed build do not run. Every step has a time limit, so the whole
 # stays inside one device call (typically ~5 minutes on 16 cores).
 #
-# Results in RESULTS_DIR (default $OUT, else ./gpu-results), six files since
+# Results in RESULTS_DIR (default $OUT, else ./gpu-results), seven files since
 # the device tool returns at most 8: gpu_check.log (every step's full
 # output), ctest_cuda.xml, bench_kernels.json, bench_torch.json,
-# train_gpu.json, summary.txt.
+# train_gpu.json, train_torch.json, summary.txt.
 # Without a GPU the CUDA tests skip and the benchmarks say there is no
 # device; that fails the check unless --no-gpu-ok (tools/bundle_check.sh runs
 # it so on a CPU machine). Exit status: 0 when every step passed, 1 when one
@@ -61,7 +63,7 @@ build_timeout=${ORIGAMI_GPU_BUILD_TIMEOUT:-330}  # s; 16 cores there, so a slowe
 bundle=$root/.bundle
 log=$results/gpu_check.log
 summary=$results/summary.txt
-rm -f "$results/ctest_cuda.xml" "$results/bench_kernels.json" "$results/bench_torch.json" "$results/train_gpu.json"
+rm -f "$results/ctest_cuda.xml" "$results/bench_kernels.json" "$results/bench_torch.json" "$results/train_gpu.json" "$results/train_torch.json"
 : > "$log"
 
 # The binaries whose tests carry the CTest label cuda (tests/CMakeLists.txt).
@@ -82,7 +84,7 @@ fi
 # sets note[STEP] for the table.
 declare -A status=() secs=() note=()
 steps=()  # the steps run so far, in order
-all_steps=(tools unpack configure build cpu_ops mpi_np2 cuda_tests bench_kernels bench_torch train_gpu)
+all_steps=(tools unpack configure build cpu_ops mpi_np2 cuda_tests bench_kernels bench_torch train_gpu train_torch)
 cxx="" cc="" nvcc="" cmake_version=""
 
 # A version at least a minimum (both dotted numbers).
@@ -410,6 +412,60 @@ EOF
   return $rc
 }
 
+# The same configs through tools/train_torch.py (PyTorch eager, same shape,
+# same batch, same precision) on the same GPU: origami's tokens/s over
+# PyTorch's per config. PyTorch running out of memory is a finding, not a
+# failure of the check.
+step_train_torch() {
+  [ -f tools/train_torch.py ] || { note[train_torch]="no tools/train_torch.py"; return 1; }
+  local c name rc=0
+  for c in "$root"/configs/gpu-*.toml; do
+    name=$(basename "$c" .toml)
+    rm -f "$build/torch-$name.json"
+    (
+      if [ -n "$orig_ld_path" ]; then export LD_LIBRARY_PATH=$orig_ld_path; else unset LD_LIBRARY_PATH; fi
+      PYTHONUNBUFFERED=1 timeout 150 python3 tools/train_torch.py "$c" --global-batch 2 --steps 2 --warmup 1 \
+        --precision fp32 --json "$build/torch-$name.json"
+    ) || rc=1
+  done
+  local out
+  out=$(python3 - "$results/train_torch.json" "$results/train_gpu.json" "$build" "$root"/configs/gpu-*.toml <<'EOF'
+import json, os, sys
+out, ours_path, build, configs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+try:
+    with open(ours_path) as f:
+        ours = json.load(f)
+except Exception:
+    ours = {}
+runs, notes = {}, []
+for c in configs:
+    name = os.path.basename(c)[:-5]
+    try:
+        with open(os.path.join(build, "torch-" + name + ".json")) as f:
+            r = json.load(f)
+    except Exception:
+        notes.append(f"{name}: no result")
+        continue
+    runs[name] = r
+    if "skipped" in r or "error" in r:
+        notes.append(f"{name}: {r.get('skipped') or r.get('error')}"[:120])
+        continue
+    mine = ours.get(name, {}).get("tokens_per_s")
+    ratio = f", origami/torch {mine / r['tokens_per_s']:.2f}x" if mine else ""
+    notes.append(f"{name}: torch {r['tokens_per_s']:.0f} tok/s, peak {r['peak_memory_bytes'] / 1e9:.1f} GB{ratio}")
+with open(out, "w") as f:
+    json.dump(runs, f, indent=1)
+print("; ".join(notes))
+EOF
+)
+  echo "$out"
+  note[train_torch]="fp32: $out"
+  if [ -z "$gpu" ]; then no_gpu_verdict train_torch; return; fi
+  # A result for every config (an out-of-memory one counts) is a pass.
+  grep -q "no result" <<<"$out" && return 1
+  return 0
+}
+
 # ---- runner and summary
 
 # run STEP: runs step_STEP with its output appended to the log; prints a
@@ -562,6 +618,7 @@ if [ $ok -eq 1 ]; then
   run bench_kernels || ok=0
   run bench_torch || ok=0
   run train_gpu || ok=0
+  run train_torch || ok=0
 fi
 write_summary
 echo

@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""PyTorch eager twin of `origami train` for the GPU check's tokens/s ratio.
+
+Builds the model an Origami config describes (ARCHITECTURE.md §4: pre-norm
+decoder, RMSNorm, GQA attention with rotate-half RoPE, SwiGLU MLPs, MoE
+layers with a softmax or sigmoid top-k router, optional shared expert,
+untied LM head, no biases) the way an eager PyTorch user writes it — nn.Linear
+weights, F.scaled_dot_product_attention(is_causal=True), experts applied by
+sorting the routed token slots by expert and running each expert's SwiGLU on
+its rows, torch.optim.AdamW (fused where this torch has it) — and trains it
+on random token windows of the config's shape, timing each step between
+CUDA synchronizations. Same FLOP budget per token as origami (dropless
+routing; no auxiliary loss: its cost is negligible either way).
+
+Precision: fp32 (the default: what origami's GPU check trains in until its
+bf16 recipe lands) or bf16 (fp32 parameters and moments, bf16 autocast).
+
+Output: one JSON object {config, precision, steps, tokens_per_step,
+step_s (median of the timed steps), tokens_per_s, peak_memory_bytes,
+params}; or {"skipped": why} without CUDA or torch (exit 0), or {"error":
+...} when the model does not fit (CUDA out of memory, exit 1).
+
+Usage: python3 tools/train_torch.py CONFIG.toml [--steps N] [--warmup N]
+           [--global-batch N] [--precision fp32|bf16] [--json PATH]
+"""
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+
+def read_toml(path):
+    """The config's sections as dicts: tomllib where Python has it, else the
+    flat key = value subset origami's shipped configs use."""
+    try:
+        import tomllib
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except ImportError:
+        pass
+    doc = {}
+    section = doc
+    with open(path) as f:
+        for raw in f:
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            if line.startswith("[") and line.endswith("]"):
+                section = doc.setdefault(line[1:-1].strip(), {})
+                continue
+            key, _, value = line.partition("=")
+            value = value.strip()
+            if value.startswith('"'):
+                v = value.strip('"')
+            elif value in ("true", "false"):
+                v = value == "true"
+            else:
+                try:
+                    v = int(value)
+                except ValueError:
+                    try:
+                        v = float(value)
+                    except ValueError:
+                        v = value
+            section[key.strip()] = v
+    return doc
+
+
+def shape_of(doc):
+    m, e, t = doc.get("model", {}), doc.get("moe", {}), doc.get("training", {})
+    d = dict(V=m.get("vocab_size", 257), D=m["hidden_size"], L=m["num_layers"], Hq=m["num_heads"],
+             Hkv=m.get("num_kv_heads", m["num_heads"]), F=m.get("ffn_hidden_size", 4 * m["hidden_size"]),
+             theta=float(m.get("rope_theta", 10000.0)), eps=float(m.get("norm_eps", 1e-5)),
+             E=e.get("num_experts", 0), K=e.get("top_k", 2), first_dense=e.get("first_dense_layers", 0),
+             freq=e.get("layer_freq", 1), Fs=e.get("shared_expert_hidden_size", 0),
+             score=e.get("score_function", "softmax"), normalize=e.get("normalize_topk", True),
+             scaling=float(e.get("topk_scaling", 1.0)), S=t.get("seq_len", 4096), B=t.get("global_batch", 8),
+             mb=t.get("micro_batch", 1))
+    d["Fe"] = e.get("ffn_hidden_size", 0) or d["F"]
+    return d
+
+
+def build(torch, s):
+    nn, F = torch.nn, torch.nn.functional
+    hd = s["D"] // s["Hq"]
+
+    class RMSNorm(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(n))
+
+        def forward(self, x):
+            xf = x.float()
+            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + s["eps"])).to(x.dtype) * self.weight
+
+    def swiglu(d, f):
+        return nn.ModuleDict(dict(gate=nn.Linear(d, f, bias=False), up=nn.Linear(d, f, bias=False),
+                                  down=nn.Linear(f, d, bias=False)))
+
+    def run_swiglu(m, x):
+        return m["down"](F.silu(m["gate"](x)) * m["up"](x))
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q = nn.Linear(s["D"], s["Hq"] * hd, bias=False)
+            self.k = nn.Linear(s["D"], s["Hkv"] * hd, bias=False)
+            self.v = nn.Linear(s["D"], s["Hkv"] * hd, bias=False)
+            self.o = nn.Linear(s["Hq"] * hd, s["D"], bias=False)
+
+        def forward(self, x, cos, sin):
+            B, S, _ = x.shape
+            q = self.q(x).view(B, S, s["Hq"], hd).transpose(1, 2)
+            k = self.k(x).view(B, S, s["Hkv"], hd).transpose(1, 2)
+            v = self.v(x).view(B, S, s["Hkv"], hd).transpose(1, 2)
+
+            def rope(t):
+                a, b = t[..., : hd // 2], t[..., hd // 2:]
+                return t * cos + torch.cat((-b, a), dim=-1) * sin
+
+            q, k = rope(q), rope(k)
+            rep = s["Hq"] // s["Hkv"]
+            if rep > 1:
+                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.o(o.transpose(1, 2).reshape(B, S, s["Hq"] * hd))
+
+    class MoE(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate = nn.Linear(s["D"], s["E"], bias=False)
+            self.experts = nn.ModuleList(swiglu(s["D"], s["Fe"]) for _ in range(s["E"]))
+            self.shared = swiglu(s["D"], s["Fs"]) if s["Fs"] else None
+
+        def forward(self, x):
+            B, S, D = x.shape
+            xt = x.reshape(-1, D)
+            logits = self.gate(xt).float()
+            scores = logits.softmax(-1) if s["score"] == "softmax" else logits.sigmoid()
+            w, idx = scores.topk(s["K"], dim=-1)
+            if s["normalize"]:
+                w = w / w.sum(-1, keepdim=True)
+            w = (w * s["scaling"]).to(x.dtype)
+            flat = idx.reshape(-1)
+            order = flat.argsort(stable=True)
+            token = order // s["K"]
+            counts = torch.bincount(flat, minlength=s["E"]).tolist()  # the host sync every eager MoE has
+            rows = xt[token]
+            out_rows = torch.empty_like(rows)
+            start = 0
+            for e, n in enumerate(counts):
+                if n:
+                    out_rows[start:start + n] = run_swiglu(self.experts[e], rows[start:start + n])
+                start += n
+            out_rows = out_rows * w.reshape(-1)[order].unsqueeze(-1)
+            y = torch.zeros_like(xt).index_add_(0, token, out_rows)
+            if self.shared is not None:
+                y = y + run_swiglu(self.shared, xt)
+            return y.view(B, S, D)
+
+    class Block(nn.Module):
+        def __init__(self, l):
+            super().__init__()
+            self.attn_norm, self.attn = RMSNorm(s["D"]), Attention()
+            self.mlp_norm = RMSNorm(s["D"])
+            is_moe = s["E"] > 0 and l >= s["first_dense"] and (l - s["first_dense"]) % s["freq"] == 0
+            self.moe = MoE() if is_moe else None
+            self.mlp = None if is_moe else swiglu(s["D"], s["F"])
+
+        def forward(self, h, cos, sin):
+            h = h + self.attn(self.attn_norm(h), cos, sin)
+            m = self.mlp_norm(h)
+            return h + (self.moe(m) if self.moe is not None else run_swiglu(self.mlp, m))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(s["V"], s["D"])
+            self.layers = nn.ModuleList(Block(l) for l in range(s["L"]))
+            self.norm = RMSNorm(s["D"])
+            self.head = nn.Linear(s["D"], s["V"], bias=False)
+            inv = s["theta"] ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+            ang = torch.arange(s["S"], dtype=torch.float64)[:, None] * inv[None, :]
+            ang = torch.cat((ang, ang), dim=-1)
+            self.register_buffer("cos", ang.cos().float(), persistent=False)
+            self.register_buffer("sin", ang.sin().float(), persistent=False)
+
+        def forward(self, ids, targets):
+            h = self.embed(ids)
+            cos, sin = self.cos.to(h.dtype), self.sin.to(h.dtype)
+            for layer in self.layers:
+                h = layer(h, cos, sin)
+            logits = self.head(self.norm(h)).float()
+            return F.cross_entropy(logits.view(-1, s["V"]), targets.view(-1))
+
+    return Model()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("config")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--global-batch", type=int, default=0, help="samples per step (default: the config's)")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument("--json", help="write the result object here too")
+    a = ap.parse_args()
+
+    def emit(obj, status=0):
+        text = json.dumps(obj)
+        print(text)
+        if a.json:
+            with open(a.json, "w") as f:
+                f.write(text + "\n")
+        sys.exit(status)
+
+    try:
+        import torch
+    except ImportError:
+        emit({"config": a.config, "skipped": "no torch"})
+    if not torch.cuda.is_available():
+        emit({"config": a.config, "skipped": "no CUDA device"})
+    s = shape_of(read_toml(a.config))
+    if a.global_batch:
+        s["B"] = a.global_batch
+    dev = torch.device("cuda:0")
+    torch.manual_seed(0)
+    result = {"config": a.config, "precision": a.precision, "steps": a.steps, "tokens_per_step": s["B"] * s["S"],
+              "torch": torch.__version__}
+    try:
+        with torch.device(dev):  # parameters made and initialized on the GPU, not in host memory
+            model = build(torch, s)
+        result["params"] = sum(p.numel() for p in model.parameters())
+        try:
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
+        except (TypeError, RuntimeError):
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+        micro = s["mb"]
+        accum = max(1, s["B"] // micro)
+        times = []
+        torch.cuda.reset_peak_memory_stats(dev)
+        for step in range(a.warmup + a.steps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            for _ in range(accum):
+                tok = torch.randint(0, s["V"], (micro, s["S"] + 1), device=dev)
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+                    loss = model(tok[:, :-1], tok[:, 1:]) / accum
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            torch.cuda.synchronize()
+            if step >= a.warmup:
+                times.append(time.perf_counter() - t0)
+        step_s = statistics.median(times)
+        result.update(step_s=step_s, tokens_per_s=s["B"] * s["S"] / step_s,
+                      peak_memory_bytes=torch.cuda.max_memory_allocated(dev), final_loss=float(loss) * accum)
+        if not math.isfinite(result["final_loss"]):
+            result["error"] = "non-finite loss"
+            emit(result, 1)
+    except torch.cuda.OutOfMemoryError as e:
+        result["error"] = "CUDA out of memory: " + str(e).split("\n")[0]
+        emit(result, 1)
+    emit(result)
+
+
+if __name__ == "__main__":
+    main()
