@@ -127,7 +127,9 @@ struct OpStats {
   // (Request::wait, wait_for) finds it unfinished. MPI: the host's wall time
   // in the wait. NCCL: the op's own run time on the communication stream
   // (CUDA events around it), the span the compute stream had nothing to do
-  // while the host waited; an op handed to a stream (wait_on) adds nothing.
+  // while the host waited; an op handed to a stream (wait_on): the time that
+  // stream stood at the wait (events around it), added by
+  // settle_stream_waits() once the stream has passed it.
   double exposed_s = 0;
 };
 
@@ -222,6 +224,10 @@ class Communicator {
   // The backend device memory goes over (nccl), or mpi when there is none;
   // host memory always goes over MPI.
   virtual Backend backend() const = 0;
+  // Adds to exposed_s the stalls of stream waits (Request::wait_on of NCCL
+  // ops) that have completed; call after synchronizing the stream, before
+  // reading the stats. Nothing on MPI.
+  virtual void settle_stream_waits() {}
   double timeout_s() const { return options_.timeout_s; }
 
   // ---- spans: element type from the span, memory the backend's own --------------------------------

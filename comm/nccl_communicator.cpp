@@ -10,6 +10,7 @@
 #include <nccl.h>
 
 #include <cstdlib>
+#include <vector>
 #endif
 
 namespace origami::comm {
@@ -52,11 +53,18 @@ ncclDataType_t nccl_type(ElemType t) {
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::max ? ncclMax : ncclSum; }
 
+// A stream's wait on an NCCL op: timing events before and after it on that
+// stream; their interval is how long the stream stood there.
+struct StreamWait {
+  cudaEvent_t before = nullptr, after = nullptr;
+  double* sink = nullptr;  // the op's OpStats::exposed_s
+};
+
 class NcclPending final : public detail::PendingOp {
  public:
   // Timing events: the op's run time on the stream is its exposed time when
   // the host waits for it (exposed_seconds).
-  NcclPending(ncclComm_t comm, cudaStream_t stream) : comm_(comm) {
+  NcclPending(ncclComm_t comm, cudaStream_t stream, std::vector<StreamWait>* waits) : comm_(comm), waits_(waits) {
     ORIGAMI_CUDA_CHECK(cudaEventCreate(&started_));
     ORIGAMI_CUDA_CHECK(cudaEventCreate(&event_));
     stream_ = stream;
@@ -88,12 +96,21 @@ class NcclPending final : public detail::PendingOp {
   // The stream's later work waits on the op's event; the event may then be
   // destroyed (the wait captured it), so the request can go at once.
   bool enqueue_wait(void* stream) override {
-    ORIGAMI_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event_, 0));
+    const auto s = static_cast<cudaStream_t>(stream);
+    StreamWait w;
+    w.sink = exposed_sink;
+    ORIGAMI_CUDA_CHECK(cudaEventCreate(&w.before));
+    ORIGAMI_CUDA_CHECK(cudaEventCreate(&w.after));
+    ORIGAMI_CUDA_CHECK(cudaEventRecord(w.before, s));
+    ORIGAMI_CUDA_CHECK(cudaStreamWaitEvent(s, event_, 0));
+    ORIGAMI_CUDA_CHECK(cudaEventRecord(w.after, s));
+    waits_->push_back(w);
     return true;
   }
 
  private:
   ncclComm_t comm_;
+  std::vector<StreamWait>* waits_;  // the communicator's, settled by settle_stream_waits
   cudaStream_t stream_ = nullptr;
   cudaEvent_t started_ = nullptr;
   cudaEvent_t event_ = nullptr;
@@ -120,9 +137,30 @@ class NcclCommunicator final : public Communicator {
     ncclCommDestroy(comm_);
     cudaFree(scratch_);
     if (inputs_ready_) cudaEventDestroy(inputs_ready_);
+    for (StreamWait& w : waits_) {
+      cudaEventDestroy(w.before);
+      cudaEventDestroy(w.after);
+    }
     cudaStreamDestroy(stream_);
   }
   Backend backend() const override { return Backend::nccl; }
+  void settle_stream_waits() override {
+    std::vector<StreamWait> pending;
+    for (StreamWait& w : waits_) {
+      const cudaError_t rc = cudaEventQuery(w.after);
+      if (rc == cudaErrorNotReady) {
+        pending.push_back(w);
+        continue;
+      }
+      ORIGAMI_CUDA_CHECK(rc);
+      float ms = 0;
+      ORIGAMI_CUDA_CHECK(cudaEventElapsedTime(&ms, w.before, w.after));
+      if (w.sink) *w.sink += ms / 1e3;
+      cudaEventDestroy(w.before);
+      cudaEventDestroy(w.after);
+    }
+    waits_ = std::move(pending);
+  }
 
  protected:
   Device locate(const Call&) const override { return device_; }
@@ -133,7 +171,7 @@ class NcclCommunicator final : public Communicator {
     return why;
   }
   std::unique_ptr<detail::PendingOp> start(const Call& c) override {
-    auto p = std::make_unique<NcclPending>(comm_, stream_);
+    auto p = std::make_unique<NcclPending>(comm_, stream_, &waits_);
     if (compute_) {  // the inputs were written by ops queued on the compute stream
       ORIGAMI_CUDA_CHECK(cudaEventRecord(inputs_ready_, compute_));
       ORIGAMI_CUDA_CHECK(cudaStreamWaitEvent(stream_, inputs_ready_, 0));
@@ -211,6 +249,7 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_ = nullptr;
   cudaStream_t compute_ = nullptr;      // CommOptions::compute_stream
   cudaEvent_t inputs_ready_ = nullptr;  // recorded on compute_ before each op
+  std::vector<StreamWait> waits_;       // stream waits not yet settled
   void* scratch_ = nullptr;
   Device device_;
 };

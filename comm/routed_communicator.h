@@ -28,6 +28,7 @@ class RoutedCommunicator final : public Communicator {
   ~RoutedCommunicator() override;
   // The device memory's backend (nccl); host memory goes over MPI.
   Backend backend() const override { return device_->backend(); }
+  void settle_stream_waits() override { device_->settle_stream_waits(); }
 
  protected:
   Device locate(const Call& call) const override;

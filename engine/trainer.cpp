@@ -87,8 +87,10 @@ comm::Groups make_groups(const Config& cfg, const ExecContext& ctx, int world) {
   return comm::Groups::create(make_layout(cfg, world), MPI_COMM_WORLD, o);
 }
 
-// Seconds this rank has stood waiting on `c`'s communication, every op.
-double exposed_seconds(const comm::Communicator& c) {
+// Seconds this rank has stood waiting on `c`'s communication, every op
+// (stream waits included once their stream has passed them).
+double exposed_seconds(comm::Communicator& c) {
+  c.settle_stream_waits();
   double s = 0;
   for (int op = 0; op < comm::kNumCommOps; ++op) s += c.stats(static_cast<comm::CommOp>(op)).exposed_s;
   return s;
