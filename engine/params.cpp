@@ -144,10 +144,10 @@ ParamRef ParamStore::ref(const std::string& name) const {
   return {it->second.first, it->second.second};
 }
 
-void ParamStore::zero_grads() {
+void ParamStore::zero_grads(const ExecContext& ctx) {
   for (ParamUnit& u : units_) {
-    if (u.grad.defined()) u.grad.fill_zero();
-    if (u.grad_shard.defined()) u.grad_shard.fill_zero();
+    if (u.grad.defined()) ctx.fill_zero(u.grad);
+    if (u.grad_shard.defined()) ctx.fill_zero(u.grad_shard);
   }
 }
 

@@ -104,7 +104,8 @@ class ParamStore {
   Tensor grad(const std::string& name) const { return grad(ref(name)); }
   Tensor param(ParamRef r) const { return units_[r.unit].param_view(r.index); }
   Tensor grad(ParamRef r) const { return units_[r.unit].grad_view(r.index); }
-  void zero_grads();
+  // On ctx's stream (ExecContext::fill_zero: no device synchronization).
+  void zero_grads(const ExecContext& ctx);
 
  private:
   std::vector<ParamUnit> units_;

@@ -65,7 +65,7 @@ comm::Communicator* ZeroStore::group_of(const ParamUnit& u) const {
   return c;
 }
 
-void ZeroStore::begin_step() { params_.zero_grads(); }
+void ZeroStore::begin_step() { params_.zero_grads(*ctx_); }
 
 void ZeroStore::finish_gradients() {
   for (size_t i = 0; i < pending_weights_.size(); ++i)

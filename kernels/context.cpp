@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/memory.h"
 
 namespace origami {
 
@@ -67,7 +68,19 @@ Tensor ExecContext::empty(Shape shape, DType dtype, MemCategory category) const 
 }
 
 Tensor ExecContext::zeros(Shape shape, DType dtype, MemCategory category) const {
-  return Tensor::zeros(std::move(shape), dtype, category, device_);
+  Tensor t = empty(std::move(shape), dtype, category);
+  fill_zero(t);
+  return t;
+}
+
+void ExecContext::fill_zero(Tensor& t) const {
+  ORIGAMI_CHECK(t.defined() && t.device() == device_, "fill_zero of a tensor on ",
+                t.defined() ? to_string(t.device()) : "(none)", " on a context of ", to_string(device_));
+  if (t.numel() == 0) return;
+#if ORIGAMI_WITH_CUDA
+  if (cuda_) return cuda::fill_zero_on(t.address(), t.nbytes(), cuda::stream_of(cuda_.get()));
+#endif
+  t.fill_zero();
 }
 
 void ExecContext::synchronize() const {

@@ -47,7 +47,10 @@ class ExecContext {
   // A new tensor on this context's device: how every module above kernels/
   // allocates, so that one code path serves the host and the GPU.
   Tensor empty(Shape shape, DType dtype, MemCategory category) const;
+  // zeros and fill_zero run on this context's stream on CUDA (ordered with
+  // its ops, no device synchronization, unlike Tensor::zeros/fill_zero).
   Tensor zeros(Shape shape, DType dtype, MemCategory category) const;
+  void fill_zero(Tensor& t) const;
   // Waits until every op issued through this context has finished.
   void synchronize() const;
 

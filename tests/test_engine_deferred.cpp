@@ -80,8 +80,8 @@ TEST(ModelDeferred, BThenWIsBitwiseTheFusedBackwardInEveryRecomputeMode) {
     std::mt19937 rng(17 + static_cast<uint32_t>(mode));
     const Tensor mb[2] = {testing::random_tokens(2, 13, 37, rng), testing::random_tokens(2, 13, 37, rng)};
     const float lm_scale = 1.0f / 48, aux_scale = 0.5f;
-    fused.params().zero_grads();
-    split.params().zero_grads();
+    fused.params().zero_grads(ctx);
+    split.params().zero_grads(ctx);
     for (const Tensor& tokens : mb) {
       ModelSaved saved;
       fused.forward(tokens, saved);

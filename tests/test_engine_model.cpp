@@ -40,7 +40,7 @@ TEST(Model, FiniteDifferenceThroughEveryParameter) {
     ModelSaved saved;
     return scale * model.forward(tokens, saved);
   };
-  model.params().zero_grads();
+  model.params().zero_grads(ctx);
   ModelSaved saved;
   model.forward(tokens, saved);
   model.backward(saved, scale);
@@ -56,8 +56,8 @@ TEST(Model, GradientAccumulationMatchesOneBigMicroBatch) {
   Model a(ctx, tiny_model(), 9), b(ctx, tiny_model(), 9);
   Tensor tokens = testing::random_tokens(4, 9, 37, rng);
   const float scale = 1.0f / 32.0f;
-  a.params().zero_grads();
-  b.params().zero_grads();
+  a.params().zero_grads(ctx);
+  b.params().zero_grads(ctx);
   ModelSaved s;
   const double la = a.forward(tokens, s);
   a.backward(s, scale);

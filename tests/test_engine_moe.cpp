@@ -69,7 +69,7 @@ TEST(MoeModel, FiniteDifferenceThroughEveryParameterWithAuxAndZLoss) {
     const double lm = model.forward(tokens, saved, &stats);
     return lm_scale * lm + aux_scale * (stats.aux_loss() + stats.z_loss());
   };
-  model.params().zero_grads();
+  model.params().zero_grads(ctx);
   ModelSaved saved;
   ForwardStats stats;
   model.forward(tokens, saved, &stats);

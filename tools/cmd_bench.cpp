@@ -102,7 +102,7 @@ void run_bench_step(const std::string& config_path, const std::vector<std::strin
   for (int s = 0; s < warmup + steps; ++s) {
     for (int64_t i = 0; i < tokens.numel(); ++i) tokens.i32()[i] = tok(rng);
     const auto t0 = Clock::now();
-    model.params().zero_grads();
+    model.params().zero_grads(ctx);
     for (int64_t a = 0; a < accum; ++a) {
       ModelSaved saved;
       model.forward(tokens, saved);

@@ -67,4 +67,8 @@ void fill_zero(void* dst, size_t bytes, int device_index) {
   CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+void fill_zero_on(void* dst, size_t bytes, void* stream) {
+  CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, static_cast<cudaStream_t>(stream)));
+}
+
 }  // namespace origami::cuda

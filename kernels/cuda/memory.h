@@ -21,5 +21,8 @@ size_t device_memory_bytes(int device_index);
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 // Synchronous zero fill of device memory.
 void fill_zero(void* dst, size_t bytes, int device_index);
+// Zero fill queued on `stream` (a cudaStream_t): ordered with that stream's
+// ops, no synchronization.
+void fill_zero_on(void* dst, size_t bytes, void* stream);
 
 }  // namespace origami::cuda
