@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/elementwise.h"
 #include "kernels/init.h"
 
 namespace origami {
@@ -70,8 +71,12 @@ void ParamStore::add_param(ParamUnit& unit, const std::string& name, Shape shape
   unit.params.push_back(std::move(info));
 }
 
-void ParamStore::allocate(Device device, const std::function<UnitShard(const ParamUnit&)>& shard_of) {
+void ParamStore::allocate(Device device, DType param_dtype, const std::function<UnitShard(const ParamUnit&)>& shard_of) {
+  ORIGAMI_CHECK(param_dtype == DType::f32 || param_dtype == DType::bf16, "parameters in ", to_string(param_dtype),
+                ": the recipes are f32 and bf16");
   device_ = device;
+  param_dtype_ = param_dtype;
+  const DType pd = param_dtype;
   for (ParamUnit& u : units_) {
     UnitShard& s = u.shard;
     s = shard_of ? shard_of(u) : UnitShard{};
@@ -89,14 +94,15 @@ void ParamStore::allocate(Device device, const std::function<UnitShard(const Par
     // Padding elements are zero in every buffer and stay zero (no gradient
     // reaches them, and AdamW leaves a zero param with zero moments at zero).
     if (s.params)
-      u.param_shard = Tensor::zeros({s.size}, DType::f32, MemCategory::param, device);
+      u.param_shard = Tensor::zeros({s.size}, pd, MemCategory::param, device);
     else
-      u.param = Tensor::zeros({s.padded}, DType::f32, MemCategory::param, device);
+      u.param = Tensor::zeros({s.padded}, pd, MemCategory::param, device);
     if (s.grads)
-      u.grad_shard = Tensor::zeros({s.size}, DType::f32, MemCategory::grad, device);
+      u.grad_shard = Tensor::zeros({s.size}, pd, MemCategory::grad, device);
     else
-      u.grad = Tensor::zeros({s.padded}, DType::f32, MemCategory::grad, device);
+      u.grad = Tensor::zeros({s.padded}, pd, MemCategory::grad, device);
     const int64_t m = s.optim ? s.size : s.padded;
+    if (pd != DType::f32) u.master = Tensor::zeros({m}, DType::f32, MemCategory::optim, device);
     u.exp_avg = Tensor::zeros({m}, DType::f32, MemCategory::optim, device);
     u.exp_avg_sq = Tensor::zeros({m}, DType::f32, MemCategory::optim, device);
   }
@@ -107,11 +113,13 @@ void ParamStore::initialize(const ExecContext& ctx, uint64_t seed, float init_st
   // them by 1/sqrt(2L) keeps the residual variance flat in depth.
   const float out_std = init_std / std::sqrt(2.0f * static_cast<float>(num_layers));
   for (ParamUnit& u : units_) {
-    // A ZeRO-3 unit is drawn whole, one unit at a time, and keeps its slice.
-    const bool sharded = u.shard.params;
-    if (sharded) u.param = ctx.zeros({u.shard.padded}, DType::f32, MemCategory::workspace);
+    // A ZeRO-3 unit (or any bf16 one) is drawn whole in fp32, one unit at a
+    // time; each buffer then takes its part: the fp32 master its optimizer
+    // slice, the params their slice (ZeRO-3) or all, rounded to bf16.
+    const bool sharded = u.shard.params, mixed = u.master.defined();
+    const Tensor drawn = sharded || mixed ? ctx.zeros({u.shard.padded}, DType::f32, MemCategory::workspace) : u.param;
     for (size_t i = 0; i < u.params.size(); ++i) {
-      Tensor t = u.param_view(i);
+      Tensor t = u.view_of(drawn, i);
       const ParamInfo& p = u.params[i];
       switch (p.init) {
         case InitKind::normal:
@@ -125,9 +133,13 @@ void ParamStore::initialize(const ExecContext& ctx, uint64_t seed, float init_st
           break;
       }
     }
-    if (sharded) {
-      u.param_shard.copy_from(u.param.flat_view(u.shard.begin, u.shard.size, {u.shard.size}));
-      u.param = Tensor();
+    auto slice = [&](int64_t begin, int64_t n) { return drawn.flat_view(begin, n, {n}); };
+    if (mixed) {
+      u.master.copy_from(u.shard.optim ? slice(u.shard.begin, u.shard.size) : drawn);
+      Tensor& dst = sharded ? u.param_shard : u.param;
+      cast(ctx, sharded ? slice(u.shard.begin, u.shard.size) : drawn, dst);
+    } else if (sharded) {
+      u.param_shard.copy_from(slice(u.shard.begin, u.shard.size));
     }
   }
 }

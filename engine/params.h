@@ -59,6 +59,9 @@ struct ParamUnit {
   Tensor param, grad;
   Tensor param_shard, grad_shard;  // [shard.size], stage 3 / stages 2-3
   Tensor exp_avg, exp_avg_sq;      // [shard.size] when shard.optim, else [padded]
+  // The bf16 recipe's fp32 master weights, shaped like the moments (the
+  // optimizer's slice); undefined in fp32, where the params are the master.
+  Tensor master;
 
   Tensor param_view(size_t i) const { return view_of(param, i); }
   Tensor grad_view(size_t i) const { return view_of(grad, i); }
@@ -86,8 +89,13 @@ class ParamStore {
   void add_param(ParamUnit& unit, const std::string& name, Shape shape, InitKind init, ShardSpec shard = {},
                  bool tp_replicated = false);
   // Buffers by each unit's UnitShard (shard_of(unit); null: nothing sharded),
-  // moments and grads zeroed.
-  void allocate(Device device, const std::function<UnitShard(const ParamUnit&)>& shard_of = nullptr);
+  // moments and grads zeroed. param_dtype f32: the CPU recipe (params are the
+  // master weights; 4 + 4 + 8 bytes per parameter). bf16: params and grads
+  // in bf16 plus fp32 master weights beside the moments (2 + 2 + 4 + 8, the
+  // GPU recipe of ARCHITECTURE.md §6, counted as optim).
+  void allocate(Device device, DType param_dtype = DType::f32,
+                const std::function<UnitShard(const ParamUnit&)>& shard_of = nullptr);
+  DType param_dtype() const { return param_dtype_; }
   // Where allocate() put every buffer (the compute device).
   Device device() const { return device_; }
   // Layout-independent init (§4): element i of tensor `name` from (seed, name,
@@ -110,6 +118,7 @@ class ParamStore {
  private:
   std::vector<ParamUnit> units_;
   Device device_ = Device::cpu();
+  DType param_dtype_ = DType::f32;
   std::map<std::string, std::pair<size_t, size_t>> index_;
 };
 

@@ -84,7 +84,7 @@ void ZeroStore::finish_gradients() {
       continue;
     }
     // Stage 1: each rank needs only its slice of the sum.
-    Tensor mine = ctx_->empty({s.size}, DType::f32, MemCategory::comm);
+    Tensor mine = ctx_->empty({s.size}, params_.param_dtype(), MemCategory::comm);
     c->reduce_scatter(part(u.grad, 0, s.padded), part(mine, 0, s.size));
     part(u.grad, s.begin, s.size).copy_from(mine);
   }
@@ -119,11 +119,11 @@ int ZeroStore::live_units() const {
 void ZeroStore::start_gather(size_t i) {
   ParamUnit& u = params_.units()[i];
   Gather& g = gathers_[i];
-  u.param = ctx_->empty({u.shard.padded}, DType::f32, MemCategory::param);
+  u.param = ctx_->empty({u.shard.padded}, params_.param_dtype(), MemCategory::param);
   g.request.emplace(group_of(u)->all_gather_async(part(u.param_shard, 0, u.shard.size),
                                                   part(u.param, 0, u.shard.padded)));
   g.live = true;
-  gathered_bytes_ += u.shard.padded * static_cast<int64_t>(sizeof(float));
+  gathered_bytes_ += u.shard.padded * static_cast<int64_t>(dtype_size(params_.param_dtype()));
   peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
 }
 
@@ -145,7 +145,7 @@ void ZeroStore::release(size_t i) {
   }
   u.param = Tensor();
   g.live = false;
-  gathered_bytes_ -= u.shard.padded * static_cast<int64_t>(sizeof(float));
+  gathered_bytes_ -= u.shard.padded * static_cast<int64_t>(dtype_size(params_.param_dtype()));
 }
 
 // The next sharded unit in execution order after `i` that is not whole yet,
@@ -183,7 +183,7 @@ void ZeroStore::after_forward(size_t i) {
 void ZeroStore::before_backward(size_t i, WeightGrads grads) {
   ParamUnit& u = params_.units()[i];
   if (u.shard.grads && grads == WeightGrads::fused)  // deferred: before_weight allocates it
-    u.grad = ctx_->zeros({u.shard.padded}, DType::f32, MemCategory::grad);
+    u.grad = ctx_->zeros({u.shard.padded}, params_.param_dtype(), MemCategory::grad);
   if (!u.shard.params) return;
   ensure_gathered(i);
   prefetch_after(i, /*forward=*/false);
@@ -204,7 +204,7 @@ void ZeroStore::after_backward(size_t i, WeightGrads grads) {
 void ZeroStore::reduce_scatter_grad(ParamUnit& u) {
   reduce_replicated(u);
   settle_reduce();  // at most one in flight: per-unit accumulation order is kept
-  Tensor mine = ctx_->empty({u.shard.size}, DType::f32, MemCategory::comm);
+  Tensor mine = ctx_->empty({u.shard.size}, params_.param_dtype(), MemCategory::comm);
   comm::Request r = group_of(u)->reduce_scatter_async(part(u.grad, 0, u.shard.padded), part(mine, 0, u.shard.size));
   if (overlap_grad_reduce_) {
     in_flight_.emplace(InFlightReduce{&u, std::move(u.grad), std::move(mine), std::move(r)});
@@ -228,7 +228,7 @@ void ZeroStore::settle_reduce() {
 void ZeroStore::before_weight(size_t i) {
   ParamUnit& u = params_.units()[i];
   ORIGAMI_CHECK(pending_weights_[i] > 0, "unit ", u.name, ": a weight pass without a deferred backward before it");
-  if (u.shard.grads) u.grad = ctx_->zeros({u.shard.padded}, DType::f32, MemCategory::grad);
+  if (u.shard.grads) u.grad = ctx_->zeros({u.shard.padded}, params_.param_dtype(), MemCategory::grad);
 }
 
 void ZeroStore::after_weight(size_t i) {

@@ -12,6 +12,11 @@
 //  - at stage 3 no more than two units are ever whole at once;
 //  - every stage gives the same losses and parameters after two steps
 //    (fp32 sums in another order: relative 1e-6);
+//  - the bf16 recipe's store (bf16 params and grads, fp32 master weights
+//    beside the moments) holds exactly `origami plan --recipe bf16`'s bytes
+//    per unit and stage (2 + 2 + 4 + 8 bytes per parameter, sharded as §6
+//    says: 16; 4 + 12/N; 2 + 14/N; 16/N), its master weights bitwise the fp32
+//    store's parameters and its params those rounded to bf16 (the cast op);
 //  - overlap_grad_reduce (stages 2-3: one unit's reduce-scatter in flight
 //    during the next unit's backward) gives bitwise the same losses and
 //    parameters as waiting for each, at a grad-ledger peak above it by at
@@ -28,6 +33,8 @@
 
 #include "engine/model.h"
 #include "engine/optimizer.h"
+#include "engine/plan.h"
+#include "kernels/elementwise.h"
 #include "engine/zero.h"
 #include "grad_check.h"
 #include "kernels/threads.h"
@@ -239,6 +246,43 @@ TEST(ZeroMpi, EveryStageTrainsTheSameModel) {
       scale = std::max(scale, static_cast<double>(std::abs(finals[0][i])));
     }
     EXPECT_LE(worst, 1e-6 * scale) << "stage " << stage << " parameters after two steps";
+  }
+}
+
+TEST(ZeroMpi, Bf16RecipeHoldsThePlannedBytesAndTheFp32Init) {
+  const UnitTable table(model_config(), moe_config());
+  const PipelineStage one_stage = pipeline_stage(model_config().num_layers, 1, 0);
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    ParamStore fp32, bf16;
+    for (ParamStore* s : {&fp32, &bf16})
+      s->add_units(table, groups().layout(), groups().coords(), one_stage);
+    fp32.allocate(Device::cpu(), DType::f32, zero_shard_plan(stage, &groups()));
+    const Ledger before = ledger_now();
+    bf16.allocate(Device::cpu(), DType::bf16, zero_shard_plan(stage, &groups()));
+    const Ledger now = ledger_now();
+    plan::StateBytes want;
+    for (const ParamUnit& u : bf16.units())
+      want += plan::zero_state_bytes(u.numel, u.shard.group_size, stage, plan::Recipe::bf16);
+    EXPECT_EQ(now.param - before.param, want.param);
+    EXPECT_EQ(now.grad - before.grad, want.grad);
+    EXPECT_EQ(now.optim - before.optim, want.optim);
+    fp32.initialize(ctx, 7, 0.1f, model_config().num_layers);
+    bf16.initialize(ctx, 7, 0.1f, model_config().num_layers);
+    for (size_t i = 0; i < bf16.units().size(); ++i) {
+      const ParamUnit &a = fp32.units()[i], &b = bf16.units()[i];
+      SCOPED_TRACE(b.name);
+      const Tensor& a_param = a.shard.params ? a.param_shard : a.param;  // the fp32 store's master
+      const int64_t at = a.shard.optim && !a.shard.params ? a.shard.begin : 0;
+      ASSERT_EQ(b.master.numel(), b.exp_avg.numel());
+      const Tensor a_slice = a_param.flat_view(at, b.master.numel(), {b.master.numel()});
+      EXPECT_EQ(std::memcmp(b.master.f32(), a_slice.f32(), b.master.nbytes()), 0) << "master != fp32 init";
+      const Tensor& b_param = b.shard.params ? b.param_shard : b.param;
+      ASSERT_EQ(b_param.dtype(), DType::bf16);
+      Tensor rounded = Tensor::empty(a_param.shape(), DType::bf16, MemCategory::workspace);
+      cast(ctx, a_param, rounded);
+      EXPECT_EQ(std::memcmp(b_param.raw(), rounded.raw(), rounded.nbytes()), 0) << "params != bf16(fp32 init)";
+    }
   }
 }
 
