@@ -7,7 +7,9 @@
 
 #include <omp.h>
 
+#include <deque>
 #include <optional>
+#include <vector>
 
 #include "kernels/cpu/ops.h"
 #if ORIGAMI_WITH_CUDA
@@ -77,18 +79,70 @@ class CpuThreads {
   int saved_;
 };
 
+// bf16 data on the host. The CPU kernels are f32 only, so a call whose data
+// is bf16 runs them on exact f32 widenings of its bf16 arguments and rounds
+// each one it writes back to bf16 (nearest even) when the call returns: per
+// element what a CUDA kernel does (load bf16, compute in f32, store
+// rounded), at one copy per argument, so the bf16 recipe runs and is tested
+// on CPU ranks. It keeps the CUDA dtype rule (kernels/cuda/README.md): one
+// data dtype per call, a wide output (GEMM results, rmsnorm's dw) f32 or
+// the data dtype; statistics, indices and the AdamW master weights are not
+// data and stay as they are (the CPU kernels check them f32 / i32).
+class HostBf16 {
+ public:
+  HostBf16(const ExecContext& ctx, const char* op) : ctx_(ctx), op_(op) {}
+  ~HostBf16() {
+    for (auto& [dst, wide] : written_) cpu::cast(ctx_, *wide, *dst);
+  }
+  HostBf16(const HostBf16&) = delete;
+  HostBf16& operator=(const HostBf16&) = delete;
+
+  const Tensor& in(const Tensor& t) { return admit(t, "an input", false) ? widened(t) : t; }
+  Tensor& out(Tensor& t) { return admit(t, "an output", false) ? written(t) : t; }
+  Tensor& wide_out(Tensor& t) { return admit(t, "an output", true) ? written(t) : t; }
+
+ private:
+  // True when `t` is bf16 data to widen; checks the call's one data dtype
+  // (the CPU kernels check which dtypes they take).
+  bool admit(const Tensor& t, const char* role, bool wide) {
+    if (!t.defined()) return false;
+    const DType dt = t.dtype();
+    if (!(wide && dt == DType::f32)) {
+      if (!data_) data_ = dt;
+      ORIGAMI_CHECK(*data_ == dt, op_, ": ", role, " is ", to_string(dt), " but the call's data is ", to_string(*data_),
+                    " (one data dtype per call)");
+    }
+    return dt == DType::bf16;
+  }
+  Tensor& widened(const Tensor& t) {
+    Tensor& w = copies_.emplace_back(ctx_.empty(t.shape(), DType::f32, MemCategory::workspace));
+    cpu::cast(ctx_, t, w);
+    return w;
+  }
+  Tensor& written(Tensor& t) {
+    Tensor& w = widened(t);  // read too: in-place ops and accumulating (beta = 1) calls
+    written_.emplace_back(&t, &w);
+    return w;
+  }
+
+  const ExecContext& ctx_;
+  const char* op_;
+  std::optional<DType> data_;
+  std::deque<Tensor> copies_;  // stable addresses for the references handed out
+  std::vector<std::pair<Tensor*, Tensor*>> written_;
+};
+
 }  // namespace
 
-void add_inplace(const ExecContext& ctx, Tensor& y, const Tensor& x) {
-  axpy(ctx, 1.0f, x, y);
-}
+void add_inplace(const ExecContext& ctx, Tensor& y, const Tensor& x) { axpy(ctx, 1.0f, x, y); }
 
 void gemm(const ExecContext& ctx, const Tensor& A, Trans trans_a, const Tensor& B, Trans trans_b, Tensor& C,
           float alpha, float beta) {
   if (on_cuda(ctx, "gemm", {{"A", &A}, {"B", &B}, {"C", &C}}))
     return ORIGAMI_ON_CUDA(gemm)(ctx, A, trans_a, B, trans_b, C, alpha, beta);
   const CpuThreads threads(ctx);
-  return cpu::gemm(ctx, A, trans_a, B, trans_b, C, alpha, beta);
+  HostBf16 h(ctx, "gemm");
+  return cpu::gemm(ctx, h.in(A), trans_a, h.in(B), trans_b, h.wide_out(C), alpha, beta);
 }
 
 void grouped_gemm(const ExecContext& ctx, const Tensor& X_NK, const Tensor& W, Trans trans_w,
@@ -96,7 +150,8 @@ void grouped_gemm(const ExecContext& ctx, const Tensor& X_NK, const Tensor& W, T
   if (on_cuda(ctx, "grouped_gemm", {{"X_NK", &X_NK}, {"W", &W}, {"Y_NM", &Y_NM}}))
     return ORIGAMI_ON_CUDA(grouped_gemm)(ctx, X_NK, W, trans_w, segments, Y_NM, beta);
   const CpuThreads threads(ctx);
-  return cpu::grouped_gemm(ctx, X_NK, W, trans_w, segments, Y_NM, beta);
+  HostBf16 h(ctx, "grouped_gemm");
+  return cpu::grouped_gemm(ctx, h.in(X_NK), h.in(W), trans_w, segments, h.wide_out(Y_NM), beta);
 }
 
 void grouped_gemm_wgrad(const ExecContext& ctx, const Tensor& dY_NM, const Tensor& X_NK,
@@ -104,7 +159,8 @@ void grouped_gemm_wgrad(const ExecContext& ctx, const Tensor& dY_NM, const Tenso
   if (on_cuda(ctx, "grouped_gemm_wgrad", {{"dY_NM", &dY_NM}, {"X_NK", &X_NK}, {"dW_GMK", &dW_GMK}}))
     return ORIGAMI_ON_CUDA(grouped_gemm_wgrad)(ctx, dY_NM, X_NK, segments, dW_GMK, beta);
   const CpuThreads threads(ctx);
-  return cpu::grouped_gemm_wgrad(ctx, dY_NM, X_NK, segments, dW_GMK, beta);
+  HostBf16 h(ctx, "grouped_gemm_wgrad");
+  return cpu::grouped_gemm_wgrad(ctx, h.in(dY_NM), h.in(X_NK), segments, h.wide_out(dW_GMK), beta);
 }
 
 void cast(const ExecContext& ctx, const Tensor& src, Tensor& dst) {
@@ -116,25 +172,29 @@ void cast(const ExecContext& ctx, const Tensor& src, Tensor& dst) {
 void axpy(const ExecContext& ctx, float a, const Tensor& x, Tensor& y) {
   if (on_cuda(ctx, "axpy", {{"x", &x}, {"y", &y}})) return ORIGAMI_ON_CUDA(axpy)(ctx, a, x, y);
   const CpuThreads threads(ctx);
-  return cpu::axpy(ctx, a, x, y);
+  HostBf16 h(ctx, "axpy");
+  return cpu::axpy(ctx, a, h.in(x), h.out(y));
 }
 
 void scale_inplace(const ExecContext& ctx, Tensor& y, float a) {
   if (on_cuda(ctx, "scale_inplace", {{"y", &y}})) return ORIGAMI_ON_CUDA(scale_inplace)(ctx, y, a);
   const CpuThreads threads(ctx);
-  return cpu::scale_inplace(ctx, y, a);
+  HostBf16 h(ctx, "scale_inplace");
+  return cpu::scale_inplace(ctx, h.out(y), a);
 }
 
 double sum_squares(const ExecContext& ctx, const Tensor& x) {
   if (on_cuda(ctx, "sum_squares", {{"x", &x}})) return ORIGAMI_ON_CUDA(sum_squares)(ctx, x);
   const CpuThreads threads(ctx);
-  return cpu::sum_squares(ctx, x);
+  HostBf16 h(ctx, "sum_squares");
+  return cpu::sum_squares(ctx, h.in(x));
 }
 
 double sum(const ExecContext& ctx, const Tensor& x) {
   if (on_cuda(ctx, "sum", {{"x", &x}})) return ORIGAMI_ON_CUDA(sum)(ctx, x);
   const CpuThreads threads(ctx);
-  return cpu::sum(ctx, x);
+  HostBf16 h(ctx, "sum");
+  return cpu::sum(ctx, h.in(x));
 }
 
 void rmsnorm_forward(const ExecContext& ctx, const Tensor& x_TD, const Tensor& w_D, float eps, Tensor& y_TD,
@@ -142,7 +202,8 @@ void rmsnorm_forward(const ExecContext& ctx, const Tensor& x_TD, const Tensor& w
   if (on_cuda(ctx, "rmsnorm_forward", {{"x_TD", &x_TD}, {"w_D", &w_D}, {"y_TD", &y_TD}, {"rstd_T", &rstd_T}}))
     return ORIGAMI_ON_CUDA(rmsnorm_forward)(ctx, x_TD, w_D, eps, y_TD, rstd_T);
   const CpuThreads threads(ctx);
-  return cpu::rmsnorm_forward(ctx, x_TD, w_D, eps, y_TD, rstd_T);
+  HostBf16 h(ctx, "rmsnorm_forward");
+  return cpu::rmsnorm_forward(ctx, h.in(x_TD), h.in(w_D), eps, h.out(y_TD), rstd_T);
 }
 
 size_t rmsnorm_backward_workspace_bytes(const ExecContext& ctx, int64_t T, int64_t D) {
@@ -164,7 +225,9 @@ void rmsnorm_backward(const ExecContext& ctx, const Tensor& dy_TD, const Tensor&
                {"workspace", &workspace}}))
     return ORIGAMI_ON_CUDA(rmsnorm_backward)(ctx, dy_TD, x_TD, w_D, rstd_T, dx_TD, dw_D, workspace);
   const CpuThreads threads(ctx);
-  return cpu::rmsnorm_backward(ctx, dy_TD, x_TD, w_D, rstd_T, dx_TD, dw_D, workspace);
+  HostBf16 h(ctx, "rmsnorm_backward");
+  return cpu::rmsnorm_backward(ctx, h.in(dy_TD), h.in(x_TD), h.in(w_D), rstd_T, h.out(dx_TD), h.wide_out(dw_D),
+                               workspace);
 }
 
 void rmsnorm_backward_input(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& w_D,
@@ -173,7 +236,8 @@ void rmsnorm_backward_input(const ExecContext& ctx, const Tensor& dy_TD, const T
               {{"dy_TD", &dy_TD}, {"x_TD", &x_TD}, {"w_D", &w_D}, {"rstd_T", &rstd_T}, {"dx_TD", &dx_TD}}))
     return ORIGAMI_ON_CUDA(rmsnorm_backward_input)(ctx, dy_TD, x_TD, w_D, rstd_T, dx_TD);
   const CpuThreads threads(ctx);
-  return cpu::rmsnorm_backward_input(ctx, dy_TD, x_TD, w_D, rstd_T, dx_TD);
+  HostBf16 h(ctx, "rmsnorm_backward_input");
+  return cpu::rmsnorm_backward_input(ctx, h.in(dy_TD), h.in(x_TD), h.in(w_D), rstd_T, h.out(dx_TD));
 }
 
 size_t rmsnorm_backward_weight_workspace_bytes(const ExecContext& ctx, int64_t T, int64_t D) {
@@ -189,21 +253,24 @@ void rmsnorm_backward_weight(const ExecContext& ctx, const Tensor& dy_TD, const 
               {{"dy_TD", &dy_TD}, {"x_TD", &x_TD}, {"rstd_T", &rstd_T}, {"dw_D", &dw_D}, {"workspace", &workspace}}))
     return ORIGAMI_ON_CUDA(rmsnorm_backward_weight)(ctx, dy_TD, x_TD, rstd_T, dw_D, workspace);
   const CpuThreads threads(ctx);
-  return cpu::rmsnorm_backward_weight(ctx, dy_TD, x_TD, rstd_T, dw_D, workspace);
+  HostBf16 h(ctx, "rmsnorm_backward_weight");
+  return cpu::rmsnorm_backward_weight(ctx, h.in(dy_TD), h.in(x_TD), rstd_T, h.wide_out(dw_D), workspace);
 }
 
 void rope_forward(const ExecContext& ctx, Tensor& x_BSHd, const Tensor& pos_S, float theta) {
   if (on_cuda(ctx, "rope_forward", {{"x_BSHd", &x_BSHd}, {"pos_S", &pos_S}}))
     return ORIGAMI_ON_CUDA(rope_forward)(ctx, x_BSHd, pos_S, theta);
   const CpuThreads threads(ctx);
-  return cpu::rope_forward(ctx, x_BSHd, pos_S, theta);
+  HostBf16 h(ctx, "rope_forward");
+  return cpu::rope_forward(ctx, h.out(x_BSHd), pos_S, theta);
 }
 
 void rope_backward(const ExecContext& ctx, Tensor& dx_BSHd, const Tensor& pos_S, float theta) {
   if (on_cuda(ctx, "rope_backward", {{"dx_BSHd", &dx_BSHd}, {"pos_S", &pos_S}}))
     return ORIGAMI_ON_CUDA(rope_backward)(ctx, dx_BSHd, pos_S, theta);
   const CpuThreads threads(ctx);
-  return cpu::rope_backward(ctx, dx_BSHd, pos_S, theta);
+  HostBf16 h(ctx, "rope_backward");
+  return cpu::rope_backward(ctx, h.out(dx_BSHd), pos_S, theta);
 }
 
 size_t attention_forward_workspace_bytes(const ExecContext& ctx, const AttentionDims& dims) {
@@ -227,7 +294,9 @@ void attention_forward(const ExecContext& ctx, const AttentionDims& dims, const 
                {"workspace", &workspace}}))
     return ORIGAMI_ON_CUDA(attention_forward)(ctx, dims, q, k, v, q_pos_S, kv_pos_S, scale, o, lse_BHS, workspace);
   const CpuThreads threads(ctx);
-  return cpu::attention_forward(ctx, dims, q, k, v, q_pos_S, kv_pos_S, scale, o, lse_BHS, workspace);
+  HostBf16 h(ctx, "attention_forward");
+  return cpu::attention_forward(ctx, dims, h.in(q), h.in(k), h.in(v), q_pos_S, kv_pos_S, scale, h.out(o), lse_BHS,
+                                workspace);
 }
 
 size_t attention_backward_workspace_bytes(const ExecContext& ctx, const AttentionDims& dims) {
@@ -257,7 +326,9 @@ void attention_backward(const ExecContext& ctx, const AttentionDims& dims, const
     return ORIGAMI_ON_CUDA(attention_backward)(ctx, dims, q, k, v, o, lse_BHS, do_, q_pos_S, kv_pos_S, scale, dq, dk,
                                                dv, workspace);
   const CpuThreads threads(ctx);
-  return cpu::attention_backward(ctx, dims, q, k, v, o, lse_BHS, do_, q_pos_S, kv_pos_S, scale, dq, dk, dv, workspace);
+  HostBf16 h(ctx, "attention_backward");
+  return cpu::attention_backward(ctx, dims, h.in(q), h.in(k), h.in(v), h.in(o), lse_BHS, h.in(do_), q_pos_S, kv_pos_S,
+                                 scale, h.out(dq), h.out(dk), h.out(dv), workspace);
 }
 
 void attention_merge(const ExecContext& ctx, const Tensor& o_part, const Tensor& lse_part, Tensor& o_acc,
@@ -266,14 +337,16 @@ void attention_merge(const ExecContext& ctx, const Tensor& o_part, const Tensor&
               {{"o_part", &o_part}, {"lse_part", &lse_part}, {"o_acc", &o_acc}, {"lse_acc", &lse_acc}}))
     return ORIGAMI_ON_CUDA(attention_merge)(ctx, o_part, lse_part, o_acc, lse_acc);
   const CpuThreads threads(ctx);
-  return cpu::attention_merge(ctx, o_part, lse_part, o_acc, lse_acc);
+  HostBf16 h(ctx, "attention_merge");
+  return cpu::attention_merge(ctx, h.in(o_part), lse_part, h.out(o_acc), lse_acc);
 }
 
 void swiglu_forward(const ExecContext& ctx, const Tensor& gate_TF, const Tensor& up_TF, Tensor& h_TF) {
   if (on_cuda(ctx, "swiglu_forward", {{"gate_TF", &gate_TF}, {"up_TF", &up_TF}, {"h_TF", &h_TF}}))
     return ORIGAMI_ON_CUDA(swiglu_forward)(ctx, gate_TF, up_TF, h_TF);
   const CpuThreads threads(ctx);
-  return cpu::swiglu_forward(ctx, gate_TF, up_TF, h_TF);
+  HostBf16 h(ctx, "swiglu_forward");
+  return cpu::swiglu_forward(ctx, h.in(gate_TF), h.in(up_TF), h.out(h_TF));
 }
 
 void swiglu_backward(const ExecContext& ctx, const Tensor& dh_TF, const Tensor& gate_TF, const Tensor& up_TF,
@@ -283,7 +356,8 @@ void swiglu_backward(const ExecContext& ctx, const Tensor& dh_TF, const Tensor& 
           {{"dh_TF", &dh_TF}, {"gate_TF", &gate_TF}, {"up_TF", &up_TF}, {"dgate_TF", &dgate_TF}, {"dup_TF", &dup_TF}}))
     return ORIGAMI_ON_CUDA(swiglu_backward)(ctx, dh_TF, gate_TF, up_TF, dgate_TF, dup_TF);
   const CpuThreads threads(ctx);
-  return cpu::swiglu_backward(ctx, dh_TF, gate_TF, up_TF, dgate_TF, dup_TF);
+  HostBf16 h(ctx, "swiglu_backward");
+  return cpu::swiglu_backward(ctx, h.in(dh_TF), h.in(gate_TF), h.in(up_TF), h.out(dgate_TF), h.out(dup_TF));
 }
 
 void embedding_forward(const ExecContext& ctx, const Tensor& ids_T, const Tensor& table_VD, int64_t vocab_start,
@@ -291,7 +365,8 @@ void embedding_forward(const ExecContext& ctx, const Tensor& ids_T, const Tensor
   if (on_cuda(ctx, "embedding_forward", {{"ids_T", &ids_T}, {"table_VD", &table_VD}, {"out_TD", &out_TD}}))
     return ORIGAMI_ON_CUDA(embedding_forward)(ctx, ids_T, table_VD, vocab_start, out_TD);
   const CpuThreads threads(ctx);
-  return cpu::embedding_forward(ctx, ids_T, table_VD, vocab_start, out_TD);
+  HostBf16 h(ctx, "embedding_forward");
+  return cpu::embedding_forward(ctx, ids_T, h.in(table_VD), vocab_start, h.out(out_TD));
 }
 
 void embedding_backward(const ExecContext& ctx, const Tensor& ids_T, const Tensor& dout_TD, int64_t vocab_start,
@@ -299,7 +374,8 @@ void embedding_backward(const ExecContext& ctx, const Tensor& ids_T, const Tenso
   if (on_cuda(ctx, "embedding_backward", {{"ids_T", &ids_T}, {"dout_TD", &dout_TD}, {"dtable_VD", &dtable_VD}}))
     return ORIGAMI_ON_CUDA(embedding_backward)(ctx, ids_T, dout_TD, vocab_start, dtable_VD);
   const CpuThreads threads(ctx);
-  return cpu::embedding_backward(ctx, ids_T, dout_TD, vocab_start, dtable_VD);
+  HostBf16 h(ctx, "embedding_backward");
+  return cpu::embedding_backward(ctx, ids_T, h.in(dout_TD), vocab_start, h.out(dtable_VD));
 }
 
 void cross_entropy_forward(const ExecContext& ctx, const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T,
@@ -308,7 +384,8 @@ void cross_entropy_forward(const ExecContext& ctx, const Tensor& logits_TV, cons
               {{"logits_TV", &logits_TV}, {"targets_T", &targets_T}, {"loss_T", &loss_T}, {"lse_T", &lse_T}}))
     return ORIGAMI_ON_CUDA(cross_entropy_forward)(ctx, logits_TV, targets_T, loss_T, lse_T);
   const CpuThreads threads(ctx);
-  return cpu::cross_entropy_forward(ctx, logits_TV, targets_T, loss_T, lse_T);
+  HostBf16 h(ctx, "cross_entropy_forward");
+  return cpu::cross_entropy_forward(ctx, h.in(logits_TV), targets_T, loss_T, lse_T);
 }
 
 void cross_entropy_backward(const ExecContext& ctx, const Tensor& logits_TV, const Tensor& targets_T,
@@ -317,14 +394,16 @@ void cross_entropy_backward(const ExecContext& ctx, const Tensor& logits_TV, con
               {{"logits_TV", &logits_TV}, {"targets_T", &targets_T}, {"lse_T", &lse_T}, {"dlogits_TV", &dlogits_TV}}))
     return ORIGAMI_ON_CUDA(cross_entropy_backward)(ctx, logits_TV, targets_T, lse_T, grad_scale, dlogits_TV);
   const CpuThreads threads(ctx);
-  return cpu::cross_entropy_backward(ctx, logits_TV, targets_T, lse_T, grad_scale, dlogits_TV);
+  HostBf16 h(ctx, "cross_entropy_backward");
+  return cpu::cross_entropy_backward(ctx, h.in(logits_TV), targets_T, lse_T, grad_scale, h.out(dlogits_TV));
 }
 
 void cross_entropy_local_max(const ExecContext& ctx, const Tensor& logits_TV, Tensor& max_T) {
   if (on_cuda(ctx, "cross_entropy_local_max", {{"logits_TV", &logits_TV}, {"max_T", &max_T}}))
     return ORIGAMI_ON_CUDA(cross_entropy_local_max)(ctx, logits_TV, max_T);
   const CpuThreads threads(ctx);
-  return cpu::cross_entropy_local_max(ctx, logits_TV, max_T);
+  HostBf16 h(ctx, "cross_entropy_local_max");
+  return cpu::cross_entropy_local_max(ctx, h.in(logits_TV), max_T);
 }
 
 void cross_entropy_local_sums(const ExecContext& ctx, const Tensor& logits_TV, const Tensor& targets_T,
@@ -333,7 +412,8 @@ void cross_entropy_local_sums(const ExecContext& ctx, const Tensor& logits_TV, c
               {{"logits_TV", &logits_TV}, {"targets_T", &targets_T}, {"max_T", &max_T}, {"sums_2T", &sums_2T}}))
     return ORIGAMI_ON_CUDA(cross_entropy_local_sums)(ctx, logits_TV, targets_T, max_T, vocab_start, vocab, sums_2T);
   const CpuThreads threads(ctx);
-  return cpu::cross_entropy_local_sums(ctx, logits_TV, targets_T, max_T, vocab_start, vocab, sums_2T);
+  HostBf16 h(ctx, "cross_entropy_local_sums");
+  return cpu::cross_entropy_local_sums(ctx, h.in(logits_TV), targets_T, max_T, vocab_start, vocab, sums_2T);
 }
 
 void cross_entropy_finish(const ExecContext& ctx, const Tensor& max_T, const Tensor& sums_2T, Tensor& loss_T,
@@ -352,7 +432,9 @@ void cross_entropy_local_backward(const ExecContext& ctx, const Tensor& logits_T
     return ORIGAMI_ON_CUDA(cross_entropy_local_backward)(ctx, logits_TV, targets_T, lse_T, vocab_start, grad_scale,
                                                          dlogits_TV);
   const CpuThreads threads(ctx);
-  return cpu::cross_entropy_local_backward(ctx, logits_TV, targets_T, lse_T, vocab_start, grad_scale, dlogits_TV);
+  HostBf16 h(ctx, "cross_entropy_local_backward");
+  return cpu::cross_entropy_local_backward(ctx, h.in(logits_TV), targets_T, lse_T, vocab_start, grad_scale,
+                                           h.out(dlogits_TV));
 }
 
 void adamw_update(const ExecContext& ctx, Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
@@ -361,7 +443,8 @@ void adamw_update(const ExecContext& ctx, Tensor& param, const Tensor& grad, Ten
               {{"param", &param}, {"grad", &grad}, {"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}}))
     return ORIGAMI_ON_CUDA(adamw_update)(ctx, param, grad, exp_avg, exp_avg_sq, s);
   const CpuThreads threads(ctx);
-  return cpu::adamw_update(ctx, param, grad, exp_avg, exp_avg_sq, s);
+  HostBf16 h(ctx, "adamw_update");
+  return cpu::adamw_update(ctx, param, h.in(grad), exp_avg, exp_avg_sq, s);
 }
 
 void init_normal(const ExecContext& ctx, Tensor& out, uint64_t seed, std::string_view name, int64_t global_offset,
@@ -369,13 +452,15 @@ void init_normal(const ExecContext& ctx, Tensor& out, uint64_t seed, std::string
   if (on_cuda(ctx, "init_normal", {{"out", &out}}))
     return ORIGAMI_ON_CUDA(init_normal)(ctx, out, seed, name, global_offset, std);
   const CpuThreads threads(ctx);
-  return cpu::init_normal(ctx, out, seed, name, global_offset, std);
+  HostBf16 h(ctx, "init_normal");
+  return cpu::init_normal(ctx, h.out(out), seed, name, global_offset, std);
 }
 
 void init_constant(const ExecContext& ctx, Tensor& out, float value) {
   if (on_cuda(ctx, "init_constant", {{"out", &out}})) return ORIGAMI_ON_CUDA(init_constant)(ctx, out, value);
   const CpuThreads threads(ctx);
-  return cpu::init_constant(ctx, out, value);
+  HostBf16 h(ctx, "init_constant");
+  return cpu::init_constant(ctx, h.out(out), value);
 }
 
 void moe_topk_forward(const ExecContext& ctx, const Tensor& logits_TE, const Tensor& bias_E, const MoeTopkParams& p,
@@ -474,14 +559,16 @@ void moe_permute_rows(const ExecContext& ctx, const Tensor& x_TD, const Tensor& 
   if (on_cuda(ctx, "moe_permute_rows", {{"x_TD", &x_TD}, {"row_token_N", &row_token_N}, {"x_ND", &x_ND}}))
     return ORIGAMI_ON_CUDA(moe_permute_rows)(ctx, x_TD, row_token_N, x_ND);
   const CpuThreads threads(ctx);
-  return cpu::moe_permute_rows(ctx, x_TD, row_token_N, x_ND);
+  HostBf16 h(ctx, "moe_permute_rows");
+  return cpu::moe_permute_rows(ctx, h.in(x_TD), row_token_N, h.out(x_ND));
 }
 
 void moe_permute_rows_backward(const ExecContext& ctx, const Tensor& dx_ND, const Tensor& row_of_TK, Tensor& dx_TD) {
   if (on_cuda(ctx, "moe_permute_rows_backward", {{"dx_ND", &dx_ND}, {"row_of_TK", &row_of_TK}, {"dx_TD", &dx_TD}}))
     return ORIGAMI_ON_CUDA(moe_permute_rows_backward)(ctx, dx_ND, row_of_TK, dx_TD);
   const CpuThreads threads(ctx);
-  return cpu::moe_permute_rows_backward(ctx, dx_ND, row_of_TK, dx_TD);
+  HostBf16 h(ctx, "moe_permute_rows_backward");
+  return cpu::moe_permute_rows_backward(ctx, h.in(dx_ND), row_of_TK, h.out(dx_TD));
 }
 
 void moe_unpermute_rows(const ExecContext& ctx, const Tensor& y_ND, const Tensor& row_of_TK, const Tensor& weight_TK,
@@ -490,7 +577,8 @@ void moe_unpermute_rows(const ExecContext& ctx, const Tensor& y_ND, const Tensor
               {{"y_ND", &y_ND}, {"row_of_TK", &row_of_TK}, {"weight_TK", &weight_TK}, {"out_TD", &out_TD}}))
     return ORIGAMI_ON_CUDA(moe_unpermute_rows)(ctx, y_ND, row_of_TK, weight_TK, out_TD);
   const CpuThreads threads(ctx);
-  return cpu::moe_unpermute_rows(ctx, y_ND, row_of_TK, weight_TK, out_TD);
+  HostBf16 h(ctx, "moe_unpermute_rows");
+  return cpu::moe_unpermute_rows(ctx, h.in(y_ND), row_of_TK, weight_TK, h.out(out_TD));
 }
 
 void moe_unpermute_rows_backward(const ExecContext& ctx, const Tensor& dout_TD, const Tensor& y_ND,
@@ -507,7 +595,9 @@ void moe_unpermute_rows_backward(const ExecContext& ctx, const Tensor& dout_TD, 
     return ORIGAMI_ON_CUDA(moe_unpermute_rows_backward)(ctx, dout_TD, y_ND, row_of_TK, row_token_N, weight_TK, dy_ND,
                                                         dweight_TK);
   const CpuThreads threads(ctx);
-  return cpu::moe_unpermute_rows_backward(ctx, dout_TD, y_ND, row_of_TK, row_token_N, weight_TK, dy_ND, dweight_TK);
+  HostBf16 h(ctx, "moe_unpermute_rows_backward");
+  return cpu::moe_unpermute_rows_backward(ctx, h.in(dout_TD), h.in(y_ND), row_of_TK, row_token_N, weight_TK,
+                                          h.out(dy_ND), dweight_TK);
 }
 
 void cp_zigzag_positions(const ExecContext& ctx, int64_t cp, int64_t rank, Tensor& pos_S) {
@@ -537,14 +627,16 @@ void cp_pack_kv(const ExecContext& ctx, const Tensor& k_BSHd, const Tensor& v_BS
   if (on_cuda(ctx, "cp_pack_kv", {{"k_BSHd", &k_BSHd}, {"v_BSHd", &v_BSHd}, {"wire", &wire}}))
     return ORIGAMI_ON_CUDA(cp_pack_kv)(ctx, k_BSHd, v_BSHd, wire);
   const CpuThreads threads(ctx);
-  return cpu::cp_pack_kv(ctx, k_BSHd, v_BSHd, wire);
+  HostBf16 h(ctx, "cp_pack_kv");
+  return cpu::cp_pack_kv(ctx, h.in(k_BSHd), h.in(v_BSHd), h.out(wire));
 }
 
 void cp_unpack_kv(const ExecContext& ctx, const Tensor& wire, Tensor& k_BSHd, Tensor& v_BSHd) {
   if (on_cuda(ctx, "cp_unpack_kv", {{"wire", &wire}, {"k_BSHd", &k_BSHd}, {"v_BSHd", &v_BSHd}}))
     return ORIGAMI_ON_CUDA(cp_unpack_kv)(ctx, wire, k_BSHd, v_BSHd);
   const CpuThreads threads(ctx);
-  return cpu::cp_unpack_kv(ctx, wire, k_BSHd, v_BSHd);
+  HostBf16 h(ctx, "cp_unpack_kv");
+  return cpu::cp_unpack_kv(ctx, h.in(wire), h.out(k_BSHd), h.out(v_BSHd));
 }
 
 void moe_expert_bias_update(const ExecContext& ctx, Tensor& bias_E, std::span<const int64_t> load_E, float rate) {

@@ -4,8 +4,8 @@
 // case runs the same problems (same seed, same inputs, copied with
 // Tensor::to) on cuda:0 against the CPU result, or skips naming why (built
 // without CUDA / no CUDA device). CTest runs the halves as BackendOps.cpu
-// and BackendOps.cuda (tests/CMakeLists.txt). bf16 problems (cuda_only)
-// run on CUDA alone, against the reference. Each call's
+// and BackendOps.cuda (tests/CMakeLists.txt). bf16 problems run on both
+// backends against the reference (the CPU's by emulation). Each call's
 // arguments sit between sentinel regions that must come back bitwise
 // intact, overwritten outputs start poisoned and must be written
 // everywhere, and inputs must come back unchanged.
@@ -192,7 +192,6 @@ TEST_P(Run, Matches) {
   const std::vector<Problem> problems = entry.problems(rng);
   ASSERT_FALSE(problems.empty());
   for (const Problem& p : problems) {
-    if (p.cuda_only && backend == Backend::cpu) continue;  // bf16: the CPU backend is fp32
     const std::string where = entry.name + " [" + p.label + "]";
     SCOPED_TRACE(where);
     Bound inputs;
@@ -203,7 +202,7 @@ TEST_P(Run, Matches) {
     p.reference(inputs, want);
     const auto t1 = clock::now();
     const Bound got = execute(p, backend == Backend::cpu ? test_context() : cuda_context());
-    const bool against_cpu = backend == Backend::cuda && !p.cuda_only;
+    const bool against_cpu = backend == Backend::cuda && !p.bf16;
     const Bound cpu = against_cpu ? execute(p, test_context()) : Bound{};
     if (verbose())
       std::printf("%s: reference %.1f ms, backend %.1f ms\n", where.c_str(),

@@ -17,7 +17,7 @@ Problem bf16_variant(const Problem& p, std::initializer_list<std::string_view> k
   static const ExecContext host = ExecContext::cpu(1);
   Problem q = p;
   q.label += ", bf16";
-  q.cuda_only = true;
+  q.bf16 = true;
   for (Arg& a : q.args) {
     const bool keep = std::find(keep_f32.begin(), keep_f32.end(), a.name) != keep_f32.end();
     if (a.value.dtype() == DType::f32 && !keep && a.where == Where::device) {
