@@ -63,6 +63,12 @@ Tensor ExecContext::workspace(size_t bytes) const {
   return Tensor::empty({static_cast<int64_t>(bytes)}, DType::u8, MemCategory::workspace, device_);
 }
 
+void ExecContext::set_data_dtype(DType dtype) {
+  ORIGAMI_CHECK(dtype == DType::f32 || dtype == DType::bf16, "a data dtype of ", to_string(dtype),
+                ": the recipes are f32 and bf16");
+  data_dtype_ = dtype;
+}
+
 Tensor ExecContext::empty(Shape shape, DType dtype, MemCategory category) const {
   return Tensor::empty(std::move(shape), dtype, category, device_);
 }

@@ -37,6 +37,12 @@ class ExecContext {
 
   Device device() const { return device_; }
   int threads() const { return threads_; }
+  // The training path's data dtype (the recipe, ARCHITECTURE.md §6): what
+  // the parameter store holds and modules allocate activations in, f32
+  // (the default) or bf16. Statistics (norm rstd, log-sum-exps, losses,
+  // router logits, scores and weights) are f32 whatever it is.
+  DType data_dtype() const { return data_dtype_; }
+  void set_data_dtype(DType dtype);  // checked: f32 or bf16
   // cudaStream_t / cublasHandle_t of a CUDA context; null on the host.
   void* stream() const;
   void* blas() const;
@@ -47,6 +53,10 @@ class ExecContext {
   // A new tensor on this context's device: how every module above kernels/
   // allocates, so that one code path serves the host and the GPU.
   Tensor empty(Shape shape, DType dtype, MemCategory category) const;
+  // empty() in the data dtype: activations, their gradients, data buffers.
+  Tensor empty_data(Shape shape, MemCategory category = MemCategory::activation) const {
+    return empty(std::move(shape), data_dtype_, category);
+  }
   // zeros and fill_zero run on this context's stream on CUDA (ordered with
   // its ops, no device synchronization, unlike Tensor::zeros/fill_zero).
   Tensor zeros(Shape shape, DType dtype, MemCategory category) const;
@@ -63,6 +73,7 @@ class ExecContext {
   ExecContext(Device device, int threads);
   Device device_;
   int threads_ = 1;
+  DType data_dtype_ = DType::f32;
   std::unique_ptr<CudaState, void (*)(CudaState*)> cuda_;
 };
 

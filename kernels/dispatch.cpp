@@ -136,6 +136,13 @@ class HostBf16 {
 
 void add_inplace(const ExecContext& ctx, Tensor& y, const Tensor& x) { axpy(ctx, 1.0f, x, y); }
 
+Tensor as_dtype(const ExecContext& ctx, const Tensor& src, DType dtype) {
+  if (src.dtype() == dtype) return src;
+  Tensor dst = ctx.empty(src.shape(), dtype, src.category());
+  cast(ctx, src, dst);
+  return dst;
+}
+
 void gemm(const ExecContext& ctx, const Tensor& A, Trans trans_a, const Tensor& B, Trans trans_b, Tensor& C,
           float alpha, float beta) {
   if (on_cuda(ctx, "gemm", {{"A", &A}, {"B", &B}, {"C", &C}}))
@@ -627,16 +634,15 @@ void cp_pack_kv(const ExecContext& ctx, const Tensor& k_BSHd, const Tensor& v_BS
   if (on_cuda(ctx, "cp_pack_kv", {{"k_BSHd", &k_BSHd}, {"v_BSHd", &v_BSHd}, {"wire", &wire}}))
     return ORIGAMI_ON_CUDA(cp_pack_kv)(ctx, k_BSHd, v_BSHd, wire);
   const CpuThreads threads(ctx);
-  HostBf16 h(ctx, "cp_pack_kv");
-  return cpu::cp_pack_kv(ctx, h.in(k_BSHd), h.in(v_BSHd), h.out(wire));
+  // Moves bytes, any element size (bf16 bitwise, NaN payloads included): no widening.
+  return cpu::cp_pack_kv(ctx, k_BSHd, v_BSHd, wire);
 }
 
 void cp_unpack_kv(const ExecContext& ctx, const Tensor& wire, Tensor& k_BSHd, Tensor& v_BSHd) {
   if (on_cuda(ctx, "cp_unpack_kv", {{"wire", &wire}, {"k_BSHd", &k_BSHd}, {"v_BSHd", &v_BSHd}}))
     return ORIGAMI_ON_CUDA(cp_unpack_kv)(ctx, wire, k_BSHd, v_BSHd);
   const CpuThreads threads(ctx);
-  HostBf16 h(ctx, "cp_unpack_kv");
-  return cpu::cp_unpack_kv(ctx, h.in(wire), h.out(k_BSHd), h.out(v_BSHd));
+  return cpu::cp_unpack_kv(ctx, wire, k_BSHd, v_BSHd);  // bytes, like cp_pack_kv
 }
 
 void moe_expert_bias_update(const ExecContext& ctx, Tensor& bias_E, std::span<const int64_t> load_E, float rate) {

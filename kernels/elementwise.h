@@ -14,5 +14,9 @@ double sum(const ExecContext& ctx, const Tensor& x);                     // Σ x
 // to nearest even (any NaN becomes the canonical 0x7FFF), bf16 → f32 is exact, equal dtypes
 // copy. The one place precision changes (the bf16 recipe's working copies).
 void cast(const ExecContext& ctx, const Tensor& src, Tensor& dst);
+// src itself when it is `dtype` already, else a new tensor (src's shape and
+// ledger category, on ctx's device) holding cast(src): an f32 gradient of
+// f32 statistics (router, LM-head logits) entering a GEMM on bf16 data.
+Tensor as_dtype(const ExecContext& ctx, const Tensor& src, DType dtype);
 
 }  // namespace origami

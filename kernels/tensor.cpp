@@ -7,6 +7,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "kernels/bf16.h"
 #include "kernels/cuda/memory.h"
 
 namespace origami {
@@ -112,6 +113,31 @@ Tensor Tensor::to(Device target) const {
   Tensor t = empty(shape_, dtype_, category(), target);
   t.copy_from(*this);
   return t;
+}
+
+Tensor Tensor::on_host_f32() const {
+  ORIGAMI_CHECK(defined() && (dtype_ == DType::f32 || dtype_ == DType::bf16), "on_host_f32 of ",
+                defined() ? to_string(dtype_) : std::string_view("an undefined tensor"), "; it widens f32 or bf16");
+  if (dtype_ == DType::f32) return on_host();
+  const Tensor words = on_host();
+  Tensor wide = empty(shape_, DType::f32, category(), Device::cpu());
+  const auto* w = static_cast<const uint16_t*>(words.address());
+  float* f = static_cast<float*>(wide.address());
+  for (int64_t i = 0; i < numel(); ++i) f[i] = bf16_value(w[i]);
+  return wide;
+}
+
+void Tensor::assign_f32(const Tensor& host_f32) {
+  ORIGAMI_CHECK(defined() && host_f32.defined() && host_f32.dtype() == DType::f32 && host_f32.device().is_host() &&
+                    host_f32.numel() == numel(),
+                "assign_f32 takes a host f32 tensor of ", numel(), " elements");
+  if (dtype_ == DType::f32) return copy_from(host_f32);
+  ORIGAMI_CHECK(dtype_ == DType::bf16, "assign_f32 into ", to_string(dtype_), "; it rounds into f32 or bf16");
+  Tensor words = empty(shape_, DType::bf16, category(), Device::cpu());
+  const float* f = static_cast<const float*>(host_f32.address());
+  auto* w = static_cast<uint16_t*>(words.address());
+  for (int64_t i = 0; i < numel(); ++i) w[i] = bf16_bits(f[i]);
+  copy_from(words);
 }
 
 void Tensor::fill_zero() {

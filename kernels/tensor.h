@@ -108,6 +108,13 @@ class Tensor {
   // This tensor when its memory is the host's, else a copy on the host: what
   // the named host points (checkpoint, export) read.
   Tensor on_host() const { return device().is_host() ? *this : to(Device::cpu()); }
+  // The host f32 image of an f32 or bf16 tensor (bf16 widened exactly; an
+  // f32 host tensor is itself), and its inverse: overwrite with a host f32
+  // tensor's elements, rounded to nearest even when this one is bf16. The
+  // named host points of the bf16 recipe's working copies (checkpoint
+  // loads, export). Synchronous.
+  Tensor on_host_f32() const;
+  void assign_f32(const Tensor& host_f32);
   // Overwrite with zeros / with src's elements (same numel and dtype, any two
   // devices); synchronous. Both dispatch to the backend of the memory.
   void fill_zero();

@@ -89,13 +89,6 @@ std::optional<double> ceiling_target(const std::string& op) {
 }
 constexpr double kRoutingTarget = 0.10;  // routing+permute <= 10% of the forward expert GEMMs
 
-Tensor as_dtype(const ExecContext& ctx, Tensor f32, DType dt) {
-  if (dt == DType::f32) return f32;
-  Tensor t = empty(ctx, f32.shape(), dt);
-  cast(ctx, f32, t);
-  return t;
-}
-
 // Host integers on the device, fenced: the upload runs on the legacy stream.
 Tensor upload_i32(const ExecContext& ctx, const std::vector<int32_t>& v) {
   Tensor host = Tensor::empty({static_cast<int64_t>(v.size())}, DType::i32, MemCategory::workspace);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/bf16.h"
 #include "kernels/cpu/ops.h"
 
 namespace origami::cpu {
@@ -69,24 +70,6 @@ double sum_squares(const ExecContext& ctx, const Tensor& x) {
 double sum(const ExecContext& ctx, const Tensor& x) {
   return reduce(ctx, x, "sum", [](double v) { return v; });
 }
-
-namespace {
-// Round to nearest even on the upper 16 bits. Any NaN becomes the canonical
-// 0x7FFF, as CUDA's cvt.rn.bf16.f32 gives (rounding a payload could carry
-// it into infinity), so both backends agree bit for bit.
-inline uint16_t bf16_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFFu;
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-inline float bf16_value(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-}  // namespace
 
 void cast(const ExecContext& ctx, const Tensor& src, Tensor& dst) {
   ORIGAMI_CHECK(src.defined() && dst.defined(), "cast of an undefined tensor");
