@@ -60,12 +60,6 @@ std::string memory_refusal(Backend backend, Device memory, ElemType type, CommOp
       return origami::detail::concat("memory on ", to_string(memory),
                             ", but the MPI backend moves host memory only (MPI is not assumed CUDA-aware): device "
                             "tensors go over NCCL, in Groups created with a CUDA compute device");
-    // MPI has no bf16 type: moves travel as 16-bit words, but a sum of words
-    // is not a sum of bf16 values. The host path reduces in fp32 by design.
-    if (type == ElemType::bf16 && (op == CommOp::all_reduce || op == CommOp::reduce_scatter))
-      return origami::detail::concat("a bf16 ", op_name(op),
-                            " over MPI is refused: MPI has no bf16 type and host reductions are fp32 by design "
-                            "(reduce an f32 copy, or device memory over NCCL)");
     return {};
   }
   if (host)

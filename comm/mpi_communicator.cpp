@@ -5,6 +5,7 @@
 
 #include <climits>
 
+#include "kernels/bf16.h"
 #include "kernels/check.h"
 
 namespace origami::comm {
@@ -17,12 +18,44 @@ MPI_Datatype mpi_type(ElemType t) {
     case ElemType::f64: return MPI_DOUBLE;
     case ElemType::i32: return MPI_INT32_T;
     case ElemType::i64: return MPI_INT64_T;
-    case ElemType::bf16: return MPI_UINT16_T;  // moves only: refusal() keeps it out of reductions
+    case ElemType::bf16: return MPI_UINT16_T;  // 16-bit words; reductions through bf16_op
   }
   return MPI_DATATYPE_NULL;
 }
 
-MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
+// MPI has no bf16 type: a bf16 reduction combines 16-bit words with a user
+// op that widens both operands exactly, adds (or takes the max) in fp32 and
+// rounds to nearest even, as NCCL's bf16 reductions do per combining step.
+template <ReduceOp kOp>
+void bf16_combine(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = bf16_value(a[i]), y = bf16_value(b[i]);
+    b[i] = bf16_bits(kOp == ReduceOp::max ? (x > y || x != x ? x : y) : x + y);
+  }
+}
+
+// Created once, on first use (MPI is initialized: a communicator exists);
+// never freed (MPI_Finalize releases them).
+MPI_Op bf16_op(ReduceOp op) {
+  static const MPI_Op sum = [] {
+    MPI_Op o;
+    MPI_CHECK(MPI_Op_create(&bf16_combine<ReduceOp::sum>, /*commute=*/1, &o));
+    return o;
+  }();
+  static const MPI_Op max = [] {
+    MPI_Op o;
+    MPI_CHECK(MPI_Op_create(&bf16_combine<ReduceOp::max>, /*commute=*/1, &o));
+    return o;
+  }();
+  return op == ReduceOp::max ? max : sum;
+}
+
+MPI_Op mpi_op(ReduceOp op, ElemType t) {
+  if (t == ElemType::bf16) return bf16_op(op);
+  return op == ReduceOp::max ? MPI_MAX : MPI_SUM;
+}
 
 class MpiPending final : public detail::PendingOp {
  public:
@@ -72,7 +105,7 @@ std::unique_ptr<detail::PendingOp> MpiCommunicator::start(const Call& c) {
   switch (c.op) {
     case CommOp::all_reduce:
       MPI_CHECK(
-          MPI_Iallreduce(MPI_IN_PLACE, c.recv, as_count(c.recv_count, g, c.op), t, mpi_op(c.reduce), comm_, &p->req));
+          MPI_Iallreduce(MPI_IN_PLACE, c.recv, as_count(c.recv_count, g, c.op), t, mpi_op(c.reduce, c.type), comm_, &p->req));
       break;
     case CommOp::all_gather: {
       if (!c.recv_counts.empty()) {  // all_gather_v
@@ -99,10 +132,10 @@ std::unique_ptr<detail::PendingOp> MpiCommunicator::start(const Call& c) {
       if (!c.send_counts.empty()) {  // reduce_scatter_v
         p->counts.resize(static_cast<size_t>(size()));
         for (int i = 0; i < size(); ++i) p->counts[i] = as_count(c.send_counts[i], g, c.op);
-        MPI_CHECK(MPI_Ireduce_scatter(c.send, c.recv, p->counts.data(), t, mpi_op(c.reduce), comm_, &p->req));
+        MPI_CHECK(MPI_Ireduce_scatter(c.send, c.recv, p->counts.data(), t, mpi_op(c.reduce, c.type), comm_, &p->req));
         break;
       }
-      MPI_CHECK(MPI_Ireduce_scatter_block(c.send, c.recv, as_count(c.recv_count, g, c.op), t, mpi_op(c.reduce), comm_,
+      MPI_CHECK(MPI_Ireduce_scatter_block(c.send, c.recv, as_count(c.recv_count, g, c.op), t, mpi_op(c.reduce, c.type), comm_,
                                           &p->req));
       break;
     case CommOp::all_to_all_v: {

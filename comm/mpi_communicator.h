@@ -2,7 +2,8 @@
 // with MPI_Comm_split, every op issued as its nonblocking MPI call (MPI_Iallreduce,
 // MPI_Ialltoallv, ...) so the shared bounded wait can poll it with MPI_Test.
 // Host memory only (MPI is not assumed CUDA-aware); bf16 moves as 16-bit
-// words, bf16 reductions are refused (memory_refusal).
+// words and reduces with user MPI_Ops that round each combine to bf16 (as
+// NCCL's bf16 sums do).
 #pragma once
 #include <mpi.h>
 

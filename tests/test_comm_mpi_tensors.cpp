@@ -1,7 +1,7 @@
 // Multi-rank tests of Communicator's Tensor overloads over MPI, run by CTest
 // under `mpirun -np N` for N = 1, 2, 3, 4, 8. Every op on every group of a
 // folded layout, every communicable dtype (f32, i32, i64; bf16 for the ops
-// that only move data), rank-tagged data (a value names the world rank and
+// that only move data, and its sums and maxima through MPI user ops), rank-tagged data (a value names the world rank and
 // index it came from, never zero); each Tensor call counts exactly the bytes
 // and sequence numbers of the span call over the same elements; host tensors
 // on Groups go over MPI and count as host memory. The refusal rules
@@ -10,11 +10,14 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cmath>
 #include <cstring>
 #include <numeric>
+#include <random>
 
 #include "comm/groups.h"
 #include "comm/tensor_memory.h"
+#include "kernels/bf16.h"
 #include "mpi_test_main.h"
 
 namespace origami::comm {
@@ -315,19 +318,75 @@ TEST(CommMpiTensors, MemoryOfATensorView) {
   EXPECT_EQ(elem_size(ElemType::bf16), 2u);
 }
 
+// bf16 sums and maxima over MPI (the CPU ranks of the bf16 recipe reduce
+// bf16 gradients): each rank contributes values of a random scale, so the
+// sum of bf16 words is wrong by far if the op adds bits. Every combine rounds
+// to bf16 (unit roundoff 2^-8), so the result is within n − 1 roundings of
+// partial sums bounded by Σ|x| of the fp64 sum of the bf16 inputs:
+// |err| <= (n − 1)·2^-8·Σ|x|, doubled for slack; the maximum is exact, and
+// every rank of the group holds the same bits.
+TEST(CommMpiTensors, Bf16ReductionsRoundEachCombine) {
+  for_each_group([](Communicator& c) {
+    SCOPED_TRACE(c.name());
+    const int n = c.size();
+    const int64_t per = 37, N = per * n;
+    std::mt19937 rng(static_cast<uint32_t>(1234 + 17 * c.members()[static_cast<size_t>(c.rank())]));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    Tensor x = Tensor::empty({N}, DType::bf16, MemCategory::comm);
+    auto* w = static_cast<uint16_t*>(x.raw());
+    for (int64_t i = 0; i < N; ++i) w[i] = bf16_bits(nd(rng) * std::ldexp(1.0f, static_cast<int>(i % 9) - 4));
+    // The fp64 sums, maxima and Σ|x| of everyone's rounded inputs.
+    Tensor wide = Tensor::empty({N}, DType::f64, MemCategory::comm), abs = Tensor::empty({N}, DType::f64,
+                                                                                         MemCategory::comm);
+    for (int64_t i = 0; i < N; ++i) {
+      wide.data<double>()[i] = bf16_value(w[i]);
+      abs.data<double>()[i] = std::fabs(bf16_value(w[i]));
+    }
+    Tensor mx = Tensor::empty({N}, DType::f64, MemCategory::comm);
+    std::memcpy(mx.raw(), wide.raw(), static_cast<size_t>(N) * 8);
+    c.all_reduce(wide);
+    c.all_reduce(abs);
+    c.all_reduce(mx, ReduceOp::max);
+
+    Tensor sum = Tensor::empty({N}, DType::bf16, MemCategory::comm), top = Tensor::empty({N}, DType::bf16,
+                                                                                          MemCategory::comm);
+    std::memcpy(sum.raw(), x.raw(), static_cast<size_t>(N) * 2);
+    std::memcpy(top.raw(), x.raw(), static_cast<size_t>(N) * 2);
+    c.all_reduce(sum);
+    c.all_reduce(top, ReduceOp::max);
+    Tensor mine = Tensor::empty({per}, DType::bf16, MemCategory::comm);
+    c.reduce_scatter(x, mine);
+    const auto* s = static_cast<const uint16_t*>(sum.raw());
+    const auto* t = static_cast<const uint16_t*>(top.raw());
+    const auto* m = static_cast<const uint16_t*>(mine.raw());
+    for (int64_t i = 0; i < N; ++i) {
+      const double bound = 2.0 * (n - 1) * std::ldexp(1.0, -8) * abs.data<double>()[i];
+      ASSERT_LE(std::fabs(bf16_value(s[i]) - wide.data<double>()[i]), bound) << "all_reduce element " << i;
+      ASSERT_EQ(bf16_value(t[i]), mx.data<double>()[i]) << "max element " << i;
+    }
+    for (int64_t i = 0; i < per; ++i) {
+      const int64_t g = c.rank() * per + i;
+      const double bound = 2.0 * (n - 1) * std::ldexp(1.0, -8) * abs.data<double>()[g];
+      ASSERT_LE(std::fabs(bf16_value(m[i]) - wide.data<double>()[g]), bound) << "reduce_scatter element " << g;
+    }
+    // The same bits on every rank: rank 0's sum, broadcast, equals each one's.
+    Tensor first = Tensor::empty({N}, DType::bf16, MemCategory::comm);
+    std::memcpy(first.raw(), sum.raw(), static_cast<size_t>(N) * 2);
+    c.broadcast(first, 0);
+    EXPECT_EQ(std::memcmp(first.raw(), sum.raw(), static_cast<size_t>(N) * 2), 0);
+  });
+}
+
 TEST(CommMpiTensors, RefusalRules) {
   const Device gpu{DeviceKind::cuda, 1};
   // MPI: host memory only (not assumed CUDA-aware).
   EXPECT_NE(memory_refusal(Backend::mpi, gpu, ElemType::f32, CommOp::all_gather).find("memory on cuda:1, but the MPI "
                                                                                       "backend moves host memory only"),
             std::string::npos);
-  // MPI: bf16 moves yes, reductions no.
-  for (CommOp op : {CommOp::all_gather, CommOp::all_to_all_v, CommOp::send, CommOp::recv, CommOp::broadcast})
+  // MPI: bf16 moves and reductions (through a bf16 user op: BF16ReductionsRoundEachCombine).
+  for (CommOp op : {CommOp::all_gather, CommOp::all_to_all_v, CommOp::send, CommOp::recv, CommOp::broadcast,
+                    CommOp::all_reduce, CommOp::reduce_scatter})
     EXPECT_EQ(memory_refusal(Backend::mpi, Device::cpu(), ElemType::bf16, op), "") << op_name(op);
-  for (CommOp op : {CommOp::all_reduce, CommOp::reduce_scatter})
-    EXPECT_NE(memory_refusal(Backend::mpi, Device::cpu(), ElemType::bf16, op).find("bf16 " + std::string(op_name(op)) +
-                                                                                   " over MPI is refused"),
-              std::string::npos);
   // NCCL: device memory only; bf16 reductions are fine there.
   EXPECT_NE(memory_refusal(Backend::nccl, Device::cpu(), ElemType::f32, CommOp::all_reduce).find("host memory, but the "
                                                                                                 "NCCL backend"),
