@@ -10,7 +10,7 @@
 namespace origami::dense {
 
 namespace {
-Tensor activation(const ExecContext& ctx, Shape shape) { return ctx.empty(std::move(shape), DType::f32, MemCategory::activation); }
+Tensor activation(const ExecContext& ctx, Shape shape) { return ctx.empty_data(std::move(shape)); }
 }  // namespace
 
 Tensor attention_module_forward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
@@ -33,7 +33,7 @@ Tensor attention_module_forward(const ExecContext& ctx, const AttentionOptions& 
   rope_forward(ctx, saved.k_BSHd, pos_S, opt.rope_theta);
 
   saved.o_BSHd = activation(ctx, {batch, S, Hq, hd});
-  saved.lse_BHS = activation(ctx, {batch, Hq, S});
+  saved.lse_BHS = ctx.empty({batch, Hq, S}, DType::f32, MemCategory::activation);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   Tensor ws = ctx.workspace(attention_forward_workspace_bytes(ctx, saved.dims));
   attention_forward(ctx, saved.dims, saved.q_BSHd, saved.k_BSHd, saved.v_BSHd, pos_S, pos_S, scale, saved.o_BSHd,

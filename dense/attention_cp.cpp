@@ -17,9 +17,9 @@ namespace origami::dense {
 
 namespace {
 
-Tensor activation(const ExecContext& ctx, Shape shape) { return ctx.empty(std::move(shape), DType::f32, MemCategory::activation); }
+Tensor activation(const ExecContext& ctx, Shape shape) { return ctx.empty_data(std::move(shape)); }
 Tensor positions(const ExecContext& ctx, int64_t n) { return ctx.empty({n}, DType::i32, MemCategory::activation); }
-Tensor comm_buffer(const ExecContext& ctx, int64_t n) { return ctx.empty({n}, DType::f32, MemCategory::comm); }
+Tensor comm_buffer(const ExecContext& ctx, int64_t n) { return ctx.empty_data({n}, MemCategory::comm); }
 
 }  // namespace
 
@@ -93,7 +93,7 @@ Tensor cp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt,
   }
 
   saved.o_BSHd = activation(ctx, {batch, Sl, Hq, hd});
-  saved.lse_BHS = activation(ctx, {batch, Hq, Sl});
+  saved.lse_BHS = ctx.empty({batch, Hq, Sl}, DType::f32, MemCategory::activation);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   Tensor ws;  // the kernel's (the ring's steps size their own)
   if (ring) {

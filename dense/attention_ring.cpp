@@ -17,8 +17,8 @@ namespace {
 // send and receive order (attention_ring.h) pairs them on any backend.
 constexpr int kKvTag = 31, kGradTag = 32;
 
-Tensor activation(const ExecContext& ctx, Shape shape) { return ctx.empty(std::move(shape), DType::f32, MemCategory::activation); }
-Tensor block_buffer(const ExecContext& ctx, int64_t n) { return ctx.empty({n}, DType::f32, MemCategory::comm); }
+Tensor activation(const ExecContext& ctx, Shape shape) { return ctx.empty_data(std::move(shape)); }
+Tensor block_buffer(const ExecContext& ctx, int64_t n) { return ctx.empty_data({n}, MemCategory::comm); }
 
 // The ring's neighbours and the block held at each step.
 struct Ring {
@@ -51,7 +51,7 @@ void cp_ring_attention_forward(const ExecContext& ctx, const AttentionDims& d, c
   Tensor ws = ctx.workspace(attention_forward_workspace_bytes(ctx, d));
   Tensor kv_pos = ctx.empty({d.kv_len}, DType::i32, MemCategory::activation);  // the held block's positions
   Tensor o_part = activation(ctx, {d.batch, d.q_len, d.num_heads, d.head_dim});
-  Tensor lse_part = activation(ctx, {d.batch, d.num_heads, d.q_len});
+  Tensor lse_part = ctx.empty({d.batch, d.num_heads, d.q_len}, DType::f32, MemCategory::activation);
   std::vector<Tensor> in_flight;  // a block received at step i is sent on at step i+1 while the next arrives
   for (int i = 0; i < std::min(2, ring.n - 1); ++i) in_flight.push_back(block_buffer(ctx, kv_local.numel()));
 

@@ -7,7 +7,7 @@
 namespace origami::dense {
 
 Tensor embedding_module_forward(const ExecContext& ctx, const Tensor& ids_T, const Tensor& table_VD) {
-  Tensor x = ctx.empty({ids_T.numel(), table_VD.cols()}, DType::f32, MemCategory::activation);
+  Tensor x = ctx.empty_data({ids_T.numel(), table_VD.cols()});
   embedding_forward(ctx, ids_T, table_VD, /*vocab_start=*/0, x);
   return x;
 }

@@ -24,10 +24,11 @@ double lm_head_forward(const ExecContext& ctx, const Tensor& w_VD, const Tensor&
 Tensor lm_head_backward(const ExecContext& ctx, const Tensor& w_VD, LmHeadSaved& saved, float grad_scale,
                         Tensor& dw_VD, WeightGradQueue* defer) {
   const int64_t T = saved.y_TD.rows(), D = saved.y_TD.cols();
-  Tensor& dlogits = saved.logits_TV;  // in place: the logits are not needed again
-  cross_entropy_backward(ctx, saved.logits_TV, saved.targets_T, saved.lse_T, grad_scale, dlogits);
-  linear_weight_grad(ctx, defer, dlogits, saved.y_TD, dw_VD);  // (V, D)
-  Tensor dy = ctx.empty({T, D}, DType::f32, MemCategory::activation);
+  Tensor& dlogits_f32 = saved.logits_TV;  // in place: the logits are not needed again
+  cross_entropy_backward(ctx, saved.logits_TV, saved.targets_T, saved.lse_T, grad_scale, dlogits_f32);
+  const Tensor dlogits = as_dtype(ctx, dlogits_f32, w_VD.dtype());  // the GEMMs' data dtype
+  linear_weight_grad(ctx, defer, dlogits, saved.y_TD, dw_VD);       // (V, D)
+  Tensor dy = ctx.empty_data({T, D});
   gemm(ctx, dlogits, Trans::no, w_VD, Trans::no, dy);  // (T, D)
   saved.logits_TV = Tensor();
   return dy;

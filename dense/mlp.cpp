@@ -7,7 +7,7 @@
 namespace origami::dense {
 
 namespace {
-Tensor activation(const ExecContext& ctx, Shape shape) { return ctx.empty(std::move(shape), DType::f32, MemCategory::activation); }
+Tensor activation(const ExecContext& ctx, Shape shape) { return ctx.empty_data(std::move(shape)); }
 }  // namespace
 
 Tensor mlp_module_forward(const ExecContext& ctx, const MlpWeights& w, const Tensor& x_TD, MlpSaved& saved) {

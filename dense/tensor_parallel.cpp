@@ -18,7 +18,7 @@ namespace origami::dense {
 
 namespace {
 
-Tensor activation(const ExecContext& ctx, Shape shape) { return ctx.empty(std::move(shape), DType::f32, MemCategory::activation); }
+Tensor activation(const ExecContext& ctx, Shape shape) { return ctx.empty_data(std::move(shape)); }
 
 bool single(const comm::Communicator* tp) { return comm::group_size(tp) == 1; }
 
@@ -29,7 +29,8 @@ TpRange even_range(int64_t n, const comm::Communicator* tp, const char* what) {
 }
 
 void check_matrix(const Tensor& t, int64_t rows, int64_t cols, const char* name) {
-  ORIGAMI_CHECK(t.defined() && t.dtype() == DType::f32, name, " must be a defined f32 tensor");
+  ORIGAMI_CHECK(t.defined() && (t.dtype() == DType::f32 || t.dtype() == DType::bf16), name,
+                " must be a defined f32 or bf16 tensor");
   check_shape(t, {rows, cols}, name);
 }
 
@@ -72,7 +73,7 @@ Tensor tp_all_gather_tokens(const Tensor& shard_TD, comm::Communicator* tp) {
   if (single(tp)) return shard_TD;
   const int64_t n = tp->size();
   // On the shard's device (these take no context: they only communicate).
-  Tensor full = Tensor::empty({shard_TD.rows() * n, shard_TD.cols()}, DType::f32, MemCategory::activation,
+  Tensor full = Tensor::empty({shard_TD.rows() * n, shard_TD.cols()}, shard_TD.dtype(), MemCategory::activation,
                               shard_TD.device());  // (T, D)
   tp->all_gather(shard_TD, full);
   return full;
@@ -81,7 +82,7 @@ Tensor tp_all_gather_tokens(const Tensor& shard_TD, comm::Communicator* tp) {
 Tensor tp_reduce_scatter_tokens(const Tensor& partial_TD, comm::Communicator* tp) {
   if (single(tp)) return partial_TD;
   const TpRange rows = tp_token_range(partial_TD.rows(), tp);
-  Tensor shard = Tensor::empty({rows.count, partial_TD.cols()}, DType::f32, MemCategory::activation,
+  Tensor shard = Tensor::empty({rows.count, partial_TD.cols()}, partial_TD.dtype(), MemCategory::activation,
                                partial_TD.device());  // (T/n, D)
   tp->reduce_scatter(partial_TD, shard);
   return shard;
@@ -183,10 +184,11 @@ double tp_lm_head_forward(const ExecContext& ctx, const Tensor& w_local, int64_t
                 shape_string(targets_T.shape()), " should be i32 [", T, "] (all tokens of the micro-batch)");
   saved.targets_T = targets_T;
   saved.vocab_start = v.start;
-  saved.logits_TV = activation(ctx, {T, Vr});
-  saved.lse_T = activation(ctx, {T});
+  // f32 statistics whatever the data dtype (a bf16 GEMM writes f32 logits).
+  saved.logits_TV = ctx.empty({T, Vr}, DType::f32, MemCategory::activation);
+  saved.lse_T = ctx.empty({T}, DType::f32, MemCategory::activation);
   gemm(ctx, saved.y_TD, Trans::no, w_local, Trans::yes, saved.logits_TV);  // (T, V_r)
-  Tensor losses = activation(ctx, {T});
+  Tensor losses = ctx.empty({T}, DType::f32, MemCategory::activation);
 
   if (single(tp)) {
     // The whole vocabulary is here: the single-rank kernel, bitwise as lm_head_forward.
@@ -210,15 +212,16 @@ double tp_lm_head_forward(const ExecContext& ctx, const Tensor& w_local, int64_t
 Tensor tp_lm_head_backward(const ExecContext& ctx, const Tensor& w_local, TpLmHeadSaved& saved, float grad_scale,
                            comm::Communicator* tp, Tensor& dw_local, WeightGradQueue* defer) {
   const int64_t T = saved.y_TD.rows(), D = saved.y_TD.cols();
-  Tensor& dlogits = saved.logits_TV;  // in place: the logits are not needed again
+  Tensor& dlogits_f32 = saved.logits_TV;  // in place: the logits are not needed again
   if (single(tp)) {
-    cross_entropy_backward(ctx, saved.logits_TV, saved.targets_T, saved.lse_T, grad_scale, dlogits);
+    cross_entropy_backward(ctx, saved.logits_TV, saved.targets_T, saved.lse_T, grad_scale, dlogits_f32);
   } else {
     // dlogits = (softmax − onehot(target)) · scale on the local columns; the
     // one-hot lands only on the rank that owns the target.
     cross_entropy_local_backward(ctx, saved.logits_TV, saved.targets_T, saved.lse_T, saved.vocab_start, grad_scale,
-                                 dlogits);
+                                 dlogits_f32);
   }
+  const Tensor dlogits = as_dtype(ctx, dlogits_f32, w_local.dtype());  // the GEMMs' data dtype
   linear_weight_grad(ctx, defer, dlogits, saved.y_TD, dw_local);  // (V_r, D)
   Tensor dy_partial = activation(ctx, {T, D});
   gemm(ctx, dlogits, Trans::no, w_local, Trans::no, dy_partial);  // (T, D): this rank's vocab columns only

@@ -114,9 +114,14 @@ RankFiles collect_rank_files(const Config& cfg, const Model& model, const comm::
       const UnitShard& s = pu.shard;
       ORIGAMI_CHECK(!s.optim || (p.unit_offset >= s.begin && p.unit_offset + n <= s.begin + s.size), "checkpoint: ",
                     name, " piece [", p.unit_offset, ", +", n, ") outside the rank's ZeRO slice of ", pu.name);
-      const Tensor& param_src = s.params ? pu.param_shard : pu.param;
       const int64_t param_at = p.unit_offset - (s.params ? s.begin : 0), moment_at = p.unit_offset - (s.optim ? s.begin : 0);
-      f.params.push_back({name, param_src.flat_view(param_at, n, {n})});
+      // The parameters' fp32 state: the master weights of the bf16 recipe
+      // (shaped like the moments), else the params: a checkpoint is the
+      // same whatever the precision that wrote it or loads it.
+      if (pu.master.defined())
+        f.params.push_back({name, pu.master.flat_view(moment_at, n, {n})});
+      else
+        f.params.push_back({name, (s.params ? pu.param_shard : pu.param).flat_view(param_at, n, {n})});
       f.moments.push_back({moment_key(name, "exp_avg"), pu.exp_avg.flat_view(moment_at, n, {n})});
       f.moments.push_back({moment_key(name, "exp_avg_sq"), pu.exp_avg_sq.flat_view(moment_at, n, {n})});
       f.info[name] = shard_json(p.range);
@@ -652,13 +657,13 @@ void fill_held_state(Model& model, const comm::Groups& groups, bool with_moments
   const UnitTable& table = model.units();
   const std::map<std::string, size_t> index = unit_index(table);
   // Elements [begin, end) of the rank's flat unit buffer, `dst` holding element `begin`.
-  // Device state is read into a host copy of itself (so elements no piece
-  // covers keep their values), then copied back: the checkpoint's named
-  // host point.
+  // Device state (and a bf16 working copy) is read into a host f32 image of
+  // itself (so elements no piece covers keep their values), then copied
+  // back (rounded): the checkpoint's named host point.
   auto read_into = [](Tensor dst, const std::function<void(float*)>& read_host) {
-    Tensor host = dst.on_host();
+    Tensor host = dst.on_host_f32();
     read_host(host.f32());
-    if (!dst.device().is_host()) dst.copy_from(host);
+    if (!dst.device().is_host() || dst.dtype() != DType::f32) dst.assign_f32(host);
   };
   // Elements [begin, end) of the rank's flat unit buffer `buf`, whose
   // element 0 is unit element `first`.
@@ -676,11 +681,14 @@ void fill_held_state(Model& model, const comm::Groups& groups, bool with_moments
     const UnitShard& s = pu.shard;
     // What the rank holds: the parameters whole unless ZeRO-3 shards them,
     // the moments whole unless ZeRO 1-3 shard them.
+    // bf16 recipe: the fp32 master takes the saved values, the bf16 params
+    // the same values rounded (what the optimizer leaves after a step).
     const int64_t owned_end = std::min(pu.numel, s.begin + s.size);
+    const int64_t mb = s.optim ? s.begin : 0, me = s.optim ? owned_end : pu.numel;
+    if (pu.master.defined()) fill(spec, local, mb, me, "", pu.master, mb);
     if (s.params) fill(spec, local, s.begin, owned_end, "", pu.param_shard, s.begin);
     else fill(spec, local, 0, pu.numel, "", pu.param, 0);
     if (!with_moments) continue;
-    const int64_t mb = s.optim ? s.begin : 0, me = s.optim ? owned_end : pu.numel;
     fill(spec, local, mb, me, "exp_avg", pu.exp_avg, mb);
     fill(spec, local, mb, me, "exp_avg_sq", pu.exp_avg_sq, mb);
   }

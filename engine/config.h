@@ -167,9 +167,9 @@ struct LoggingConfig {
 // rank -> cuda:(local rank) (OMPI_COMM_WORLD_LOCAL_RANK).
 enum class RuntimeDevice { cpu, cuda, auto_ };
 // runtime.precision: fp32 everywhere (the CPU engine's recipe; on CUDA it
-// compares exactly with a CPU run), or bf16 weights and activations with
-// fp32 master weights, moments and statistics (CUDA only). auto = fp32 for
-// now: the bf16 training recipe has not landed yet.
+// compares exactly with a CPU run), or bf16 weights, gradients and
+// activations with fp32 master weights, moments and statistics (the GPU
+// recipe; on the CPU emulated, op by op). auto = bf16 on CUDA, fp32 on CPU.
 enum class Precision { auto_, fp32, bf16 };
 
 struct RuntimeConfig {
@@ -232,7 +232,8 @@ struct RunPlacement {
 };
 // For the rank `local_rank` of the `ranks_per_node` on this node. UserError
 // naming the key and the rule when the machine cannot: a build without CUDA,
-// no device, more ranks on the node than devices, bf16 on the CPU.
+// no device, more ranks on the node than devices. Precision auto is bf16 on
+// CUDA and fp32 on the CPU.
 RunPlacement resolve_placement(const Config& cfg, int local_rank, int ranks_per_node);
 
 // The rule that running this model and training shape with `parallel` on

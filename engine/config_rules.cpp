@@ -413,18 +413,12 @@ RunPlacement resolve_placement(const Config& cfg, int local_rank, int ranks_per_
     ORIGAMI_CHECK(local_rank >= 0 && local_rank < ranks_per_node, "local rank ", local_rank, " of ", ranks_per_node);
     out.device = Device::cuda(local_rank);
   }
+  // auto: the device's recipe, bf16 on CUDA and fp32 on the CPU (whose
+  // kernels are f32: bf16 there is emulated, for checking the recipe).
   switch (rt.precision) {
-    case Precision::auto_:
+    case Precision::auto_: out.precision = cuda ? Precision::bf16 : Precision::fp32; break;
     case Precision::fp32: out.precision = Precision::fp32; break;
-    case Precision::bf16:
-      if (!cuda)
-        ORIGAMI_USER_ERROR(cfg.origin("runtime.precision"),
-                           ": runtime.precision = \"bf16\" is the CUDA recipe (bf16 weights and activations, fp32 "
-                           "master weights and moments); the CPU engine trains in fp32: use runtime.precision = "
-                           "\"fp32\" (or \"auto\"), or runtime.device = \"cuda\"");
-      ORIGAMI_USER_ERROR(cfg.origin("runtime.precision"),
-                         ": runtime.precision = \"bf16\": the bf16 training recipe is not in this version yet; "
-                         "train on CUDA with runtime.precision = \"fp32\" (or \"auto\")");
+    case Precision::bf16: out.precision = Precision::bf16; break;
   }
   return out;
 }
@@ -435,18 +429,23 @@ void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node)
     ORIGAMI_USER_ERROR(cfg.origin("runtime.threads"), ": runtime.threads = ", cfg.runtime.threads, ": must be <= ",
                        cpus, ", the logical CPUs of this machine (more threads only time-slice; 0 picks max(1, ",
                        "cores / ranks on the node))");
+  // The host's memory, shared by the node's ranks; or one rank's own GPU.
+  const RunPlacement placement = resolve_placement(cfg, local_rank_on_this_node(), ranks_per_node);
+  const bool on_gpu = !placement.device.is_host();
+  const bool bf16 = placement.precision == Precision::bf16;
   // A lower bound of the worst rank's persistent state (§6, no padding, the
   // layout's splits and shards perfectly even): dense parameters split over
   // tp·pp and sharded over dp·cp, experts split over ep·etp·pp and sharded
-  // over edp, at fp32 bytes per parameter by ZeRO stage.
+  // over edp, at the recipe's bytes per parameter by ZeRO stage (fp32 4+4+8;
+  // bf16 2+2 with the 4-byte master sharded beside the 8 of the moments).
   const ParallelConfig& p = cfg.parallel;
   const long double W = world_size, tp = p.tp, cp = p.cp, pp = p.pp, ep = p.ep, etp = p.etp;
   const long double dp = W / (tp * cp * pp), edp = W / (etp * ep * pp);
   auto per_param = [&](long double N) -> long double {
     switch (p.zero_stage) {
       case 0: return 16;
-      case 1: return 8 + 8 / N;
-      case 2: return 4 + 12 / N;
+      case 1: return bf16 ? 4 + 12 / N : 8 + 8 / N;
+      case 2: return bf16 ? 2 + 14 / N : 4 + 12 / N;
       default: return 16 / N;
     }
   };
@@ -454,17 +453,15 @@ void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node)
   const long double dense = static_cast<long double>(size.dense), expert = static_cast<long double>(size.expert);
   const long double state = dense / (tp * pp) * per_param(dp * cp) + expert / (ep * etp * pp) * per_param(edp);
   // Activations of one micro-batch, also a lower bound: every layer of the
-  // stage keeps at least its input and its normed input ([T, H] fp32 each),
-  // the head its logits' vocab slice ([T, V/tp]); T = the rank's tokens.
+  // stage keeps at least its input and its normed input ([T, H] each, in the
+  // data dtype), the head its fp32 logits' vocab slice ([T, V/tp]); T = the
+  // rank's tokens.
   const TrainingConfig& t = cfg.training;
   const long double tokens = static_cast<long double>(t.micro_batch) * static_cast<long double>(t.seq_len) / (cp * tp);
   const long double activations =
-      tokens * 4 *
-      (2 * static_cast<long double>(cfg.model.hidden_size) * static_cast<long double>(cfg.model.num_layers) / pp +
-       static_cast<long double>(cfg.model.vocab_size) / tp);
-  // The host's memory, shared by the node's ranks; or one rank's own GPU.
-  const RunPlacement placement = resolve_placement(cfg, local_rank_on_this_node(), ranks_per_node);
-  const bool on_gpu = !placement.device.is_host();
+      tokens * ((bf16 ? 2 : 4) * 2 * static_cast<long double>(cfg.model.hidden_size) *
+                    static_cast<long double>(cfg.model.num_layers) / pp +
+                4 * static_cast<long double>(cfg.model.vocab_size) / tp);
   const long double pages = on_gpu ? 1 : static_cast<long double>(::sysconf(_SC_PHYS_PAGES));
   const long double memory = on_gpu ? static_cast<long double>(cuda_device_memory(placement.device.index))
                                     : pages * static_cast<long double>(::sysconf(_SC_PAGE_SIZE));

@@ -61,7 +61,7 @@ std::map<std::string, Tensor> gather_experts(const Model& model, const comm::Gro
     const ParamUnit& u = *it;
     const int64_t n = shards.size();
     Tensor all = Tensor::empty({n * u.numel}, DType::f32, MemCategory::comm);
-    const Tensor mine = u.param.on_host();
+    const Tensor mine = u.param.on_host_f32();
     shards.all_gather(std::span<const float>(mine.f32(), u.numel), std::span<float>(all.f32(), n * u.numel));
     if (groups.world_rank() != stage_root) continue;
     for (int64_t m = 0; m < n; ++m) {
@@ -155,7 +155,7 @@ void export_hf(const Model& model, const std::string& dir, const comm::Groups* g
     for (const ParamUnit& u : model.params().units())
       for (size_t i = 0; i < u.params.size(); ++i)
         if (!u.expert && u.params[i].shard.dim >= 0)
-          if (Tensor t = gather_tp_slices(model.units(), u.params[i], u.param_view(i).on_host(), *groups, *tp, root); root)
+          if (Tensor t = gather_tp_slices(model.units(), u.params[i], u.param_view(i).on_host_f32(), *groups, *tp, root); root)
             tensors.push_back({u.params[i].name, t});
   }
   if (!root) return;
@@ -163,7 +163,7 @@ void export_hf(const Model& model, const std::string& dir, const comm::Groups* g
     if (!(spread && u.expert))
       for (size_t i = 0; i < u.params.size(); ++i)
         if (!(tp && !u.expert && u.params[i].shard.dim >= 0))
-          tensors.push_back({u.params[i].name, u.param_view(i).on_host()});
+          tensors.push_back({u.params[i].name, u.param_view(i).on_host_f32()});
   for (size_t l = 0; l < model.expert_bias().size(); ++l)
     if (model.expert_bias()[l].defined())
       tensors.push_back({bias_name(static_cast<int64_t>(l)), model.expert_bias()[l].on_host()});
@@ -304,8 +304,11 @@ void load_hf_weights(Model& model, const std::string& dir) {
         ORIGAMI_USER_ERROR(path, ": tensor '", p.name, "' has shape ", shape_string(it->second.shape()),
                            ", the config needs ", shape_string(p.shape));
       check_finite(path, p.name, it->second);
-      Tensor dst = u.param_view(i);
-      dst.copy_from(it->second);
+      u.param_view(i).assign_f32(it->second);  // rounded into a bf16 working copy
+      if (u.master.defined()) {
+        ORIGAMI_CHECK(!u.shard.optim, "load_hf_weights: unit ", u.name, " is ZeRO-sharded");
+        u.view_of(u.master, i).assign_f32(it->second);
+      }
       tensors.erase(it);
     }
   }

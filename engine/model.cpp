@@ -83,7 +83,7 @@ Model::Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, cons
   const comm::Layout one_rank = single_rank_layout(moe_cfg);
   params_.add_units(units_, groups ? groups->layout() : one_rank, groups ? groups->coords() : comm::RankCoords{},
                     stage_);
-  params_.allocate(ctx.device(), DType::f32, zero_shard_plan(zero_stage, groups));
+  params_.allocate(ctx.device(), ctx.data_dtype(), zero_shard_plan(zero_stage, groups));
   params_.initialize(ctx, seed, static_cast<float>(cfg.init_std), cfg.num_layers);
   layer_unit_.assign(cfg.num_layers, 0);
   expert_unit_.assign(cfg.num_layers, 0);

@@ -91,7 +91,15 @@ StepStats AdamW::update(const ExecContext& ctx, ParamStore& params, double grad_
       Tensor g = g_all.flat_view(a - lo, b - a, {b - a});
       Tensor m = u.exp_avg.flat_view(a - mbase, b - a, {b - a});
       Tensor v = u.exp_avg_sq.flat_view(a - mbase, b - a, {b - a});
-      adamw_update(ctx, p, g, m, v, s);
+      if (!u.master.defined()) {  // fp32: the params are the master weights
+        adamw_update(ctx, p, g, m, v, s);
+        continue;
+      }
+      // bf16: the fp32 master takes the step (from the bf16 gradient,
+      // widened exactly), the working copy is the master rounded.
+      Tensor master = u.master.flat_view(a - mbase, b - a, {b - a});
+      adamw_update(ctx, master, g, m, v, s);
+      cast(ctx, master, p);
     }
   }
   return st;

@@ -352,7 +352,7 @@ StageTiming run_pipeline(comm::Communicator* pp, const PipeScheduleSpec& spec, c
     t.idle_s += seconds_since(t0);
   };
   const auto activation = static_cast<size_t>(MemCategory::activation);
-  const int64_t boundary_bytes = shape_numel(boundary) * static_cast<int64_t>(sizeof(float));
+  const int64_t boundary_bytes = shape_numel(boundary) * static_cast<int64_t>(dtype_size(spec.dtype));
   // Receives in flight, by op, in schedule order: after each op the
   // receives of the next kReceivesAhead ops that need one are posted. One is
   // not enough: an interleaved rank's next op may wait on one neighbour
@@ -364,7 +364,7 @@ StageTiming run_pipeline(comm::Communicator* pp, const PipeScheduleSpec& spec, c
     for (size_t k = std::max(from, unposted); k < ops.size() && incoming.size() < kReceivesAhead; ++k) {
       unposted = k + 1;
       if (peers[k].in.rank < 0) continue;
-      Tensor x = Tensor::empty(boundary, DType::f32, MemCategory::activation, spec.device);
+      Tensor x = Tensor::empty(boundary, spec.dtype, MemCategory::activation, spec.device);
       comm::Request r = pp->recv_async(x, peers[k].in.rank, peers[k].in.tag);
       incoming.emplace_back(k, Transfer{std::move(x), std::move(r)});
     }

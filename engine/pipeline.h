@@ -83,6 +83,7 @@ struct PipeScheduleSpec {
   int64_t micro_batches = 1;   // m
   int64_t virtual_stages = 1;  // v: model chunks per rank (interleaved only; else 1)
   Device device = Device::cpu();  // where received boundary tensors are allocated (the compute device)
+  DType dtype = DType::f32;       // and their dtype (the data dtype)
   int64_t chunks() const { return stages * virtual_stages; }  // p·v virtual stages in all
 };
 

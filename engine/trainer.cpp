@@ -56,10 +56,12 @@ ExecContext make_context(const Config& cfg) {
   const int threads = rt.threads > 0 ? static_cast<int>(rt.threads) : default_threads_per_rank();
   set_num_threads(threads);
   const RunPlacement placement = resolve_placement(cfg, local_rank_on_this_node(), ranks_on_this_node());
-  if (!placement.device.is_host()) return ExecContext::cuda(placement.device.index, threads);
   const char* stand_in = std::getenv("ORIGAMI_HOST_STAND_IN");
-  if (stand_in && std::string(stand_in) == "1") return ExecContext::host_stand_in(threads);
-  return ExecContext::cpu(threads);
+  ExecContext ctx = !placement.device.is_host()               ? ExecContext::cuda(placement.device.index, threads)
+                    : stand_in && std::string(stand_in) == "1" ? ExecContext::host_stand_in(threads)
+                                                               : ExecContext::cpu(threads);
+  ctx.set_data_dtype(placement.precision == Precision::bf16 ? DType::bf16 : DType::f32);
+  return ctx;
 }
 
 // The ledger the mem record reports: the compute device's, and the host's
@@ -373,9 +375,12 @@ void Trainer::Run::print_banner() const {
               format_bytes(s.current[static_cast<int>(MemCategory::param)]).c_str(),
               format_bytes(s.current[static_cast<int>(MemCategory::grad)]).c_str(),
               format_bytes(s.current[static_cast<int>(MemCategory::optim)]).c_str());
-  std::printf("origami: training on %s; MFU against its %s GEMM peak measured at start-up, %.1f GFLOP/s (%lld^3)\n",
-              to_string(ctx->device()).c_str(), std::string(to_string(peak.dtype)).c_str(), peak.flops_per_s / 1e9,
-              static_cast<long long>(peak.n));
+  const bool bf16 = ctx->data_dtype() == DType::bf16;
+  const char* recipe = !bf16 ? "fp32" : ctx->device().is_host() ? "bf16 (emulated: f32 kernels, rounded)" : "bf16";
+  std::printf(
+      "origami: training on %s in %s; MFU against its %s GEMM peak measured at start-up, %.1f GFLOP/s (%lld^3)\n",
+      to_string(ctx->device()).c_str(), recipe, std::string(to_string(peak.dtype)).c_str(), peak.flops_per_s / 1e9,
+      static_cast<long long>(peak.n));
 }
 
 StepMetrics Trainer::run_step() {
@@ -434,7 +439,8 @@ StepMetrics Trainer::run_step() {
   };
   // zb-h1: the weight-gradient half of each backward, run where the schedule puts it.
   auto weight = [&](int64_t, int64_t a) { model.weight_backward(pending[static_cast<size_t>(a)], &zero); };
-  const PipeScheduleSpec spec{cfg.parallel.pp_schedule, comm::group_size(r.pp), r.accum, chunks, ctx.device()};
+  const PipeScheduleSpec spec{cfg.parallel.pp_schedule, comm::group_size(r.pp), r.accum, chunks, ctx.device(),
+                              ctx.data_dtype()};
   HeldActivations held{&TrackedAllocator::of(ctx.device())};
   const StageTiming timing =
       run_pipeline(r.pp, spec, r.boundary, forward, backward, split ? StageWeight(weight) : StageWeight{}, &held);

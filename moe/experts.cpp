@@ -14,7 +14,7 @@ namespace origami::moe {
 
 namespace {
 
-Tensor activation(const ExecContext& ctx, Shape shape) { return ctx.empty(std::move(shape), DType::f32, MemCategory::activation); }
+Tensor activation(const ExecContext& ctx, Shape shape) { return ctx.empty_data(std::move(shape)); }
 
 // The segments as the grouped GEMM reads them (group = expert).
 std::vector<GemmSegment> gemm_segments(const ExpertSegments& segments) {

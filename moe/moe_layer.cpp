@@ -88,7 +88,7 @@ Tensor moe_layer_backward(const ExecContext& ctx, const MoeLayerOptions& opt, co
   // Shared expert first: its dx starts the accumulator (zeros otherwise).
   Tensor dx_TD = w.has_shared()
                      ? experts_backward(ctx, w.shared, rebuilt(ctx, w.shared, saved.shared), dy_TD, grad.shared, defer)
-                     : ctx.zeros({T, D}, DType::f32, MemCategory::activation);
+                     : ctx.zeros({T, D}, ctx.data_dtype(), MemCategory::activation);
 
   // Combine backward: dy per permuted row (p-weighted) and dL/dp per slot,
   // both allocated by the call.

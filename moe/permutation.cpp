@@ -90,7 +90,7 @@ Permutation make_permutation(const ExecContext& ctx, const Tensor& expert_TK, co
 
 Tensor permute_rows(const ExecContext& ctx, const Tensor& x_TD, const Permutation& perm) {
   ORIGAMI_CHECK(x_TD.defined(), "permute_rows on an undefined tensor");
-  Tensor x_ND = ctx.empty({perm.num_rows(), x_TD.cols()}, DType::f32, MemCategory::activation);
+  Tensor x_ND = ctx.empty({perm.num_rows(), x_TD.cols()}, x_TD.dtype(), MemCategory::activation);
   moe_permute_rows(ctx, x_TD, perm.row_token_N, x_ND);
   return x_ND;
 }
@@ -105,7 +105,7 @@ Tensor unpermute_rows(const ExecContext& ctx, const Tensor& y_ND, const Permutat
   ORIGAMI_CHECK(y_ND.defined(), "unpermute_rows on an undefined tensor");
   check_shape(y_ND, {perm.num_rows(), y_ND.cols()}, "unpermute_rows y_ND");
   check_shape(perm.row_of_TK, {num_tokens, perm.row_of_TK.cols()}, "unpermute_rows: permutation token count");
-  Tensor out = ctx.empty({num_tokens, y_ND.cols()}, DType::f32, MemCategory::activation);
+  Tensor out = ctx.empty({num_tokens, y_ND.cols()}, y_ND.dtype(), MemCategory::activation);
   moe_unpermute_rows(ctx, y_ND, perm.row_of_TK, weight_TK, out);
   return out;
 }
@@ -114,7 +114,7 @@ void unpermute_rows_backward(const ExecContext& ctx, const Tensor& dout_TD, cons
                              const Tensor& weight_TK, Tensor& dy_ND, Tensor& dweight_TK) {
   ORIGAMI_CHECK(y_ND.defined() && weight_TK.defined(), "unpermute_rows_backward on an undefined tensor");
   check_shape(y_ND, {perm.num_rows(), y_ND.cols()}, "unpermute_rows_backward y_ND");
-  if (!dy_ND.defined()) dy_ND = ctx.empty(y_ND.shape(), DType::f32, MemCategory::activation);
+  if (!dy_ND.defined()) dy_ND = ctx.empty(y_ND.shape(), y_ND.dtype(), MemCategory::activation);
   if (!dweight_TK.defined()) dweight_TK = ctx.empty(weight_TK.shape(), DType::f32, MemCategory::activation);
   moe_unpermute_rows_backward(ctx, dout_TD, y_ND, perm.row_of_TK, perm.row_token_N, weight_TK, dy_ND, dweight_TK);
 }

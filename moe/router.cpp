@@ -98,7 +98,7 @@ Tensor router_backward(const ExecContext& ctx, const RouterOptions& opt, const R
   check_shape(gate_ED, {E, D}, "router gate_ED");
   if (!defer) check_shape(dgate_ED, {E, D}, "router dgate_ED");  // deferred: unbound until W (the gemm checks it)
   const MoeTopkParams& params = opt;
-  if (T == 0) return activation(ctx, {0, D});  // no tokens: no gradient (the group's reduction happened in forward)
+  if (T == 0) return ctx.empty_data({0, D});  // no tokens: no gradient (the group's reduction happened in forward)
 
   // ∂(aux_scale · aux)/∂s'_te, one row per segment.
   Tensor aux_SE;
@@ -124,9 +124,12 @@ Tensor router_backward(const ExecContext& ctx, const RouterOptions& opt, const R
   Tensor dlogits = activation(ctx, {T, E});
   moe_topk_backward(ctx, saved.logits_TE, saved.scores_TE, saved.expert_TK, dweight_TK, aux_SE, seg_len, z_coef, params,
                     dlogits);
-  Tensor dx = activation(ctx, {T, D});
-  gemm(ctx, dlogits, Trans::no, gate_ED, Trans::no, dx);  // (T, D)
-  linear_weight_grad(ctx, defer, dlogits, x, dgate_ED);    // (E, D)
+  // The f32 logit gradient enters the GEMMs in the data dtype (the router
+  // computes its logits and scores in f32, its weights are data).
+  const Tensor dlogits_data = as_dtype(ctx, dlogits, gate_ED.dtype());
+  Tensor dx = ctx.empty_data({T, D});
+  gemm(ctx, dlogits_data, Trans::no, gate_ED, Trans::no, dx);  // (T, D)
+  linear_weight_grad(ctx, defer, dlogits_data, x, dgate_ED);    // (E, D)
   return dx;
 }
 

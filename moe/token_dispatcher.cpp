@@ -22,9 +22,9 @@ std::vector<int64_t> times(const std::vector<int64_t>& rows, int64_t D) {
   return out;
 }
 
-// On the exchanged rows' device (the exchanges take no context).
-Tensor rows_buffer(Device device, int64_t rows, int64_t D, MemCategory cat) {
-  return Tensor::empty({rows, D}, DType::f32, cat, device);
+// On the exchanged rows' device, in their dtype (the exchanges take no context).
+Tensor rows_buffer(const Tensor& like, int64_t rows, int64_t D, MemCategory cat) {
+  return Tensor::empty({rows, D}, like.dtype(), cat, like.device());
 }
 
 // Step 0's copies: slot s takes expert expert_at(s)'s rows, in slot order;
@@ -53,7 +53,7 @@ enum class Order { to_slots, to_experts };
 // The rows of `src` [N, D] in the other order, as a fresh [N, D] buffer on
 // src's device.
 Tensor reorder(const Tensor& src, const std::vector<RowBlock>& blocks, Order order, MemCategory cat) {
-  Tensor dst = Tensor::empty(src.shape(), DType::f32, cat, src.device());
+  Tensor dst = Tensor::empty(src.shape(), src.dtype(), cat, src.device());
   for (const RowBlock& b : blocks) {
     const bool to_slots = order == Order::to_slots;
     dst.slice(to_slots ? b.to : b.from, b.rows).copy_from(src.slice(to_slots ? b.from : b.to, b.rows));
@@ -160,14 +160,14 @@ Tensor AllToAllDispatcher::forward_exchange(const DispatchHandle& h, const Tenso
   Tensor received = rows_ND;  // 2. over ep
   if (ep_size_ > 1) {
     const int64_t n = sum(h.recv_rows_per_ep);
-    received = rows_buffer(rows_ND.device(), n, D, etp_size_ > 1 ? MemCategory::comm : MemCategory::activation);
+    received = rows_buffer(rows_ND, n, D, etp_size_ > 1 ? MemCategory::comm : MemCategory::activation);
     const Tensor sent = h.to_slot_order.empty()
                             ? rows_ND
                             : reorder(rows_ND, h.to_slot_order, Order::to_slots, MemCategory::comm);  // step 0
     ep_->all_to_all_v(sent, times(h.send_rows_per_ep, D), received, times(h.recv_rows_per_ep, D));
   }
   if (etp_size_ == 1) return received;
-  Tensor gathered = rows_buffer(rows_ND.device(), h.num_rows_out, D, MemCategory::activation);  // 3. over etp
+  Tensor gathered = rows_buffer(rows_ND, h.num_rows_out, D, MemCategory::activation);  // 3. over etp
   etp_->all_gather_v(received, gathered, times(h.recv_rows_per_etp, D));
   return gathered;
 }
@@ -178,12 +178,12 @@ Tensor AllToAllDispatcher::reverse_exchange(const DispatchHandle& h, const Tenso
   const int64_t D = rows_MD.size(1);
   Tensor mine = rows_MD;  // reverse of 3: sum the F-partials, keep this peer's block
   if (etp_size_ > 1) {
-    mine = rows_buffer(rows_MD.device(), h.recv_rows_per_etp[etp_rank_], D, ep_size_ > 1 ? MemCategory::comm : MemCategory::activation);
+    mine = rows_buffer(rows_MD, h.recv_rows_per_etp[etp_rank_], D, ep_size_ > 1 ? MemCategory::comm : MemCategory::activation);
     etp_->reduce_scatter_v(rows_MD, mine, times(h.recv_rows_per_etp, D));
   }
   if (ep_size_ == 1) return mine;
   const bool placed = !h.to_slot_order.empty();
-  Tensor out = rows_buffer(rows_MD.device(), h.num_rows_in, D, placed ? MemCategory::comm : MemCategory::activation);  // reverse of 2
+  Tensor out = rows_buffer(rows_MD, h.num_rows_in, D, placed ? MemCategory::comm : MemCategory::activation);  // reverse of 2
   ep_->all_to_all_v(mine, times(h.recv_rows_per_ep, D), out, times(h.send_rows_per_ep, D));
   return placed ? reorder(out, h.to_slot_order, Order::to_experts, MemCategory::activation) : out;  // reverse of 0
 }

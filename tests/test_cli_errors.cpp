@@ -105,17 +105,12 @@ TEST_F(CliErrors, HeadsNotDividingHidden) {
 }
 
 // runtime.device = "cuda" where there is no device (or no CUDA build): exit 2
-// before any step, naming the key and the reason. bf16 on the CPU likewise.
+// before any step, naming the key and the reason.
 TEST_F(CliErrors, CudaWithoutADevice) {
   if (built_with_cuda() && cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is present";
   expect_user_error(train_with(tiny_config(dir / "good"), "--set runtime.device=cuda"),
                     {"--set runtime.device=cuda: runtime.device = \"cuda\", but this ",
                      built_with_cuda() ? "sees no CUDA device" : "built without the CUDA backend"});
-}
-
-TEST_F(CliErrors, Bf16OnTheCpu) {
-  expect_user_error(train_with(tiny_config(dir / "good"), "--set runtime.precision=bf16"),
-                    {"--set runtime.precision=bf16: runtime.precision = \"bf16\" is the CUDA recipe", "runtime.device = \"cuda\""});
 }
 
 TEST_F(CliErrors, MissingConfigFile) {

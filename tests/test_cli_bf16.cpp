@@ -1,0 +1,216 @@
+// The bf16 recipe on the CPU, end to end through the binary.
+// runtime.precision = "bf16" trains with bf16 parameters, gradients and
+// activations, and keeps fp32 master weights beside the AdamW moments. The
+// CPU's f32 kernels widen bf16 inputs and round what they write, which is
+// the CUDA kernels' per-element rule (kernels/dispatch.cpp, HostBf16). The
+// cases:
+//   - 20 steps of configs/tiny-moe.toml on one rank give per-step LM losses
+//     within 2e-2 relative of the fp32 run and a falling curve. At least one
+//     step differs from fp32 by more than 1e-4, so bf16 really ran. The
+//     persistent param, grad and optim bytes are those of
+//     `origami plan --recipe bf16`.
+//   - Folded layouts train within kLayoutRtol of the one-rank bf16 run over
+//     6 steps, each with the plan's persistent bytes for its rank 0:
+//       * TP 2 × EP 2 at ZeRO 3 with overlap_grad_reduce (np 4);
+//       * PP 2 × CP 2 (np 4);
+//       * ETP 2 × EP 2 (np 4).
+//     Bf16 collectives round each combine (comm/mpi_communicator.cpp).
+//   - Resume on EP 2 (np 2) is bit-exact: 3 steps, a checkpoint and 3 more
+//     give bitwise the losses and grad norms of 6 uninterrupted steps.
+//   - Checkpoints move between precisions: fp32 → bf16 and bf16 → fp32,
+//     loaded and saved again at once, give bitwise the consolidated
+//     parameters and moments that were saved. A bf16 checkpoint holds the
+//     fp32 master, so the bf16 rounding is never the saved state.
+// Why 2e-2 against fp32: bf16 keeps 8 significant bits (unit roundoff 2^-9,
+// about 2e-3). Each activation and weight read is off by up to that, and the
+// error compounds through 4 layers and 20 updates. 2e-2 is issue 18's bar
+// for a GPU bf16 run against the CPU's fp32; the measured worst here is
+// 1.25e-2 relative (2026-12-03, one rank).
+// Why kLayoutRtol = 2e-4 against the one-rank bf16 run: the layouts' f32
+// sums run in another order, and a sum that lands near a bf16 rounding
+// boundary rounds to the neighbouring value (2^-8 relative on that element),
+// so the layouts are not bitwise the one-rank run. Measured worst over the
+// 6 steps (2026-12-03): 1.6e-5 (TP 2 × EP 2), 1.2e-5 (PP 2 × CP 2), 7.9e-6
+// (ETP 2 × EP 2). 2e-4 leaves 12× room and is still 60× below bf16's
+// distance from fp32, so a layout that lost the recipe would fail.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli_util.h"
+
+namespace origami {
+namespace {
+
+using testing::read_jsonl;
+using testing::run_command;
+
+constexpr double kFp32Rtol = 2e-2;
+constexpr double kLayoutRtol = 2e-4;
+
+class Bf16Train : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::ScratchDir("bf16");
+    auto r = testing::preprocess_fortunes(*dir_ / "fortunes");
+    ASSERT_EQ(r.status, 0) << r.output;
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static std::string launcher(int np) {
+    return np == 1 ? std::string()
+                   : std::string(ORIGAMI_MPIEXEC) + " --allow-run-as-root --oversubscribe --bind-to none -np " +
+                         std::to_string(np) + " ";
+  }
+  // `np` ranks of tiny-moe for `steps` steps, logging into tag/.
+  static testing::CommandResult train(const std::string& tag, int np, int steps, const std::string& extra) {
+    return run_command(launcher(np) + ORIGAMI_BINARY + " train " + ORIGAMI_SOURCE_DIR + "/configs/tiny-moe.toml" +
+                       " --set data.path=" + (*dir_ / "fortunes") + " --set logging.dir=" + (*dir_ / tag) +
+                       " --set export.dir= --set training.steps=" + std::to_string(steps) + " " + extra);
+  }
+  static std::vector<nlohmann::json> records(const std::string& tag) { return read_jsonl(*dir_ / (tag + "/metrics.jsonl")); }
+
+  // `origami plan --recipe bf16 --json` of tiny-moe with `sets` on `world` ranks.
+  static nlohmann::json plan(int world, const std::string& sets) {
+    auto r = run_command(std::string(ORIGAMI_BINARY) + " plan " + ORIGAMI_SOURCE_DIR + "/configs/tiny-moe.toml" +
+                         " --world " + std::to_string(world) + " --recipe bf16 --json " + sets);
+    EXPECT_EQ(r.status, 0) << r.output;
+    return nlohmann::json::parse(r.output);
+  }
+  // The run's persistent bytes (rank 0's, every step) equal the plan's
+  // ledger for pipeline stage 0 (whose first rank is rank 0).
+  static void expect_planned_bytes(const std::vector<nlohmann::json>& run, const nlohmann::json& planned) {
+    const nlohmann::json& stage0 = planned.at("ledger").at("stages").at(0);
+    ASSERT_EQ(stage0.at("stage"), 0);
+    for (const auto& rec : run)
+      for (const char* key : {"param", "grad", "optim"})
+        EXPECT_EQ(rec.at("mem").at("persistent").at(key).get<int64_t>(), stage0.at(key).get<int64_t>())
+            << key << " bytes at step " << rec.at("step");
+  }
+
+  static std::string step_dir(const std::string& tag, int step) {
+    char name[32];
+    std::snprintf(name, sizeof name, "/step-%08d", step);
+    return *dir_ / (tag + "-ckpt") + name;
+  }
+  // The checkpoint's consolidated parameters and moments, as file bytes.
+  static std::pair<std::string, std::string> consolidated(const std::string& step, const std::string& out) {
+    auto r = run_command(std::string(ORIGAMI_BINARY) + " export --optimizer --checkpoint " + step + " --out " + out);
+    EXPECT_EQ(r.status, 0) << r.output;
+    return {testing::read_file(out + "/model.safetensors"), testing::read_file(out + "/optimizer.safetensors")};
+  }
+
+  static testing::ScratchDir* dir_;
+};
+
+testing::ScratchDir* Bf16Train::dir_ = nullptr;
+
+TEST_F(Bf16Train, TracksFp32OverTwentyStepsWithThePlannedBytes) {
+  auto r = train("fp32", 1, 20, "--set runtime.precision=fp32");
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = train("bf16", 1, 20, "--set runtime.precision=bf16");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("training on cpu in bf16 (emulated: f32 kernels, rounded)"), std::string::npos) << r.output;
+  const auto fp32 = records("fp32"), bf16 = records("bf16");
+  ASSERT_EQ(fp32.size(), 20u);
+  ASSERT_EQ(bf16.size(), 20u);
+  double worst = 0;
+  for (size_t s = 0; s < fp32.size(); ++s) {
+    const double b = fp32[s].at("lm_loss").get<double>(), x = bf16[s].at("lm_loss").get<double>();
+    ASSERT_TRUE(std::isfinite(x)) << "step " << s + 1;
+    worst = std::max(worst, std::abs(x - b) / std::abs(b));
+    EXPECT_LE(std::abs(x - b), kFp32Rtol * std::abs(b)) << "step " << s + 1 << ": bf16 " << x << ", fp32 " << b;
+  }
+  std::printf("bf16 against fp32, one rank: worst lm loss difference %.3g relative over 20 steps\n", worst);
+  EXPECT_GT(worst, 1e-4) << "the bf16 run is the fp32 run: was bf16 applied?";
+  EXPECT_LT(bf16.back().at("lm_loss").get<double>(), 0.9 * bf16.front().at("lm_loss").get<double>());
+  expect_planned_bytes(bf16, plan(1, ""));
+}
+
+TEST_F(Bf16Train, FoldedLayoutsTrackOneRank) {
+  constexpr int kSteps = 6;
+  auto r = train("one", 1, kSteps, "--set runtime.precision=bf16");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto base = records("one");
+  ASSERT_EQ(base.size(), static_cast<size_t>(kSteps));
+  const struct {
+    const char* tag;
+    const char* sets;
+  } layouts[] = {
+      {"tp2-ep2-zero3-overlap",
+       "--set parallel.tp=2 --set parallel.ep=2 --set parallel.zero_stage=3 --set parallel.overlap_grad_reduce=true"},
+      {"pp2-cp2", "--set parallel.pp=2 --set parallel.cp=2"},
+      {"etp2-ep2", "--set parallel.etp=2 --set parallel.ep=2"},
+  };
+  for (const auto& l : layouts) {
+    SCOPED_TRACE(l.tag);
+    r = train(l.tag, 4, kSteps, std::string("--set runtime.precision=bf16 ") + l.sets);
+    ASSERT_EQ(r.status, 0) << r.output;
+    const auto run = records(l.tag);
+    ASSERT_EQ(run.size(), base.size());
+    double worst = 0;
+    for (size_t s = 0; s < base.size(); ++s) {
+      const double b = base[s].at("lm_loss").get<double>(), x = run[s].at("lm_loss").get<double>();
+      worst = std::max(worst, std::abs(x - b) / std::abs(b));
+      EXPECT_LE(std::abs(x - b), kLayoutRtol * std::abs(b)) << "step " << s + 1 << ": " << x << " vs " << b;
+      const double ba = base[s].at("aux_loss").get<double>(), xa = run[s].at("aux_loss").get<double>();
+      EXPECT_LE(std::abs(xa - ba), kLayoutRtol * std::abs(ba)) << "aux loss, step " << s + 1;
+    }
+    std::printf("bf16 %s (np 4) against one rank: worst lm loss difference %.3g relative over %d steps\n", l.tag,
+                worst, kSteps);
+    expect_planned_bytes(run, plan(4, l.sets));
+  }
+}
+
+TEST_F(Bf16Train, ResumeOnEp2IsBitExact) {
+  const std::string sets = "--set runtime.precision=bf16 --set parallel.ep=2 --set checkpoint.interval=3";
+  auto r = train("whole", 2, 6, sets + " --set checkpoint.dir=" + (*dir_ / "whole-ckpt"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = train("resumed", 2, 6,
+            sets + " --set checkpoint.dir=" + (*dir_ / "resumed-ckpt") + " --set checkpoint.load=" + step_dir("whole", 3));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto whole = records("whole"), resumed = records("resumed");
+  ASSERT_EQ(whole.size(), 6u);
+  ASSERT_EQ(resumed.size(), 3u);  // steps 4-6
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    const nlohmann::json& a = whole.at(i + 3);
+    const nlohmann::json& b = resumed[i];
+    ASSERT_EQ(a.at("step"), b.at("step"));
+    for (const char* key : {"lm_loss", "aux_loss", "grad_norm", "lr"})
+      EXPECT_EQ(a.at(key).get<double>(), b.at(key).get<double>()) << key << " at step " << b.at("step");
+  }
+  const auto want = consolidated(step_dir("whole", 6), *dir_ / "whole-export");
+  const auto got = consolidated(step_dir("resumed", 6), *dir_ / "resumed-export");
+  ASSERT_FALSE(want.first.empty());
+  EXPECT_TRUE(got.first == want.first) << "the resumed run ends in other parameters";
+  EXPECT_TRUE(got.second == want.second) << "the resumed run ends in other AdamW moments";
+}
+
+TEST_F(Bf16Train, CheckpointsMoveBetweenPrecisionsBitExact) {
+  const std::string save = " --set training.steps=3 --set checkpoint.interval=3";
+  const struct {
+    const char* from;
+    const char* to;
+  } moves[] = {{"bf16", "fp32"}, {"fp32", "bf16"}};
+  for (const auto& m : moves) {
+    SCOPED_TRACE(std::string(m.from) + " -> " + m.to);
+    const std::string saved = std::string("saved-in-") + m.from, moved = std::string("loaded-in-") + m.to;
+    auto r = train(saved, 1, 3, save + " --set runtime.precision=" + m.from + " --set checkpoint.dir=" + (*dir_ / (saved + "-ckpt")));
+    ASSERT_EQ(r.status, 0) << r.output;
+    // Loaded and saved again at once (no step).
+    r = train(moved, 1, 3, save + " --set runtime.precision=" + m.to + " --set checkpoint.load=" + step_dir(saved, 3) +
+                               " --set checkpoint.dir=" + (*dir_ / (moved + "-ckpt")));
+    ASSERT_EQ(r.status, 0) << r.output;
+    const auto want = consolidated(step_dir(saved, 3), *dir_ / (saved + "-export"));
+    const auto got = consolidated(step_dir(moved, 3), *dir_ / (moved + "-export"));
+    ASSERT_FALSE(want.first.empty());
+    EXPECT_TRUE(got.first == want.first) << "consolidated parameters differ after the move";
+    EXPECT_TRUE(got.second == want.second) << "consolidated AdamW moments differ after the move";
+  }
+}
+
+}  // namespace
+}  // namespace origami
