@@ -19,6 +19,7 @@
 #include <tuple>
 
 #include "kernels/check.h"
+#include "kernels/device.h"
 #include "moe/permutation.h"
 
 namespace origami::plan {
@@ -138,6 +139,11 @@ PlanInput plan_input(const Config& cfg) {
   in.pp_schedule = cfg.parallel.pp_schedule;
   in.virtual_stages = cfg.parallel.virtual_stages;
   in.cp_comm = cfg.parallel.cp_comm;
+  const RuntimeConfig& rt = cfg.runtime;
+  const bool cuda = rt.device == RuntimeDevice::cuda ||
+                    (rt.device == RuntimeDevice::auto_ && built_with_cuda() && cuda_device_count() > 0);
+  const bool bf16 = rt.precision == Precision::bf16 || (rt.precision == Precision::auto_ && cuda);
+  in.recipe = bf16 ? Recipe::bf16 : Recipe::fp32;
   return in;
 }
 

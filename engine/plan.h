@@ -94,6 +94,9 @@ struct PlanInput {
   int64_t virtual_stages = 1;
   dense::CpComm cp_comm = dense::CpComm::all_gather;  // parallel.cp_comm
 };
+// The config's terms; recipe: runtime.precision as `origami train` resolves
+// it (auto: bf16 where runtime.device is "cuda", or "auto" on a machine with a
+// CUDA device and a CUDA build; fp32 otherwise).
 PlanInput plan_input(const Config& cfg);
 
 // One parameter unit, whole and on this rank.

@@ -33,7 +33,7 @@ struct PlanArgs {
   std::vector<std::string> overrides;
   int64_t world = 0;
   int stage = -1;  // -1: parallel.zero_stage
-  std::string recipe = "fp32";
+  std::string recipe;  // empty: the config's runtime.precision (plan_input), fp32 with --params
   std::vector<int64_t> pp_layers;
   double params = 0;
   plan::Machine machine;
@@ -417,7 +417,7 @@ void print_ranked(const PlanArgs& a, const std::vector<LayoutPlan>& ranked) {
 void run_config(const PlanArgs& a, plan::Recipe recipe, const std::string& path, bool print) {
   const Config cfg = load_config(path, a.overrides);
   plan::PlanInput in = plan::plan_input(cfg);
-  in.recipe = recipe;
+  if (!a.recipe.empty()) in.recipe = recipe;
   if (a.stage >= 0) in.zero_stage = a.stage;
   in.pp_layers = a.pp_layers.empty() ? cfg.parallel.pp_layers : a.pp_layers;  // the flag overrides the config
   // The configured layout meets train's rules, with train's message.
@@ -435,11 +435,11 @@ void run_config(const PlanArgs& a, plan::Recipe recipe, const std::string& path,
     std::printf("%s\n", plan_json(a, cfg.source, in, counts, p, ranked).dump().c_str());
     return;
   }
-  const plan::RecipeBytes rb = plan::recipe_bytes(recipe);
+  const plan::RecipeBytes rb = plan::recipe_bytes(in.recipe);
   std::printf("origami plan: %s on %lld ranks; per-rank figures, GB = 1e9 bytes\n", cfg.source.c_str(),
               static_cast<long long>(a.world));
   std::printf("recipe %s (%lld param + %lld grad + %lld optim bytes per param), ZeRO stage %d\n",
-              std::string(plan::recipe_name(recipe)).c_str(), static_cast<long long>(rb.param),
+              std::string(plan::recipe_name(in.recipe)).c_str(), static_cast<long long>(rb.param),
               static_cast<long long>(rb.grad), static_cast<long long>(rb.optim), in.zero_stage);
   std::printf("model: %s params (%lld), %s active per token, %s in routed experts\n",
               count(static_cast<double>(counts.total)).c_str(), static_cast<long long>(counts.total),
@@ -476,7 +476,7 @@ void run_plan(const PlanArgs& a) {
   if (a.world < 1) ORIGAMI_USER_ERROR("--world is required (the number of ranks to plan for)");
   PlanArgs args = a;
   if (a.link_gbs > 0) args.machine.intra_gbs = args.machine.inter_gbs = a.link_gbs;
-  const plan::Recipe recipe = plan::parse_recipe(a.recipe, "--recipe");
+  const plan::Recipe recipe = plan::parse_recipe(a.recipe.empty() ? "fp32" : a.recipe, "--recipe");
   if (path.empty())
     run_params(args, recipe, rank == 0);
   else
@@ -493,7 +493,9 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--set", a->overrides, "Override a config value: section.key=value (TOML value)");
   cmd->add_option("--world", a->world, "Number of ranks to plan for")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--stage", a->stage, "ZeRO stage (default: parallel.zero_stage)")->check(CLI::Range(0, 3));
-  cmd->add_option("--recipe", a->recipe, "fp32 (CPU: 4+4+8 bytes/param) or bf16 (GPU: 2+2+4+8)")
+  cmd->add_option("--recipe", a->recipe,
+                  "fp32 (4+4+8 bytes/param) or bf16 (2+2+4+8: master weights beside the moments); default: the "
+                  "config's runtime.precision as train resolves it, fp32 with --params")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_option("--pp-layers", a->pp_layers,
                   "Layers per pipeline stage of the configured layout (default: parallel.pp_layers, else even)")
