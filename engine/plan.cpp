@@ -113,6 +113,12 @@ Recipe parse_recipe(const std::string& text, const std::string& what) {
 
 RecipeBytes recipe_bytes(Recipe r) { return r == Recipe::bf16 ? RecipeBytes{2, 2, 12} : RecipeBytes{4, 4, 8}; }
 
+namespace {
+// Bytes of one data element (activations, their gradients, the wire's rows):
+// the recipe's parameter dtype (ExecContext::data_dtype).
+int64_t data_bytes(Recipe r) { return recipe_bytes(r).param; }
+}  // namespace
+
 int64_t padded_numel(int64_t numel, int64_t N, int stage) {
   return is_sharded(N, stage) ? ceil_div(numel, N) * N : numel;
 }
@@ -194,8 +200,10 @@ std::vector<UnitPlan> plan_units(const PlanInput& in, const UnitTable& table, co
 
 // Saved-for-backward bytes, tensor by tensor from the modules' Saved structs
 // (dense/norm.h, dense/attention.h, dense/mlp.h, moe/router.h, moe/permutation.h,
-// moe/experts.h, moe/moe_layer.h, dense/lm_head.h, engine/model.h), fp32 or
-// i32, 4 bytes per element (the router's statistics buffer f64). Under TP+SP
+// moe/experts.h, moe/moe_layer.h, dense/lm_head.h, engine/model.h): data
+// tensors in the recipe's data dtype (d: 4 bytes in fp32, 2 in bf16),
+// statistics (rstd, lse, the router's logits, scores and weights, the head's
+// logits) f32, indices i32, the router's statistics buffer f64. Under TP+SP
 // a module saves its tp-gathered input (so backward needs no second gather);
 // under CP attention saves the cp-gathered K and V and their positions
 // (parallel.cp_comm = "all_gather") or only the local K and V ("ring").
@@ -207,41 +215,41 @@ ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout
   const int64_t F = m.ffn_hidden_size / tp, E = e.router.num_experts, k = e.router.top_k;
   const int64_t Fe = e.expert_ffn(m.ffn_hidden_size) / etp, Fs = e.shared_expert_hidden_size / tp;
   const int64_t s = in.training.seq_len, T = in.training.micro_batch * s / cp, t = T / tp;
-  const int64_t f = kF32;
+  const int64_t f = kF32, d = data_bytes(in.recipe);  // f: statistics (rstd, lse, logits); d: data
 
   ActivationBytes a;
   // RmsNormSaved: x [t, D], rstd [t].
-  const int64_t norm = t * (D + 1) * f;
+  const int64_t norm = t * D * d + t * f;
   // CpAttentionSaved: x [T, D] (tp-gathered), q and o [T, Hq/tp·hd], lse
   // [Hq/tp, T], and K, V (kv_memory): all_gather k and v [T·cp, Hkv/tp·hd]
   // (cp-gathered) with their positions i32 [s] when cp > 1; ring k and v
   // [T, Hkv/tp·hd]. The local positions are shared per micro-batch.
   const KvMemory kv = kv_memory(in, layout);
-  const int64_t attention = (T * D + 2 * T * Hq * hd + T * Hq) * f +
+  const int64_t attention = (T * D + 2 * T * Hq * hd) * d + T * Hq * f +
                             (in.cp_comm == dense::CpComm::ring ? kv.saved_ring : kv.saved_all_gather);
   // MlpSaved: x [T, D] (tp-gathered), gate, up, h [T, F/tp].
-  const int64_t mlp = (T * D + 3 * T * F) * f;
+  const int64_t mlp = (T * D + 3 * T * F) * d;
   a.dense_layer = 2 * norm + attention + mlp;
   if (E > 0) {
     const int64_t R = moe_rows(e, t), M = R * etp;  // M: rows the local experts compute (etp-gathered)
     a.rows = R;
-    // RouterSaved: x [t, D], logits and scores [t, E], expert i32 [t, k]; Routing: weight [t, k];
+    // RouterSaved: x [t, D], logits and scores f32 [t, E], expert i32 [t, k]; Routing: weight f32 [t, k];
     // with an aux loss the reduced statistics f64 [2·S·E + 2], S segments (sequences for seq_aux_loss).
     const int64_t S_aux = e.router.load_balancing == moe::LoadBalancing::seq_aux_loss ? t / s : 1;
     const int64_t stats = e.router.aux_active() ? (2 * S_aux * E + 2) * static_cast<int64_t>(kF64) : 0;
-    const int64_t router = (t * D + 2 * t * E + t * k) * f + t * k * kI32 + stats;
+    const int64_t router = t * D * d + (2 * t * E + t * k) * f + t * k * kI32 + stats;
     // Permutation: row_token, row_slot i32 [R], row_of i32 [t, k].
     const int64_t perm = (2 * R + t * k) * kI32;
     // ExpertsSaved: x [M, D], gate, up, h [M, Fe/etp]; expert_out [R, D].
-    const int64_t experts = (M * D + 3 * M * Fe + R * D) * f;
+    const int64_t experts = (M * D + 3 * M * Fe + R * D) * d;
     // Shared expert (tensor-parallel): x [T, D] gathered (the router's x when tp = 1), gate, up, h [T, Fs/tp].
-    const int64_t shared = Fs > 0 ? ((tp > 1 ? T * D : 0) + 3 * T * Fs) * f : 0;
+    const int64_t shared = Fs > 0 ? ((tp > 1 ? T * D : 0) + 3 * T * Fs) * d : 0;
     a.moe_layer = 2 * norm + attention + router + perm + experts + shared;
   }
   a.every_stage = (s / cp) * kI32;  // positions i32 [s/cp]
   a.first_stage = T * kI32;         // token ids i32 [T] (vocab-parallel lookup of the cp shard)
-  // Final norm; LmHeadSaved: y [T, D] (tp-gathered), targets i32 [T], logits [T, Vl], lse [T].
-  a.last_stage = norm + (T * D + T * ceil_div(m.vocab_size, tp) + T) * f + T * kI32;
+  // Final norm; LmHeadSaved: y [T, D] (tp-gathered), targets i32 [T], logits f32 [T, Vl], lse f32 [T].
+  a.last_stage = norm + T * D * d + (T * ceil_div(m.vocab_size, tp) + T) * f + T * kI32;
 
   // Pending weight gradients after a deferred backward (kernels/deferred.h):
   // the operands each pushed call keeps, each tensor once. "Gathered" tensors
@@ -250,34 +258,36 @@ ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout
   // sublayer that read it as dy; deferred, the residual sums go to fresh
   // buffers, so each dh is its own tensor.
   //   RMSNorm: dy [t, D] (the sublayer's dx), x [t, D] (its input), rstd [t].
-  const int64_t norm_w = t * (2 * D + 1) * f;
+  const int64_t norm_w = t * 2 * D * d + t * f;
   //   Attention: dy [T, D] (gathered dh) and o [T, Hq/tp·hd] (Wo); dq [T,
   //   Hq/tp·hd], dk, dv [T, Hkv/tp·hd] (after RoPE's backward; under cp the
   //   local keys' reduce-scattered buffer, ledger category comm) and x [T, D]
   //   (Wq, Wk, Wv).
-  const int64_t attention_w = (2 * T * D + 2 * T * Hq * hd + 2 * T * Hkv * hd) * f;
+  const int64_t attention_w = (2 * T * D + 2 * T * Hq * hd + 2 * T * Hkv * hd) * d;
   //   Dense MLP: dy [T, D] (gathered dh) and h [T, F/tp] (down); dgate, dup
   //   [T, F/tp] and x [T, D] (gate, up).
-  const int64_t mlp_w = (2 * T * D + 3 * T * F) * f;
+  const int64_t mlp_w = (2 * T * D + 3 * T * F) * d;
   a.weight_pending_dense_layer = 2 * norm_w + attention_w + mlp_w;
   if (E > 0) {
     const int64_t M = a.rows * etp;
-    //   Router: dlogits [t, E] and x [t, D] (the norm's output m).
-    const int64_t router_w = (t * E + t * D) * f;
+    //   Router: dlogits [t, E] (the data-dtype copy the GEMMs read) and x
+    //   [t, D] (the norm's output m).
+    const int64_t router_w = (t * E + t * D) * d;
     //   Experts: dy, x [M, D] (the dispatched rows and their gradient), h,
     //   dgate, dup [M, Fe/etp].
-    const int64_t experts_w = (2 * M * D + 3 * M * Fe) * f;
+    const int64_t experts_w = (2 * M * D + 3 * M * Fe) * d;
     //   Shared expert: dy [t, D] (the layer's dh: kept only when there is
     //   one), h, dgate, dup [t, Fs]; its x is the router's m. It runs whole on
     //   the local tokens (engine/units.cpp), so at any tp: t rows, all Fs.
     const int64_t Fs_whole = e.shared_expert_hidden_size;
-    const int64_t shared_w = Fs_whole > 0 ? (t * D + 3 * t * Fs_whole) * f : 0;
+    const int64_t shared_w = Fs_whole > 0 ? (t * D + 3 * t * Fs_whole) * d : 0;
     a.weight_pending_moe_layer = 2 * norm_w + attention_w + router_w + experts_w + shared_w;
   }
   // Embedding: ids i32 [T] and the gathered gradient [T, D] (all of it is W).
-  a.weight_pending_first_stage = T * kI32 + T * D * f;
-  // Final norm (norm_w) and LM head: dlogits [T, Vl] (the logits buffer) and y [T, D] (gathered).
-  a.weight_pending_last_stage = norm_w + (T * ceil_div(m.vocab_size, tp) + T * D) * f;
+  a.weight_pending_first_stage = T * kI32 + T * D * d;
+  // Final norm (norm_w) and LM head: dlogits [T, Vl] (fp32: the logits
+  // buffer itself; bf16: its data-dtype copy) and y [T, D] (gathered).
+  a.weight_pending_last_stage = norm_w + (T * ceil_div(m.vocab_size, tp) + T * D) * d;
   return a;
 }
 
@@ -285,7 +295,7 @@ KvMemory kv_memory(const PlanInput& in, const comm::Layout& layout) {
   const int64_t tp = layout.tp(), cp = layout.cp();
   const int64_t s = in.training.seq_len, T = in.training.micro_batch * s / cp;
   KvMemory k;
-  const int64_t U = k.block = 2 * T * (in.model.num_kv_heads / tp) * in.model.head_dim() * static_cast<int64_t>(kF32);
+  const int64_t U = k.block = 2 * T * (in.model.num_kv_heads / tp) * in.model.head_dim() * data_bytes(in.recipe);
   if (cp == 1) {  // one rank: both methods are the dense module's
     k.saved_all_gather = k.saved_ring = U;
     k.transient_all_gather = k.transient_ring = U;
@@ -337,6 +347,7 @@ StageComm stage_comm(const PlanInput& in, const comm::Layout& layout, const std:
   const int64_t T = mb * in.training.seq_len / cp, t = T / tp, R = act.rows, mm = micro_batches;
   const int64_t L = st.num_layers, Lmoe = st.num_moe_layers, Ldense = L - Lmoe;
   const int zs = in.zero_stage;
+  const size_t d = static_cast<size_t>(data_bytes(in.recipe));  // rows, K/V, params and grads on the wire
   const bool first = st.stage == 0, last = st.stage == pp - 1;
   StageComm c;
   c.stage = st.stage;
@@ -354,9 +365,9 @@ StageComm stage_comm(const PlanInput& in, const comm::Layout& layout, const std:
   // TP with SP: every sublayer all-gathers its input [mb, s/(cp·tp), D] on
   // entry and reduce-scatters its output on exit (send/recv t·D each), and
   // backward runs the adjoints (reduce-scatter, all-gather): per sublayer
-  // and micro-batch 2 all-gathers + 2 reduce-scatters of (tp−1)·t·D·4.
+  // and micro-batch 2 all-gathers + 2 reduce-scatters of (tp−1)·t·D·d.
   if (tp > 1) {
-    const double ag = ring::all_gather(t * D, kF32, tp), rs = ring::reduce_scatter(t * D, kF32, tp);
+    const double ag = ring::all_gather(t * D, d, tp), rs = ring::reduce_scatter(t * D, d, tp);
     const int64_t sublayers = L + Ldense + (e.shared_expert_hidden_size > 0 ? Lmoe : 0);
     add(GroupKind::tp, CommOp::all_gather, "sublayer input (fwd) + output grad (bwd)", 2 * mm * sublayers, ag);
     add(GroupKind::tp, CommOp::reduce_scatter, "sublayer output (fwd) + input grad (bwd)", 2 * mm * sublayers, rs);
@@ -379,24 +390,24 @@ StageComm stage_comm(const PlanInput& in, const comm::Layout& layout, const std:
     for (const UnitPlan& u : units)
       if (u.stage == st.stage && u.tp_replicated > 0)
         add(GroupKind::tp, CommOp::all_reduce, "replicated grads (norms, router)", zs >= 2 ? mm : 1,
-            ring::all_reduce(u.tp_replicated, kF32, 0, tp));
+            ring::all_reduce(u.tp_replicated, d, 0, tp));
   }
   // CP, per attention (layer) and micro-batch, one rank's K and V packed:
   // kv = 2·T·Hkv/tp·hd floats. all_gather: K, V all-gathered (fwd), dK, dV
-  // reduce-scattered (bwd): (cp−1)·kv·4 each. ring (dense/attention_ring.h):
-  // cp−1 sends of kv·4 in forward; in backward cp−1 K, V sends and cp dK, dV
+  // reduce-scattered (bwd): (cp−1)·kv·d each. ring (dense/attention_ring.h):
+  // cp−1 sends of kv·d in forward; in backward cp−1 K, V sends and cp dK, dV
   // sends (the last hop delivers each block's sum to its owner).
   if (cp > 1) {
     const int64_t kv = 2 * T * (m.num_kv_heads / tp) * hd;
     if (in.cp_comm == dense::CpComm::ring) {
-      const double block = static_cast<double>(kv * kF32);
+      const double block = static_cast<double>(kv * static_cast<int64_t>(d));
       add(GroupKind::cp, CommOp::send, "attention K, V ring (fwd)", mm * L * (cp - 1), block);
       add(GroupKind::cp, CommOp::send, "attention K, V ring (bwd)", mm * L * (cp - 1), block);
       add(GroupKind::cp, CommOp::send, "attention dK, dV ring (bwd)", mm * L * cp, block);
     } else {
-      add(GroupKind::cp, CommOp::all_gather, "attention K, V (fwd)", mm * L, ring::all_gather(kv, kF32, cp));
+      add(GroupKind::cp, CommOp::all_gather, "attention K, V (fwd)", mm * L, ring::all_gather(kv, d, cp));
       add(GroupKind::cp, CommOp::reduce_scatter, "attention dK, dV (bwd)", mm * L,
-          ring::reduce_scatter(kv, kF32, cp));
+          ring::reduce_scatter(kv, d, cp));
     }
   }
   // Router statistics: one all-reduce of 2·S·E + 2 doubles per MoE layer and
@@ -411,7 +422,7 @@ StageComm stage_comm(const PlanInput& in, const comm::Layout& layout, const std:
       add(g, CommOp::all_reduce, "router statistics", mm * Lmoe, ring::all_reduce(2 * S * E + 2, kF64, 0, n_of(g)));
   }
   // ZeRO (§6, engine/zero.h), per unit of `padded` elements over its N ranks:
-  //   stage 0: all-reduce of the gradient once per step: 2·(N−1)/N·padded·4
+  //   stage 0: all-reduce of the gradient once per step: 2·(N−1)/N·padded·d
   //   stage 1: reduce-scatter of the gradient + all-gather of the updated
   //            params, once per step: the same bytes
   //   stage 2: the reduce-scatter once per micro-batch (m) when accumulating
@@ -425,9 +436,9 @@ StageComm stage_comm(const PlanInput& in, const comm::Layout& layout, const std:
     const GroupKind g = u.expert ? GroupKind::edp : GroupKind::dp_cp;
     const int n = static_cast<int>(u.group);
     const std::string what = u.expert ? "expert units" : "dense units";
-    const double rs = ring::reduce_scatter(u.padded / n, kF32, n), ag = ring::all_gather(u.padded / n, kF32, n);
+    const double rs = ring::reduce_scatter(u.padded / n, d, n), ag = ring::all_gather(u.padded / n, d, n);
     switch (zs) {
-      case 0: add(g, CommOp::all_reduce, what + ": grads", 1, ring::all_reduce(u.padded, kF32, 0, n)); break;
+      case 0: add(g, CommOp::all_reduce, what + ": grads", 1, ring::all_reduce(u.padded, d, 0, n)); break;
       case 1:
       case 2:
         add(g, CommOp::reduce_scatter, what + ": grads", zs == 1 ? 1 : mm, rs);
@@ -444,22 +455,22 @@ StageComm stage_comm(const PlanInput& in, const comm::Layout& layout, const std:
   // EP (moe/token_dispatcher.h), per MoE layer and micro-batch: counts
   // all_to_all_v of E/EP int64 per peer (dispatch only; backward reuses
   // them); rows: dispatch and combine forward, their adjoints backward, each
-  // R·D·4·(EP−1)/EP expected under uniform routing.
+  // R·D·d·(EP−1)/EP expected under uniform routing.
   if (Lmoe > 0 && ep > 1) {
     add(GroupKind::ep, CommOp::all_to_all_v, "per-expert counts", mm * Lmoe,
         static_cast<double>((ep - 1) * (E / ep)) * kI64);
     add(GroupKind::ep, CommOp::all_to_all_v, "token rows: dispatch, combine (fwd + bwd)", 4 * mm * Lmoe,
-        static_cast<double>(R * D * kF32) * static_cast<double>(ep - 1) / static_cast<double>(ep));
+        static_cast<double>(R * D * static_cast<int64_t>(d)) * static_cast<double>(ep - 1) / static_cast<double>(ep));
   }
   // ETP: counts all-gather (ETP−1)·E·8; rows all-gathered (dispatch fwd,
   // combine bwd) and reduce-scattered (combine fwd, dispatch bwd), each
-  // (ETP−1)·R·D·4 (every etp peer received R rows).
+  // (ETP−1)·R·D·d (every etp peer received R rows).
   if (Lmoe > 0 && etp > 1) {
     add(GroupKind::etp, CommOp::all_gather, "per-expert counts", mm * Lmoe, ring::all_gather(E, kI64, etp));
     add(GroupKind::etp, CommOp::all_gather, "token rows: dispatch (fwd), combine grad (bwd)", 2 * mm * Lmoe,
-        ring::all_gather(R * D, kF32, etp));
+        ring::all_gather(R * D, d, etp));
     add(GroupKind::etp, CommOp::reduce_scatter, "token rows: combine (fwd), dispatch grad (bwd)", 2 * mm * Lmoe,
-        ring::reduce_scatter(R * D, kF32, etp));
+        ring::reduce_scatter(R * D, d, etp));
   }
   // PP (§7): [mb, s/(cp·tp), D] activations to the next virtual stage per
   // micro-batch and chunk, their gradients to the previous one (every
@@ -467,9 +478,9 @@ StageComm stage_comm(const PlanInput& in, const comm::Layout& layout, const std:
   if (pp > 1) {
     const auto v = static_cast<int64_t>(st.chunk_layers.size());
     if (const int64_t n = mm * (v - (last ? 1 : 0)); n > 0)
-      add(GroupKind::pp, CommOp::send, "activations (fwd)", n, static_cast<double>(t * D * kF32));
+      add(GroupKind::pp, CommOp::send, "activations (fwd)", n, static_cast<double>(t * D * static_cast<int64_t>(d)));
     if (const int64_t n = mm * (v - (first ? 1 : 0)); n > 0)
-      add(GroupKind::pp, CommOp::send, "activation grads (bwd)", n, static_cast<double>(t * D * kF32));
+      add(GroupKind::pp, CommOp::send, "activation grads (bwd)", n, static_cast<double>(t * D * static_cast<int64_t>(d)));
   }
   // Bookkeeping once per step (engine/trainer.cpp): loss sum over dp-cp;
   // per MoE layer, routed/kept counts (E each) and tokens per EP rank over

@@ -27,9 +27,10 @@
 //    stages taking one layer more (or an explicit list); stage 0 holds the
 //    embedding, the last stage the final unit. The ledger reports the stage
 //    with the largest total.
-//  - Activations and the wire are fp32 (4 bytes; i32 indices 4, i64 counts
-//    and f64 statistics 8), as the engine runs today, for either recipe: the
-//    recipe changes the persistent state only.
+//  - Activations and the wire carry data in the recipe's data dtype (d: fp32
+//    4 bytes, bf16 2: rows, K/V, params and grads); statistics (rstd, lse,
+//    router logits and scores, the head's logits, cross-entropy partials)
+//    stay fp32; i32 indices 4, i64 counts and f64 statistics 8.
 //  - Communication: bytes this rank SENDS per optimizer step, by the
 //    Communicator's ring convention (comm/communicator.h) and comm::ring_bytes,
 //    for the first rank of a pipeline stage (every coordinate 0 but pp), so
