@@ -7,9 +7,17 @@
 //     tiled attention against the CPU's, CUB against the CPU's reductions),
 //     ~1e-6 relative per op; measured CPU layouts differ by ~1e-7 over 10
 //     steps. A flipped near-tie in routing would show as a jump above it.
-//   - a checkpoint written by the GPU run loads on the CPU and one written
-//     on the CPU loads on the GPU: loaded and saved again at once, the
-//     consolidated parameters and AdamW moments are bitwise those saved.
+//   - 20 steps in bf16 (the CUDA default) give per-step LM losses within
+//     2e-2 relative of the CPU's fp32 run with a falling curve (issue 18's
+//     bar; the CPU's emulated bf16 measures 1.25e-2 against fp32,
+//     tests/test_cli_bf16.cpp), and the device ledger's persistent bytes are
+//     `origami plan`'s for runtime.device = "cuda" (whose recipe is bf16).
+//     The distance to the CPU's emulated bf16 run is printed: same rule per
+//     element, other summation order.
+//   - a checkpoint written by a bf16 GPU run loads on fp32 CPU ranks and one
+//     written there loads into a bf16 GPU run: loaded and saved again at
+//     once, the consolidated parameters (the fp32 master) and AdamW moments
+//     are bitwise those saved.
 // Without a device every test skips (runtime.device = "cuda" refused there:
 // tests/test_cli_errors.cpp).
 #include <gtest/gtest.h>
@@ -86,13 +94,55 @@ TEST_F(CudaTrain, Fp32StepsMatchTheCpuRun) {
   EXPECT_LT(gpu.back().at("lm_loss").get<double>(), gpu.front().at("lm_loss").get<double>());
 }
 
+TEST_F(CudaTrain, Bf16StepsTrackTheCpuFp32RunWithThePlannedBytes) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
+  const std::string steps = " --set training.steps=20";
+  auto r = train("cpu-fp32", steps + " --set runtime.device=cpu --set runtime.precision=fp32");
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = train("cpu-bf16", steps + " --set runtime.device=cpu --set runtime.precision=bf16");
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = train("gpu-bf16", steps + " --set runtime.device=cuda");  // precision auto: bf16 on CUDA
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("training on cuda:0 in bf16;"), std::string::npos) << r.output;
+  const auto cpu = read_jsonl(*dir_ / "cpu-fp32/metrics.jsonl"), emulated = read_jsonl(*dir_ / "cpu-bf16/metrics.jsonl"),
+             gpu = read_jsonl(*dir_ / "gpu-bf16/metrics.jsonl");
+  ASSERT_EQ(cpu.size(), 20u);
+  ASSERT_EQ(emulated.size(), 20u);
+  ASSERT_EQ(gpu.size(), 20u);
+  double worst = 0, worst_emulated = 0;
+  for (size_t s = 0; s < cpu.size(); ++s) {
+    const double b = cpu[s].at("lm_loss").get<double>(), x = gpu[s].at("lm_loss").get<double>();
+    ASSERT_TRUE(std::isfinite(x)) << "step " << s + 1;
+    worst = std::max(worst, std::abs(x - b) / std::abs(b));
+    EXPECT_LE(std::abs(x - b), 2e-2 * std::abs(b)) << "lm loss, step " << s + 1 << ": " << x << " vs " << b;
+    const double e = emulated[s].at("lm_loss").get<double>();
+    worst_emulated = std::max(worst_emulated, std::abs(x - e) / std::abs(e));
+  }
+  std::printf("bf16 on cuda:0: worst lm loss difference %.3g relative to the CPU's fp32 run, %.3g to its emulated "
+              "bf16 run, over 20 steps\n",
+              worst, worst_emulated);
+  EXPECT_LT(gpu.back().at("lm_loss").get<double>(), 0.9 * gpu.front().at("lm_loss").get<double>());
+  r = run_command(std::string(ORIGAMI_BINARY) + " plan " + ORIGAMI_SOURCE_DIR +
+                  "/configs/tiny-moe.toml --world 1 --json --set runtime.device=cuda");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json plan = nlohmann::json::parse(r.output);
+  EXPECT_EQ(plan.at("recipe"), "bf16");
+  const nlohmann::json& planned = plan.at("ledger").at("stages").at(0);
+  for (const auto& rec : gpu) {
+    EXPECT_EQ(rec.at("mem").at("device").get<std::string>(), "cuda:0");
+    for (const char* key : {"param", "grad", "optim"})
+      EXPECT_EQ(rec.at("mem").at("persistent").at(key).get<int64_t>(), planned.at(key).get<int64_t>())
+          << key << " bytes at step " << rec.at("step");
+  }
+}
+
 TEST_F(CudaTrain, CheckpointsMoveBetweenGpuAndCpuBitExact) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
   const std::string save = " --set training.steps=3 --set checkpoint.interval=3";
   const struct {
     const char* from;
     const char* to;
-  } moves[] = {{"cuda", "cpu"}, {"cpu", "cuda"}};
+  } moves[] = {{"cuda", "cpu"}, {"cpu", "cuda"}};  // cuda: bf16 (its default), cpu: fp32
   for (const auto& m : moves) {
     SCOPED_TRACE(std::string(m.from) + " -> " + m.to);
     const std::string saved = std::string("saved-on-") + m.from, moved = std::string("loaded-on-") + m.to;

@@ -17,12 +17,13 @@
 #   cuda_tests   ctest -L cuda (4 at a time on the one GPU)
 #   bench_kernels  origami bench kernels --device cuda --json
 #   bench_torch  tools/bench_kernels_torch.py (PyTorch at the same shapes)
-#   train_gpu    3 steps of each GPU config (configs/gpu-*.toml) on cuda:0, in
-#                fp32 until the bf16 recipe lands, on a corpus made from this
+#   train_gpu    3 steps of each GPU config (configs/gpu-*.toml) on cuda:0 in
+#                bf16 (the CUDA recipe), on a corpus made from this
 #                checkout's text: tokens/s, TFLOP/s, MFU, peak memory, exposed
 #                communication of the last step
 #   train_torch  tools/train_torch.py: the same configs in PyTorch eager on the
-#                same GPU, for origami's tokens/s over PyTorch's
+#                same GPU (bf16 autocast, fp32 weights and AdamW), for
+#                origami's tokens/s over PyTorch's
 # and last a table: each step's status and time, the CUDA test counts, and
 # the kernels against PyTorch. A failed step prints its last 40 lines; steps
 # after a failed build do not run. Every step has a time limit, so the whole
@@ -381,7 +382,7 @@ step_train_gpu() {
     rm -rf "$build/train-$name"
     echo "origami train $c (3 steps of 2 x 4096 tokens)"
     timeout 150 "$build/tools/origami" train "$c" --set data.path="$corpus" --set training.steps=3 \
-      --set training.global_batch=2 --set lr_schedule.warmup_steps=1 --set runtime.precision=fp32 \
+      --set training.global_batch=2 --set lr_schedule.warmup_steps=1 --set runtime.precision=bf16 \
       --set export.dir= --set logging.dir="$build/train-$name" || rc=1
   done
   out=$(python3 - "$results/train_gpu.json" "$build" "$root"/configs/gpu-*.toml <<'EOF'
@@ -407,7 +408,7 @@ print("; ".join(notes))
 EOF
 )
   echo "$out"
-  note[train_gpu]="fp32: $out"
+  note[train_gpu]="bf16: $out"
   if [ -z "$gpu" ]; then no_gpu_verdict train_gpu; return; fi
   return $rc
 }
@@ -425,7 +426,7 @@ step_train_torch() {
     (
       if [ -n "$orig_ld_path" ]; then export LD_LIBRARY_PATH=$orig_ld_path; else unset LD_LIBRARY_PATH; fi
       PYTHONUNBUFFERED=1 timeout 150 python3 tools/train_torch.py "$c" --global-batch 2 --steps 2 --warmup 1 \
-        --precision fp32 --json "$build/torch-$name.json"
+        --precision bf16 --json "$build/torch-$name.json"
     ) || rc=1
   done
   local out
@@ -459,7 +460,7 @@ print("; ".join(notes))
 EOF
 )
   echo "$out"
-  note[train_torch]="fp32: $out"
+  note[train_torch]="bf16: $out"
   if [ -z "$gpu" ]; then no_gpu_verdict train_torch; return; fi
   # A result for every config (an out-of-memory one counts) is a pass.
   grep -q "no result" <<<"$out" && return 1
