@@ -109,6 +109,13 @@ struct CommOptions {
   // work queued there so far (an event the communication stream waits on,
   // no host sync). Null: ordered only after the legacy default stream.
   void* compute_stream = nullptr;
+  // NCCL only: point-to-point ops between ring neighbours (group ranks r and
+  // r ± 1 mod n: the pipeline's and the CP ring's peers) run on channels of
+  // their own, a two-rank communicator and stream per direction, so that a
+  // receive posted ahead never holds up a send queued behind it (NCCL's
+  // send/recv have no tags and run in issue order on their stream). Groups
+  // sets it for pp and cp.
+  bool ring_p2p = false;
 };
 
 struct OpStats {

@@ -25,9 +25,11 @@ Groups Groups::create(const Layout& layout, MPI_Comm world, const GroupsOptions&
   if (cuda) use_cuda_device(options.compute_device);
 
   Groups g(layout, rank, options.compute_device);
-  auto wrap = [&](std::unique_ptr<MpiCommunicator> mpi) -> std::unique_ptr<Communicator> {
+  auto wrap = [&](std::unique_ptr<MpiCommunicator> mpi, bool ring_p2p = false) -> std::unique_ptr<Communicator> {
     if (!mpi || !cuda) return mpi;
-    std::unique_ptr<Communicator> nccl = make_nccl_communicator(*mpi, options.comm);  // bootstraps over the MPI group
+    CommOptions o = options.comm;
+    o.ring_p2p = ring_p2p;
+    std::unique_ptr<Communicator> nccl = make_nccl_communicator(*mpi, o);  // bootstraps over the MPI group
     return std::make_unique<RoutedCommunicator>(std::move(mpi), std::move(nccl));
   };
   std::vector<int> all(static_cast<size_t>(size));
@@ -36,8 +38,8 @@ Groups Groups::create(const Layout& layout, MPI_Comm world, const GroupsOptions&
   for (GroupKind k : kAllGroupKinds) {
     // Kind names are unique across both views (etp, edp, ...), so a timeout
     // message's group name says which group hung.
-    g.comms_[static_cast<size_t>(k)] =
-        wrap(split_mpi(world, layout.groups(k), std::string(group_name(k)), options.comm));
+    g.comms_[static_cast<size_t>(k)] = wrap(split_mpi(world, layout.groups(k), std::string(group_name(k)), options.comm),
+                                            k == GroupKind::pp || k == GroupKind::cp);
   }
   return g;
 }

@@ -9,7 +9,10 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <set>
 #include <vector>
 #endif
 
@@ -131,8 +134,15 @@ class NcclCommunicator final : public Communicator {
     compute_ = static_cast<cudaStream_t>(options.compute_stream);
     if (compute_) ORIGAMI_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
     ORIGAMI_NCCL_CHECK(ncclCommInitRank(&comm_, size(), id, rank()));
+    if (options.ring_p2p) open_ring_channels(boot);
   }
   ~NcclCommunicator() override {
+    for (auto* channels : {&to_, &from_})
+      for (auto& [peer, ch] : *channels) {
+        cudaStreamSynchronize(ch.stream);
+        ncclCommDestroy(ch.comm);
+        cudaStreamDestroy(ch.stream);
+      }
     cudaStreamSynchronize(stream_);
     ncclCommDestroy(comm_);
     cudaFree(scratch_);
@@ -171,12 +181,27 @@ class NcclCommunicator final : public Communicator {
     return why;
   }
   std::unique_ptr<detail::PendingOp> start(const Call& c) override {
-    auto p = std::make_unique<NcclPending>(comm_, stream_, &waits_);
+    // A send to or a receive from a ring neighbour goes on its channel.
+    const Channel* ch = nullptr;
+    if (c.op == CommOp::send || c.op == CommOp::recv) {
+      const auto& channels = c.op == CommOp::send ? to_ : from_;
+      if (const auto it = channels.find(c.peer); it != channels.end()) ch = &it->second;
+    }
+    cudaStream_t stream = ch ? ch->stream : stream_;
+    auto p = std::make_unique<NcclPending>(ch ? ch->comm : comm_, stream, &waits_);
     if (compute_) {  // the inputs were written by ops queued on the compute stream
       ORIGAMI_CUDA_CHECK(cudaEventRecord(inputs_ready_, compute_));
-      ORIGAMI_CUDA_CHECK(cudaStreamWaitEvent(stream_, inputs_ready_, 0));
+      ORIGAMI_CUDA_CHECK(cudaStreamWaitEvent(stream, inputs_ready_, 0));
     }
     p->record_start();
+    if (ch) {  // a two-rank channel: the peer is its rank 1 - ours
+      if (c.op == CommOp::send)
+        ORIGAMI_NCCL_CHECK(ncclSend(c.send, c.send_count, nccl_type(c.type), 1 - ch->rank, ch->comm, stream));
+      else
+        ORIGAMI_NCCL_CHECK(ncclRecv(c.recv, c.recv_count, nccl_type(c.type), 1 - ch->rank, ch->comm, stream));
+      p->record();
+      return p;
+    }
     const ncclDataType_t t = nccl_type(c.type);
     const size_t es = elem_size(c.type);
     switch (c.op) {
@@ -245,8 +270,47 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // One direction between two ring neighbours: a two-rank communicator
+  // (rank 0 sends, rank 1 receives) with a stream of its own.
+  struct Channel {
+    ncclComm_t comm = nullptr;
+    cudaStream_t stream = nullptr;
+    int rank = 0;
+  };
+  // Every ring edge {r, r + 1 mod n} once, in ascending (low, high) order on
+  // every rank, each as two channels (low → high, then high → low). A rank
+  // joins only its own edges' inits, and every two-rank init waits for both
+  // sides: visiting the edges in one global order keeps those waits free of
+  // cycles (the order locks are taken in). The unique id goes from the
+  // sender to the receiver over the group's MPI communicator.
+  void open_ring_channels(const MpiCommunicator& boot) {
+    const int n = size(), me = rank();
+    std::set<std::pair<int, int>> edges;
+    for (int r = 0; r < n; ++r)
+      if (const int s = (r + 1) % n; s != r) edges.insert({std::min(r, s), std::max(r, s)});
+    for (const auto& [low, high] : edges) {
+      if (me != low && me != high) continue;
+      for (const auto& [src, dst] : {std::pair{low, high}, std::pair{high, low}}) {
+        ncclUniqueId id{};
+        constexpr int kIdTag = 77;
+        if (me == src) {
+          ORIGAMI_NCCL_CHECK(ncclGetUniqueId(&id));
+          MPI_CHECK(MPI_Send(&id, sizeof(id), MPI_BYTE, dst, kIdTag, boot.handle()));
+        } else {
+          MPI_CHECK(MPI_Recv(&id, sizeof(id), MPI_BYTE, src, kIdTag, boot.handle(), MPI_STATUS_IGNORE));
+        }
+        Channel ch;
+        ch.rank = me == src ? 0 : 1;
+        ORIGAMI_CUDA_CHECK(cudaStreamCreate(&ch.stream));
+        ORIGAMI_NCCL_CHECK(ncclCommInitRank(&ch.comm, 2, id, ch.rank));
+        (me == src ? to_ : from_)[me == src ? dst : src] = ch;
+      }
+    }
+  }
+
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  std::map<int, Channel> to_, from_;  // by the peer's group rank: channels to and from ring neighbours
   cudaStream_t compute_ = nullptr;      // CommOptions::compute_stream
   cudaEvent_t inputs_ready_ = nullptr;  // recorded on compute_ before each op
   std::vector<StreamWait> waits_;       // stream waits not yet settled

@@ -13,7 +13,15 @@
 // through an event rather than a host sync. Completion is a CUDA event polled by the
 // shared bounded wait, or handed to a caller's stream (Request::wait_on,
 // cudaStreamWaitEvent); a timeout calls ncclCommAbort before MPI_Abort. NCCL has
-// no message tags: send/recv between two ranks match in call order.
+// no message tags: send/recv between two ranks match in call order, and on
+// one stream a receive waiting for its peer holds up every op queued behind
+// it. With CommOptions::ring_p2p (the pp and cp groups) sends to and
+// receives from ring neighbours therefore run on channels of their own, a
+// two-rank communicator and stream per direction: each carries one sender's
+// messages to one receiver in the order both issue them (the pipeline's and
+// the CP ring's orders agree per direction: check_paired_p2p,
+// dense/attention_ring.h), and a receive posted ahead blocks nothing but
+// later receives from the same peer.
 #pragma once
 #include <memory>
 

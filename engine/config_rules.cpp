@@ -397,19 +397,6 @@ RunPlacement resolve_placement(const Config& cfg, int local_rank, int ranks_per_
                          " ranks share this node and it has ", devices,
                          " CUDA device(s); start at most that many ranks per node (mpirun -npernode ", devices,
                          ") or train on runtime.device = \"cpu\"");
-    // NCCL point-to-point ops have no tags and run in issue order on one
-    // stream: a receive the pipeline (or the CP ring) posts ahead would block
-    // the sends queued behind it until its peer's send arrives. Until those
-    // exchanges are issued as matched group calls, refuse rather than hang.
-    const ParallelConfig& p = cfg.parallel;
-    if (p.pp > 1)
-      ORIGAMI_USER_ERROR(cfg.origin("parallel.pp"), ": parallel.pp = ", p.pp, " with runtime.device = \"cuda\": ",
-                         "pipeline stages over NCCL are not in this version yet (their send/recv must become matched "
-                         "group calls); train on CUDA with parallel.pp = 1, or on runtime.device = \"cpu\"");
-    if (p.cp > 1 && p.cp_comm == dense::CpComm::ring)
-      ORIGAMI_USER_ERROR(cfg.origin("parallel.cp_comm"), ": parallel.cp_comm = \"ring\" with runtime.device = ",
-                         "\"cuda\": the CP ring over NCCL is not in this version yet; use parallel.cp_comm = ",
-                         "\"all_gather\" on CUDA");
     ORIGAMI_CHECK(local_rank >= 0 && local_rank < ranks_per_node, "local rank ", local_rank, " of ", ranks_per_node);
     out.device = Device::cuda(local_rank);
   }

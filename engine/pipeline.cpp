@@ -294,6 +294,44 @@ PipelineSimulation simulate_pipeline(const PipeScheduleSpec& spec, double t_f, d
   return sim;
 }
 
+std::string untagged_order_problem(const PipeScheduleSpec& spec) {
+  std::vector<std::vector<PipeOp>> stage_ops;
+  for (int64_t s = 0; s < spec.stages; ++s) stage_ops.push_back(pipeline_schedule(spec, s));
+  return untagged_order_problem(spec, stage_ops);
+}
+
+std::string untagged_order_problem(const PipeScheduleSpec& spec, const std::vector<std::vector<PipeOp>>& stage_ops) {
+  const int64_t p = spec.stages, v = spec.virtual_stages;
+  ORIGAMI_CHECK(static_cast<int64_t>(stage_ops.size()) == p, "untagged_order_problem: ", stage_ops.size(),
+                " op lists for ", p, " stages");
+  struct Message {
+    PipeOp op;
+    int tag;
+  };
+  // By (source, destination): sends in the source's op order, receives in the destination's.
+  std::map<std::pair<int, int>, std::vector<Message>> sent, received;
+  for (int64_t s = 0; s < p; ++s)
+    for (const PipeOp& op : stage_ops[s]) {
+      const OpPeers io = op_peers(op, s, p, v);
+      if (io.in.rank >= 0) received[{io.in.rank, static_cast<int>(s)}].push_back({op, io.in.tag});
+      if (io.out.rank >= 0) sent[{static_cast<int>(s), io.out.rank}].push_back({op, io.out.tag});
+    }
+  for (const auto& [pair, out] : sent) {
+    const std::vector<Message>& in = received[pair];
+    if (in.size() != out.size())
+      return detail::concat("stage ", pair.first, " sends ", out.size(), " messages to stage ", pair.second,
+                            ", which receives ", in.size());
+    for (size_t n = 0; n < in.size(); ++n)
+      if (in[n].tag != out[n].tag || in[n].op.micro_batch != out[n].op.micro_batch)
+        return detail::concat("message ", n, " from stage ", pair.first, " to stage ", pair.second,
+                              " carries micro-batch ", out[n].op.micro_batch, " (tag ", out[n].tag,
+                              "); the receive that takes it expects micro-batch ", in[n].op.micro_batch, " (tag ",
+                              in[n].tag, ")");
+  }
+  if (received.size() != sent.size()) return "a stage receives from a stage that sends it nothing";
+  return {};
+}
+
 double predicted_bubble(const PipeScheduleSpec& spec, double t_f, double t_b, double t_w) {
   check_spec(spec);
   const auto p = static_cast<double>(spec.stages), m = static_cast<double>(spec.micro_batches),

@@ -158,6 +158,19 @@ struct PipelineSimulation {
 };
 PipelineSimulation simulate_pipeline(const PipeScheduleSpec& spec, double t_f, double t_b, double t_w);
 
+// Whether run_pipeline's messages arrive right without tags, as NCCL
+// delivers them: on its own channel per direction (comm::CommOptions::ring_p2p)
+// the n-th message stage s sends to stage d, in s's op order, is taken by the
+// n-th receive d posts from s, in d's op order. Holds when, for every such
+// pair, those two are the same message (tag and micro-batch); then the
+// channels pair sends and receives as MPI's tags do, and simulate_pipeline's
+// run (no deadlock, the expected micro-batch on every receive) carries over:
+// a send waits for its receive to be posted, and posting never waits on a
+// send. Empty: it holds; else the first pair and message where it does not.
+std::string untagged_order_problem(const PipeScheduleSpec& spec);
+// The same over given op lists, one per stage (tests reorder them).
+std::string untagged_order_problem(const PipeScheduleSpec& spec, const std::vector<std::vector<PipeOp>>& stage_ops);
+
 // Where a stage's time went in one step's schedule: busy inside forward and
 // backward (their own collectives included), idle waiting on the pipeline's
 // receives, the final sends and the flush (every stage waits until the

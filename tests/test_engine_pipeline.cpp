@@ -285,6 +285,28 @@ TEST(PipeSchedules, NoDeadlockAndTheMakespanFormula) {
   }
 }
 
+// NCCL's point-to-point ops carry no tags: on the pipeline's channels
+// (comm::CommOptions::ring_p2p) the n-th message from one stage to another is
+// the n-th receive posted there. On every spec that is the message the
+// tagged receive expects. A deliberately swapped pair is caught.
+TEST(PipeSchedules, MessagesArriveInTheOrderTheirReceivesArePosted) {
+  for (const SpecCase& c : all_specs()) {
+    SCOPED_TRACE(c.name());
+    EXPECT_EQ(untagged_order_problem(c.spec), "");
+  }
+  // Stage 0 of 1F1B (p 3, m 4) running its second and third forwards the
+  // other way round sends micro-batch 2 where stage 1 expects 1.
+  const PipeScheduleSpec spec{PipeSchedule::one_f_one_b, 3, 4, 1};
+  std::vector<std::vector<PipeOp>> ops;
+  for (int64_t s = 0; s < 3; ++s) ops.push_back(pipeline_schedule(spec, s));
+  ASSERT_EQ(ops[0][1].kind, PipeOp::forward);
+  ASSERT_EQ(ops[0][2].kind, PipeOp::forward);
+  std::swap(ops[0][1], ops[0][2]);
+  const std::string tag = std::to_string(activation_tag(0));
+  EXPECT_EQ(untagged_order_problem(spec, ops), "message 1 from stage 0 to stage 1 carries micro-batch 2 (tag " + tag +
+                                                   "); the receive that takes it expects micro-batch 1 (tag " + tag + ")");
+}
+
 // Memory: 1F1B and ZB-H1 hold at most min(p − s, m) micro-batches' saved
 // activations; ZB-H1 keeps at most min(p, m) micro-batches' W operands on
 // top. Interleaved holds Megatron's warm-up count plus one.
