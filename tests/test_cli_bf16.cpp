@@ -20,6 +20,9 @@
 //     to capacity) are within 1% of `origami plan`'s bf16 figures.
 //   - Resume on EP 2 (np 2) is bit-exact: 3 steps, a checkpoint and 3 more
 //     give bitwise the losses and grad norms of 6 uninterrupted steps.
+//   - Resharding: a bf16 checkpoint saved under TP 2 × EP 2 at ZeRO 3
+//     loads on one rank and under EP 2 at ZeRO 1 with bitwise the saved
+//     master weights and moments.
 //   - Checkpoints move between precisions: fp32 → bf16 and bf16 → fp32,
 //     loaded and saved again at once, give bitwise the consolidated
 //     parameters and moments that were saved. A bf16 checkpoint holds the
@@ -240,6 +243,36 @@ TEST_F(Bf16Train, ResumeOnEp2IsBitExact) {
   ASSERT_FALSE(want.first.empty());
   EXPECT_TRUE(got.first == want.first) << "the resumed run ends in other parameters";
   EXPECT_TRUE(got.second == want.second) << "the resumed run ends in other AdamW moments";
+}
+
+// Resharding the bf16 state: saved under TP 2 × EP 2 at ZeRO 3 (np 4; the
+// master weights sharded like the moments), loaded on one rank at ZeRO 0 and
+// on two at EP 2, ZeRO 1, and saved again at once: the consolidated master
+// weights and moments are bitwise those saved.
+TEST_F(Bf16Train, ReshardingKeepsTheMasterWeightsBitwise) {
+  const std::string bf16 = "--set runtime.precision=bf16 --set checkpoint.interval=3 ";
+  auto r = train("reshard-saved", 4, 3,
+                 bf16 + "--set parallel.tp=2 --set parallel.ep=2 --set parallel.zero_stage=3 --set checkpoint.dir=" +
+                     (*dir_ / "reshard-saved-ckpt"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto want = consolidated(step_dir("reshard-saved", 3), *dir_ / "reshard-saved-export");
+  ASSERT_FALSE(want.first.empty());
+  const struct {
+    const char* tag;
+    int np;
+    const char* sets;
+  } loads[] = {{"reshard-one", 1, "--set parallel.zero_stage=0"},
+               {"reshard-ep2", 2, "--set parallel.ep=2 --set parallel.zero_stage=1"}};
+  for (const auto& l : loads) {
+    SCOPED_TRACE(l.tag);
+    r = train(l.tag, l.np, 3,
+              bf16 + l.sets + " --set checkpoint.load=" + step_dir("reshard-saved", 3) + " --set checkpoint.dir=" +
+                  (*dir_ / (std::string(l.tag) + "-ckpt")));
+    ASSERT_EQ(r.status, 0) << r.output;
+    const auto got = consolidated(step_dir(l.tag, 3), *dir_ / (std::string(l.tag) + "-export"));
+    EXPECT_TRUE(got.first == want.first) << "consolidated master weights differ after resharding";
+    EXPECT_TRUE(got.second == want.second) << "consolidated AdamW moments differ after resharding";
+  }
 }
 
 TEST_F(Bf16Train, CheckpointsMoveBetweenPrecisionsBitExact) {
