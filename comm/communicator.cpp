@@ -269,6 +269,7 @@ Request Communicator::launch(Call c, int64_t bytes) {
   op->memory = *c.memory;
   op->timeout_s = options_.timeout_s;
   op->exposed_sink = &st.exposed_s;
+  op->launched();
   return Request(std::move(op));
 }
 

@@ -165,6 +165,9 @@ class PendingOp {
   // Once complete, after a wait that found it unfinished and took
   // `host_wait_s`: the exposed seconds to count (OpStats::exposed_s).
   virtual double exposed_seconds(double host_wait_s) { return host_wait_s; }
+  // Called once launch() has filled the fields below (NCCL: hands the op to
+  // its watchdog, which needs group, op, seq and timeout).
+  virtual void launched() {}
   double* exposed_sink = nullptr;  // the communicator's OpStats::exposed_s of this op
   std::string group;
   CommOp op = CommOp::barrier;

@@ -10,9 +10,15 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <set>
+#include <string>
+#include <thread>
 #include <vector>
 #endif
 
@@ -56,6 +62,119 @@ ncclDataType_t nccl_type(ElemType t) {
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::max ? ncclMax : ncclSum; }
 
+// The watchdog (as PyTorch's ProcessGroupNCCL keeps one): a thread that
+// polls every NCCL op this process issued until its stream has passed it.
+// An op still unfinished timeout_s after it was issued aborts the job from
+// that thread, naming rank, group, op and sequence, after ncclCommAbort, so
+// a hang is bounded wherever the main thread stands. A blocking wait has its
+// own bound (Request::wait), but an op handed to the compute stream
+// (Request::wait_on) would otherwise show only as a host synchronization
+// that never returns. Runs while any NCCL communicator exists.
+class Watchdog {
+ public:
+  struct Entry {
+    cudaEvent_t done = nullptr;  // recorded after the op on its stream; the watchdog's own
+    int device = 0;              // the event's
+    std::chrono::steady_clock::time_point issued;
+    double timeout_s = 0;
+    ncclComm_t comm = nullptr;
+    const void* owner = nullptr;  // the NcclCommunicator
+    std::string group;
+    CommOp op = CommOp::barrier;
+    int64_t seq = 0, bytes = 0;
+  };
+  // The communicators' count keeps the thread: started with the first,
+  // stopped (joined) with the last.
+  static void attach() {
+    std::lock_guard<std::mutex> lock(instance_mutex());
+    if (users()++ == 0) instance() = std::make_unique<Watchdog>();
+  }
+  static void detach(const void* owner) {
+    std::lock_guard<std::mutex> lock(instance_mutex());
+    instance()->forget(owner);
+    if (--users() == 0) instance().reset();
+  }
+  static void watch(Entry e) {
+    std::lock_guard<std::mutex> lock(instance_mutex());
+    instance()->add(std::move(e));
+  }
+
+  Watchdog() : thread_([this] { run(); }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+    for (Entry& e : entries_) cudaEventDestroy(e.done);
+  }
+
+ private:
+  static std::mutex& instance_mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::unique_ptr<Watchdog>& instance() {
+    static std::unique_ptr<Watchdog> w;
+    return w;
+  }
+  static int& users() {
+    static int n = 0;
+    return n;
+  }
+  void add(Entry e) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    entries_.push_back(std::move(e));
+  }
+  // The communicator's ops go before it destroys its comms (they are done:
+  // its destructor synchronized its streams first).
+  void forget(const void* owner) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::erase_if(entries_, [&](Entry& e) {
+      if (e.owner != owner) return false;
+      cudaEventDestroy(e.done);
+      return true;
+    });
+  }
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      wake_.wait_for(lock, std::chrono::milliseconds(100));
+      const auto now = std::chrono::steady_clock::now();
+      for (auto it = entries_.begin(); it != entries_.end();) {
+        if (int current = -1; cudaGetDevice(&current) != cudaSuccess || current != it->device) cudaSetDevice(it->device);
+        const cudaError_t rc = cudaEventQuery(it->done);
+        if (rc != cudaErrorNotReady) {  // done, or an error the main thread reports at its next CUDA call
+          cudaEventDestroy(it->done);
+          it = entries_.erase(it);
+          continue;
+        }
+        const double waited = std::chrono::duration<double>(now - it->issued).count();
+        if (waited > it->timeout_s) {
+          char msg[512];
+          std::snprintf(msg, sizeof msg,
+                        "[rank %d] collective timeout (NCCL watchdog): group %s op %s seq %lld bytes %lld not done "
+                        "%.1f s after it was issued",
+                        world_rank_for_diagnostics(), it->group.c_str(), std::string(op_name(it->op)).c_str(),
+                        static_cast<long long>(it->seq), static_cast<long long>(it->bytes), waited);
+          std::fprintf(stderr, "%s\n", msg);  // first: an abort that stalls must not swallow it
+          std::fflush(stderr);
+          ncclCommAbort(it->comm);
+          abort_job(kExitTimeout, "");
+        }
+        ++it;
+      }
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::vector<Entry> entries_;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
 // A stream's wait on an NCCL op: timing events before and after it on that
 // stream; their interval is how long the stream stood there.
 struct StreamWait {
@@ -67,7 +186,8 @@ class NcclPending final : public detail::PendingOp {
  public:
   // Timing events: the op's run time on the stream is its exposed time when
   // the host waits for it (exposed_seconds).
-  NcclPending(ncclComm_t comm, cudaStream_t stream, std::vector<StreamWait>* waits) : comm_(comm), waits_(waits) {
+  NcclPending(ncclComm_t comm, cudaStream_t stream, std::vector<StreamWait>* waits, const void* owner)
+      : comm_(comm), waits_(waits), owner_(owner) {
     ORIGAMI_CUDA_CHECK(cudaEventCreate(&started_));
     ORIGAMI_CUDA_CHECK(cudaEventCreate(&event_));
     stream_ = stream;
@@ -79,6 +199,21 @@ class NcclPending final : public detail::PendingOp {
   // Around the op's kernels, after the stream's wait for its inputs.
   void record_start() { ORIGAMI_CUDA_CHECK(cudaEventRecord(started_, stream_)); }
   void record() { ORIGAMI_CUDA_CHECK(cudaEventRecord(event_, stream_)); }
+  void launched() override {
+    Watchdog::Entry e;
+    ORIGAMI_CUDA_CHECK(cudaGetDevice(&e.device));
+    ORIGAMI_CUDA_CHECK(cudaEventCreateWithFlags(&e.done, cudaEventDisableTiming));
+    ORIGAMI_CUDA_CHECK(cudaEventRecord(e.done, stream_));
+    e.issued = std::chrono::steady_clock::now();
+    e.timeout_s = timeout_s;
+    e.comm = comm_;
+    e.owner = owner_;
+    e.group = group;
+    e.op = op;
+    e.seq = seq;
+    e.bytes = bytes;
+    Watchdog::watch(std::move(e));
+  }
   double exposed_seconds(double) override {
     float ms = 0;
     ORIGAMI_CUDA_CHECK(cudaEventElapsedTime(&ms, started_, event_));
@@ -114,6 +249,7 @@ class NcclPending final : public detail::PendingOp {
  private:
   ncclComm_t comm_;
   std::vector<StreamWait>* waits_;  // the communicator's, settled by settle_stream_waits
+  const void* owner_;               // the communicator (the watchdog's key)
   cudaStream_t stream_ = nullptr;
   cudaEvent_t started_ = nullptr;
   cudaEvent_t event_ = nullptr;
@@ -135,15 +271,18 @@ class NcclCommunicator final : public Communicator {
     if (compute_) ORIGAMI_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
     ORIGAMI_NCCL_CHECK(ncclCommInitRank(&comm_, size(), id, rank()));
     if (options.ring_p2p) open_ring_channels(boot);
+    Watchdog::attach();
   }
   ~NcclCommunicator() override {
     for (auto* channels : {&to_, &from_})
+      for (auto& [peer, ch] : *channels) cudaStreamSynchronize(ch.stream);
+    cudaStreamSynchronize(stream_);
+    Watchdog::detach(this);  // before the comms its entries name go
+    for (auto* channels : {&to_, &from_})
       for (auto& [peer, ch] : *channels) {
-        cudaStreamSynchronize(ch.stream);
         ncclCommDestroy(ch.comm);
         cudaStreamDestroy(ch.stream);
       }
-    cudaStreamSynchronize(stream_);
     ncclCommDestroy(comm_);
     cudaFree(scratch_);
     if (inputs_ready_) cudaEventDestroy(inputs_ready_);
@@ -188,7 +327,7 @@ class NcclCommunicator final : public Communicator {
       if (const auto it = channels.find(c.peer); it != channels.end()) ch = &it->second;
     }
     cudaStream_t stream = ch ? ch->stream : stream_;
-    auto p = std::make_unique<NcclPending>(ch ? ch->comm : comm_, stream, &waits_);
+    auto p = std::make_unique<NcclPending>(ch ? ch->comm : comm_, stream, &waits_, this);
     if (compute_) {  // the inputs were written by ops queued on the compute stream
       ORIGAMI_CUDA_CHECK(cudaEventRecord(inputs_ready_, compute_));
       ORIGAMI_CUDA_CHECK(cudaStreamWaitEvent(stream, inputs_ready_, 0));

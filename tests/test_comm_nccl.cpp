@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <numeric>
+#include <thread>
 
 #include "comm/groups.h"
 #include "comm/nccl_communicator.h"
@@ -208,6 +210,46 @@ TEST(CommNccl, GroupsRouteHostTensorsOverMpiAndDeviceMemoryOverNccl) {
   EXPECT_EQ(c.stats(CommOp::all_reduce).device_bytes, ring_bytes::all_reduce(9, 4, c.rank(), c.size()));
   EXPECT_EQ(c.next_seq(), seq0 + 2) << "one sequence of call numbers over both backends";
   c.barrier();  // a host synchronization over MPI
+#endif
+}
+
+// The NCCL watchdog: an all-reduce handed to a stream (wait_on, no host
+// wait) that cannot start, because the compute stream it waits on is held by
+// a host function sleeping 20 s, aborts the job with exit status 5 about a
+// second past its 1 s timeout, naming group, op and sequence. The main thread
+// meanwhile stands in a stream synchronization that would otherwise last
+// the whole sleep.
+TEST(CommNcclDeathTest, TheWatchdogAbortsAnOpStuckBehindItsStream) {
+#if !ORIGAMI_WITH_NCCL
+  GTEST_SKIP() << "this build has no NCCL backend (configured without CUDA)";
+#else
+  if (!have_device()) GTEST_SKIP() << "no CUDA device on this machine";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the child starts afresh: CUDA and MPI do not survive fork
+  auto stuck = [] {
+    ensure_mpi();
+    int w = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &w);
+    cudaStream_t compute = nullptr;
+    if (cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) != cudaSuccess) std::exit(1);
+    GroupsOptions go;
+    go.compute_device = local_cuda_device();
+    go.comm = CommOptions{1.0};
+    go.comm.compute_stream = compute;
+    LayoutOptions o;
+    o.ep = w;
+    Groups g = Groups::create(Layout(w, o), MPI_COMM_WORLD, go);
+    DeviceVec<float> dx(std::vector<float>(9, 1.0f));
+    cudaLaunchHostFunc(
+        compute, [](void*) { std::this_thread::sleep_for(std::chrono::seconds(20)); }, nullptr);
+    g[GroupKind::ep].all_reduce_async(dx.span()).wait_on(compute);
+    cudaStreamSynchronize(compute);
+    std::exit(0);  // not reached: the watchdog aborts first
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EXIT(stuck(), ::testing::ExitedWithCode(5),
+              "collective timeout \\(NCCL watchdog\\): group ep op all_reduce seq [0-9]+ bytes [0-9]+ not done");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 15.0)
+      << "the watchdog fired only when the stream let the op go";
 #endif
 }
 
