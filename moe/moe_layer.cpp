@@ -59,17 +59,17 @@ Tensor moe_layer_forward(const ExecContext& ctx, const MoeLayerOptions& opt, con
 
   // Permute → dispatch → this rank's experts → combine → un-permute weighted by p.
   const Tensor x_ND = permute_rows(ctx, x_TD, saved.perm);  // (N, D), grouped by global expert
-  Dispatched d = disp.dispatch(x_ND, saved.perm.rows_per_expert);
+  PendingDispatch pending = disp.dispatch_start(x_ND, saved.perm.rows_per_expert);
+  // The shared expert sees every token, unweighted; it needs no routed row,
+  // so it runs while they are on the wire (Megatron's shared-expert overlap).
+  Tensor y_shared;
+  if (w.has_shared()) y_shared = experts_forward(ctx, w.shared, x_TD, ExpertSegments{{0, T}}, saved.shared);  // (T, D)
+  Dispatched d = disp.dispatch_finish(std::move(pending));
   saved.dispatch = std::move(d.handle);
   const Tensor y_MD = experts_forward(ctx, w.experts, d.x_MD, saved.dispatch.segments, saved.experts);  // (M, D)
   saved.expert_out_ND = disp.combine(saved.dispatch, y_MD);                                        // (N, D)
   Tensor y_TD = unpermute_rows(ctx, saved.expert_out_ND, saved.perm, r.weight_TK, T);              // (T, D)
-
-  // The shared expert sees every token, unweighted.
-  if (w.has_shared()) {
-    const Tensor y_shared = experts_forward(ctx, w.shared, x_TD, ExpertSegments{{0, T}}, saved.shared);  // (T, D)
-    add_inplace(ctx, y_TD, y_shared);
-  }
+  if (w.has_shared()) add_inplace(ctx, y_TD, y_shared);
   if (opt.recompute_experts) {
     for (ExpertsSaved* e : {&saved.experts, &saved.shared}) e->gate_NF = e->up_NF = e->h_NF = Tensor();
   }
@@ -85,19 +85,20 @@ Tensor moe_layer_backward(const ExecContext& ctx, const MoeLayerOptions& opt, co
   const int64_t T = saved.routing.weight_TK.size(0), D = w.gate_ED.size(1);
   check_shape(dy_TD, {T, D}, "moe dy_TD");
 
-  // Shared expert first: its dx starts the accumulator (zeros otherwise).
-  Tensor dx_TD = w.has_shared()
-                     ? experts_backward(ctx, w.shared, rebuilt(ctx, w.shared, saved.shared), dy_TD, grad.shared, defer)
-                     : ctx.zeros({T, D}, ctx.data_dtype(), MemCategory::activation);
-
   // Combine backward: dy per permuted row (p-weighted) and dL/dp per slot,
   // both allocated by the call.
   Tensor dy_ND, dweight_TK;  // (N, D), (T, k)
   unpermute_rows_backward(ctx, dy_TD, saved.expert_out_ND, perm, saved.routing.weight_TK, dy_ND, dweight_TK);
 
   // Back to the experts' owners, through the experts, home again; then
-  // scatter-add each row's dx onto its token.
-  const Tensor dy_MD = disp.combine_backward(saved.dispatch, dy_ND);                      // (M, D)
+  // scatter-add each row's dx onto its token. The shared expert's backward
+  // runs while the row gradients travel; its dx starts the accumulator
+  // (zeros otherwise).
+  PendingExchange to_owners = disp.combine_backward_start(saved.dispatch, dy_ND);
+  Tensor dx_TD = w.has_shared()
+                     ? experts_backward(ctx, w.shared, rebuilt(ctx, w.shared, saved.shared), dy_TD, grad.shared, defer)
+                     : ctx.zeros({T, D}, ctx.data_dtype(), MemCategory::activation);
+  const Tensor dy_MD = disp.finish(saved.dispatch, std::move(to_owners));                  // (M, D)
   const Tensor dx_MD = experts_backward(ctx, w.experts, rebuilt(ctx, w.experts, saved.experts), dy_MD, grad.experts,
                                         defer);  // (M, D)
   const Tensor dx_ND = disp.dispatch_backward(saved.dispatch, dx_MD);                    // (N, D)

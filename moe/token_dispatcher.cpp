@@ -78,6 +78,11 @@ AllToAllDispatcher::AllToAllDispatcher(int64_t num_experts, comm::Communicator* 
 }
 
 Dispatched AllToAllDispatcher::dispatch(const Tensor& x_ND, const std::vector<int64_t>& rows_per_expert) const {
+  return dispatch_finish(dispatch_start(x_ND, rows_per_expert));
+}
+
+PendingDispatch AllToAllDispatcher::dispatch_start(const Tensor& x_ND,
+                                                   const std::vector<int64_t>& rows_per_expert) const {
   const int64_t E = num_experts_, El = num_local_experts(), EP = ep_size_, ETP = etp_size_;
   ORIGAMI_CHECK(x_ND.dim() == 2, "dispatch: x_ND should be [N, D], got ", shape_string(x_ND.shape()));
   ORIGAMI_CHECK(static_cast<int64_t>(rows_per_expert.size()) == E, "dispatch: ", rows_per_expert.size(),
@@ -135,57 +140,86 @@ Dispatched AllToAllDispatcher::dispatch(const Tensor& x_ND, const std::vector<in
   }
   h.num_rows_out = sum(h.recv_rows_per_etp);
 
-  Dispatched d;
-  d.x_MD = forward_exchange(h, x_ND);
+  PendingDispatch d;
+  d.rows = start_forward(h, x_ND);
   d.handle = std::move(h);
   return d;
 }
 
+Dispatched AllToAllDispatcher::dispatch_finish(PendingDispatch&& pending) const {
+  Dispatched d;
+  d.x_MD = finish(pending.handle, std::move(pending.rows));
+  d.handle = std::move(pending.handle);
+  return d;
+}
+
 Tensor AllToAllDispatcher::combine(const DispatchHandle& h, const Tensor& y_MD) const {
-  return reverse_exchange(h, y_MD);
+  return finish(h, start_reverse(h, y_MD));
 }
 
 Tensor AllToAllDispatcher::combine_backward(const DispatchHandle& h, const Tensor& dy_ND) const {
-  return forward_exchange(h, dy_ND);
+  return finish(h, combine_backward_start(h, dy_ND));
+}
+
+PendingExchange AllToAllDispatcher::combine_backward_start(const DispatchHandle& h, const Tensor& dy_ND) const {
+  return start_forward(h, dy_ND);
 }
 
 Tensor AllToAllDispatcher::dispatch_backward(const DispatchHandle& h, const Tensor& dx_MD) const {
-  return reverse_exchange(h, dx_MD);
+  return finish(h, start_reverse(h, dx_MD));
 }
 
-Tensor AllToAllDispatcher::forward_exchange(const DispatchHandle& h, const Tensor& rows_ND) const {
+PendingExchange AllToAllDispatcher::start_forward(const DispatchHandle& h, const Tensor& rows_ND) const {
   ORIGAMI_CHECK(rows_ND.dim() == 2 && rows_ND.size(0) == h.num_rows_in, "dispatcher: expected [", h.num_rows_in,
                 ", D] rows, got ", shape_string(rows_ND.shape()));
   const int64_t D = rows_ND.size(1);
-  Tensor received = rows_ND;  // 2. over ep
+  PendingExchange p;
+  p.forward = true;
+  p.rows = rows_ND;  // 2. over ep
   if (ep_size_ > 1) {
     const int64_t n = sum(h.recv_rows_per_ep);
-    received = rows_buffer(rows_ND, n, D, etp_size_ > 1 ? MemCategory::comm : MemCategory::activation);
-    const Tensor sent = h.to_slot_order.empty()
-                            ? rows_ND
-                            : reorder(rows_ND, h.to_slot_order, Order::to_slots, MemCategory::comm);  // step 0
-    ep_->all_to_all_v(sent, times(h.send_rows_per_ep, D), received, times(h.recv_rows_per_ep, D));
+    p.rows = rows_buffer(rows_ND, n, D, etp_size_ > 1 ? MemCategory::comm : MemCategory::activation);
+    p.sent = h.to_slot_order.empty() ? rows_ND
+                                     : reorder(rows_ND, h.to_slot_order, Order::to_slots, MemCategory::comm);  // step 0
+    p.request = ep_->all_to_all_v_async(p.sent, times(h.send_rows_per_ep, D), p.rows, times(h.recv_rows_per_ep, D));
   }
-  if (etp_size_ == 1) return received;
-  Tensor gathered = rows_buffer(rows_ND, h.num_rows_out, D, MemCategory::activation);  // 3. over etp
-  etp_->all_gather_v(received, gathered, times(h.recv_rows_per_etp, D));
-  return gathered;
+  return p;
 }
 
-Tensor AllToAllDispatcher::reverse_exchange(const DispatchHandle& h, const Tensor& rows_MD) const {
+PendingExchange AllToAllDispatcher::start_reverse(const DispatchHandle& h, const Tensor& rows_MD) const {
   ORIGAMI_CHECK(rows_MD.dim() == 2 && rows_MD.size(0) == h.num_rows_out, "dispatcher: expected [", h.num_rows_out,
                 ", D] rows, got ", shape_string(rows_MD.shape()));
   const int64_t D = rows_MD.size(1);
+  PendingExchange p;
+  p.forward = false;
   Tensor mine = rows_MD;  // reverse of 3: sum the F-partials, keep this peer's block
   if (etp_size_ > 1) {
     mine = rows_buffer(rows_MD, h.recv_rows_per_etp[etp_rank_], D, ep_size_ > 1 ? MemCategory::comm : MemCategory::activation);
     etp_->reduce_scatter_v(rows_MD, mine, times(h.recv_rows_per_etp, D));
   }
-  if (ep_size_ == 1) return mine;
-  const bool placed = !h.to_slot_order.empty();
-  Tensor out = rows_buffer(rows_MD, h.num_rows_in, D, placed ? MemCategory::comm : MemCategory::activation);  // reverse of 2
-  ep_->all_to_all_v(mine, times(h.recv_rows_per_ep, D), out, times(h.send_rows_per_ep, D));
-  return placed ? reorder(out, h.to_slot_order, Order::to_experts, MemCategory::activation) : out;  // reverse of 0
+  p.rows = mine;
+  if (ep_size_ > 1) {  // reverse of 2
+    const bool placed = !h.to_slot_order.empty();
+    p.sent = mine;
+    p.rows = rows_buffer(rows_MD, h.num_rows_in, D, placed ? MemCategory::comm : MemCategory::activation);
+    p.request = ep_->all_to_all_v_async(p.sent, times(h.recv_rows_per_ep, D), p.rows, times(h.send_rows_per_ep, D));
+  }
+  return p;
+}
+
+Tensor AllToAllDispatcher::finish(const DispatchHandle& h, PendingExchange&& pending) const {
+  pending.request.wait();
+  pending.sent = Tensor();
+  const Tensor rows = std::move(pending.rows);
+  const int64_t D = rows.size(1);
+  if (pending.forward) {
+    if (etp_size_ == 1) return rows;
+    Tensor gathered = rows_buffer(rows, h.num_rows_out, D, MemCategory::activation);  // 3. over etp
+    etp_->all_gather_v(rows, gathered, times(h.recv_rows_per_etp, D));
+    return gathered;
+  }
+  if (ep_size_ == 1 || h.to_slot_order.empty()) return rows;
+  return reorder(rows, h.to_slot_order, Order::to_experts, MemCategory::activation);  // reverse of 0
 }
 
 }  // namespace origami::moe

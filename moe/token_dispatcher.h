@@ -68,6 +68,22 @@ struct Dispatched {
   Tensor x_MD;  // [M, D] the experts' input
 };
 
+// An exchange whose expert all-to-all may still be on the wire: the *_start
+// forms move what comes before it and start it, finish() waits and moves what
+// follows. Work queued in between — the shared expert (moe_layer.cpp) —
+// overlaps the all-to-all: on NCCL its kernels run while the rows move on
+// the communication stream. Move-only; one finish() per start.
+struct PendingExchange {
+  bool forward = true;  // dispatch's direction (dispatch, combine_backward) or its reverse
+  Tensor sent;          // kept alive until the rows have left
+  Tensor rows;          // where the all-to-all lands (the input itself when ep = 1)
+  comm::Request request;
+};
+struct PendingDispatch {
+  DispatchHandle handle;
+  PendingExchange rows;
+};
+
 class AllToAllDispatcher {
  public:
   // ep / etp may be null (size 1). num_experts must divide by ep's size.
@@ -87,16 +103,23 @@ class AllToAllDispatcher {
 
   // x_ND [N, D]: rows grouped by global expert, rows_per_expert [E] (Σ = N).
   Dispatched dispatch(const Tensor& x_ND, const std::vector<int64_t>& rows_per_expert) const;
+  // dispatch in two halves: the counts exchange (blocking: every size
+  // depends on it) and the start of the rows' all-to-all, then the rest.
+  PendingDispatch dispatch_start(const Tensor& x_ND, const std::vector<int64_t>& rows_per_expert) const;
+  Dispatched dispatch_finish(PendingDispatch&& pending) const;
   // y_MD [M, D] (partial sums over F under ETP) → y_ND [N, D] in the input layout.
   Tensor combine(const DispatchHandle& h, const Tensor& y_MD) const;
   // Gradient of combine: dy_ND [N, D] → dy_MD [M, D] (the full gradient on every etp peer).
   Tensor combine_backward(const DispatchHandle& h, const Tensor& dy_ND) const;
+  PendingExchange combine_backward_start(const DispatchHandle& h, const Tensor& dy_ND) const;
+  // The second half of any *_start: the exchange's result.
+  Tensor finish(const DispatchHandle& h, PendingExchange&& pending) const;
   // Gradient of dispatch: dx_MD [M, D] (F-partial under ETP) → dx_ND [N, D].
   Tensor dispatch_backward(const DispatchHandle& h, const Tensor& dx_MD) const;
 
  private:
-  Tensor forward_exchange(const DispatchHandle& h, const Tensor& rows_ND) const;  // steps 2–3
-  Tensor reverse_exchange(const DispatchHandle& h, const Tensor& rows_MD) const;  // their reverse
+  PendingExchange start_forward(const DispatchHandle& h, const Tensor& rows_ND) const;  // steps 0, 2 (started)
+  PendingExchange start_reverse(const DispatchHandle& h, const Tensor& rows_MD) const;  // reverse of 3, 2 (started)
 
   int64_t num_experts_;
   ExpertPlacement placement_;
