@@ -49,11 +49,12 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "cli_util.h"
+#include "cli_checks.h"
 
 namespace origami {
 namespace {
 
+using testing::consolidated;
 using testing::read_jsonl;
 using testing::run_command;
 
@@ -104,15 +105,7 @@ class Bf16Train : public ::testing::Test {
   }
 
   static std::string step_dir(const std::string& tag, int step) {
-    char name[32];
-    std::snprintf(name, sizeof name, "/step-%08d", step);
-    return *dir_ / (tag + "-ckpt") + name;
-  }
-  // The checkpoint's consolidated parameters and moments, as file bytes.
-  static std::pair<std::string, std::string> consolidated(const std::string& step, const std::string& out) {
-    auto r = run_command(std::string(ORIGAMI_BINARY) + " export --optimizer --checkpoint " + step + " --out " + out);
-    EXPECT_EQ(r.status, 0) << r.output;
-    return {testing::read_file(out + "/model.safetensors"), testing::read_file(out + "/optimizer.safetensors")};
+    return testing::step_dir(*dir_ / (tag + "-ckpt"), step);
   }
 
   static testing::ScratchDir* dir_;
@@ -180,18 +173,7 @@ TEST_F(Bf16Train, FoldedLayoutsTrackOneRank) {
     expect_planned_bytes(run, planned);
     // Pipelined: each stage's held activations (bf16 data, f32 statistics)
     // within 5% of the plan's, as tests/test_cli_parity.cpp checks in fp32.
-    if (l.pipelined) {
-      const auto& stages = planned.at("ledger").at("stages");
-      const auto& measured = run.back().at("pipeline");
-      ASSERT_EQ(measured.size(), stages.size());
-      for (size_t s = 0; s < stages.size(); ++s) {
-        const double want = stages[s].at("activations").get<double>();
-        const double got = measured[s].at("held_activation_bytes").get<double>();
-        EXPECT_NEAR(got, want, 0.05 * want) << "stage " << s << " held activations";
-        std::printf("  stage %zu: held activations %.0f, planned %.0f (%+.2f%%)\n", s, got, want,
-                    100 * (got - want) / want);
-      }
-    }
+    if (l.pipelined) testing::expect_held_as_planned(run.back(), planned);
   }
 }
 
@@ -208,16 +190,7 @@ TEST_F(Bf16Train, MeasuredCommBytesMatchThePlan) {
     ASSERT_EQ(r.status, 0) << r.output;
     const auto run = records(tag);
     ASSERT_EQ(run.size(), 2u);
-    const nlohmann::json planned = plan(4, layout);
-    const auto& predicted = planned.at("comm").at("stages").at(0).at("groups");
-    const auto& measured = run[1].at("comm_bytes");
-    for (const auto& [group, bytes] : measured.items()) {
-      const double m = bytes.get<double>();
-      const double p = predicted.contains(group) ? predicted.at(group).get<double>() : 0.0;
-      EXPECT_LE(std::abs(m - p), 0.01 * std::max(p, 1.0)) << group << ": measured " << m << ", planned " << p;
-    }
-    for (const auto& [group, bytes] : predicted.items())
-      EXPECT_TRUE(measured.contains(group)) << group << " planned (" << bytes << " bytes) but not measured";
+    testing::expect_comm_bytes_as_planned(run[1], plan(4, layout));
   }
 }
 
@@ -276,25 +249,12 @@ TEST_F(Bf16Train, ReshardingKeepsTheMasterWeightsBitwise) {
 }
 
 TEST_F(Bf16Train, CheckpointsMoveBetweenPrecisionsBitExact) {
-  const std::string save = " --set training.steps=3 --set checkpoint.interval=3";
-  const struct {
-    const char* from;
-    const char* to;
-  } moves[] = {{"bf16", "fp32"}, {"fp32", "bf16"}};
-  for (const auto& m : moves) {
-    SCOPED_TRACE(std::string(m.from) + " -> " + m.to);
-    const std::string saved = std::string("saved-in-") + m.from, moved = std::string("loaded-in-") + m.to;
-    auto r = train(saved, 1, 3, save + " --set runtime.precision=" + m.from + " --set checkpoint.dir=" + (*dir_ / (saved + "-ckpt")));
-    ASSERT_EQ(r.status, 0) << r.output;
-    // Loaded and saved again at once (no step).
-    r = train(moved, 1, 3, save + " --set runtime.precision=" + m.to + " --set checkpoint.load=" + step_dir(saved, 3) +
-                               " --set checkpoint.dir=" + (*dir_ / (moved + "-ckpt")));
-    ASSERT_EQ(r.status, 0) << r.output;
-    const auto want = consolidated(step_dir(saved, 3), *dir_ / (saved + "-export"));
-    const auto got = consolidated(step_dir(moved, 3), *dir_ / (moved + "-export"));
-    ASSERT_FALSE(want.first.empty());
-    EXPECT_TRUE(got.first == want.first) << "consolidated parameters differ after the move";
-    EXPECT_TRUE(got.second == want.second) << "consolidated AdamW moments differ after the move";
+  const auto train_one = [](const std::string& tag, const std::string& sets) { return train(tag, 1, 3, sets); };
+  for (const auto& [from, to] : {std::pair{"bf16", "fp32"}, std::pair{"fp32", "bf16"}}) {
+    SCOPED_TRACE(std::string(from) + " -> " + to);
+    testing::expect_move_keeps_the_state(train_one, dir_->str(), std::string("saved-in-") + from,
+                                         std::string("--set runtime.precision=") + from, std::string("loaded-in-") + to,
+                                         std::string("--set runtime.precision=") + to);
   }
 }
 

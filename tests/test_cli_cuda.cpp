@@ -26,7 +26,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "cli_util.h"
+#include "cli_checks.h"
 #include "kernels/device.h"
 
 namespace origami {
@@ -52,18 +52,6 @@ class CudaTrain : public ::testing::Test {
                        " --set data.path=" + (*dir_ / "fortunes") + " --set logging.dir=" + (*dir_ / tag) +
                        " --set export.dir= " + extra);
   }
-  static std::string step_dir(const std::string& tag, int step) {
-    char name[32];
-    std::snprintf(name, sizeof name, "/step-%08d", step);
-    return *dir_ / (tag + "-ckpt") + name;
-  }
-  // The checkpoint's consolidated parameters and moments, as file bytes.
-  static std::pair<std::string, std::string> consolidated(const std::string& step, const std::string& out) {
-    auto r = run_command(std::string(ORIGAMI_BINARY) + " export --optimizer --checkpoint " + step + " --out " + out);
-    EXPECT_EQ(r.status, 0) << r.output;
-    return {testing::read_file(out + "/model.safetensors"), testing::read_file(out + "/optimizer.safetensors")};
-  }
-
   static testing::ScratchDir* dir_;
 };
 
@@ -138,25 +126,12 @@ TEST_F(CudaTrain, Bf16StepsTrackTheCpuFp32RunWithThePlannedBytes) {
 
 TEST_F(CudaTrain, CheckpointsMoveBetweenGpuAndCpuBitExact) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
-  const std::string save = " --set training.steps=3 --set checkpoint.interval=3";
-  const struct {
-    const char* from;
-    const char* to;
-  } moves[] = {{"cuda", "cpu"}, {"cpu", "cuda"}};  // cuda: bf16 (its default), cpu: fp32
-  for (const auto& m : moves) {
-    SCOPED_TRACE(std::string(m.from) + " -> " + m.to);
-    const std::string saved = std::string("saved-on-") + m.from, moved = std::string("loaded-on-") + m.to;
-    auto r = train(saved, save + " --set runtime.device=" + m.from + " --set checkpoint.dir=" + (*dir_ / (saved + "-ckpt")));
-    ASSERT_EQ(r.status, 0) << r.output;
-    // Loaded and saved again at once (no step).
-    r = train(moved, save + " --set runtime.device=" + m.to + " --set checkpoint.load=" + step_dir(saved, 3) +
-                         " --set checkpoint.dir=" + (*dir_ / (moved + "-ckpt")));
-    ASSERT_EQ(r.status, 0) << r.output;
-    const auto want = consolidated(step_dir(saved, 3), *dir_ / (saved + "-export"));
-    const auto got = consolidated(step_dir(moved, 3), *dir_ / (moved + "-export"));
-    ASSERT_FALSE(want.first.empty());
-    EXPECT_TRUE(got.first == want.first) << "consolidated parameters differ after the move";
-    EXPECT_TRUE(got.second == want.second) << "consolidated AdamW moments differ after the move";
+  // cuda: bf16 (its default), cpu: fp32.
+  for (const auto& [from, to] : {std::pair{"cuda", "cpu"}, std::pair{"cpu", "cuda"}}) {
+    SCOPED_TRACE(std::string(from) + " -> " + to);
+    testing::expect_move_keeps_the_state(train, dir_->str(), std::string("saved-on-") + from,
+                                         std::string("--set runtime.device=") + from, std::string("loaded-on-") + to,
+                                         std::string("--set runtime.device=") + to);
   }
 }
 

@@ -45,7 +45,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "cli_util.h"
+#include "cli_checks.h"
 #include "engine/safetensors.h"
 
 namespace origami {
@@ -311,19 +311,7 @@ TEST_F(Parity, MeasuredCommBytesMatchThePlan) {
     auto r = run_command(std::string(ORIGAMI_BINARY) + " plan " + ORIGAMI_SOURCE_DIR +
                          "/configs/tiny-moe.toml --world 8 --json --set export.dir= " + layout);
     ASSERT_EQ(r.status, 0) << r.output;
-    const auto plan = nlohmann::json::parse(r.output.substr(r.output.find('{')));
-    const auto& predicted = plan.at("comm").at("stages").at(0).at("groups");
-    const auto& measured = run[1].at("comm_bytes");
-    for (const auto& [group, bytes] : measured.items()) {
-      const double m = bytes.get<double>();
-      const double p = predicted.contains(group) ? predicted.at(group).get<double>() : 0.0;
-      EXPECT_LE(std::abs(m - p), 0.01 * std::max(p, 1.0)) << group << ": measured " << m << ", planned " << p;
-      if (group == "cp") {
-        EXPECT_EQ(m, p) << "cp: fixed-size K, V exchanges, so exactly the plan";
-      }
-    }
-    for (const auto& [group, bytes] : predicted.items())
-      EXPECT_TRUE(measured.contains(group)) << group << " planned (" << bytes << " bytes) but not measured";
+    testing::expect_comm_bytes_as_planned(run[1], nlohmann::json::parse(r.output.substr(r.output.find('{'))));
   }
 }
 
@@ -356,17 +344,7 @@ TEST_F(Parity, PipelineSchedulesMatchOneRank) {
     auto r = run_command(std::string(ORIGAMI_BINARY) + " plan " + ORIGAMI_SOURCE_DIR + "/configs/tiny-moe.toml --world " +
                          std::to_string(np) + " --json --set export.dir= " + layout);
     ASSERT_EQ(r.status, 0) << r.output;
-    const auto plan = nlohmann::json::parse(r.output.substr(r.output.find('{')));
-    const auto& stages = plan.at("ledger").at("stages");
-    const auto& measured = run.back().at("pipeline");
-    ASSERT_EQ(measured.size(), stages.size());
-    for (size_t s = 0; s < stages.size(); ++s) {
-      const double want = stages[s].at("activations").get<double>();
-      const double got = measured[s].at("held_activation_bytes").get<double>();
-      EXPECT_NEAR(got, want, 0.05 * want) << "stage " << s << " held activations";
-      std::printf("  stage %zu: held activations %.0f, planned %.0f (%+.2f%%)\n", s, got, want,
-                  100 * (got - want) / want);
-    }
+    testing::expect_held_as_planned(run.back(), nlohmann::json::parse(r.output.substr(r.output.find('{'))));
   };
   const struct {
     const char* tag;
