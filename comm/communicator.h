@@ -128,6 +128,9 @@ struct OpStats {
   // Wall seconds inside the blocking all_to_all_v calls, start to
   // completion (waiting for late peers included): what the imbalance tool
   // turns into an all-to-all rate. Other ops' time is their callers' to measure.
+  // A host-memory exchange (the dispatcher's counts, over MPI) waits on the
+  // host; a device tensor's call on a communicator with a compute stream
+  // returns once queued, so its seconds are the launch's only.
   double blocking_s = 0;
   // Exposed communication: seconds this rank's work stood still waiting for
   // this op's requests — every op, blocking or async, counted when a wait
@@ -239,6 +242,20 @@ class Communicator {
   // reading the stats. Nothing on MPI.
   virtual void settle_stream_waits() {}
   double timeout_s() const { return options_.timeout_s; }
+  // CommOptions::compute_stream (a cudaStream_t), null on the host.
+  void* compute_stream() const { return options_.compute_stream; }
+  // Completes `r` for the work that follows it: with a compute stream, that
+  // stream waits for the op (Request::wait_on: no host synchronization; the
+  // op's buffers then belong to the stream's later work, and the caching
+  // allocator's reuse is safe because every later op, compute or
+  // communication, is ordered after that stream's wait); without one, or
+  // for an op on host memory, the host waits (sleep_when_idle as in wait).
+  void complete(Request& r, bool sleep_when_idle = false) const {
+    if (options_.compute_stream)
+      r.wait_on(options_.compute_stream);
+    else
+      r.wait(sleep_when_idle);
+  }
 
   // ---- spans: element type from the span, memory the backend's own --------------------------------
 
@@ -356,27 +373,30 @@ class Communicator {
   Request recv_async(const Tensor& data, int peer, int tag = 0);
   Request broadcast_async(const Tensor& data, int root);
 
-  void all_reduce(const Tensor& data, ReduceOp op = ReduceOp::sum) { all_reduce_async(data, op).wait(); }
-  void all_gather(const Tensor& send, const Tensor& recv) { all_gather_async(send, recv).wait(); }
+  // The blocking forms complete their op for the work that follows
+  // (complete()): on CUDA the compute stream waits on the communication
+  // stream, and the host goes on queueing work.
+  void all_reduce(const Tensor& data, ReduceOp op = ReduceOp::sum) { finish(all_reduce_async(data, op)); }
+  void all_gather(const Tensor& send, const Tensor& recv) { finish(all_gather_async(send, recv)); }
   void reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op = ReduceOp::sum) {
-    reduce_scatter_async(send, recv, op).wait();
+    finish(reduce_scatter_async(send, recv, op));
   }
   void all_gather_v(const Tensor& send, const Tensor& recv, std::span<const int64_t> recv_counts) {
-    all_gather_v_async(send, recv, recv_counts).wait();
+    finish(all_gather_v_async(send, recv, recv_counts));
   }
   void reduce_scatter_v(const Tensor& send, const Tensor& recv, std::span<const int64_t> counts,
                         ReduceOp op = ReduceOp::sum) {
-    reduce_scatter_v_async(send, recv, counts, op).wait();
+    finish(reduce_scatter_v_async(send, recv, counts, op));
   }
   void all_to_all_v(const Tensor& send, std::span<const int64_t> send_counts, const Tensor& recv,
                     std::span<const int64_t> recv_counts) {
     const auto start = std::chrono::steady_clock::now();
-    all_to_all_v_async(send, send_counts, recv, recv_counts).wait();
+    finish(all_to_all_v_async(send, send_counts, recv, recv_counts));
     add_blocking_time(CommOp::all_to_all_v, start);
   }
-  void send(const Tensor& data, int peer, int tag = 0) { send_async(data, peer, tag).wait(); }
-  void recv(const Tensor& data, int peer, int tag = 0) { recv_async(data, peer, tag).wait(); }
-  void broadcast(const Tensor& data, int root) { broadcast_async(data, root).wait(); }
+  void send(const Tensor& data, int peer, int tag = 0) { finish(send_async(data, peer, tag)); }
+  void recv(const Tensor& data, int peer, int tag = 0) { finish(recv_async(data, peer, tag)); }
+  void broadcast(const Tensor& data, int root) { finish(broadcast_async(data, root)); }
 
   const OpStats& stats(CommOp op) const { return stats_[static_cast<size_t>(op)]; }
   int64_t total_bytes() const;
@@ -417,6 +437,7 @@ class Communicator {
   static std::unique_ptr<detail::PendingOp> start_on(Communicator& c, const Call& call) { return c.start(call); }
 
  private:
+  void finish(Request r) { complete(r); }
   void add_blocking_time(CommOp op, std::chrono::steady_clock::time_point start) {
     stats_[static_cast<size_t>(op)].blocking_s +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -6,8 +6,20 @@
 
 namespace origami::comm {
 
+namespace {
+
+// The host's timeout; the device communicator's compute stream, so that the
+// blocking forms complete device ops on it (complete()).
+CommOptions routed_options(const Communicator& host, const Communicator* device) {
+  CommOptions o{host.timeout_s()};
+  if (device) o.compute_stream = device->compute_stream();
+  return o;
+}
+
+}  // namespace
+
 RoutedCommunicator::RoutedCommunicator(std::unique_ptr<Communicator> host, std::unique_ptr<Communicator> device)
-    : Communicator(host->name(), host->members(), host->rank(), CommOptions{host->timeout_s()}),
+    : Communicator(host->name(), host->members(), host->rank(), routed_options(*host, device.get())),
       host_(std::move(host)),
       device_(std::move(device)) {
   ORIGAMI_CHECK(host_->backend() == Backend::mpi, "group ", name(), ": host memory must go over MPI");

@@ -72,8 +72,8 @@ void cp_ring_attention_forward(const ExecContext& ctx, const AttentionDims& d, c
       attention_forward(ctx, d, q_BSHd, k, v, q_pos_S, kv_pos, scale, o_part, lse_part, ws);
       attention_merge(ctx, o_part, lse_part, o_BSHd, lse_BHS);
     }
-    send.wait();
-    recv.wait();
+    cp.complete(send);  // CUDA: the compute stream waits for the ring's channels, not the host
+    cp.complete(recv);
     held = next;
   }
 }
@@ -116,18 +116,19 @@ Tensor cp_ring_attention_backward(const ExecContext& ctx, const AttentionDims& d
                        scale, step == 0 ? dq_BSHd : dq_part, dk, dv, ws);
     if (step > 0) {
       axpy(ctx, 1.0f, dq_part, dq_BSHd);
-      acc_recv.wait();
+      cp.complete(acc_recv);
       axpy(ctx, 1.0f, arrived, out);  // + the shares of ranks owner .. c−1
     }
-    acc_send.wait();  // the other accumulator, sent last step
+    cp.complete(acc_send);  // the other accumulator, sent last step
     acc_send = cp.send_async(out, ring.next, kGradTag);
-    kv_send.wait();
-    kv_recv.wait();
+    cp.complete(kv_send);
+    cp.complete(kv_recv);
     held = next;
   }
   // Block c's accumulator, complete, from rank c−1's last step.
-  cp.recv_async(arrived, ring.prev, kGradTag).wait();
-  acc_send.wait();
+  comm::Request last = cp.recv_async(arrived, ring.prev, kGradTag);
+  cp.complete(last);
+  cp.complete(acc_send);
   return arrived;
 }
 

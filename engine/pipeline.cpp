@@ -384,9 +384,12 @@ StageTiming run_pipeline(comm::Communicator* pp, const PipeScheduleSpec& spec, c
     ORIGAMI_CHECK(op.kind != PipeOp::weight || weight, "pipeline: the schedule has W ops and no weight pass");
   }
   StageTiming t;
+  // On CUDA the compute stream waits for a boundary tensor (its stall is the
+  // pp group's exposed time) and the host goes on queueing; on MPI the host
+  // waits, and that wait is the stage's idle time.
   auto wait = [&](comm::Request& r) {
     const auto t0 = Clock::now();
-    r.wait(/*sleep_when_idle=*/true);
+    pp->complete(r, /*sleep_when_idle=*/true);
     t.idle_s += seconds_since(t0);
   };
   const auto activation = static_cast<size_t>(MemCategory::activation);
@@ -445,8 +448,9 @@ StageTiming run_pipeline(comm::Communicator* pp, const PipeScheduleSpec& spec, c
   outgoing.clear();
   // Flush: a stage is idle until the whole pipeline has drained (the last
   // stages finish first), which is what makes every stage's idle share the
-  // bubble when stages are equal.
-  if (pp) {
+  // bubble when stages are equal. On CUDA the host is ahead of its device
+  // here; the trainer drains after synchronizing it (StageTiming).
+  if (pp && !pp->compute_stream()) {
     comm::Request drained = pp->barrier_async();
     wait(drained);
   }

@@ -177,6 +177,10 @@ std::string untagged_order_problem(const PipeScheduleSpec& spec, const std::vect
 // pipeline has drained). In a balanced pipeline with a core per rank every
 // stage's idle fraction is the bubble (p − 1) / (m + p − 1); ranks sharing
 // cores run the steady state slower than the fill and drain, which lowers it.
+// On CUDA the host only queues work (the compute stream waits for the
+// receives), so the trainer replaces both with the device's: idle = the
+// compute stream's stalls at the pp group's waits plus the wait for the
+// last stage after a device synchronization, busy = the rest.
 struct StageTiming {
   double busy_s = 0, idle_s = 0;
   int64_t held_activation_bytes = 0;  // HeldActivations::peak_bytes of the step (0: not measured)

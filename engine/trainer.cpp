@@ -4,6 +4,7 @@
 #include <mpi.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -442,8 +443,20 @@ StepMetrics Trainer::run_step() {
   const PipeScheduleSpec spec{cfg.parallel.pp_schedule, comm::group_size(r.pp), r.accum, chunks, ctx.device(),
                               ctx.data_dtype()};
   HeldActivations held{&TrackedAllocator::of(ctx.device())};
-  const StageTiming timing =
+  const bool device_pipeline = r.pp && r.pp->compute_stream();
+  const double pp_exposed_before = device_pipeline ? exposed_seconds(*r.pp) : 0;
+  const auto pipeline_t0 = Clock::now();
+  StageTiming timing =
       run_pipeline(r.pp, spec, r.boundary, forward, backward, split ? StageWeight(weight) : StageWeight{}, &held);
+  if (device_pipeline) {  // the host ran ahead: the stage's time is the device's
+    auto since = [&] { return std::chrono::duration<double>(Clock::now() - pipeline_t0).count(); };
+    ctx.synchronize();
+    const double done_s = since();
+    const double stalls_s = exposed_seconds(*r.pp) - pp_exposed_before;  // at the receives
+    r.pp->barrier();  // the drain: idle until the last stage is done
+    timing.idle_s = stalls_s + (since() - done_s);
+    timing.busy_s = std::max(0.0, done_s - stalls_s);
+  }
   zero.finish_gradients();
   if (comm::Communicator* c = comm::multi_rank(*r.groups, comm::GroupKind::dp_cp))
     c->all_reduce(std::span<double>(&loss_sum, 1));
@@ -476,6 +489,9 @@ StepMetrics Trainer::run_step() {
   int stop = g_stop_signal.load();
   r.everyone->all_reduce(std::span<int>(&stop, 1), comm::ReduceOp::max);
   r.stop_signal = stop;
+  // CUDA: the step's last work (the update, ZeRO's gathers, queued behind
+  // stream waits) is still on the device; the step time includes it.
+  ctx.synchronize();
   const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
 
   StepMetrics m;

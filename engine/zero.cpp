@@ -130,8 +130,8 @@ void ZeroStore::start_gather(size_t i) {
 void ZeroStore::ensure_gathered(size_t i) {
   Gather& g = gathers_[i];
   if (!g.live) start_gather(i);
-  if (g.request) {
-    g.request->wait();
+  if (g.request) {  // the compute stream waits for the prefetch (CUDA); the host waits (MPI)
+    g.request->wait_on(ctx_->stream());
     g.request.reset();
   }
 }
@@ -140,7 +140,7 @@ void ZeroStore::release(size_t i) {
   ParamUnit& u = params_.units()[i];
   Gather& g = gathers_[i];
   if (g.request) {
-    g.request->wait();
+    g.request->wait_on(ctx_->stream());
     g.request.reset();
   }
   u.param = Tensor();
@@ -211,7 +211,7 @@ void ZeroStore::reduce_scatter_grad(ParamUnit& u) {
     u.grad = Tensor();
     return;
   }
-  r.wait();
+  r.wait_on(ctx_->stream());
   add_inplace(*ctx_, u.grad_shard, mine);
   u.grad = Tensor();
 }

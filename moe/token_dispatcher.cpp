@@ -208,7 +208,7 @@ PendingExchange AllToAllDispatcher::start_reverse(const DispatchHandle& h, const
 }
 
 Tensor AllToAllDispatcher::finish(const DispatchHandle& h, PendingExchange&& pending) const {
-  pending.request.wait();
+  if (ep_size_ > 1) ep_->complete(pending.request);  // CUDA: the compute stream waits, not the host
   pending.sent = Tensor();
   const Tensor rows = std::move(pending.rows);
   const int64_t D = rows.size(1);

@@ -213,6 +213,57 @@ TEST(CommNccl, GroupsRouteHostTensorsOverMpiAndDeviceMemoryOverNccl) {
 #endif
 }
 
+// A blocking collective on device Tensors completes for the compute stream,
+// not the host: with that stream held 1 s by a sleeping host function (the
+// op waits for it: its inputs may still be being written there), the call
+// returns at once, and the sum is there once the stream has run. Before,
+// the host waited the whole second. A routed group takes its compute stream
+// from its NCCL communicator.
+TEST(CommNccl, BlockingDeviceCollectivesWaitOnTheComputeStreamNotTheHost) {
+#if !ORIGAMI_WITH_NCCL
+  GTEST_SKIP() << "this build has no NCCL backend (configured without CUDA)";
+#else
+  if (!have_device()) GTEST_SKIP() << "no CUDA device on this machine";
+  ensure_mpi();
+  int w = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &w);
+  cudaStream_t compute = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), cudaSuccess);
+  GroupsOptions go;
+  go.compute_device = local_cuda_device();
+  go.comm = CommOptions{60};
+  go.comm.compute_stream = compute;
+  LayoutOptions o;
+  o.ep = w;
+  Groups g = Groups::create(Layout(w, o), MPI_COMM_WORLD, go);
+  Communicator& c = g[GroupKind::ep];
+  ASSERT_EQ(c.compute_stream(), static_cast<void*>(compute));
+  const int me = world_rank();
+  Tensor host = Tensor::empty({9}, DType::f32, MemCategory::comm);
+  for (int64_t i = 0; i < 9; ++i) host.data<float>()[i] = tag<float>(me, i);
+  Tensor dx = host.to(go.compute_device);
+  ASSERT_EQ(cudaLaunchHostFunc(
+                compute, [](void*) { std::this_thread::sleep_for(std::chrono::seconds(1)); }, nullptr),
+            cudaSuccess);
+  const auto t0 = std::chrono::steady_clock::now();
+  c.all_reduce(dx);
+  const double returned_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(returned_s, 0.5) << "the host waited for a device collective";
+  ASSERT_EQ(cudaStreamSynchronize(compute), cudaSuccess);
+  const Tensor sum = dx.to(Device::cpu());
+  for (int64_t i = 0; i < 9; ++i) {
+    float e = 0;
+    for (int m : c.members()) e += tag<float>(m, i);
+    ASSERT_EQ(sum.data<float>()[i], e);
+  }
+  EXPECT_EQ(c.stats(CommOp::all_reduce).device_calls, 1);
+  c.settle_stream_waits();
+  EXPECT_GE(c.stats(CommOp::all_reduce).exposed_s, 0.0);
+  c.barrier();
+  cudaStreamDestroy(compute);
+#endif
+}
+
 // The NCCL watchdog: an all-reduce handed to a stream (wait_on, no host
 // wait) that cannot start, because the compute stream it waits on is held by
 // a host function sleeping 20 s, aborts the job with exit status 5 about a
