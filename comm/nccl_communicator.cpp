@@ -64,8 +64,9 @@ ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::max ? ncclMax : ncclSu
 
 // The watchdog (as PyTorch's ProcessGroupNCCL keeps one): a thread that
 // polls every NCCL op this process issued until its stream has passed it.
-// An op still unfinished timeout_s after it was issued aborts the job from
-// that thread, naming rank, group, op and sequence, after ncclCommAbort, so
+// An op still unfinished timeout_s after it was issued, or whose
+// communicator reports an asynchronous error, aborts the job from that
+// thread, naming rank, group, op and sequence, after ncclCommAbort, so
 // a hang is bounded wherever the main thread stands. A blocking wait has its
 // own bound (Request::wait), but an op handed to the compute stream
 // (Request::wait_on) would otherwise show only as a host synchronization
@@ -149,6 +150,21 @@ class Watchdog {
           cudaEventDestroy(it->done);
           it = entries_.erase(it);
           continue;
+        }
+        // A failed peer or network shows first as NCCL's asynchronous
+        // error (thread-safe to poll from here, as ncclCommAbort is).
+        if (ncclResult_t async = ncclSuccess;
+            ncclCommGetAsyncError(it->comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+          char msg[768];
+          std::snprintf(msg, sizeof msg,
+                        "[rank %d] NCCL error (watchdog): group %s op %s seq %lld bytes %lld: %s (%s)",
+                        world_rank_for_diagnostics(), it->group.c_str(), std::string(op_name(it->op)).c_str(),
+                        static_cast<long long>(it->seq), static_cast<long long>(it->bytes), ncclGetErrorString(async),
+                        ncclGetLastError(it->comm));
+          std::fprintf(stderr, "%s\n", msg);
+          std::fflush(stderr);
+          ncclCommAbort(it->comm);
+          abort_job(kExitInternal, "");
         }
         const double waited = std::chrono::duration<double>(now - it->issued).count();
         if (waited > it->timeout_s) {
