@@ -12,7 +12,9 @@
 // orders each op after the work queued so far on that (non-blocking) stream,
 // through an event rather than a host sync. Completion is a CUDA event polled by the
 // shared bounded wait, or handed to a caller's stream (Request::wait_on,
-// cudaStreamWaitEvent); a timeout calls ncclCommAbort before MPI_Abort. NCCL has
+// cudaStreamWaitEvent: what Communicator::complete and the blocking Tensor
+// forms do when there is a compute stream, the training path's rule); a
+// timeout calls ncclCommAbort before MPI_Abort. NCCL has
 // no message tags: send/recv between two ranks match in call order, and on
 // one stream a receive waiting for its peer holds up every op queued behind
 // it. With CommOptions::ring_p2p (the pp and cp groups) sends to and
