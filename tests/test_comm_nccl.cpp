@@ -140,6 +140,22 @@ void exercise(Communicator& c) {
   EXPECT_EQ(c.stats(CommOp::all_gather).bytes, (n - 1) * 4 * 8);
 }
 
+// Groups over the world (every rank in one expert group) computing on this
+// rank's GPU, each group routing host memory over MPI and device memory over
+// NCCL; device ops order after `compute` (null: the legacy stream).
+Groups routed_groups(double timeout_s, cudaStream_t compute = nullptr) {
+  ensure_mpi();
+  int w = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &w);
+  GroupsOptions go;
+  go.compute_device = local_cuda_device();
+  go.comm = CommOptions{timeout_s};
+  go.comm.compute_stream = compute;
+  LayoutOptions o;
+  o.ep = w;
+  return Groups::create(Layout(w, o), MPI_COMM_WORLD, go);
+}
+
 #endif  // ORIGAMI_WITH_NCCL
 
 TEST(CommNccl, EveryOpOnEveryGroupMatchesTheTaggedExpectation) {
@@ -165,15 +181,7 @@ TEST(CommNccl, GroupsRouteHostTensorsOverMpiAndDeviceMemoryOverNccl) {
   GTEST_SKIP() << "this build has no NCCL backend (configured without CUDA)";
 #else
   if (!have_device()) GTEST_SKIP() << "no CUDA device on this machine";
-  ensure_mpi();
-  int w = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &w);
-  LayoutOptions o;
-  o.ep = w;
-  GroupsOptions go;
-  go.compute_device = local_cuda_device();
-  go.comm = CommOptions{60};
-  Groups g = Groups::create(Layout(w, o), MPI_COMM_WORLD, go);
+  Groups g = routed_groups(60);
   ASSERT_EQ(g.backend(), Backend::nccl);
   Communicator& c = g[GroupKind::ep];
   ASSERT_EQ(memory_device(nullptr), Device::cpu());
@@ -225,23 +233,15 @@ TEST(CommNccl, BlockingDeviceCollectivesWaitOnTheComputeStreamNotTheHost) {
 #else
   if (!have_device()) GTEST_SKIP() << "no CUDA device on this machine";
   ensure_mpi();
-  int w = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &w);
   cudaStream_t compute = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), cudaSuccess);
-  GroupsOptions go;
-  go.compute_device = local_cuda_device();
-  go.comm = CommOptions{60};
-  go.comm.compute_stream = compute;
-  LayoutOptions o;
-  o.ep = w;
-  Groups g = Groups::create(Layout(w, o), MPI_COMM_WORLD, go);
+  Groups g = routed_groups(60, compute);
   Communicator& c = g[GroupKind::ep];
   ASSERT_EQ(c.compute_stream(), static_cast<void*>(compute));
   const int me = world_rank();
   Tensor host = Tensor::empty({9}, DType::f32, MemCategory::comm);
   for (int64_t i = 0; i < 9; ++i) host.data<float>()[i] = tag<float>(me, i);
-  Tensor dx = host.to(go.compute_device);
+  Tensor dx = host.to(local_cuda_device());
   ASSERT_EQ(cudaLaunchHostFunc(
                 compute, [](void*) { std::this_thread::sleep_for(std::chrono::seconds(1)); }, nullptr),
             cudaSuccess);
@@ -278,17 +278,9 @@ TEST(CommNcclDeathTest, TheWatchdogAbortsAnOpStuckBehindItsStream) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // the child starts afresh: CUDA and MPI do not survive fork
   auto stuck = [] {
     ensure_mpi();
-    int w = 0;
-    MPI_Comm_size(MPI_COMM_WORLD, &w);
     cudaStream_t compute = nullptr;
     if (cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) != cudaSuccess) std::exit(1);
-    GroupsOptions go;
-    go.compute_device = local_cuda_device();
-    go.comm = CommOptions{1.0};
-    go.comm.compute_stream = compute;
-    LayoutOptions o;
-    o.ep = w;
-    Groups g = Groups::create(Layout(w, o), MPI_COMM_WORLD, go);
+    Groups g = routed_groups(1.0, compute);
     DeviceVec<float> dx(std::vector<float>(9, 1.0f));
     cudaLaunchHostFunc(
         compute, [](void*) { std::this_thread::sleep_for(std::chrono::seconds(20)); }, nullptr);
