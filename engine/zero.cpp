@@ -131,7 +131,7 @@ void ZeroStore::ensure_gathered(size_t i) {
   Gather& g = gathers_[i];
   if (!g.live) start_gather(i);
   if (g.request) {  // the compute stream waits for the prefetch (CUDA); the host waits (MPI)
-    g.request->wait_on(ctx_->stream());
+    group_of(params_.units()[i])->complete(*g.request);
     g.request.reset();
   }
 }
@@ -140,7 +140,7 @@ void ZeroStore::release(size_t i) {
   ParamUnit& u = params_.units()[i];
   Gather& g = gathers_[i];
   if (g.request) {
-    g.request->wait_on(ctx_->stream());
+    group_of(u)->complete(*g.request);
     g.request.reset();
   }
   u.param = Tensor();
@@ -211,7 +211,7 @@ void ZeroStore::reduce_scatter_grad(ParamUnit& u) {
     u.grad = Tensor();
     return;
   }
-  r.wait_on(ctx_->stream());
+  group_of(u)->complete(r);
   add_inplace(*ctx_, u.grad_shard, mine);
   u.grad = Tensor();
 }
@@ -219,7 +219,7 @@ void ZeroStore::reduce_scatter_grad(ParamUnit& u) {
 void ZeroStore::settle_reduce() {
   if (!in_flight_) return;
   // The compute stream waits (CUDA); the host waits (MPI: host memory).
-  in_flight_->request.wait_on(ctx_->stream());
+  group_of(*in_flight_->unit)->complete(in_flight_->request);
   add_inplace(*ctx_, in_flight_->unit->grad_shard, in_flight_->mine);
   in_flight_.reset();  // the whole gradient goes; on CUDA later work on the compute stream is ordered after the wait
 }
