@@ -199,4 +199,17 @@ std::unique_ptr<MpiCommunicator> whole_mpi(MPI_Comm parent, std::string name, Co
   return split_mpi(parent, RankGroups{all}, std::move(name), options);
 }
 
+std::unique_ptr<MpiCommunicator> node_mpi(MPI_Comm parent, std::string name, CommOptions options) {
+  int parent_rank = 0, world_rank = 0, size = 0;
+  MPI_CHECK(MPI_Comm_rank(parent, &parent_rank));
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(parent, MPI_COMM_TYPE_SHARED, parent_rank, MPI_INFO_NULL, &comm));
+  MPI_CHECK(MPI_Comm_size(comm, &size));
+  // Blocking, like the split just before it: both happen once at start-up.
+  std::vector<int> members(static_cast<size_t>(size));
+  MPI_CHECK(MPI_Allgather(&world_rank, 1, MPI_INT, members.data(), 1, MPI_INT, comm));
+  return std::make_unique<MpiCommunicator>(comm, std::move(name), std::move(members), options);
+}
+
 }  // namespace origami::comm

@@ -37,6 +37,10 @@ class MpiCommunicator final : public Communicator {
 // its traffic never matches another communicator's).
 std::unique_ptr<MpiCommunicator> whole_mpi(MPI_Comm parent, std::string name, CommOptions options);
 
+// Collective over `parent`: the ranks of `parent` that share this rank's node
+// (MPI_COMM_TYPE_SHARED), members named by their MPI_COMM_WORLD ranks.
+std::unique_ptr<MpiCommunicator> node_mpi(MPI_Comm parent, std::string name, CommOptions options);
+
 // Collective over `parent`: every rank calls it with the same `groups` (a set of
 // disjoint groups of parent ranks, members ascending). Returns this rank's group
 // as a communicator, or null when no group holds it.

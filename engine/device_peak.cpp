@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <span>
 
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -10,13 +11,17 @@
 
 namespace origami {
 
-GemmPeak measure_gemm_peak(const ExecContext& ctx) {
+namespace {
+
+constexpr int64_t kHostPeakN = 1024;
+
+GemmPeak measure_alone(const ExecContext& ctx) {
   const bool gpu = !ctx.device().is_host();
   // Large enough to reach the device's rate (H200: 8192³ bf16 ≈ 1.1 TFLOP,
   // ~2 ms), small enough to cost a fraction of a second at start-up (host:
   // 1024³ fp32 ≈ 2.1 GFLOP, ~10 ms on two AVX-512 cores).
   GemmPeak peak;
-  peak.n = gpu ? 8192 : 1024;
+  peak.n = gpu ? 8192 : kHostPeakN;
   peak.dtype = gpu ? DType::bf16 : DType::f32;
   const int64_t n = peak.n;
   auto operand = [&](const char* name) {
@@ -41,6 +46,17 @@ GemmPeak measure_gemm_peak(const ExecContext& ctx) {
   }
   peak.flops_per_s = best;
   return peak;
+}
+
+}  // namespace
+
+GemmPeak measure_gemm_peak(const ExecContext& ctx, comm::Communicator* node) {
+  if (!ctx.device().is_host() || !node || node->size() == 1) return measure_alone(ctx);
+  double flops_per_s = 0;
+  if (node->rank() == 0) flops_per_s = measure_alone(ctx).flops_per_s;
+  // The others sleep while they wait, leaving the cores to the measurement.
+  node->broadcast_async(std::span<double>(&flops_per_s, 1), 0).wait(/*sleep_when_idle=*/true);
+  return GemmPeak{flops_per_s, kHostPeakN, DType::f32};
 }
 
 }  // namespace origami

@@ -272,7 +272,10 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
     if (r.rank == 0 && !cfg.exp.dir.empty()) check_writable_dir(cfg.exp.dir, "export.dir");
   });
   r.ctx.emplace(make_context(cfg));
-  r.peak = measure_gemm_peak(*r.ctx);
+  {
+    const auto node = comm::node_mpi(MPI_COMM_WORLD, "node", comm::CommOptions{cfg.runtime.collective_timeout_s});
+    r.peak = measure_gemm_peak(*r.ctx, node.get());
+  }
   r.groups.emplace(make_groups(cfg, *r.ctx, r.world));
   const comm::Groups& groups = *r.groups;
   r.dp = groups.layout().dp();
