@@ -5,8 +5,6 @@
 // `origami export --checkpoint DIR --out DIR [--optimizer]`: consolidated
 // Hugging Face safetensors from a checkpoint, one tensor in memory at a time.
 // Both run on one process (rank 0 of the job does the work).
-#include <mpi.h>
-
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -20,11 +18,7 @@ namespace origami::tools {
 
 namespace {
 
-bool is_rank_zero() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank == 0;
-}
+bool is_rank_zero() { return job_rank() == 0; }
 
 // How a tensor is stored: "whole", or the split dimension and slice count,
 // then how many shards over how many ranks.

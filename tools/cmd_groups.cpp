@@ -6,8 +6,6 @@
 // With --config the layout is the [parallel] section and moe.num_experts; the
 // world size is --world, else the MPI job's size. Invalid layouts are user
 // errors (exit 2) whose message carries the numbers. Only rank 0 prints.
-#include <mpi.h>
-
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -76,9 +74,7 @@ void print_json(const comm::Layout& l, int64_t rank) {
 }
 
 void run_groups(const GroupsArgs& a) {
-  int mpi_rank = 0, mpi_size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &mpi_size);
+  const int mpi_rank = job_rank(), mpi_size = job_size();
   const int64_t world = a.world > 0 ? a.world : mpi_size;
   comm::LayoutOptions opts = a.layout;
   if (a.etp_flag && a.etp_flag->count() == 0) opts.etp = opts.tp;

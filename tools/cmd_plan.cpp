@@ -9,8 +9,6 @@
 // of W ranks ranked by estimated step time. With --params: the §6 ZeRO state
 // of P parameters sharded over W ranks at each stage. Only rank 0 prints;
 // nothing here communicates.
-#include <mpi.h>
-
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -462,8 +460,7 @@ void run_config(const PlanArgs& a, plan::Recipe recipe, const std::string& path,
 }
 
 void run_plan(const PlanArgs& a) {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int rank = job_rank();
   if (!a.config.empty() && !a.config_opt.empty() && a.config != a.config_opt)
     ORIGAMI_USER_ERROR("two configs given: ", a.config, " and --config ", a.config_opt);
   const std::string path = a.config.empty() ? a.config_opt : a.config;

@@ -3,8 +3,6 @@
 // writes; other ranks of an mpirun job return at once. Progress goes to stderr
 // (one line redrawn with \r), the summary to stdout (a JSON object with
 // --json), so stdout stays machine-readable.
-#include <mpi.h>
-
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -56,9 +54,7 @@ class ProgressBar {
 };
 
 void run(const PreprocessArgs& args) {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) return;  // one writer; the other ranks have nothing to do
+  if (job_rank() != 0) return;  // one writer; the other ranks have nothing to do
 
   PreprocessOptions options;
   options.inputs = args.inputs;

@@ -12,6 +12,11 @@ namespace origami::tools {
 CLI::Validator finite_positive();
 // The median of benchmark repeats (the upper middle of an even count).
 double median(std::vector<double> v);
+// This process's rank in the job and the job's size: MPI_COMM_WORLD's, or 0
+// and 1 for a host-only command run outside an MPI launcher, which never
+// starts MPI (tools/origami.cpp).
+int job_rank();
+int job_size();
 
 void add_train_command(CLI::App& app);
 void add_eval_command(CLI::App& app);

@@ -8,16 +8,27 @@
 // user once, tagged with its ranks, and every rank exits with the same
 // status. A rank that fails while others are stuck elsewhere waits a short
 // grace period, then prints its own error and aborts the job.
+//
+// Subcommands that never communicate (preprocess, plan, imbalance, groups,
+// checkpoint inspect, export from a checkpoint) run without MPI when no MPI
+// launcher started the process: OpenMPI starts a one-rank job by spawning an
+// orted, ~0.4 s before any work (most of a `plan`'s run time), and a login
+// node without a working MPI runtime can still plan, preprocess and inspect.
+// Under mpirun they start MPI like every subcommand, whatever they do.
 #include <mpi.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <memory>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "comm/agreement.h"
 #include "comm/mpi_communicator.h"
@@ -62,9 +73,46 @@ void check_subcommand(const CLI::App& app, int argc, char** argv) {
   }
 }
 
+// An MPI launcher's environment: OpenMPI's mpirun (and PMIx launchers such as
+// srun), or MPICH's hydra.
+bool launched_by_mpi() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
+    if (std::getenv(var)) return true;
+  return false;
+}
+
+// The subcommand (the first word that is not an option) never communicates.
+bool host_only_command(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (argv[i][0] == '-') continue;
+    const std::string word = argv[i];
+    return word == "preprocess" || word == "plan" || word == "imbalance" || word == "groups" ||
+           word == "checkpoint" || word == "export";
+  }
+  return true;  // no subcommand: usage or --help
+}
+
+bool mpi_started() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  return initialized != 0;
+}
+
 }  // namespace
 
 namespace origami::tools {
+
+int job_rank() {
+  int rank = 0;
+  if (mpi_started()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+int job_size() {
+  int size = 1;
+  if (mpi_started()) MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -91,12 +139,15 @@ CLI::Validator finite_positive() {
 }  // namespace origami::tools
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const bool use_mpi = launched_by_mpi() || !host_only_command(argc, argv);
+  if (use_mpi) MPI_Init(&argc, &argv);
+  const int rank = origami::tools::job_rank();
   // The exit meeting's own communicator: its traffic never matches the
-  // engine's collectives, whatever state a failing rank left them in.
-  auto exit_comm = origami::comm::whole_mpi(MPI_COMM_WORLD, "exit", origami::comm::CommOptions{kFinishWaitSeconds});
+  // engine's collectives, whatever state a failing rank left them in. None
+  // without MPI: this process is the whole job.
+  std::unique_ptr<origami::comm::MpiCommunicator> exit_comm;
+  if (use_mpi)
+    exit_comm = origami::comm::whole_mpi(MPI_COMM_WORLD, "exit", origami::comm::CommOptions{kFinishWaitSeconds});
 
   CLI::App app{"Origami: Mixture-of-Experts pretraining with parallel folding"};
   app.require_subcommand(1);
@@ -140,7 +191,13 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     origami::abort_job(origami::kExitInternal, origami::detail::concat("[rank ", rank, "] internal error: ", e.what()));
   }
-  if (!agreed) {
+  if (!agreed && !exit_comm) {
+    // Alone: the failure is the job's.
+    if (status != 0) {
+      const std::vector<origami::comm::RankFailure> mine{{0, status, message}};
+      std::fprintf(stderr, "%s\n", origami::comm::format_failures(mine, 1).c_str());
+    }
+  } else if (!agreed) {
     const double wait = status != 0 ? kFailureGraceSeconds : kFinishWaitSeconds;
     const auto failures = origami::comm::share_failures(*exit_comm, status, message, wait);
     if (!failures) {
@@ -157,6 +214,6 @@ int main(int argc, char** argv) {
   }
   if (status == 0) status = verdict;
   exit_comm.reset();
-  MPI_Finalize();
+  if (use_mpi) MPI_Finalize();
   return status;
 }
