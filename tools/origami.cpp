@@ -14,7 +14,9 @@
 // launcher started the process: OpenMPI starts a one-rank job by spawning an
 // orted, ~0.4 s before any work (most of a `plan`'s run time), and a login
 // node without a working MPI runtime can still plan, preprocess and inspect.
-// Under mpirun they start MPI like every subcommand, whatever they do.
+// Under mpirun they start MPI like every subcommand, whatever they do. A
+// one-rank job of the others outside a launcher starts OpenMPI isolated (no
+// orted: it never spawns processes), 0.15 s sooner.
 #include <mpi.h>
 
 #include <algorithm>
@@ -140,6 +142,7 @@ CLI::Validator finite_positive() {
 
 int main(int argc, char** argv) {
   const bool use_mpi = launched_by_mpi() || !host_only_command(argc, argv);
+  if (!launched_by_mpi()) setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
   if (use_mpi) MPI_Init(&argc, &argv);
   const int rank = origami::tools::job_rank();
   // The exit meeting's own communicator: its traffic never matches the
