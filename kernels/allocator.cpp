@@ -3,6 +3,7 @@
 #include "kernels/allocator.h"
 
 #include <array>
+#include <bit>
 #include <cstdlib>
 #include <memory>
 
@@ -32,6 +33,14 @@ constexpr size_t kCacheMinBytes = size_t{64} << 10;
 size_t alignment_of(Device d) { return d.is_host() ? 64 : 256; }
 size_t round_up(size_t bytes, size_t align) { return (bytes + align - 1) / align * align; }
 
+// The bytes a block of `bytes` takes: aligned, and from kCacheMinBytes up
+// rounded to the next eighth of its power of two (allocator.h).
+size_t size_class(size_t bytes, Device d) {
+  const size_t aligned = round_up(bytes, alignment_of(d));
+  if (aligned < kCacheMinBytes) return aligned;
+  return round_up(aligned, std::bit_floor(aligned) / 8);
+}
+
 void* host_allocate(size_t bytes, int) { return std::aligned_alloc(64, bytes); }
 void host_release(void* ptr, int) { std::free(ptr); }
 
@@ -40,7 +49,7 @@ void host_release(void* ptr, int) { std::free(ptr); }
 TrackedAllocator::TrackedAllocator(Device device, MemorySource source) : device_(device), source_(source) {}
 
 void* TrackedAllocator::allocate(size_t bytes, MemCategory category) {
-  const size_t rounded = round_up(bytes, alignment_of(device_));
+  const size_t rounded = size_class(bytes, device_);
   void* ptr = nullptr;
   std::lock_guard<std::mutex> lock(mu_);
   if (rounded >= kCacheMinBytes || !device_.is_host()) {
@@ -53,6 +62,10 @@ void* TrackedAllocator::allocate(size_t bytes, MemCategory category) {
   }
   if (ptr == nullptr && rounded > 0) {
     ptr = source_.allocate(rounded, device_.index);
+    if (ptr == nullptr && !cache_.empty()) {
+      release_cached_locked();
+      ptr = source_.allocate(rounded, device_.index);
+    }
     ORIGAMI_CHECK(ptr != nullptr, to_string(device_), " allocation of ", bytes, " bytes (", to_string(category),
                   ") failed with ", ledger_.current_total, " bytes live and ", ledger_.cached, " cached");
   }
@@ -65,7 +78,7 @@ void* TrackedAllocator::allocate(size_t bytes, MemCategory category) {
 }
 
 void TrackedAllocator::release(void* ptr, size_t bytes, MemCategory category) {
-  const size_t rounded = round_up(bytes, alignment_of(device_));
+  const size_t rounded = size_class(bytes, device_);
   std::lock_guard<std::mutex> lock(mu_);
   if (ptr != nullptr && (rounded >= kCacheMinBytes || !device_.is_host())) {
     cache_.emplace(rounded, ptr);
@@ -81,6 +94,10 @@ void TrackedAllocator::release(void* ptr, size_t bytes, MemCategory category) {
 
 void TrackedAllocator::release_cached() {
   std::lock_guard<std::mutex> lock(mu_);
+  release_cached_locked();
+}
+
+void TrackedAllocator::release_cached_locked() {
   for (auto& [size, ptr] : cache_) source_.release(ptr, device_.index);
   cache_.clear();
   ledger_.cached = 0;

@@ -6,9 +6,13 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kernels/allocator.h"
 #include "kernels/context.h"
@@ -110,6 +114,92 @@ TEST(ExecContext, CudaContextWithoutBackendOrDeviceIsAUserError) {
       EXPECT_NE(what.find("sees 0 CUDA device(s)"), std::string::npos) << what;
     }
   }
+}
+
+// A memory source that counts what it hands out and refuses past a budget
+// of outstanding bytes (a device running out), for the allocator tests.
+struct CountingSource {
+  static inline int64_t outstanding = 0, budget = 0;
+  static inline int allocations = 0, releases = 0;
+  static inline std::vector<size_t> sizes;
+  static inline std::map<void*, size_t> live;
+  static void* allocate(size_t bytes, int) {
+    if (outstanding + static_cast<int64_t>(bytes) > budget) return nullptr;
+    outstanding += static_cast<int64_t>(bytes);
+    ++allocations;
+    sizes.push_back(bytes);
+    void* p = std::aligned_alloc(64, bytes);
+    std::memset(p, 0x5a, bytes);  // every byte the caller may touch exists
+    live[p] = bytes;
+    return p;
+  }
+  static void release(void* p, int) {
+    ++releases;
+    outstanding -= static_cast<int64_t>(live.at(p));
+    live.erase(p);
+    std::free(p);
+  }
+  static void reset(int64_t budget_bytes) {
+    outstanding = 0;
+    budget = budget_bytes;
+    allocations = releases = 0;
+    sizes.clear();
+    live.clear();
+  }
+};
+
+// Buffers whose size follows the routing (a new size every micro-batch) meet
+// the cached block of their size class instead of fresh memory each time,
+// and a class wastes at most an eighth of its power of two.
+TEST(TrackedAllocator, SizesThatVaryStepToStepReuseTheBlockOfTheirClass) {
+  CountingSource::reset(int64_t{1} << 30);
+  {
+    TrackedAllocator a(Device::cpu(), MemorySource{CountingSource::allocate, CountingSource::release});
+    std::mt19937 rng(std::random_device{}());
+    std::uniform_int_distribution<size_t> jitter(0, 60000);
+    const size_t base = size_t{1} << 20;  // class steps of 128 KiB from 1 MiB
+    for (int step = 0; step < 50; ++step) {
+      const size_t bytes = base + 1 + jitter(rng);  // all inside (1 MiB, 1 MiB + 128 KiB]
+      void* p = a.allocate(bytes, MemCategory::comm);
+      ASSERT_NE(p, nullptr);
+      std::memset(p, step, bytes);
+      EXPECT_EQ(a.snapshot().current[static_cast<int>(MemCategory::comm)], static_cast<int64_t>(bytes))
+          << "the ledger counts requested bytes";
+      a.release(p, bytes, MemCategory::comm);
+    }
+    EXPECT_EQ(CountingSource::allocations, 1) << "one block served every size of the class";
+    EXPECT_EQ(CountingSource::sizes.at(0), base + base / 8);
+    EXPECT_EQ(a.snapshot().cached, static_cast<int64_t>(base + base / 8));
+    // Every size from 64 KiB to 64 MiB gets at least what it asked for and
+    // at most 12.5% more (plus alignment).
+    for (size_t bytes = size_t{64} << 10; bytes <= (size_t{64} << 20); bytes = bytes * 9 / 7 + 13) {
+      const int before = CountingSource::allocations;
+      void* p = a.allocate(bytes, MemCategory::activation);
+      if (CountingSource::allocations > before) {
+        const size_t got = CountingSource::sizes.back();
+        EXPECT_GE(got, bytes);
+        EXPECT_LE(got, bytes + bytes / 8 + 64) << bytes << " bytes";
+      }
+      a.release(p, bytes, MemCategory::activation);
+    }
+  }
+  EXPECT_EQ(CountingSource::releases, CountingSource::allocations) << "the cache goes back to the source";
+}
+
+// When the source refuses (device memory full of cached blocks of other
+// sizes), the cache goes back to it and the allocation succeeds.
+TEST(TrackedAllocator, ARefusedAllocationReleasesTheCacheAndRetries) {
+  CountingSource::reset(int64_t{8} << 20);
+  TrackedAllocator a(Device::cpu(), MemorySource{CountingSource::allocate, CountingSource::release});
+  std::vector<std::pair<void*, size_t>> held;
+  for (size_t mib = 1; mib <= 3; ++mib) held.emplace_back(a.allocate(mib << 20, MemCategory::activation), mib << 20);
+  for (auto& [p, bytes] : held) a.release(p, bytes, MemCategory::activation);
+  EXPECT_EQ(a.snapshot().cached, int64_t{6} << 20);
+  void* big = a.allocate(size_t{7} << 20, MemCategory::activation);  // 6 MiB cached + 7 > the 8 MiB budget
+  ASSERT_NE(big, nullptr);
+  EXPECT_EQ(CountingSource::releases, 3);
+  EXPECT_EQ(a.snapshot().cached, 0);
+  a.release(big, size_t{7} << 20, MemCategory::activation);
 }
 
 TEST(Tensor, HostToHostCopiesAndFills) {
