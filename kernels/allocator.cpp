@@ -2,6 +2,7 @@
 // aligned_alloc here; cudaMalloc in kernels/cuda/memory.cpp).
 #include "kernels/allocator.h"
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstdlib>
@@ -33,12 +34,11 @@ constexpr size_t kCacheMinBytes = size_t{64} << 10;
 size_t alignment_of(Device d) { return d.is_host() ? 64 : 256; }
 size_t round_up(size_t bytes, size_t align) { return (bytes + align - 1) / align * align; }
 
-// The bytes a block of `bytes` takes: aligned, and from kCacheMinBytes up
-// rounded to the next eighth of its power of two (allocator.h).
-size_t size_class(size_t bytes, Device d) {
-  const size_t aligned = round_up(bytes, alignment_of(d));
-  if (aligned < kCacheMinBytes) return aligned;
-  return round_up(aligned, std::bit_floor(aligned) / 8);
+// The bytes the source gives for an aligned request from kCacheMinBytes up
+// (allocator.h): the next of eight steps per power of two, steps of at most
+// 2 MiB.
+size_t block_bytes(size_t aligned) {
+  return round_up(aligned, std::min(std::bit_floor(aligned) / 8, size_t{2} << 20));
 }
 
 void* host_allocate(size_t bytes, int) { return std::aligned_alloc(64, bytes); }
@@ -49,25 +49,29 @@ void host_release(void* ptr, int) { std::free(ptr); }
 TrackedAllocator::TrackedAllocator(Device device, MemorySource source) : device_(device), source_(source) {}
 
 void* TrackedAllocator::allocate(size_t bytes, MemCategory category) {
-  const size_t rounded = size_class(bytes, device_);
+  const size_t rounded = round_up(bytes, alignment_of(device_));
+  const bool cached = rounded >= kCacheMinBytes || !device_.is_host();
   void* ptr = nullptr;
   std::lock_guard<std::mutex> lock(mu_);
-  if (rounded >= kCacheMinBytes || !device_.is_host()) {
-    auto it = cache_.find(rounded);
-    if (it != cache_.end()) {
+  if (cached) {
+    auto it = cache_.lower_bound(rounded);  // the smallest block that holds it
+    if (it != cache_.end() && it->first <= rounded + rounded / 8) {
       ptr = it->second;
+      blocks_.emplace(ptr, it->first);
+      ledger_.cached -= static_cast<int64_t>(it->first);
       cache_.erase(it);
-      ledger_.cached -= static_cast<int64_t>(rounded);
     }
   }
   if (ptr == nullptr && rounded > 0) {
-    ptr = source_.allocate(rounded, device_.index);
+    const size_t block = rounded >= kCacheMinBytes ? block_bytes(rounded) : rounded;
+    ptr = source_.allocate(block, device_.index);
     if (ptr == nullptr && !cache_.empty()) {
       release_cached_locked();
-      ptr = source_.allocate(rounded, device_.index);
+      ptr = source_.allocate(block, device_.index);
     }
     ORIGAMI_CHECK(ptr != nullptr, to_string(device_), " allocation of ", bytes, " bytes (", to_string(category),
                   ") failed with ", ledger_.current_total, " bytes live and ", ledger_.cached, " cached");
+    if (cached) blocks_.emplace(ptr, block);
   }
   int c = static_cast<int>(category);
   ledger_.current[c] += static_cast<int64_t>(bytes);
@@ -78,13 +82,16 @@ void* TrackedAllocator::allocate(size_t bytes, MemCategory category) {
 }
 
 void TrackedAllocator::release(void* ptr, size_t bytes, MemCategory category) {
-  const size_t rounded = size_class(bytes, device_);
   std::lock_guard<std::mutex> lock(mu_);
-  if (ptr != nullptr && (rounded >= kCacheMinBytes || !device_.is_host())) {
-    cache_.emplace(rounded, ptr);
-    ledger_.cached += static_cast<int64_t>(rounded);
-  } else if (ptr != nullptr) {
-    source_.release(ptr, device_.index);
+  if (ptr != nullptr) {
+    const auto block = blocks_.find(ptr);
+    if (block != blocks_.end()) {
+      cache_.emplace(block->second, ptr);
+      ledger_.cached += static_cast<int64_t>(block->second);
+      blocks_.erase(block);
+    } else {
+      source_.release(ptr, device_.index);
+    }
   }
   int c = static_cast<int>(category);
   ledger_.current[c] -= static_cast<int64_t>(bytes);

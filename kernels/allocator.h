@@ -5,22 +5,26 @@
 // current and peak bytes per category for its device in this process (one
 // process = one rank). Invariant: current[c] equals the sum of live buffer
 // sizes tagged c on that device.
-// Large freed blocks are cached by size class and reused: a training step
-// allocates the same activation shapes every micro-batch, and handing them
-// back (to the OS, or to cudaFree, which synchronizes the device) would cost
-// a page fault per 4 KiB on every step (measured: ~15% of a bench-dense
-// step). A class is a request rounded up to one of 8 steps per power of two
-// (at most 12.5% more): the dispatcher's buffers follow the routing, a new
-// size every micro-batch, and cached by exact size they never met a block
+// Large freed blocks are cached and reused: a training step allocates the
+// same activation shapes every micro-batch, and handing them back (to the
+// OS, or to cudaFree, which synchronizes the device) would cost a page fault
+// per 4 KiB on every step (measured: ~15% of a bench-dense step). A request
+// takes the smallest cached block that holds it with at most 12.5% to
+// spare; else the source gives a block of its size rounded up to a class
+// (eight per power of two, at most 2 MiB apart: a buffer of gigabytes
+// wastes at most 2 MiB). The dispatcher's buffers follow the routing, a new
+// size every micro-batch: cached by exact size they never met a block
 // again, faulted fresh pages each time (np 4 EP 4 tiny-moe: 15k page faults
-// a step) and piled up in the cache for the whole run. When the source
-// refuses an allocation, the cache goes back to it and the allocation is
-// tried once more. Cached bytes are reported apart from the ledger, which
-// counts live tensors (requested bytes) only.
+// a step, 1k now) and piled up in the cache for the whole run; with classes
+// they meet blocks of a bounded set of sizes.
+// When the source refuses an allocation, the cache goes back to it and the
+// allocation is tried once more. Cached bytes are reported apart from the
+// ledger, which counts live tensors (requested bytes) only.
 #pragma once
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string_view>
 #include <unordered_map>
@@ -79,7 +83,8 @@ class TrackedAllocator {
   mutable std::mutex mu_;
   LedgerSnapshot ledger_;
   void release_cached_locked();
-  std::unordered_multimap<size_t, void*> cache_;  // size class -> free block
+  std::multimap<size_t, void*> cache_;         // block bytes -> free block
+  std::unordered_map<void*, size_t> blocks_;  // live cached-size block -> its bytes
 };
 
 }  // namespace origami

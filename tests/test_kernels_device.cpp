@@ -149,8 +149,9 @@ struct CountingSource {
 };
 
 // Buffers whose size follows the routing (a new size every micro-batch) meet
-// the cached block of their size class instead of fresh memory each time,
-// and a class wastes at most an eighth of its power of two.
+// the cached block of their size class instead of fresh memory each time; a
+// class wastes at most an eighth of its power of two, and at most 2 MiB; a
+// cached block serves a request at most 12.5% smaller than itself.
 TEST(TrackedAllocator, SizesThatVaryStepToStepReuseTheBlockOfTheirClass) {
   CountingSource::reset(int64_t{1} << 30);
   {
@@ -170,8 +171,13 @@ TEST(TrackedAllocator, SizesThatVaryStepToStepReuseTheBlockOfTheirClass) {
     EXPECT_EQ(CountingSource::allocations, 1) << "one block served every size of the class";
     EXPECT_EQ(CountingSource::sizes.at(0), base + base / 8);
     EXPECT_EQ(a.snapshot().cached, static_cast<int64_t>(base + base / 8));
+    // Half the cached block's size is too small to take it.
+    void* half = a.allocate(base / 2, MemCategory::comm);
+    EXPECT_EQ(CountingSource::allocations, 2);
+    EXPECT_EQ(CountingSource::sizes.back(), base / 2);
+    a.release(half, base / 2, MemCategory::comm);
     // Every size from 64 KiB to 64 MiB gets at least what it asked for and
-    // at most 12.5% more (plus alignment).
+    // at most 12.5% more (plus alignment), from 16 MiB up at most 2 MiB more.
     for (size_t bytes = size_t{64} << 10; bytes <= (size_t{64} << 20); bytes = bytes * 9 / 7 + 13) {
       const int before = CountingSource::allocations;
       void* p = a.allocate(bytes, MemCategory::activation);
@@ -179,6 +185,7 @@ TEST(TrackedAllocator, SizesThatVaryStepToStepReuseTheBlockOfTheirClass) {
         const size_t got = CountingSource::sizes.back();
         EXPECT_GE(got, bytes);
         EXPECT_LE(got, bytes + bytes / 8 + 64) << bytes << " bytes";
+        EXPECT_LE(got, bytes + (size_t{2} << 20) + 64) << bytes << " bytes";
       }
       a.release(p, bytes, MemCategory::activation);
     }
