@@ -76,7 +76,7 @@ Model::Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, cons
     if (stage_.owns_layer(l) && moe_cfg.is_moe_layer(l)) {
       comm::Communicator* ep = group(comm::GroupKind::ep);
       dispatchers_[l] = std::make_unique<moe::AllToAllDispatcher>(
-          E, ep, group(comm::GroupKind::etp), moe_cfg.expert_placement.of_layer(l, E, comm::group_size(ep)));
+          ctx, E, ep, group(comm::GroupKind::etp), moe_cfg.expert_placement.of_layer(l, E, comm::group_size(ep)));
     }
 
   // This rank's part of every unit of its stage, as the unit table cuts it.

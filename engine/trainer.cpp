@@ -192,13 +192,14 @@ void load_micro_batch(const GptDataset& data, int64_t mb, int64_t seq_len, Index
 }
 
 // The micro-batch's token windows on the compute device: written on the host
-// (the data loader's named host point), then copied once.
+// (the data loader's named host point), then copied once in the compute
+// stream's order.
 template <class IndexFn>
 Tensor device_micro_batch(const ExecContext& ctx, const GptDataset& data, int64_t mb, int64_t seq_len,
                           IndexFn index_of) {
   Tensor host = Tensor::empty({mb, seq_len + 1}, DType::i32, MemCategory::activation);
   load_micro_batch(data, mb, seq_len, index_of, host);
-  return host.device() == ctx.device() ? host : host.to(ctx.device());
+  return host.device() == ctx.device() ? host : ctx.to(host, ctx.device());
 }
 
 }  // namespace

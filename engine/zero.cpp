@@ -86,7 +86,7 @@ void ZeroStore::finish_gradients() {
     // Stage 1: each rank needs only its slice of the sum.
     Tensor mine = ctx_->empty({s.size}, params_.param_dtype(), MemCategory::comm);
     c->reduce_scatter(part(u.grad, 0, s.padded), part(mine, 0, s.size));
-    part(u.grad, s.begin, s.size).copy_from(mine);
+    ctx_->copy(part(u.grad, s.begin, s.size), mine);
   }
 }
 

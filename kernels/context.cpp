@@ -89,6 +89,30 @@ void ExecContext::fill_zero(Tensor& t) const {
   t.fill_zero();
 }
 
+void ExecContext::copy(const Tensor& dst, const Tensor& src) const {
+  ORIGAMI_CHECK(dst.defined() && src.defined(), "copy with an undefined tensor");
+  ORIGAMI_CHECK(dst.numel() == src.numel() && dst.dtype() == src.dtype(), "copy of ", shape_string(src.shape()), " ",
+                to_string(src.dtype()), " into ", shape_string(dst.shape()), " ", to_string(dst.dtype()));
+  for (const Device d : {dst.device(), src.device()})
+    ORIGAMI_CHECK(d == device_ || d.is_host(), "copy from ", to_string(src.device()), " to ", to_string(dst.device()),
+                  " on a context of ", to_string(device_), ": each side is the context's device or the host");
+  if (dst.numel() == 0) return;
+#if ORIGAMI_WITH_CUDA
+  if (cuda_) {
+    const bool host_side = dst.device().is_host() || src.device().is_host();
+    return cuda::copy_on(dst.address(), src.address(), dst.nbytes(), cuda::stream_of(cuda_.get()), host_side);
+  }
+#endif
+  Tensor(dst).copy_from(src);  // host memory on both sides
+}
+
+Tensor ExecContext::to(const Tensor& t, Device device) const {
+  ORIGAMI_CHECK(t.defined(), "to(", to_string(device), ") of an undefined tensor");
+  Tensor out = Tensor::empty(t.shape(), t.dtype(), t.category(), device);
+  copy(out, t);
+  return out;
+}
+
 void ExecContext::synchronize() const {
 #if ORIGAMI_WITH_CUDA
   if (cuda_) cuda::synchronize(cuda_.get());

@@ -61,6 +61,17 @@ class ExecContext {
   // its ops, no device synchronization, unlike Tensor::zeros/fill_zero).
   Tensor zeros(Shape shape, DType dtype, MemCategory category) const;
   void fill_zero(Tensor& t) const;
+  // Writes src's elements into dst (same numel and dtype; each on this
+  // context's device or the host) in this context's stream order: on CUDA a
+  // device-to-device copy is queued on the stream and the host goes on; a
+  // copy with a host side waits for this stream alone, since the host reads
+  // or frees its memory next. Never the whole device, as Tensor::copy_from
+  // does: a device-wide wait on the training path would also wait for the
+  // communication stream's prefetches and reductions, and undo their overlap.
+  void copy(const Tensor& dst, const Tensor& src) const;
+  // A copy of t on `device` (this context's or the host) by copy(), in t's
+  // ledger category.
+  Tensor to(const Tensor& t, Device device) const;
   // Waits until every op issued through this context has finished.
   void synchronize() const;
 

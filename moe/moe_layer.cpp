@@ -32,7 +32,7 @@ Tensor moe_layer_forward(const ExecContext& ctx, const MoeLayerOptions& opt, con
                          const Tensor& x_TD, int64_t seq_len, MoeLayerSaved& saved, MoeLayerStats& stats,
                          const StatsReducer& reduce, const AllToAllDispatcher* dispatcher) {
   const int64_t E = opt.router.num_experts, k = opt.router.top_k;
-  const AllToAllDispatcher local(E, nullptr, nullptr);
+  const AllToAllDispatcher local(ctx, E, nullptr, nullptr);
   const AllToAllDispatcher& disp = dispatcher ? *dispatcher : local;
   ORIGAMI_CHECK(x_TD.dim() == 2, "moe_layer_forward: x_TD should be [T, D], got ", shape_string(x_TD.shape()));
   const int64_t T = x_TD.size(0), D = x_TD.size(1);
@@ -79,7 +79,7 @@ Tensor moe_layer_forward(const ExecContext& ctx, const MoeLayerOptions& opt, con
 Tensor moe_layer_backward(const ExecContext& ctx, const MoeLayerOptions& opt, const MoeLayerWeights& w,
                           const MoeLayerSaved& saved, const Tensor& dy_TD, float aux_scale, MoeLayerWeights& grad,
                           const AllToAllDispatcher* dispatcher, WeightGradQueue* defer) {
-  const AllToAllDispatcher local(opt.router.num_experts, nullptr, nullptr);
+  const AllToAllDispatcher local(ctx, opt.router.num_experts, nullptr, nullptr);
   const AllToAllDispatcher& disp = dispatcher ? *dispatcher : local;
   const Permutation& perm = saved.perm;
   const int64_t T = saved.routing.weight_TK.size(0), D = w.gate_ED.size(1);

@@ -26,9 +26,10 @@ Tensor i32(const ExecContext& ctx, Shape shape) { return ctx.empty(std::move(sha
 enum CountRow : int64_t { kRouted = 0, kKept = 1, kRows = 2, kCountRows = 3 };
 
 // The named device-to-host point of the dispatcher path: the per-expert
-// counts [routed | kept | rows] (i64 [3, E]) in one copy, as host vectors.
-void counts_to_host(const Tensor& count_3E, Permutation& perm) {
-  const Tensor host = count_3E.device().is_host() ? count_3E : count_3E.to(Device::cpu());
+// counts [routed | kept | rows] (i64 [3, E]) in one copy, as host vectors;
+// the host waits for the compute stream only.
+void counts_to_host(const ExecContext& ctx, const Tensor& count_3E, Permutation& perm) {
+  const Tensor host = count_3E.device().is_host() ? count_3E : ctx.to(count_3E, Device::cpu());
   const int64_t E = count_3E.size(1);
   const int64_t* c = host.data<int64_t>();
   perm.routed_per_expert.assign(c + kRouted * E, c + (kRouted + 1) * E);
@@ -73,7 +74,7 @@ Permutation make_permutation(const ExecContext& ctx, const Tensor& expert_TK, co
   moe_expert_histogram(ctx, expert_TK, Tensor(), E, routed_E);
   moe_expert_histogram(ctx, expert_TK, kept_TK, E, kept_E);
   moe_expert_rows(ctx, kept_E, pad_to_capacity ? capacity : -1, rows_E);
-  counts_to_host(count_3E, perm);
+  counts_to_host(ctx, count_3E, perm);
   int64_t N = 0;
   for (int64_t e = 0; e < E; ++e) {
     ORIGAMI_CHECK(!pad_to_capacity || perm.kept_per_expert[e] <= capacity, "expert ", e, " keeps ",

@@ -4,8 +4,9 @@
 // identity and returns its input tensor itself, so the one-rank MoE layer
 // pays nothing for going through the dispatcher; a contiguous placement
 // takes the same path as before placements existed (no copy, no table).
-// The slot-order copies are Tensor::copy_from of row blocks, which runs on
-// the rows' own device (kernels/tensor.h): no host loop over row data.
+// The slot-order copies are ExecContext::copy of row blocks, queued on the
+// context's stream when the rows are on a GPU: no host loop over row data,
+// no device-wide wait.
 #include "moe/token_dispatcher.h"
 
 #include <numeric>
@@ -22,7 +23,7 @@ std::vector<int64_t> times(const std::vector<int64_t>& rows, int64_t D) {
   return out;
 }
 
-// On the exchanged rows' device, in their dtype (the exchanges take no context).
+// On the exchanged rows' device, in their dtype.
 Tensor rows_buffer(const Tensor& like, int64_t rows, int64_t D, MemCategory cat) {
   return Tensor::empty({rows, D}, like.dtype(), cat, like.device());
 }
@@ -52,11 +53,12 @@ enum class Order { to_slots, to_experts };
 
 // The rows of `src` [N, D] in the other order, as a fresh [N, D] buffer on
 // src's device.
-Tensor reorder(const Tensor& src, const std::vector<RowBlock>& blocks, Order order, MemCategory cat) {
+Tensor reorder(const ExecContext& ctx, const Tensor& src, const std::vector<RowBlock>& blocks, Order order,
+               MemCategory cat) {
   Tensor dst = Tensor::empty(src.shape(), src.dtype(), cat, src.device());
   for (const RowBlock& b : blocks) {
     const bool to_slots = order == Order::to_slots;
-    dst.slice(to_slots ? b.to : b.from, b.rows).copy_from(src.slice(to_slots ? b.from : b.to, b.rows));
+    ctx.copy(dst.slice(to_slots ? b.to : b.from, b.rows), src.slice(to_slots ? b.from : b.to, b.rows));
   }
   return dst;
 }
@@ -64,9 +66,9 @@ Tensor reorder(const Tensor& src, const std::vector<RowBlock>& blocks, Order ord
 
 }  // namespace
 
-AllToAllDispatcher::AllToAllDispatcher(int64_t num_experts, comm::Communicator* ep, comm::Communicator* etp,
-                                       ExpertPlacement placement)
-    : num_experts_(num_experts), placement_(std::move(placement)), ep_(ep), etp_(etp) {
+AllToAllDispatcher::AllToAllDispatcher(const ExecContext& ctx, int64_t num_experts, comm::Communicator* ep,
+                                       comm::Communicator* etp, ExpertPlacement placement)
+    : num_experts_(num_experts), placement_(std::move(placement)), ctx_(&ctx), ep_(ep), etp_(etp) {
   if (ep_) ep_size_ = ep_->size(), ep_rank_ = ep_->rank();
   if (etp_) etp_size_ = etp_->size(), etp_rank_ = etp_->rank();
   ORIGAMI_CHECK(num_experts_ > 0 && num_experts_ % ep_size_ == 0, "dispatcher: ", num_experts_,
@@ -179,8 +181,9 @@ PendingExchange AllToAllDispatcher::start_forward(const DispatchHandle& h, const
   if (ep_size_ > 1) {
     const int64_t n = sum(h.recv_rows_per_ep);
     p.rows = rows_buffer(rows_ND, n, D, etp_size_ > 1 ? MemCategory::comm : MemCategory::activation);
-    p.sent = h.to_slot_order.empty() ? rows_ND
-                                     : reorder(rows_ND, h.to_slot_order, Order::to_slots, MemCategory::comm);  // step 0
+    p.sent = h.to_slot_order.empty()
+                 ? rows_ND
+                 : reorder(*ctx_, rows_ND, h.to_slot_order, Order::to_slots, MemCategory::comm);  // step 0
     p.request = ep_->all_to_all_v_async(p.sent, times(h.send_rows_per_ep, D), p.rows, times(h.recv_rows_per_ep, D));
   }
   return p;
@@ -219,7 +222,7 @@ Tensor AllToAllDispatcher::finish(const DispatchHandle& h, PendingExchange&& pen
     return gathered;
   }
   if (ep_size_ == 1 || h.to_slot_order.empty()) return rows;
-  return reorder(rows, h.to_slot_order, Order::to_experts, MemCategory::activation);  // reverse of 0
+  return reorder(*ctx_, rows, h.to_slot_order, Order::to_experts, MemCategory::activation);  // reverse of 0
 }
 
 }  // namespace origami::moe

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "kernels/context.h"
 #include "kernels/tensor.h"
 #include "moe/experts.h"
 #include "moe/placement.h"
@@ -86,10 +87,11 @@ struct PendingDispatch {
 
 class AllToAllDispatcher {
  public:
-  // ep / etp may be null (size 1). num_experts must divide by ep's size.
-  // placement: over ep's size and num_experts; default (num_experts() = 0):
-  // contiguous.
-  AllToAllDispatcher(int64_t num_experts, comm::Communicator* ep, comm::Communicator* etp,
+  // ctx: where the rows live and the slot-order copies run (in its stream's
+  // order); it must outlive the dispatcher. ep / etp may be null (size 1).
+  // num_experts must divide by ep's size. placement: over ep's size and
+  // num_experts; default (num_experts() = 0): contiguous.
+  AllToAllDispatcher(const ExecContext& ctx, int64_t num_experts, comm::Communicator* ep, comm::Communicator* etp,
                      ExpertPlacement placement = {});
 
   int64_t num_experts() const { return num_experts_; }
@@ -123,6 +125,7 @@ class AllToAllDispatcher {
 
   int64_t num_experts_;
   ExpertPlacement placement_;
+  const ExecContext* ctx_;
   comm::Communicator* ep_;
   comm::Communicator* etp_;
   int64_t ep_size_ = 1, ep_rank_ = 0, etp_size_ = 1, etp_rank_ = 0;

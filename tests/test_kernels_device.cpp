@@ -1,5 +1,5 @@
 // Devices, execution contexts, per-device ledgers, Tensor::to / copy_from /
-// fill_zero and the dispatch's device rule. The host half runs everywhere;
+// fill_zero, ExecContext::copy / to and the dispatch's device rule. The host half runs everywhere;
 // the CUDA half needs a CUDA build and a device and skips (naming which is
 // missing) otherwise. Values are fresh random floats compared bitwise: a copy
 // either moves every bit or it is wrong.
@@ -224,6 +224,30 @@ TEST(Tensor, HostToHostCopiesAndFills) {
   EXPECT_NE(src.f32()[0], 0.0f) << "fill_zero reached the source";
 }
 
+TEST(ExecContext, CopyAndToOnTheHostMoveEveryBitAndKeepTheCategory) {
+  const ExecContext ctx = ExecContext::cpu(1);
+  const Tensor src = random_host({6, 5}, 12, MemCategory::grad);
+  const Tensor copy = ctx.to(src, Device::cpu());
+  EXPECT_NE(copy.raw(), src.raw()) << "to() must copy, not alias";
+  EXPECT_EQ(copy.shape(), src.shape());
+  EXPECT_EQ(copy.category(), MemCategory::grad);
+  EXPECT_TRUE(same_bits(copy, src));
+  // Into a view: rows 1..3 of a larger tensor, the rest untouched.
+  const Tensor big = random_host({8, 5}, 13);
+  const Tensor before = big.to(Device::cpu());
+  ctx.copy(big.slice(1, 3), src.slice(2, 3));
+  for (int64_t r = 0; r < 8; ++r)
+    for (int64_t c = 0; c < 5; ++c)
+      ASSERT_EQ(big.f32()[r * 5 + c], r >= 1 && r < 4 ? src.f32()[(r + 1) * 5 + c] : before.f32()[r * 5 + c]) << r;
+}
+
+TEST(ExecContextDeathTest, CopyRefusesMismatchedElementsNamingBoth) {
+  const ExecContext ctx = ExecContext::cpu(1);
+  const Tensor a = random_host({4, 3}, 14);
+  const Tensor b = Tensor::empty({4, 3}, DType::i32, MemCategory::activation);
+  EXPECT_EXIT(ctx.copy(b, a), ::testing::ExitedWithCode(kExitInternal), "copy of \\[4, 3\\] f32 into \\[4, 3\\] i32");
+}
+
 // ---- CUDA (device present) -------------------------------------------------
 
 class CudaDevice : public ::testing::Test {
@@ -283,7 +307,50 @@ TEST_F(CudaDevice, ContextHasAStreamAndAHandle) {
   ctx.synchronize();
 }
 
+// ExecContext::copy/to are queued on the context's stream (no device-wide
+// wait): a copy must still see every op queued before it on that stream. 16
+// adds over 16M elements keep the stream busy for a while after the host
+// has queued them; the device-to-device copy of a slice and the copy to the
+// host behind it must read the final sums, bitwise the host's (each add
+// rounds once, the same on both).
+TEST_F(CudaDevice, ContextCopiesSeeEveryOpQueuedBeforeThemOnTheStream) {
+  const ExecContext ctx = ExecContext::cuda(0);
+  const ExecContext host_ctx = ExecContext::cpu(1);
+  const int64_t n = int64_t{1} << 24;
+  const Tensor x = random_host({n}, 15);
+  Tensor y_host = x.to(Device::cpu());
+  Tensor x_dev = ctx.to(x, ctx.device());
+  Tensor y_dev = ctx.to(x, ctx.device());
+  EXPECT_EQ(x_dev.device(), Device::cuda(0));
+  EXPECT_EQ(x_dev.category(), MemCategory::activation);
+  for (int i = 0; i < 16; ++i) {
+    add_inplace(ctx, y_dev, x_dev);
+    add_inplace(host_ctx, y_host, x);
+  }
+  const int64_t begin = 1000, count = n - 3000;
+  Tensor part = ctx.empty({count}, DType::f32, MemCategory::activation);
+  ctx.copy(part, y_dev.flat_view(begin, count, {count}));  // device to device, not waited for
+  const Tensor back = ctx.to(part, Device::cpu());         // waits for the stream
+  EXPECT_EQ(back.device(), Device::cpu());
+  EXPECT_EQ(std::memcmp(back.raw(), y_host.flat_view(begin, count, {count}).raw(), back.nbytes()), 0);
+  // Host into a device view, then back: the rows around it are untouched.
+  const Tensor patch = random_host({100}, 16);
+  ctx.copy(y_dev.flat_view(50, 100, {100}), patch);
+  const Tensor head = ctx.to(y_dev.flat_view(0, 200, {200}), Device::cpu());
+  for (int64_t i = 0; i < 200; ++i)
+    ASSERT_EQ(head.f32()[i], i >= 50 && i < 150 ? patch.f32()[i - 50] : y_host.f32()[i]) << i;
+}
+
 using CudaDeviceDeathTest = CudaDevice;
+
+TEST_F(CudaDeviceDeathTest, AContextCopiesOnlyItsOwnDeviceAndTheHost) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs a second device: every tensor here is on cuda:0 or the host";
+  const ExecContext ctx = ExecContext::cuda(1);
+  const Tensor d0 = random_host({8}, 17).to(Device::cuda(0));
+  Tensor h = Tensor::empty({8}, DType::f32, MemCategory::activation);
+  EXPECT_EXIT(ctx.copy(h, d0), ::testing::ExitedWithCode(kExitInternal),
+              "copy from cuda:0 to cpu on a context of cuda:1");
+}
 
 TEST_F(CudaDeviceDeathTest, HostReadOfADeviceTensorIsAClearError) {
   const Tensor d = random_host({8}, 6).to(Device::cuda(0));

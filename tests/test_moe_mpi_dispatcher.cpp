@@ -64,7 +64,7 @@ struct Setup {
   comm::Groups groups;
   std::string name;
   AllToAllDispatcher dispatcher(int64_t E, const moe::ExpertPlacement& placement = {}) const {
-    return AllToAllDispatcher(E, &groups[GroupKind::ep], &groups[GroupKind::etp], placement);
+    return AllToAllDispatcher(ctx, E, &groups[GroupKind::ep], &groups[GroupKind::etp], placement);
   }
 };
 

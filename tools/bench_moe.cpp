@@ -324,7 +324,7 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
   comm::Groups groups = comm::Groups::create(*layout, MPI_COMM_WORLD, comm::Backend::mpi,
                                              comm::CommOptions{cfg.runtime.collective_timeout_s});
   const Exchange xch{&groups[comm::GroupKind::ep], &groups[comm::GroupKind::etp], &groups[comm::GroupKind::tp_ep]};
-  const moe::AllToAllDispatcher disp(E, xch.ep, xch.etp);
+  const moe::AllToAllDispatcher disp(ctx, E, xch.ep, xch.etp);
   const int64_t El = disp.num_local_experts(), Fl = F / par.etp;
 
   moe::MoeLayerOptions opt;

@@ -60,6 +60,12 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, size
   CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+void copy_on(void* dst, const void* src, size_t bytes, void* stream, bool wait_stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+  if (wait_stream) CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
 void fill_zero(void* dst, size_t bytes, int device_index) {
   CUDA_CHECK(cudaSetDevice(device_index));
   CUDA_CHECK(cudaDeviceSynchronize());

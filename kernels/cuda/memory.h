@@ -19,6 +19,9 @@ size_t device_memory_bytes(int device_index);
 // Synchronous copy of `bytes` between host and/or device memory
 // (cudaMemcpyDefault: unified addressing tells the directions apart).
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+// Copy of `bytes` queued on `stream` (a cudaStream_t, any directions); with
+// `wait_stream` the host then waits for that stream (not the device).
+void copy_on(void* dst, const void* src, size_t bytes, void* stream, bool wait_stream);
 // Synchronous zero fill of device memory.
 void fill_zero(void* dst, size_t bytes, int device_index);
 // Zero fill queued on `stream` (a cudaStream_t): ordered with that stream's
