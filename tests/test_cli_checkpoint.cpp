@@ -135,7 +135,15 @@ TEST_F(Checkpoint, ResumeOnOneRankIsBitExact) {
   for (size_t s = 0; s < run.size(); ++s) EXPECT_EQ(run[s].at("step"), s + 1);
   expect_same_steps(base(), run, 1, 20);
   EXPECT_TRUE(run[14].at("checkpoint").at("async").get<bool>());
-  EXPECT_TRUE(run[15].contains("checkpoint_done")) << "the background save of step 15 completes by step 16";
+  // The background save of step 15 completes at the first step boundary
+  // where its thread is done: step 16 on an idle machine, later when the
+  // suite's other jobs hold the cores, at the latest at step 20, before it saves again.
+  size_t done_at = 0;
+  for (size_t s = 15; s < 20 && !done_at; ++s)
+    if (run[s].contains("checkpoint_done")) done_at = s;
+  ASSERT_NE(done_at, 0u) << "the background save of step 15 was not reported by step 20";
+  EXPECT_NE(run[done_at].at("checkpoint_done").at("dir").get<std::string>().find("step-00000015"), std::string::npos)
+      << run[done_at].dump();
   for (const char* tag : {"base", "resumed"}) {
     r = run_command(std::string(ORIGAMI_BINARY) + " export --optimizer --checkpoint " + step_dir(tag, 20) + " --out " +
                     (*dir_ / (std::string(tag) + "-export")));
