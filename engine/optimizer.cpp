@@ -35,7 +35,11 @@ Tensor owned_grad(const ParamUnit& u) {
 }  // namespace
 
 double AdamW::grad_norm(const ExecContext& ctx, const ParamStore& params, const GradNormGroups& groups) const {
-  double sq[2] = {0, 0};  // dense, expert
+  // Σ g² of the dense and the expert parameters, summed on the device in
+  // parameter order and read once (a read per parameter would be a stream
+  // sync each on a GPU); the same fp64 adds in the same order as on the host.
+  Tensor sq_2 = ctx.zeros({2}, DType::f64, MemCategory::workspace);
+  Tensor sq_of[2] = {sq_2.slice(0, 1), sq_2.slice(1, 1)};  // dense, expert
   bool sharded[2] = {false, false};
   const bool skip_replicated = groups.tp && groups.tp->rank() != 0;
   for (const ParamUnit& u : params.units()) {
@@ -45,9 +49,12 @@ double AdamW::grad_norm(const ExecContext& ctx, const ParamStore& params, const 
     for (const ParamInfo& p : u.params) {
       const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel());
       if (a >= b || (skip_replicated && p.tp_replicated)) continue;
-      sq[u.expert] += sum_squares(ctx, g.flat_view(a - lo, b - a, {b - a}));
+      sum_squares_add(ctx, g.flat_view(a - lo, b - a, {b - a}), sq_of[u.expert]);
     }
   }
+  const Tensor sq_host = ctx.to(sq_2, Device::cpu());
+  const double* sq_read = sq_host.data<double>();
+  double sq[2] = {sq_read[0], sq_read[1]};
   if (sharded[0] && groups.dense_shards) groups.dense_shards->all_reduce(std::span<double>(&sq[0], 1));
   if (groups.tp) groups.tp->all_reduce(std::span<double>(&sq[0], 1));
   if (sharded[1] && groups.expert_shards) groups.expert_shards->all_reduce(std::span<double>(&sq[1], 1));

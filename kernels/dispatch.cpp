@@ -197,6 +197,14 @@ double sum_squares(const ExecContext& ctx, const Tensor& x) {
   return cpu::sum_squares(ctx, h.in(x));
 }
 
+void sum_squares_add(const ExecContext& ctx, const Tensor& x, Tensor& acc) {
+  if (on_cuda(ctx, "sum_squares_add", {{"x", &x}, {"acc", &acc}}))
+    return ORIGAMI_ON_CUDA(sum_squares_add)(ctx, x, acc);
+  const CpuThreads threads(ctx);
+  HostBf16 h(ctx, "sum_squares_add");
+  return cpu::sum_squares_add(ctx, h.in(x), acc);
+}
+
 double sum(const ExecContext& ctx, const Tensor& x) {
   if (on_cuda(ctx, "sum", {{"x", &x}})) return ORIGAMI_ON_CUDA(sum)(ctx, x);
   const CpuThreads threads(ctx);

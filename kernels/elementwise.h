@@ -8,7 +8,11 @@ namespace origami {
 void add_inplace(const ExecContext& ctx, Tensor& y, const Tensor& x);    // y += x
 void axpy(const ExecContext& ctx, float a, const Tensor& x, Tensor& y);  // y += a·x
 void scale_inplace(const ExecContext& ctx, Tensor& y, float a);          // y *= a
-double sum_squares(const ExecContext& ctx, const Tensor& x);             // Σ x² in fp64 (grad norm)
+double sum_squares(const ExecContext& ctx, const Tensor& x);             // Σ x² in fp64
+// acc (f64 [1] on ctx's device) += Σ x² in fp64, the same sum sum_squares
+// returns, left on the device: no host wait per call, so the grad norm reads
+// one total per step instead of one per parameter (each a stream sync on GPU).
+void sum_squares_add(const ExecContext& ctx, const Tensor& x, Tensor& acc);
 double sum(const ExecContext& ctx, const Tensor& x);                     // Σ x in fp64
 // dst = src converted to dst's dtype (same element count): f32 → bf16 rounds
 // to nearest even (any NaN becomes the canonical 0x7FFF), bf16 → f32 is exact, equal dtypes

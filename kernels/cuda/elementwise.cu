@@ -1,5 +1,5 @@
 // CUDA elementwise ops and fp64 reductions (kernels/elementwise.h): axpy,
-// scale_inplace, sum_squares, sum, cast.
+// scale_inplace, sum_squares, sum_squares_add, sum, cast.
 //
 // Elementwise: grid-stride over 8-element packs (kernels/cuda/pack.cuh) when
 // every pointer is 16-byte aligned, the < 8 leftover elements (or all of
@@ -15,7 +15,9 @@
 // not depend on alignment), then cub::BlockReduce's fixed tree; one block
 // then reduces the partials in order. The CPU sums per-thread contiguous blocks: the order
 // differs, so results agree to fp64 rounding (n·eps64 of Σ|terms|), not bit
-// for bit. The host waits for the result (the op returns it).
+// for bit. The host waits for the result (the op returns it), except in
+// sum_squares_add, whose last block adds the total into a device f64 (one
+// thread: fp64 `acc + total`, as the CPU's host add).
 //
 // cast: f32 → bf16 with the CPU's integer rounding formula (nearest even;
 // any NaN becomes the canonical 0x7FFF, as kernels/elementwise.h and the CPU
@@ -112,24 +114,23 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
 
-__global__ void __launch_bounds__(kThreads)
-    final_sum_kernel(const double* __restrict__ partial, int64_t count, double* __restrict__ out) {
+__global__ void __launch_bounds__(kThreads) final_sum_kernel(const double* __restrict__ partial, int64_t count,
+                                                              bool accumulate, double* __restrict__ out) {
   double s = 0.0;
   for (int64_t i = threadIdx.x; i < count; i += kThreads) s += partial[i];
   using Reduce = cub::BlockReduce<double, kThreads>;
   __shared__ typename Reduce::TempStorage temp;
   const double total = Reduce(temp).Sum(s);
-  if (threadIdx.x == 0) *out = total;
+  if (threadIdx.x == 0) *out = accumulate ? *out + total : total;
 }
 
-template <bool Square> double reduce(const ExecContext& ctx, const Tensor& x, const char* what) {
-  ORIGAMI_CHECK(x.defined(), what, " of an undefined tensor");
-  check_data_dtype(what, x, "x");
+// Queues the sum of x's (squared) terms into *out (added to it with
+// `accumulate`) on ctx's stream. n > 0.
+template <bool Square>
+void reduce_into(const ExecContext& ctx, const Tensor& x, double* out, bool accumulate) {
   const int64_t n = x.numel();
-  if (n == 0) return 0.0;
   const Partition part = partition_of(n);
-  // partials [blocks] then the result [1], fp64
-  Tensor ws = ctx.workspace(static_cast<size_t>(part.blocks + 1) * sizeof(double));
+  Tensor ws = ctx.workspace(static_cast<size_t>(part.blocks) * sizeof(double));  // partials, fp64
   auto* partial = static_cast<double*>(ws.address());
   cudaStream_t stream = stream_of(ctx);
   with_data_type(x.dtype(), [&]<class T>() {
@@ -138,10 +139,19 @@ template <bool Square> double reduce(const ExecContext& ctx, const Tensor& x, co
         xs, n, part.chunk, aligned16(xs), partial);
     CUDA_CHECK_LAUNCH();
   });
-  final_sum_kernel<<<1, kThreads, 0, stream>>>(partial, part.blocks, partial + part.blocks);
+  final_sum_kernel<<<1, kThreads, 0, stream>>>(partial, part.blocks, accumulate, out);
   CUDA_CHECK_LAUNCH();
+}
+
+template <bool Square> double reduce(const ExecContext& ctx, const Tensor& x, const char* what) {
+  ORIGAMI_CHECK(x.defined(), what, " of an undefined tensor");
+  check_data_dtype(what, x, "x");
+  if (x.numel() == 0) return 0.0;
+  Tensor result_dev = ctx.workspace(sizeof(double));
+  reduce_into<Square>(ctx, x, static_cast<double*>(result_dev.address()), false);
   double result = 0.0;
-  CUDA_CHECK(cudaMemcpyAsync(&result, partial + part.blocks, sizeof(double), cudaMemcpyDeviceToHost, stream));
+  cudaStream_t stream = stream_of(ctx);
+  CUDA_CHECK(cudaMemcpyAsync(&result, result_dev.address(), sizeof(double), cudaMemcpyDeviceToHost, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));  // the device-to-host point: the op returns the value
   return result;
 }
@@ -224,6 +234,16 @@ void scale_inplace(const ExecContext& ctx, Tensor& y, float a) {
 }
 
 double sum_squares(const ExecContext& ctx, const Tensor& x) { return reduce<true>(ctx, x, "sum_squares"); }
+
+void sum_squares_add(const ExecContext& ctx, const Tensor& x, Tensor& acc) {
+  ORIGAMI_CHECK(x.defined(), "sum_squares_add of an undefined tensor");
+  check_data_dtype("sum_squares_add", x, "x");
+  ORIGAMI_CHECK(acc.defined(), "sum_squares_add into an undefined tensor");
+  ORIGAMI_CHECK(acc.dtype() == DType::f64 && acc.numel() == 1, "sum_squares_add accumulates into an f64 [1], got ",
+                to_string(acc.dtype()), " ", shape_string(acc.shape()));
+  if (x.numel() == 0) return;
+  reduce_into<true>(ctx, x, dev<double>(acc, "acc"), true);
+}
 
 double sum(const ExecContext& ctx, const Tensor& x) { return reduce<false>(ctx, x, "sum"); }
 

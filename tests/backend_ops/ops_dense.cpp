@@ -632,12 +632,43 @@ OpEntry init_constant_entry() {
           }};
 }
 
+// sum_squares_add: the same fp64 sum of squares, added on the context's
+// device into a running f64 [1] that starts from a random value.
+OpEntry sum_squares_add_entry() {
+  return {"sum_squares_add", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            for (int64_t n : {1, 4097, 30011}) {
+              Problem p("n " + std::to_string(n));
+              p.in("x", randn({n}, g, 3.0f));
+              Tensor acc = empty({1}, DType::f64);
+              acc.data<double>()[0] = std::normal_distribution<double>(0.0, 1e3)(g);
+              const Tol tol{1.2e-16 * double(n + 1), 0,
+                            "fp64 sums of the start and n terms in any order: <= (n+1)·eps64 of |start| + Σ|terms|"};
+              p.inout("acc", acc, tol);
+              p.call = [](const ExecContext& ctx, Bound& t) { sum_squares_add(ctx, t.at("x"), t.at("acc")); };
+              p.reference = [](const Bound& in, Refs& want) {
+                double s = values(in.at("acc"))[0], mag = std::abs(s);
+                for (double x : values(in.at("x"))) {
+                  s += x * x;
+                  mag += x * x;
+                }
+                want["acc"] = {{s}, {mag}};
+              };
+              Problem b = bf16_variant(p, {}, tol);  // acc stays f64
+              ps.push_back(std::move(p));
+              ps.push_back(std::move(b));
+            }
+            return ps;
+          }};
+}
+
 }  // namespace
 
 std::vector<OpEntry> dense_ops() {
   return {axpy_entry(),
           scale_inplace_entry(),
           reduction_entry("sum_squares", true),
+          sum_squares_add_entry(),
           reduction_entry("sum", false),
           cast_entry(),
           rmsnorm_forward_entry(),
