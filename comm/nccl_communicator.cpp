@@ -14,7 +14,9 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <future>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -62,12 +64,29 @@ ncclDataType_t nccl_type(ElemType t) {
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::max ? ncclMax : ncclSum; }
 
+// ncclCommAbort on the way out of a failed job, given at most two seconds.
+// It frees the communicator's device memory, and cudaFree waits for every
+// kernel on the device: a kernel of another communicator spinning on the
+// same dead peer, or a compute stream stuck in front of the op, would keep
+// it, and the job, from ever ending. The process exits right after, which
+// ends its kernels anyway; the abort only lets NCCL stop its own first.
+void abort_nccl_comm_bounded(ncclComm_t comm) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> aborted = done->get_future();
+  std::thread([comm, done] {
+    ncclCommAbort(comm);
+    done->set_value();
+  }).detach();
+  (void)aborted.wait_for(std::chrono::seconds(2));
+}
+
 // The watchdog (as PyTorch's ProcessGroupNCCL keeps one): a thread that
 // polls every NCCL op this process issued until its stream has passed it.
 // An op still unfinished timeout_s after it was issued, or whose
 // communicator reports an asynchronous error, aborts the job from that
-// thread, naming rank, group, op and sequence, after ncclCommAbort, so
-// a hang is bounded wherever the main thread stands. A blocking wait has its
+// thread, naming rank, group, op and sequence, after ncclCommAbort (given
+// two seconds, abort_nccl_comm_bounded), so a hang is bounded wherever the
+// main thread stands. A blocking wait has its
 // own bound (Request::wait), but an op handed to the compute stream
 // (Request::wait_on) would otherwise show only as a host synchronization
 // that never returns. Runs while any NCCL communicator exists.
@@ -163,7 +182,7 @@ class Watchdog {
                         ncclGetLastError(it->comm));
           std::fprintf(stderr, "%s\n", msg);
           std::fflush(stderr);
-          ncclCommAbort(it->comm);
+          abort_nccl_comm_bounded(it->comm);
           abort_job(kExitInternal, "");
         }
         const double waited = std::chrono::duration<double>(now - it->issued).count();
@@ -176,7 +195,7 @@ class Watchdog {
                         static_cast<long long>(it->seq), static_cast<long long>(it->bytes), waited);
           std::fprintf(stderr, "%s\n", msg);  // first: an abort that stalls must not swallow it
           std::fflush(stderr);
-          ncclCommAbort(it->comm);
+          abort_nccl_comm_bounded(it->comm);
           abort_job(kExitTimeout, "");
         }
         ++it;
@@ -246,7 +265,7 @@ class NcclPending final : public detail::PendingOp {
     return false;
   }
   // Stops NCCL kernels that would otherwise spin forever on a missing peer.
-  void abort_backend() override { ncclCommAbort(comm_); }
+  void abort_backend() override { abort_nccl_comm_bounded(comm_); }
   // The stream's later work waits on the op's event; the event may then be
   // destroyed (the wait captured it), so the request can go at once.
   bool enqueue_wait(void* stream) override {
@@ -283,6 +302,7 @@ class NcclCommunicator final : public Communicator {
     MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, boot.handle()));
     ORIGAMI_CUDA_CHECK(cudaStreamCreate(&stream_));  // blocking: orders after the legacy default stream
     ORIGAMI_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(int32_t)));
+    ORIGAMI_CUDA_CHECK(cudaMemset(scratch_, 0, sizeof(int32_t)));  // the barrier's and channel warm-up's element
     compute_ = static_cast<cudaStream_t>(options.compute_stream);
     if (compute_) ORIGAMI_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
     ORIGAMI_NCCL_CHECK(ncclCommInitRank(&comm_, size(), id, rank()));
@@ -438,6 +458,14 @@ class NcclCommunicator final : public Communicator {
   // sides: visiting the edges in one global order keeps those waits free of
   // cycles (the order locks are taken in). The unique id goes from the
   // sender to the receiver over the group's MPI communicator.
+  // Each channel then carries one element, waited for, at once: NCCL
+  // connects a send/recv pair on its first exchange, and that host call
+  // blocks until the peer's host reaches its own first call on the pair.
+  // Left to the first real transfer, that wait forms a cycle at step 1 —
+  // the pipeline's first stage posts the receive for its first gradient
+  // before sending its first activation, the next stage waits to receive
+  // that activation; every CP ring rank sends before it receives — a hang
+  // no watchdog sees, since no op has been issued yet.
   void open_ring_channels(const MpiCommunicator& boot) {
     const int n = size(), me = rank();
     std::set<std::pair<int, int>> edges;
@@ -458,6 +486,11 @@ class NcclCommunicator final : public Communicator {
         ch.rank = me == src ? 0 : 1;
         ORIGAMI_CUDA_CHECK(cudaStreamCreate(&ch.stream));
         ORIGAMI_NCCL_CHECK(ncclCommInitRank(&ch.comm, 2, id, ch.rank));
+        if (me == src)
+          ORIGAMI_NCCL_CHECK(ncclSend(scratch_, 1, ncclInt32, 1, ch.comm, ch.stream));
+        else
+          ORIGAMI_NCCL_CHECK(ncclRecv(scratch_, 1, ncclInt32, 0, ch.comm, ch.stream));
+        ORIGAMI_CUDA_CHECK(cudaStreamSynchronize(ch.stream));
         (me == src ? to_ : from_)[me == src ? dst : src] = ch;
       }
     }

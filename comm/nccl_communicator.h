@@ -14,7 +14,7 @@
 // shared bounded wait, or handed to a caller's stream (Request::wait_on,
 // cudaStreamWaitEvent: what Communicator::complete and the blocking Tensor
 // forms do when there is a compute stream, the training path's rule); a
-// timeout calls ncclCommAbort before MPI_Abort. NCCL has
+// timeout calls ncclCommAbort (bounded, see below) before MPI_Abort. NCCL has
 // no message tags: send/recv between two ranks match in call order, and on
 // one stream a receive waiting for its peer holds up every op queued behind
 // it. With CommOptions::ring_p2p (the pp and cp groups) sends to and
@@ -23,7 +23,11 @@
 // messages to one receiver in the order both issue them (the pipeline's and
 // the CP ring's orders agree per direction: check_paired_p2p,
 // dense/attention_ring.h), and a receive posted ahead blocks nothing but
-// later receives from the same peer.
+// later receives from the same peer. Each channel exchanges one element when
+// it opens, so that NCCL's connection of the pair (made on its first
+// exchange, with both hosts waiting for each other) happens there and not
+// at the first transfer, where the schedules' order would deadlock.
+// A timeout's ncclCommAbort is given two seconds, then the job ends anyway.
 #pragma once
 #include <memory>
 
