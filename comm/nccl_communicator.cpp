@@ -9,7 +9,10 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -70,7 +73,20 @@ ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::max ? ncclMax : ncclSu
 // same dead peer, or a compute stream stuck in front of the op, would keep
 // it, and the job, from ever ending. The process exits right after, which
 // ends its kernels anyway; the abort only lets NCCL stop its own first.
+// Once a thread has begun aborting a communicator (which frees it), no
+// thread may call NCCL again: each one that would parks until the process
+// is gone (abort_job's own rule for a second failing thread). Without it the
+// main thread's next poll (ncclCommGetAsyncError in a wait) could read a
+// freed communicator and turn exit status 5 into a segfault.
+std::atomic<bool> nccl_aborting{false};
+void park_if_nccl_aborting() {
+  if (nccl_aborting.load())
+    for (;;) ::pause();
+}
+
 void abort_nccl_comm_bounded(ncclComm_t comm) {
+  if (nccl_aborting.exchange(true))
+    for (;;) ::pause();  // another thread aborts the job
   auto done = std::make_shared<std::promise<void>>();
   std::future<void> aborted = done->get_future();
   std::thread([comm, done] {
@@ -172,6 +188,7 @@ class Watchdog {
         }
         // A failed peer or network shows first as NCCL's asynchronous
         // error (thread-safe to poll from here, as ncclCommAbort is).
+        park_if_nccl_aborting();
         if (ncclResult_t async = ncclSuccess;
             ncclCommGetAsyncError(it->comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
           char msg[768];
@@ -259,6 +276,7 @@ class NcclPending final : public detail::PendingOp {
     if (rc == cudaSuccess) return true;
     ORIGAMI_CHECK(rc == cudaErrorNotReady, "group ", group, " ", op_name(op), ": ", cudaGetErrorString(rc));
     ncclResult_t async = ncclSuccess;
+    park_if_nccl_aborting();
     ORIGAMI_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
     ORIGAMI_CHECK(async == ncclSuccess || async == ncclInProgress, "group ", group, " ", op_name(op), " seq ", seq,
                   ": NCCL reports ", ncclGetErrorString(async));
@@ -356,6 +374,7 @@ class NcclCommunicator final : public Communicator {
     return why;
   }
   std::unique_ptr<detail::PendingOp> start(const Call& c) override {
+    park_if_nccl_aborting();  // the communicators may be freed
     // A send to or a receive from a ring neighbour goes on its channel.
     const Channel* ch = nullptr;
     if (c.op == CommOp::send || c.op == CommOp::recv) {
