@@ -67,26 +67,27 @@ ncclDataType_t nccl_type(ElemType t) {
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::max ? ncclMax : ncclSum; }
 
-// ncclCommAbort on the way out of a failed job, given at most two seconds.
-// It frees the communicator's device memory, and cudaFree waits for every
-// kernel on the device: a kernel of another communicator spinning on the
-// same dead peer, or a compute stream stuck in front of the op, would keep
-// it, and the job, from ever ending. The process exits right after, which
-// ends its kernels anyway; the abort only lets NCCL stop its own first.
 // Once a thread has begun aborting a communicator (which frees it), no
 // thread may call NCCL again: each one that would parks until the process
 // is gone (abort_job's own rule for a second failing thread). Without it the
 // main thread's next poll (ncclCommGetAsyncError in a wait) could read a
 // freed communicator and turn exit status 5 into a segfault.
 std::atomic<bool> nccl_aborting{false};
+[[noreturn]] void park_forever() {
+  for (;;) ::pause();
+}
 void park_if_nccl_aborting() {
-  if (nccl_aborting.load())
-    for (;;) ::pause();
+  if (nccl_aborting.load()) park_forever();
 }
 
+// ncclCommAbort on the way out of a failed job, given at most two seconds.
+// It frees the communicator's device memory, and cudaFree waits for every
+// kernel on the device: a kernel of another communicator spinning on the
+// same dead peer, or a compute stream stuck in front of the op, would keep
+// it, and the job, from ever ending. The process exits right after, which
+// ends its kernels anyway; the abort only lets NCCL stop its own first.
 void abort_nccl_comm_bounded(ncclComm_t comm) {
-  if (nccl_aborting.exchange(true))
-    for (;;) ::pause();  // another thread aborts the job
+  if (nccl_aborting.exchange(true)) park_forever();  // another thread aborts the job
   auto done = std::make_shared<std::promise<void>>();
   std::future<void> aborted = done->get_future();
   std::thread([comm, done] {

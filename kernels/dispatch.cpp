@@ -198,6 +198,9 @@ double sum_squares(const ExecContext& ctx, const Tensor& x) {
 }
 
 void sum_squares_add(const ExecContext& ctx, const Tensor& x, Tensor& acc) {
+  ORIGAMI_CHECK(acc.defined(), "sum_squares_add into an undefined tensor");
+  ORIGAMI_CHECK(acc.dtype() == DType::f64 && acc.numel() == 1, "sum_squares_add accumulates into an f64 [1], got ",
+                to_string(acc.dtype()), " ", shape_string(acc.shape()));
   if (on_cuda(ctx, "sum_squares_add", {{"x", &x}, {"acc", &acc}}))
     return ORIGAMI_ON_CUDA(sum_squares_add)(ctx, x, acc);
   const CpuThreads threads(ctx);

@@ -67,10 +67,8 @@ double sum_squares(const ExecContext& ctx, const Tensor& x) {
   return reduce(ctx, x, "sum_squares", [](double v) { return v * v; });
 }
 
+// acc: f64 [1], checked by the dispatch (kernels/dispatch.cpp) for both backends.
 void sum_squares_add(const ExecContext& ctx, const Tensor& x, Tensor& acc) {
-  ORIGAMI_CHECK(acc.defined(), "sum_squares_add into an undefined tensor");
-  ORIGAMI_CHECK(acc.dtype() == DType::f64 && acc.numel() == 1, "sum_squares_add accumulates into an f64 [1], got ",
-                to_string(acc.dtype()), " ", shape_string(acc.shape()));
   acc.data<double>()[0] += cpu::sum_squares(ctx, x);
 }
 

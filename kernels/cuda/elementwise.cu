@@ -238,9 +238,6 @@ double sum_squares(const ExecContext& ctx, const Tensor& x) { return reduce<true
 void sum_squares_add(const ExecContext& ctx, const Tensor& x, Tensor& acc) {
   ORIGAMI_CHECK(x.defined(), "sum_squares_add of an undefined tensor");
   check_data_dtype("sum_squares_add", x, "x");
-  ORIGAMI_CHECK(acc.defined(), "sum_squares_add into an undefined tensor");
-  ORIGAMI_CHECK(acc.dtype() == DType::f64 && acc.numel() == 1, "sum_squares_add accumulates into an f64 [1], got ",
-                to_string(acc.dtype()), " ", shape_string(acc.shape()));
   if (x.numel() == 0) return;
   reduce_into<true>(ctx, x, dev<double>(acc, "acc"), true);
 }
