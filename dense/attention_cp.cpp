@@ -23,13 +23,17 @@ Tensor comm_buffer(const ExecContext& ctx, int64_t n) { return ctx.empty_data({n
 
 }  // namespace
 
-Tensor cp_positions(const ExecContext& ctx, int64_t seq_len, int64_t cp, int64_t rank) {
+CpPositions cp_positions(const ExecContext& ctx, int64_t seq_len, int64_t cp, int64_t rank) {
   ORIGAMI_CHECK(cp >= 1 && rank >= 0 && rank < cp, "cp_positions: rank ", rank, " of cp ", cp);
   ORIGAMI_CHECK(seq_len > 0 && seq_len % (2 * cp) == 0, "cp_positions: seq_len ", seq_len,
                 " must be a positive multiple of 2·cp = ", 2 * cp);
-  Tensor pos_S = positions(ctx, seq_len / cp);
-  cp_zigzag_positions(ctx, cp, rank, pos_S);
-  return pos_S;
+  CpPositions out;
+  out.pos_S_ = positions(ctx, seq_len / cp);
+  cp_zigzag_positions(ctx, cp, rank, out.pos_S_);
+  out.shard_seq_len_ = seq_len;
+  out.shard_cp_ = cp;
+  out.shard_rank_ = rank;
+  return out;
 }
 
 CpTokens cp_shard_tokens(const ExecContext& ctx, const Tensor& tokens_BS1, int64_t cp, int64_t rank) {
@@ -38,25 +42,26 @@ CpTokens cp_shard_tokens(const ExecContext& ctx, const Tensor& tokens_BS1, int64
   const int64_t B = tokens_BS1.size(0), S = tokens_BS1.size(1) - 1;
   CpTokens out;
   out.pos_S = cp_positions(ctx, S, cp, rank);
-  const int64_t Sl = out.pos_S.numel();
+  const int64_t Sl = out.pos_S.tensor().numel();
   out.ids_T = ctx.empty({B * Sl}, DType::i32, MemCategory::activation);
   out.targets_T = ctx.empty({B * Sl}, DType::i32, MemCategory::activation);
-  cp_gather_tokens(ctx, tokens_BS1, out.pos_S, out.ids_T, out.targets_T);
+  cp_gather_tokens(ctx, tokens_BS1, out.pos_S.tensor(), out.ids_T, out.targets_T);
   return out;
 }
 
 Tensor cp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
-                            const Tensor& x_TD, int64_t batch, const Tensor& pos_local_S, comm::Communicator* cp,
-                            CpComm method, CpAttentionSaved& saved) {
+                            const Tensor& x_TD, int64_t batch, const CpPositions& positions_local,
+                            comm::Communicator* cp, CpComm method, CpAttentionSaved& saved) {
   const int n = comm::group_size(cp);
   const bool ring = n > 1 && method == CpComm::ring;
   const int64_t T = x_TD.rows(), D = x_TD.cols(), Sl = T / batch, S = Sl * n;
   const int64_t Hq = opt.num_heads, Hkv = opt.num_kv_heads, hd = opt.head_dim;
-  ORIGAMI_CHECK(Sl * batch == T && pos_local_S.numel() == Sl, "cp attention: T=", T, " batch=", batch,
-                " positions=", pos_local_S.numel());
+  const Tensor& pos_local_S = positions_local.tensor();
+  ORIGAMI_CHECK(pos_local_S.defined() && Sl * batch == T && pos_local_S.numel() == Sl, "cp attention: T=", T,
+                " batch=", batch, " positions=", pos_local_S.defined() ? pos_local_S.numel() : 0);
   if (n > 1)  // the gathered keys' positions are implied by the layout, so the layout must hold
-    ORIGAMI_CHECK(cp_zigzag_positions_match(ctx, pos_local_S, n, cp->rank()), "cp attention: cp rank ", cp->rank(),
-                  " of ", n, " was given positions that are not its zigzag shard of S=", S);
+    ORIGAMI_CHECK(positions_local.is_zigzag_shard(S, n, cp->rank()), "cp attention: cp rank ", cp->rank(), " of ", n,
+                  " was given positions that are not its zigzag shard of S=", S);
   saved.dims = AttentionDims{batch, Sl, n > 1 && !ring ? S : Sl, Hq, Hkv, hd};
   saved.cp_size = n;
   saved.comm = method;

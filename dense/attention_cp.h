@@ -39,16 +39,39 @@
 
 namespace origami::dense {
 
+// The global positions of a rank's tokens, i32 [Sl], and what they are the
+// positions of. cp_positions makes the zigzag shard of a sequence; the
+// explicit constructor takes any positions, valid only without a group (or
+// with a group of one). cp_attention_forward gathers K and V by the layout,
+// so under a group it needs the shard of that group and rank, and checks it
+// from these fields on the host: reading the positions back would stop the
+// device's stream at every attention layer.
+class CpPositions {
+ public:
+  CpPositions() = default;
+  explicit CpPositions(Tensor pos_S) : pos_S_(std::move(pos_S)) {}
+  const Tensor& tensor() const { return pos_S_; }
+  // True when these are cp_positions(seq_len, cp, rank).
+  bool is_zigzag_shard(int64_t seq_len, int64_t cp, int64_t rank) const {
+    return shard_cp_ == cp && shard_rank_ == rank && shard_seq_len_ == seq_len;
+  }
+
+ private:
+  friend CpPositions cp_positions(const ExecContext& ctx, int64_t seq_len, int64_t cp, int64_t rank);
+  Tensor pos_S_;
+  int64_t shard_seq_len_ = 0, shard_cp_ = 0, shard_rank_ = -1;  // cp 0: not made by cp_positions
+};
+
 // Global positions of cp rank `rank`'s tokens, i32 [S/cp]: chunk `rank`, then
 // chunk 2·cp−1−rank (see above). Checks S % (2·cp) == 0 (a config rule that
 // engine/plan.cpp validates at load) and 0 <= rank < cp. cp = 1: 0..S−1.
-Tensor cp_positions(const ExecContext& ctx, int64_t seq_len, int64_t cp, int64_t rank);
+CpPositions cp_positions(const ExecContext& ctx, int64_t seq_len, int64_t cp, int64_t rank);
 
 // One rank's share of a micro-batch of windows.
 struct CpTokens {
   Tensor ids_T;      // i32 [B·S/cp]: ids_T[b·S/cp + i]     = window[b][pos_S[i]]
   Tensor targets_T;  // i32 [B·S/cp]: targets_T[b·S/cp + i] = window[b][pos_S[i] + 1]
-  Tensor pos_S;      // i32 [S/cp] = cp_positions(S, cp, rank)
+  CpPositions pos_S;  // cp_positions(S, cp, rank)
 };
 // tokens_BS1: i32 [B, S+1] windows (inputs window[0, S), targets window[1, S]).
 // Rows are batch-major, as every [T, ·] activation: the cp = 1 result is
@@ -70,7 +93,7 @@ struct CpAttentionSaved {
   Tensor lse_BHS;      // [B, Hq, S/cp]
 };
 
-// x_TD: [B·S/cp, D], this rank's rows (batch-major); pos_local_S: i32 [S/cp].
+// x_TD: [B·S/cp, D], this rank's rows (batch-major); pos_local_S: [S/cp].
 // cp: the cp group, or null. With cp of size > 1, pos_local_S must be
 // cp_positions(S, cp->size(), cp->rank()) (checked), every rank of the group
 // calls this with the same B and method, and with U = 2·B·(S/cp)·Hkv·hd
@@ -83,8 +106,8 @@ struct CpAttentionSaved {
 // result is bitwise that of attention_module_forward(ctx, opt, w, x_TD,
 // batch, pos_local_S, ·). Returns y_TD [B·S/cp, D].
 Tensor cp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
-                            const Tensor& x_TD, int64_t batch, const Tensor& pos_local_S, comm::Communicator* cp,
-                            CpComm method, CpAttentionSaved& saved);
+                            const Tensor& x_TD, int64_t batch, const CpPositions& pos_local_S,
+                            comm::Communicator* cp, CpComm method, CpAttentionSaved& saved);
 // dy_TD: [B·S/cp, D]. Returns dx_TD [B·S/cp, D] (complete); accumulates this
 // rank's partial weight gradients into `grad` (sum them over cp, see above).
 // cp must be the group forward used, and the method is forward's (saved).

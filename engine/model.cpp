@@ -221,8 +221,8 @@ struct Hooks {
 };
 }  // namespace
 
-Tensor Model::layer_forward(int64_t l, const Tensor& h_in, int64_t B, int64_t S, const Tensor& pos_S, LayerSaved& ls,
-                            MoeLayerRecord* record) const {
+Tensor Model::layer_forward(int64_t l, const Tensor& h_in, int64_t B, int64_t S, const dense::CpPositions& pos_S,
+                            LayerSaved& ls, MoeLayerRecord* record) const {
   const ExecContext& ctx = *ctx_;
   const float eps = static_cast<float>(cfg_.norm_eps);
   LayerWeights w = layer_views(l, /*grads=*/false);

@@ -35,7 +35,8 @@ struct LayerSaved {
 
 struct ModelSaved {
   int64_t chunk = 0;  // the model chunk (virtual stage) forward ran
-  Tensor ids_T, pos_S;
+  Tensor ids_T;
+  dense::CpPositions pos_S;  // this cp rank's zigzag shard of the windows
   int64_t batch = 0, seq_len = 0;  // of the micro-batch's windows
   std::vector<LayerSaved> layers;
   dense::RmsNormSaved final_norm;
@@ -253,7 +254,7 @@ class Model {
   LayerRefs resolve_layer(int64_t l) const;
   LayerWeights layer_views(int64_t l, bool grads) const;
   // One decoder layer: h_in [T/tp, D] → output; fills ls and, for MoE layers, *record.
-  Tensor layer_forward(int64_t l, const Tensor& h_in, int64_t batch, int64_t seq_len, const Tensor& pos_S,
+  Tensor layer_forward(int64_t l, const Tensor& h_in, int64_t batch, int64_t seq_len, const dense::CpPositions& pos_S,
                        LayerSaved& ls, MoeLayerRecord* record) const;
 
   const ExecContext* ctx_;

@@ -113,6 +113,34 @@ Tensor ExecContext::to(const Tensor& t, Device device) const {
   return out;
 }
 
+HostRead ExecContext::read_later(const Tensor& src) const {
+  ORIGAMI_CHECK(src.defined(), "read_later of an undefined tensor");
+  ORIGAMI_CHECK(src.device() == device_ || src.device().is_host(), "read_later of a tensor on ",
+                to_string(src.device()), " on a context of ", to_string(device_));
+  HostRead r;
+  r.host_ = Tensor::empty(src.shape(), src.dtype(), src.category(), Device::cpu());
+  if (src.numel() == 0) return r;
+#if ORIGAMI_WITH_CUDA
+  if (cuda_) {
+    r.pending_ = cuda::read_later(cuda_.get(), src.address(), src.nbytes());
+    return r;
+  }
+#endif
+  r.host_.copy_from(src);  // host memory on both sides
+  return r;
+}
+
+const Tensor& HostRead::get() {
+  ORIGAMI_CHECK(host_.defined(), "HostRead::get of a read never queued");
+#if ORIGAMI_WITH_CUDA
+  if (pending_) {
+    cuda::finish_read(*pending_, host_.address(), host_.nbytes());
+    pending_.reset();
+  }
+#endif
+  return host_;
+}
+
 void ExecContext::synchronize() const {
 #if ORIGAMI_WITH_CUDA
   if (cuda_) cuda::synchronize(cuda_.get());

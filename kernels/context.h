@@ -15,6 +15,29 @@
 
 namespace origami {
 
+namespace cuda {
+struct PendingRead;  // kernels/cuda/context.cpp
+}  // namespace cuda
+
+// A device-to-host read queued on a context's stream and taken later
+// (ExecContext::read_later). get() waits for the point of the stream the
+// read was queued at, not for what was queued after it, so a read taken
+// after a later synchronization of that stream costs no wait. Copies share
+// the read; the first get() waits, later ones return the same tensor.
+class HostRead {
+ public:
+  HostRead() = default;
+  bool defined() const { return host_.defined(); }
+  // The source's elements as they were when the read was queued, in a host
+  // tensor of its shape, dtype and ledger category.
+  const Tensor& get();
+
+ private:
+  friend class ExecContext;
+  Tensor host_;
+  std::shared_ptr<cuda::PendingRead> pending_;  // CUDA until get(): the pinned copy and its event
+};
+
 class ExecContext {
  public:
   // Host ops on `threads` OpenMP threads (oneDNN included), >= 1.
@@ -72,6 +95,14 @@ class ExecContext {
   // A copy of t on `device` (this context's or the host) by copy(), in t's
   // ledger category.
   Tensor to(const Tensor& t, Device device) const;
+  // src (on this context's device or the host) read into host memory in
+  // this context's stream order, without waiting: on CUDA the copy goes to
+  // pinned memory (a pool of the context's, reused) and an event marks it;
+  // HostRead::get waits for that event alone. For small values the host
+  // needs later in the step (the router's totals): taken after the next
+  // host copy the step makes anyway, they add no synchronization of their
+  // own. On the host the copy is made at once.
+  HostRead read_later(const Tensor& src) const;
   // Waits until every op issued through this context has finished.
   void synchronize() const;
 

@@ -27,11 +27,6 @@ namespace origami {
 // cp = 1, rank = 0 gives 0..S−1, the positions of gathered keys.
 void cp_zigzag_positions(const ExecContext& ctx, int64_t cp, int64_t rank, Tensor& pos_S);
 
-// Whether pos_S (i32 [S/cp], same rules) holds exactly what
-// cp_zigzag_positions(cp, rank) writes. The answer is a host bool: on a
-// device this is a synchronization point.
-bool cp_zigzag_positions_match(const ExecContext& ctx, const Tensor& pos_S, int64_t cp, int64_t rank);
-
 // tokens_BS1: i32 [B, S+1] windows (inputs at [0, S), next tokens at [1, S]);
 // pos_S: i32 [Sl], every entry in [0, S) (checked). ids_T, targets_T: i32
 // [B·Sl] (overwritten), batch-major:

@@ -504,12 +504,14 @@ void moe_routing_stats(const ExecContext& ctx, const Tensor& scores_TE, const Te
   return cpu::moe_routing_stats(ctx, scores_TE, expert_TK, lse_T, score, num_segments, stats_N);
 }
 
-MoeRoutingTotals moe_routing_totals(const ExecContext& ctx, const Tensor& stats_N, int64_t num_segments,
-                                    int64_t num_experts, int64_t top_k) {
-  if (on_cuda(ctx, "moe_routing_totals", {{"stats_N", &stats_N}}))
-    return ORIGAMI_ON_CUDA(moe_routing_totals)(ctx, stats_N, num_segments, num_experts, top_k);
+void moe_routing_totals(const ExecContext& ctx, const Tensor& stats_N, int64_t num_segments, int64_t num_experts,
+                        int64_t top_k, Tensor& totals_3) {
+  ORIGAMI_CHECK(totals_3.defined() && totals_3.dtype() == DType::f64 && totals_3.numel() == 3,
+                "router totals_3 must be f64 [3]");
+  if (on_cuda(ctx, "moe_routing_totals", {{"stats_N", &stats_N}, {"totals_3", &totals_3}}))
+    return ORIGAMI_ON_CUDA(moe_routing_totals)(ctx, stats_N, num_segments, num_experts, top_k, totals_3);
   const CpuThreads threads(ctx);
-  return cpu::moe_routing_totals(ctx, stats_N, num_segments, num_experts, top_k);
+  return cpu::moe_routing_totals(ctx, stats_N, num_segments, num_experts, top_k, totals_3);
 }
 
 void moe_aux_coefficients(const ExecContext& ctx, const Tensor& stats_N, double scale, Tensor& aux_SE) {
@@ -623,13 +625,6 @@ void cp_zigzag_positions(const ExecContext& ctx, int64_t cp, int64_t rank, Tenso
     return ORIGAMI_ON_CUDA(cp_zigzag_positions)(ctx, cp, rank, pos_S);
   const CpuThreads threads(ctx);
   return cpu::cp_zigzag_positions(ctx, cp, rank, pos_S);
-}
-
-bool cp_zigzag_positions_match(const ExecContext& ctx, const Tensor& pos_S, int64_t cp, int64_t rank) {
-  if (on_cuda(ctx, "cp_zigzag_positions_match", {{"pos_S", &pos_S}}))
-    return ORIGAMI_ON_CUDA(cp_zigzag_positions_match)(ctx, pos_S, cp, rank);
-  const CpuThreads threads(ctx);
-  return cpu::cp_zigzag_positions_match(ctx, pos_S, cp, rank);
 }
 
 void cp_gather_tokens(const ExecContext& ctx, const Tensor& tokens_BS1, const Tensor& pos_S, Tensor& ids_T,

@@ -67,16 +67,25 @@ void moe_topk_forward(const ExecContext& ctx, const Tensor& logits_TE, const Ten
 void moe_routing_stats(const ExecContext& ctx, const Tensor& scores_TE, const Tensor& expert_TK, const Tensor& lse_T,
                        MoeScore score, int64_t num_segments, Tensor& stats_N);
 
-// The host scalars of a (reduced) statistics buffer of moe_routing_stats
-// with S segments over E experts and k slots per token: the router's one
-// device-to-host read per forward (the step's aux and z losses).
+// The totals of a (reduced) statistics buffer of moe_routing_stats with S
+// segments over E experts and k slots per token, written to totals_3 (f64
+// [3], on the context's device; no host read: the router reads them later,
+// ExecContext::read_later), in this order:
 struct MoeRoutingTotals {
   double tokens = 0;      // T (of the whole group after the reduction)
   double balance = 0;     // Σ_b Σ_e f_be · P_be, f = count / (T_b · k), P = score sum / T_b, T_b = T / S (S > 0)
   double lse_sq_sum = 0;  // Σ_t lse_t²
+  // The fields of a host totals_3.
+  static MoeRoutingTotals of(const Tensor& host_totals_3) {
+    ORIGAMI_CHECK(host_totals_3.defined() && host_totals_3.device().kind == DeviceKind::cpu &&
+                      host_totals_3.dtype() == DType::f64 && host_totals_3.numel() == 3,
+                  "router totals must be a host f64 [3]");
+    const double* t = host_totals_3.data<double>();
+    return {t[0], t[1], t[2]};
+  }
 };
-MoeRoutingTotals moe_routing_totals(const ExecContext& ctx, const Tensor& stats_N, int64_t num_segments,
-                                    int64_t num_experts, int64_t top_k);
+void moe_routing_totals(const ExecContext& ctx, const Tensor& stats_N, int64_t num_segments, int64_t num_experts,
+                        int64_t top_k, Tensor& totals_3);
 
 // aux_SE (f32 [S, E]) = fp32(scale · counts_SE) from a statistics buffer
 // stats_N (f64 [2·S·E + 2]): the aux loss's gradient coefficients on s'.

@@ -44,8 +44,7 @@ Tensor moe_layer_forward(const ExecContext& ctx, const MoeLayerOptions& opt, con
                 "pad_to_capacity needs a capacity_factor");
 
   // Route: p and the selected experts, [T, k] each; aux and z losses.
-  saved.routing =
-      router_forward(ctx, opt.router, x_TD, w.gate_ED, w.bias_E, seq_len, saved.router, stats.losses, reduce);
+  saved.routing = router_forward(ctx, opt.router, x_TD, w.gate_ED, w.bias_E, seq_len, saved.router, reduce);
   const Routing& r = saved.routing;
 
   // Capacity and drop; C < 0 means dropless, where an undefined mask keeps
@@ -56,6 +55,8 @@ Tensor moe_layer_forward(const ExecContext& ctx, const MoeLayerOptions& opt, con
   stats.routed_per_expert = saved.perm.routed_per_expert;
   stats.kept_per_expert = saved.perm.kept_per_expert;
   stats.tokens_per_ep_rank = per_ep_rank(stats.kept_per_expert, disp.placement());
+  // The counts' read above waited for the stream past the router's totals.
+  stats.losses = router_losses(opt.router, saved.router);
 
   // Permute → dispatch → this rank's experts → combine → un-permute weighted by p.
   const Tensor x_ND = permute_rows(ctx, x_TD, saved.perm);  // (N, D), grouped by global expert

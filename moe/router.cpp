@@ -41,8 +41,7 @@ Tensor activation(const ExecContext& ctx, Shape shape, DType dt = DType::f32) {
 }  // namespace
 
 Routing router_forward(const ExecContext& ctx, const RouterOptions& opt, const Tensor& x_TD, const Tensor& gate_ED,
-                       const Tensor& bias_E, int64_t seq_len, RouterSaved& saved, RouterLosses& losses,
-                       const StatsReducer& reduce) {
+                       const Tensor& bias_E, int64_t seq_len, RouterSaved& saved, const StatsReducer& reduce) {
   ORIGAMI_CHECK(x_TD.defined() && gate_ED.defined(), "router_forward on an undefined tensor");
   const int64_t T = x_TD.rows(), D = x_TD.cols(), E = opt.num_experts, K = opt.top_k;
   check_shape(gate_ED, {E, D}, "router gate_ED (num_experts, hidden)");
@@ -65,7 +64,7 @@ Routing router_forward(const ExecContext& ctx, const RouterOptions& opt, const T
   saved.stats_N = Tensor();
   saved.aux_segments = 0;
   saved.aux_tokens = 0;
-  losses = RouterLosses{};
+  saved.totals = HostRead();
   if (!want_aux && !want_z) return routing;
 
   // One buffer, one reduction: [counts S·E | score sums S·E | tokens | Σ lse²].
@@ -74,19 +73,28 @@ Routing router_forward(const ExecContext& ctx, const RouterOptions& opt, const T
   Tensor stats = activation(ctx, {2 * SE + 2}, DType::f64);
   moe_routing_stats(ctx, scores, routing.expert_TK, lse, params.score_function, S, stats);
   if (reduce) reduce(stats);
-  const MoeRoutingTotals totals = moe_routing_totals(ctx, stats, S, E, K);
-  const double tokens = totals.tokens;
-  ORIGAMI_CHECK(tokens > 0, "router statistics cover no tokens after the reduction");
-  saved.aux_tokens = tokens;
-
+  Tensor totals = ctx.empty({3}, DType::f64, MemCategory::workspace);
+  moe_routing_totals(ctx, stats, S, E, K, totals);
+  saved.totals = ctx.read_later(totals);
   if (want_aux) {
     saved.stats_N = stats;
     saved.aux_segments = S;
-    losses.aux_loss = static_cast<double>(opt.aux_loss_coeff_f32()) * static_cast<double>(E) /
-                      static_cast<double>(S) * totals.balance;
   }
-  if (want_z) losses.z_loss = static_cast<double>(opt.z_loss_coeff_f32()) * totals.lse_sq_sum / tokens;
   return routing;
+}
+
+RouterLosses router_losses(const RouterOptions& opt, RouterSaved& saved) {
+  RouterLosses losses;
+  if (!saved.totals.defined()) return losses;  // neither loss active
+  const MoeRoutingTotals totals = MoeRoutingTotals::of(saved.totals.get());
+  ORIGAMI_CHECK(totals.tokens > 0, "router statistics cover no tokens after the reduction");
+  saved.aux_tokens = totals.tokens;
+  const double E = static_cast<double>(opt.num_experts);
+  if (opt.aux_active())
+    losses.aux_loss = static_cast<double>(opt.aux_loss_coeff_f32()) * E / static_cast<double>(saved.aux_segments) *
+                      totals.balance;
+  if (opt.z_active()) losses.z_loss = static_cast<double>(opt.z_loss_coeff_f32()) * totals.lse_sq_sum / totals.tokens;
+  return losses;
 }
 
 Tensor router_backward(const ExecContext& ctx, const RouterOptions& opt, const RouterSaved& saved,
@@ -99,6 +107,8 @@ Tensor router_backward(const ExecContext& ctx, const RouterOptions& opt, const R
   if (!defer) check_shape(dgate_ED, {E, D}, "router dgate_ED");  // deferred: unbound until W (the gemm checks it)
   const MoeTopkParams& params = opt;
   if (T == 0) return ctx.empty_data({0, D});  // no tokens: no gradient (the group's reduction happened in forward)
+  ORIGAMI_CHECK(!(opt.aux_active() || opt.z_active()) || saved.aux_tokens > 0,
+                "router_backward: the forward's losses were never taken (router_losses)");
 
   // ∂(aux_scale · aux)/∂s'_te, one row per segment.
   Tensor aux_SE;

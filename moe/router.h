@@ -47,16 +47,25 @@ struct RouterSaved {
   // the gradient when an aux loss is active: the reduced statistics buffer
   // (its routed counts per expert, per sequence for seq_aux_loss) over
   // aux_segments segments. aux_tokens (the token count they are over) is
-  // also the token count of the z-loss mean.
+  // also the token count of the z-loss mean; router_losses sets it.
   Tensor stats_N;  // f64 [2·S·E + 2] or undefined
   int64_t aux_segments = 0;
   double aux_tokens = 0;
+  // The statistics' totals (MoeRoutingTotals, kernels/moe_ops.h) on their way
+  // to the host; defined iff an aux or z loss is active.
+  HostRead totals;
 };
 
 // x_TD [T, D] with T = B·seq_len; gate_ED [E, D]; bias_E [E] or undefined.
+// The loss values are not read here: router_losses takes them, which the
+// caller does after its next host read of the stream (the MoE layer's, of
+// the per-expert counts), so reading them costs no wait of its own.
 Routing router_forward(const ExecContext& ctx, const RouterOptions& opt, const Tensor& x_TD, const Tensor& gate_ED,
-                       const Tensor& bias_E, int64_t seq_len, RouterSaved& saved, RouterLosses& losses,
-                       const StatsReducer& reduce = nullptr);
+                       const Tensor& bias_E, int64_t seq_len, RouterSaved& saved, const StatsReducer& reduce = nullptr);
+// The aux and z losses of the forward that filled `saved` (zero when
+// neither is active); sets saved.aux_tokens, which router_backward needs.
+// Checks the statistics cover at least one token.
+RouterLosses router_losses(const RouterOptions& opt, RouterSaved& saved);
 
 // dweight_TK: gradient of the objective w.r.t. p. aux_scale: weight of the aux
 // and z losses in the objective (1 / micro-batches per global batch).

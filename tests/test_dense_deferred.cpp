@@ -82,7 +82,8 @@ TEST(DenseDeferred, AttentionAndContextParallelAttentionOnNoGroup) {
   dense::AttentionWeights w = random_attention(rng);
   Tensor x = random_tensor({T, D}, rng), dy = random_tensor({T, D}, rng);
   dense::CpAttentionSaved saved;
-  dense::cp_attention_forward(ctx, opt, w, x, B, positions(5), nullptr, dense::CpComm::all_gather, saved);
+  dense::cp_attention_forward(ctx, opt, w, x, B, dense::CpPositions(positions(5)), nullptr,
+                              dense::CpComm::all_gather, saved);
   expect_split_is_fused("cp attention", like(w, rng), attention_views, {w.wq, w.wk, w.wv, w.wo}, 4,
                         [&](dense::AttentionWeights& g, WeightGradQueue* q) {
                           return dense::cp_attention_backward(ctx, opt, w, saved, dy, nullptr, g, q);

@@ -156,7 +156,14 @@ TEST(ContextParallel, PositionsPartitionTheSequenceWithEqualCausalWork) {
       std::vector<int> seen(static_cast<size_t>(S), 0);
       int64_t work0 = -1;
       for (int64_t r = 0; r < cp; ++r) {
-        const Tensor pos = dense::cp_positions(ctx, S, cp, r);
+        const dense::CpPositions made = dense::cp_positions(ctx, S, cp, r);
+        // What cp_attention_forward checks under a group, on the host.
+        EXPECT_TRUE(made.is_zigzag_shard(S, cp, r));
+        if (cp > 1) EXPECT_FALSE(made.is_zigzag_shard(S, cp, (r + 1) % cp)) << "another rank's shard";
+        EXPECT_FALSE(made.is_zigzag_shard(2 * S, cp, r)) << "another sequence length";
+        EXPECT_FALSE(made.is_zigzag_shard(S, 2 * cp, r)) << "another group size";
+        const Tensor& pos = made.tensor();
+        EXPECT_FALSE(dense::CpPositions(pos).is_zigzag_shard(S, cp, r)) << "the same values, not made as a shard";
         ASSERT_EQ(pos.numel(), S / cp);
         int64_t work = 0;  // causal (query, key) pairs of this rank's queries
         for (int64_t i = 0; i < pos.numel(); ++i) {
@@ -180,7 +187,7 @@ TEST(ContextParallel, PositionsPartitionTheSequenceWithEqualCausalWork) {
 TEST(ContextParallel, GroupRanksTogetherHoldEveryPositionOnce) {
   comm::Communicator& cp = cp_group();
   const int64_t S = 16 * cp.size();
-  const Tensor pos = dense::cp_positions(ctx, S, cp.size(), cp.rank());
+  const Tensor pos = dense::cp_positions(ctx, S, cp.size(), cp.rank()).tensor();
   ASSERT_EQ(pos.numel(), S / cp.size());
   std::vector<int32_t> all(static_cast<size_t>(S));
   cp.all_gather(std::span<const int32_t>(pos.i32(), pos.numel()), std::span<int32_t>(all));
@@ -197,15 +204,17 @@ TEST(ContextParallel, ShardTokensReadsInputsAndNextTokensAtTheRanksPositions) {
     std::vector<int> input_seen(static_cast<size_t>(B * S), 0);
     for (int64_t r = 0; r < cp; ++r) {
       const dense::CpTokens t = dense::cp_shard_tokens(ctx, windows, cp, r);
-      const Tensor want_pos = dense::cp_positions(ctx, S, cp, r);
+      const Tensor want_pos = dense::cp_positions(ctx, S, cp, r).tensor();
+      const Tensor& got_pos = t.pos_S.tensor();
       const int64_t Sl = S / cp;
-      ASSERT_EQ(t.pos_S.numel(), Sl);
+      EXPECT_TRUE(t.pos_S.is_zigzag_shard(S, cp, r));
+      ASSERT_EQ(got_pos.numel(), Sl);
       ASSERT_EQ(t.ids_T.numel(), B * Sl);
       ASSERT_EQ(t.targets_T.numel(), B * Sl);
-      for (int64_t i = 0; i < Sl; ++i) ASSERT_EQ(t.pos_S.i32()[i], want_pos.i32()[i]);
+      for (int64_t i = 0; i < Sl; ++i) ASSERT_EQ(got_pos.i32()[i], want_pos.i32()[i]);
       for (int64_t b = 0; b < B; ++b)
         for (int64_t i = 0; i < Sl; ++i) {
-          const int32_t p = t.pos_S.i32()[i];
+          const int32_t p = got_pos.i32()[i];
           EXPECT_EQ(t.ids_T.i32()[b * Sl + i], 1000 * b + p) << "cp " << cp << " rank " << r;
           EXPECT_EQ(t.targets_T.i32()[b * Sl + i], 1000 * b + p + 1) << "cp " << cp << " rank " << r;
           ++input_seen[static_cast<size_t>(b * S + p)];
@@ -229,7 +238,7 @@ const char* method_name(dense::CpComm m) { return m == dense::CpComm::ring ? "ri
 struct CpRun {
   Tensor y, dx;
   dense::AttentionWeights g;
-  Tensor pos;
+  dense::CpPositions pos;
 };
 
 // The sends, gathers and scatters each method makes (attention_cp.h), with
@@ -279,11 +288,11 @@ CpRun check_against_single_rank(const Case& c, uint32_t seed, dense::CpComm meth
 
   CpRun run;
   run.pos = dense::cp_positions(ctx, c.S, n, cp.rank());
-  const Tensor& pos = run.pos;
+  const Tensor& pos = run.pos.tensor();
   const Tensor x_local = take_rows(x, c.B, pos), dy_local = take_rows(dy, c.B, pos);
   cp.reset_stats();
   dense::CpAttentionSaved saved;
-  run.y = dense::cp_attention_forward(ctx, opt, w, x_local, c.B, pos, &cp, method, saved);
+  run.y = dense::cp_attention_forward(ctx, opt, w, x_local, c.B, run.pos, &cp, method, saved);
   const int64_t kv_floats = 2 * c.B * (c.S / n) * kHkv * kHd;  // packed K, V of one rank
   expect_comm(cp, method, kv_floats, false);
   run.g = zero_grads(w);
@@ -337,8 +346,8 @@ TEST(ContextParallel, RingMatchesAllGather) {
     const CpRun r = check_against_single_rank(c, 777 + static_cast<uint32_t>(c.S), dense::CpComm::ring);
     constexpr double kRtol = 5e-6;
     double worst = 0;
-    worst = std::max(worst, expect_close(r.y, a.y, kRtol, "y: ring vs all_gather", &r.pos));
-    worst = std::max(worst, expect_close(r.dx, a.dx, kRtol, "dx: ring vs all_gather", &r.pos));
+    worst = std::max(worst, expect_close(r.y, a.y, kRtol, "y: ring vs all_gather", &r.pos.tensor()));
+    worst = std::max(worst, expect_close(r.dx, a.dx, kRtol, "dx: ring vs all_gather", &r.pos.tensor()));
     worst = std::max(worst, expect_close(r.g.wq, a.g.wq, kRtol, "dWq: ring vs all_gather"));
     worst = std::max(worst, expect_close(r.g.wk, a.g.wk, kRtol, "dWk: ring vs all_gather"));
     worst = std::max(worst, expect_close(r.g.wv, a.g.wv, kRtol, "dWv: ring vs all_gather"));
@@ -365,7 +374,7 @@ TEST(ContextParallel, RingKeepsLessAndPeaksLower) {
   std::mt19937 rng(31);
   const dense::AttentionOptions opt{kHq, kHkv, kHd, 10000.0f};
   const dense::AttentionWeights w = random_weights(rng);
-  const Tensor pos = dense::cp_positions(ctx, S, n, cp.rank());
+  const dense::CpPositions pos = dense::cp_positions(ctx, S, n, cp.rank());
   const Tensor x = random_tensor({B * S / n, kD}, rng), dy = random_tensor({B * S / n, kD}, rng);
   const int64_t U = 2 * B * (S / n) * kHkv * kHd * static_cast<int64_t>(sizeof(float));
   TrackedAllocator& mem = TrackedAllocator::host();
@@ -425,7 +434,7 @@ TEST(ContextParallel, NullOrSizeOneGroupIsTheDenseModuleBitwise) {
       SCOPED_TRACE(std::string(cp ? "size-1 group, " : "null group, ") + method_name(method));
       one.reset_stats();
       dense::CpAttentionSaved saved;
-      const Tensor y = dense::cp_attention_forward(ctx, opt, w, x, B, pos, cp, method, saved);
+      const Tensor y = dense::cp_attention_forward(ctx, opt, w, x, B, dense::CpPositions(pos), cp, method, saved);
       dense::AttentionWeights g = zero_grads(w);
       const Tensor dx = dense::cp_attention_backward(ctx, opt, w, saved, dy, cp, g);
       EXPECT_EQ(one.total_bytes(), 0);

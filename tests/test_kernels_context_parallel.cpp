@@ -157,7 +157,6 @@ TEST(CpKernelsDeathTest, BadShapesStopNamingTheOp) {
   EXPECT_DEATH(cp_zigzag_positions(ctx, 2, 0, pos5), "cp_zigzag_positions: 5 positions per rank");
   Tensor pos_f32 = f32({6});
   EXPECT_DEATH(cp_zigzag_positions(ctx, 2, 0, pos_f32), "cp_zigzag_positions: positions must be i32");
-  EXPECT_DEATH(cp_zigzag_positions_match(ctx, pos5, 1, 0), "cp_zigzag_positions_match: 5 positions");
 
   const Tensor tok = i32({2, 9}), pos = i32_tensor({0, 7, 3, 8});
   Tensor ids = i32({8}), targets = i32({8}), short_ids = i32({7});

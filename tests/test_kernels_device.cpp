@@ -21,7 +21,11 @@
 #include "kernels/gemm.h"
 #include "kernels/tensor.h"
 #ifdef ORIGAMI_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include <chrono>
 #include <fstream>
+#include <thread>
 
 #include "kernels/cuda/cublas_library.h"
 #endif
@@ -241,6 +245,26 @@ TEST(ExecContext, CopyAndToOnTheHostMoveEveryBitAndKeepTheCategory) {
       ASSERT_EQ(big.f32()[r * 5 + c], r >= 1 && r < 4 ? src.f32()[(r + 1) * 5 + c] : before.f32()[r * 5 + c]) << r;
 }
 
+// On the host read_later copies at once: the read keeps the values of when
+// it was queued, whatever happens to the source after, in the source's
+// shape, dtype and category; copies of a read share it.
+TEST(ExecContext, ReadLaterOnTheHostKeepsTheValuesOfWhenItWasQueued) {
+  const ExecContext ctx = ExecContext::cpu(1);
+  Tensor src = random_host({3, 7}, 18, MemCategory::workspace);
+  const Tensor before = src.to(Device::cpu());
+  HostRead read = ctx.read_later(src);
+  ASSERT_TRUE(read.defined());
+  add_inplace(ctx, src, random_host({3, 7}, 19));
+  HostRead copy = read;
+  const Tensor& got = read.get();
+  EXPECT_EQ(got.device(), Device::cpu());
+  EXPECT_EQ(got.shape(), src.shape());
+  EXPECT_EQ(got.category(), MemCategory::workspace);
+  EXPECT_TRUE(same_bits(got, before));
+  EXPECT_EQ(copy.get().raw(), got.raw()) << "copies of a read share its host tensor";
+  EXPECT_FALSE(HostRead().defined());
+}
+
 TEST(ExecContextDeathTest, CopyRefusesMismatchedElementsNamingBoth) {
   const ExecContext ctx = ExecContext::cpu(1);
   const Tensor a = random_host({4, 3}, 14);
@@ -339,6 +363,53 @@ TEST_F(CudaDevice, ContextCopiesSeeEveryOpQueuedBeforeThemOnTheStream) {
   const Tensor head = ctx.to(y_dev.flat_view(0, 200, {200}), Device::cpu());
   for (int64_t i = 0; i < 200; ++i)
     ASSERT_EQ(head.f32()[i], i >= 50 && i < 150 ? patch.f32()[i - 50] : y_host.f32()[i]) << i;
+}
+
+// read_later waits for its own point of the stream, not for what was queued
+// after it: the stream is held by a host function sleeping 1 s between two
+// reads, and the first read returns at once with the values of 16 adds, the
+// second after the sleep with those of 32 (bitwise the host's adds). Then
+// reads dropped before they were taken, their pinned buffers reused behind
+// copies still in flight, and a last read that must see the last add.
+TEST_F(CudaDevice, ReadLaterWaitsForItsPointOfTheStreamNotForLaterWork) {
+  const ExecContext ctx = ExecContext::cuda(0);
+  const ExecContext host_ctx = ExecContext::cpu(1);
+  const int64_t n = int64_t{1} << 20;
+  const Tensor x = random_host({n}, 20);
+  Tensor y_host = x.to(Device::cpu());
+  const Tensor x_dev = ctx.to(x, ctx.device());
+  Tensor y_dev = ctx.to(x, ctx.device());
+  auto adds = [&](int k) {
+    for (int i = 0; i < k; ++i) {
+      add_inplace(ctx, y_dev, x_dev);
+      add_inplace(host_ctx, y_host, x);
+    }
+  };
+  adds(16);
+  HostRead first = ctx.read_later(y_dev);
+  const Tensor want_first = y_host.to(Device::cpu());
+  ASSERT_EQ(cudaLaunchHostFunc(
+                static_cast<cudaStream_t>(ctx.stream()),
+                [](void*) { std::this_thread::sleep_for(std::chrono::seconds(1)); }, nullptr),
+            cudaSuccess);
+  adds(16);
+  HostRead second = ctx.read_later(y_dev);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Tensor& got_first = first.get();
+  const double first_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(first_s, 0.5) << "the first read waited for work queued after it";
+  EXPECT_TRUE(same_bits(got_first, want_first));
+  EXPECT_TRUE(same_bits(second.get(), y_host));
+  const double second_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GT(second_s, 0.5) << "the second read did not wait for the sleep queued before it";
+
+  for (int i = 0; i < 50; ++i) {
+    add_inplace(ctx, y_dev, x_dev);
+    add_inplace(host_ctx, y_host, x);
+    (void)ctx.read_later(y_dev);  // dropped in flight: its buffer goes back to the pool
+  }
+  HostRead last = ctx.read_later(y_dev);
+  EXPECT_TRUE(same_bits(last.get(), y_host));
 }
 
 using CudaDeviceDeathTest = CudaDevice;

@@ -134,7 +134,9 @@ TEST(KernelsMoe, RoutingStatisticsRejectBadShapes) {
   EXPECT_DEATH(moe_routing_stats(ctx, o.scores, o.experts, o.lse, MoeScore::softmax, 3, stats3),
                "10 tokens do not split into 3 segments");
   EXPECT_DEATH(moe_routing_stats(ctx, o.scores, o.experts, o.lse, MoeScore::softmax, 2, stats1), "router stats_N");
-  EXPECT_DEATH(moe_routing_totals(ctx, stats1, 1, E, 0), "router totals need top_k >= 1, got 0");
+  Tensor totals = make({3}, DType::f64), totals2 = make({2}, DType::f64);
+  EXPECT_DEATH(moe_routing_totals(ctx, stats1, 1, E, 0, totals), "router totals need top_k >= 1, got 0");
+  EXPECT_DEATH(moe_routing_totals(ctx, stats1, 1, E, 2, totals2), "router totals_3 must be f64 \\[3\\]");
   Tensor aux = make({2, E});
   EXPECT_DEATH(moe_aux_coefficients(ctx, stats1, 0.1, aux), "router stats_N");
   Tensor bias = make({E});

@@ -53,8 +53,8 @@ TEST(MoeDeferred, Router) {
     const moe::RouterOptions opt = router_options(variant);
     Tensor gate = random_tensor({E, D}, rng, 0.5f), x = random_tensor({T, D}, rng);
     moe::RouterSaved saved;
-    moe::RouterLosses losses;
-    moe::router_forward(ctx, opt, x, gate, Tensor(), S, saved, losses);
+    moe::router_forward(ctx, opt, x, gate, Tensor(), S, saved);
+    moe::router_losses(opt, saved);
     const Tensor dweight = random_tensor({T, K}, rng);
     expect_split_is_fused(variant ? "router (sigmoid, seq aux, z)" : "router (softmax, aux)",
                           random_tensor({E, D}, rng), testing::tensor_views, {gate}, 1,

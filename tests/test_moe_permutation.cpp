@@ -317,13 +317,12 @@ TEST(MoePermutation, RoutingCostIsSmallNextToExpertGemmsAtBenchSize) {
   Tensor dw_TK = random_tensor({T, K}, rng);
   const double router_ms = best_ms(7, [&] {
     RouterSaved saved;
-    RouterLosses losses;
-    router_forward(ctx, ro, x, gate, Tensor(), 512, saved, losses);
+    router_forward(ctx, ro, x, gate, Tensor(), 512, saved);
+    router_losses(ro, saved);
     router_backward(ctx, ro, saved, gate, dw_TK, 1.0f, dgate);
   });
   RouterSaved saved;
-  RouterLosses losses;
-  const Routing routing = router_forward(ctx, ro, x, gate, Tensor(), 512, saved, losses);
+  const Routing routing = router_forward(ctx, ro, x, gate, Tensor(), 512, saved);
   Tensor dout = random_tensor({T, D}, rng), dx = Tensor::zeros({T, D}, DType::f32, MemCategory::grad);
   const double perm_ms = best_ms(7, [&] {
     const Permutation p = make_permutation(ctx, routing.expert_TK, Tensor(), E, -1, false);

@@ -98,8 +98,8 @@ void expect_route(const Routing& got, const NaiveRoute& want, double rel_tol, co
 Routing route(const RouterOptions& o, const Tensor& x, const Tensor& gate, const Tensor& bias, int64_t seq_len,
               RouterLosses* losses = nullptr, const StatsReducer& reduce = nullptr) {
   RouterSaved saved;
-  RouterLosses l;
-  Routing r = router_forward(ctx, o, x, gate, bias, seq_len, saved, l, reduce);
+  Routing r = router_forward(ctx, o, x, gate, bias, seq_len, saved, reduce);
+  const RouterLosses l = router_losses(o, saved);
   if (losses) *losses = l;
   return r;
 }
@@ -327,12 +327,12 @@ TEST_P(RouterGrad, FiniteDifferencesThroughXAndGate) {
   Tensor R = with_weights ? random_tensor({T, K}, rng) : zeros({T, K});
 
   RouterSaved saved;
-  RouterLosses losses;
-  const Routing base = router_forward(ctx, o, x, gate, bias, S, saved, losses);
+  const Routing base = router_forward(ctx, o, x, gate, bias, S, saved);
+  router_losses(o, saved);
   auto objective = [&] {
     RouterSaved s;
-    RouterLosses l;
-    Routing r = router_forward(ctx, o, x, gate, bias, S, s, l);
+    Routing r = router_forward(ctx, o, x, gate, bias, S, s);
+    const RouterLosses l = router_losses(o, s);
     for (int64_t i = 0; i < T * K; ++i)
       EXPECT_EQ(r.expert_TK.i32()[i], base.expert_TK.i32()[i]) << "selection flipped under the perturbation";
     return testing::dot(r.weight_TK, R) + aux_scale * (l.aux_loss + l.z_loss);
@@ -417,9 +417,12 @@ TEST_P(RouterReducer, TwoRankGroupMatchesTheCombinedBatch) {
   EXPECT_DOUBLE_EQ(local_a[2 * S * E], double(T)) << "local token count";
 
   RouterSaved sa, sb, sc;
-  router_forward(ctx, o, xa, gate, Tensor(), Sl, sa, la, plus(local_b));
-  router_forward(ctx, o, xb, gate, Tensor(), Sl, sb, lb_, plus(local_a));
-  router_forward(ctx, o, xc, gate, Tensor(), 2 * Sl, sc, lc);
+  router_forward(ctx, o, xa, gate, Tensor(), Sl, sa, plus(local_b));
+  router_forward(ctx, o, xb, gate, Tensor(), Sl, sb, plus(local_a));
+  router_forward(ctx, o, xc, gate, Tensor(), 2 * Sl, sc);
+  la = router_losses(o, sa);
+  lb_ = router_losses(o, sb);
+  lc = router_losses(o, sc);
   EXPECT_EQ(calls, 4);
   EXPECT_DOUBLE_EQ(sa.aux_tokens, double(2 * T));
   // oneDNN may round a token's fp32 logits differently at M = 10 and M = 20

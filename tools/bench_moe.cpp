@@ -222,14 +222,14 @@ Pass time_components(const ExecContext& ctx, const moe::MoeLayerOptions& opt, co
   const int64_t T = x_TD.rows(), E = opt.router.num_experts;
   auto t0 = Clock::now();
   moe::RouterSaved rs;
-  moe::RouterLosses losses;
-  moe::Routing routing = moe::router_forward(ctx, opt.router, x_TD, w.gate_ED, w.bias_E, seq_len, rs, losses);
+  moe::Routing routing = moe::router_forward(ctx, opt.router, x_TD, w.gate_ED, w.bias_E, seq_len, rs);
   s.router += seconds_since(t0);
 
   t0 = Clock::now();
   const int64_t C = moe::expert_capacity(opt.capacity, T, opt.router.top_k, E);
   Tensor kept = moe::apply_capacity(ctx, opt.capacity, routing.expert_TK, routing.weight_TK, E, C);
   moe::Permutation perm = moe::make_permutation(ctx, routing.expert_TK, kept, E, C, opt.capacity.pad_to_capacity);
+  moe::router_losses(opt.router, rs);  // as the layer: after the counts' read
   Tensor x_ND = moe::permute_rows(ctx, x_TD, perm);  // (N, D)
   s.permute += seconds_since(t0);
 

@@ -76,14 +76,6 @@ void cp_zigzag_positions(const ExecContext& ctx, int64_t cp, int64_t rank, Tenso
   for (int64_t i = 0; i < 2 * C; ++i) pos[i] = static_cast<int32_t>(zigzag_position(cp, rank, C, i));
 }
 
-bool cp_zigzag_positions_match(const ExecContext& ctx, const Tensor& pos_S, int64_t cp, int64_t rank) {
-  const int64_t C = check_zigzag("cp_zigzag_positions_match", pos_S, cp, rank);
-  const int32_t* pos = pos_S.i32();
-  for (int64_t i = 0; i < 2 * C; ++i)
-    if (pos[i] != zigzag_position(cp, rank, C, i)) return false;
-  return true;
-}
-
 void cp_gather_tokens(const ExecContext& ctx, const Tensor& tokens_BS1, const Tensor& pos_S, Tensor& ids_T,
                       Tensor& targets_T) {
   ORIGAMI_CHECK(

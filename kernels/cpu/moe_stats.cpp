@@ -81,23 +81,23 @@ void moe_routing_stats(const ExecContext& ctx, const Tensor& scores_TE, const Te
   }
 }
 
-MoeRoutingTotals moe_routing_totals(const ExecContext& ctx, const Tensor& stats_N, int64_t num_segments,
-                                    int64_t num_experts, int64_t top_k) {
+void moe_routing_totals(const ExecContext& ctx, const Tensor& stats_N, int64_t num_segments, int64_t num_experts,
+                        int64_t top_k, Tensor& totals_3) {
   const int64_t S = num_segments, SE = S * num_experts;
   const double* b = check_stats(stats_N, S, num_experts);
   ORIGAMI_CHECK(top_k >= 1, "router totals need top_k >= 1, got ", top_k);
-  MoeRoutingTotals r;
-  r.tokens = b[2 * SE];
-  r.lse_sq_sum = b[2 * SE + 1];
+  const double tokens = b[2 * SE];
+  double balance = 0.0;
   if (S > 0) {
     // f_be · P_be summed in buffer order, one fp64 accumulator (the order of
     // the aux loss as written; no reassociation).
-    const double Tb = r.tokens / static_cast<double>(S);
-    double acc = 0.0;
-    for (int64_t i = 0; i < SE; ++i) acc += b[i] / (Tb * static_cast<double>(top_k)) * (b[SE + i] / Tb);
-    r.balance = acc;
+    const double Tb = tokens / static_cast<double>(S);
+    for (int64_t i = 0; i < SE; ++i) balance += b[i] / (Tb * static_cast<double>(top_k)) * (b[SE + i] / Tb);
   }
-  return r;
+  double* out = totals_3.data<double>();  // the order of MoeRoutingTotals
+  out[0] = tokens;
+  out[1] = balance;
+  out[2] = b[2 * SE + 1];
 }
 
 void moe_aux_coefficients(const ExecContext& ctx, const Tensor& stats_N, double scale, Tensor& aux_SE) {

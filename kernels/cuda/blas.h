@@ -12,7 +12,9 @@
 //    streams, and with concurrent streams it may pick other kernels);
 //  - the cuBLASLt plans (descriptors and the heuristic's algorithm) by shape,
 //    built on first use: a step repeats the same shapes;
-//  - the grouped GEMM's device arrays of A, B and C pointers.
+//  - the grouped GEMM's device arrays of A, B and C pointers;
+//  - the pinned host buffers of read_later (kernels/cuda/context.cpp), kept
+//    for reuse: cudaHostAlloc costs far more than the small reads it serves.
 // Ops never allocate: they use these.
 #pragma once
 #include <cublasLt.h>
@@ -21,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <unordered_map>
@@ -29,6 +32,8 @@
 #include "kernels/tensor.h"
 
 namespace origami::cuda {
+
+struct ReadbackPool;  // kernels/cuda/context.cpp
 
 inline constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;  // cuBLAS's recommendation for Hopper
 // Problems one grouped cuBLAS call covers (the pointer arrays' length); a call
@@ -103,6 +108,8 @@ struct ExecContext::CudaState {
   bool grouped_mixed_unsupported = false;  // cuBLAS refused bf16 A/B with f32 C (guarded by grouped_mu)
   std::mutex plans_mu;  // guards `plans`
   std::unordered_map<cuda::LtKey, cuda::LtPlan, cuda::LtKeyHash> plans;
+  // Shared with the reads still held, which return their buffers to it.
+  std::shared_ptr<cuda::ReadbackPool> readback;
 };
 
 }  // namespace origami

@@ -1,12 +1,9 @@
 // CUDA context-parallel layout ops (kernels/context_parallel.h): the zigzag
-// index map, its check, the token gather and the K/V copies between the
+// index map, the token gather and the K/V copies between the
 // wire [cp, 2, B, S/cp, E] and saved [B, S, E] layouts. Nothing is computed
 // on the data: every result is bitwise the CPU's (kernels/cpu/context_parallel.cpp).
 //
-// The zigzag ops are one thread per local row. The match is a host bool, so
-// it is a named sync point: a device flag (0 = match) that any mismatching
-// row sets to 1 (all writers write the same value), copied back on the
-// context's stream and waited for.
+// The zigzag map is one thread per local row.
 //
 // pack / unpack move runs of C·E elements (C = S/(2·cp)) that are contiguous
 // on both sides: run j of the wire is [r][part][b][half], half 0 being chunk
@@ -48,13 +45,6 @@ __global__ void zigzag_positions(int64_t cp, int64_t rank, int64_t C, int32_t* _
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < 2 * C;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     pos[i] = static_cast<int32_t>(zigzag_position(cp, rank, C, i));
-}
-
-__global__ void zigzag_mismatch(const int32_t* __restrict__ pos, int64_t cp, int64_t rank, int64_t C,
-                                int* __restrict__ mismatch) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < 2 * C;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    if (static_cast<int64_t>(pos[i]) != zigzag_position(cp, rank, C, i)) *mismatch = 1;
 }
 
 // Threads over the local rows, each writing its row's token for every b
@@ -157,20 +147,6 @@ void cp_zigzag_positions(const ExecContext& ctx, int64_t cp, int64_t rank, Tenso
   const int64_t C = check_zigzag("cp_zigzag_positions", pos_S, cp, rank);
   zigzag_positions<<<grid_for(2 * C, 256), 256, 0, stream_of(ctx)>>>(cp, rank, C, dev<int32_t>(pos_S, "pos_S"));
   CUDA_CHECK_LAUNCH();
-}
-
-bool cp_zigzag_positions_match(const ExecContext& ctx, const Tensor& pos_S, int64_t cp, int64_t rank) {
-  const int64_t C = check_zigzag("cp_zigzag_positions_match", pos_S, cp, rank);
-  const cudaStream_t stream = stream_of(ctx);
-  Tensor flag = ctx.workspace(sizeof(int));
-  int* mismatch = static_cast<int*>(flag.address());
-  CUDA_CHECK(cudaMemsetAsync(mismatch, 0, sizeof(int), stream));
-  zigzag_mismatch<<<grid_for(2 * C, 256), 256, 0, stream>>>(dev<const int32_t>(pos_S, "pos_S"), cp, rank, C, mismatch);
-  CUDA_CHECK_LAUNCH();
-  int host = 1;
-  CUDA_CHECK(cudaMemcpyAsync(&host, mismatch, sizeof(int), cudaMemcpyDeviceToHost, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));  // sync point: the answer is a host bool
-  return host == 0;
 }
 
 void cp_gather_tokens(const ExecContext& ctx, const Tensor& tokens_BS1, const Tensor& pos_S, Tensor& ids_T,

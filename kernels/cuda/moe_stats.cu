@@ -12,11 +12,10 @@
 // reduces Σ lse² in fp64 (a fixed-shape block reduction; the CPU's
 // sum_squares splits by thread count instead, so that one value may differ
 // in the last bits).
-// moe_routing_totals is the router's one device-to-host read per forward:
-// one block reduces the balance term in fp64 (a fixed tree, not the CPU's
-// sequential sum: ~S·E·eps64 apart), then the three doubles are copied back
-// and the stream is synchronized — a host sync point by the op's contract
-// (it returns host values).
+// moe_routing_totals: one block reduces the balance term in fp64 (a fixed
+// tree, not the CPU's sequential sum: ~S·E·eps64 apart) and writes the three
+// totals on the device; the router reads them later without a sync of its
+// own (ExecContext::read_later).
 // moe_expert_bias_update takes the signs on the host (exact in integers, as
 // the CPU) and passes them by value as kernel parameters, so no host buffer
 // has to outlive the call.
@@ -201,25 +200,14 @@ void moe_routing_stats(const ExecContext& ctx, const Tensor& scores_TE, const Te
   CUDA_CHECK_LAUNCH();
 }
 
-MoeRoutingTotals moe_routing_totals(const ExecContext& ctx, const Tensor& stats_N, int64_t num_segments,
-                                    int64_t num_experts, int64_t top_k) {
+void moe_routing_totals(const ExecContext& ctx, const Tensor& stats_N, int64_t num_segments, int64_t num_experts,
+                        int64_t top_k, Tensor& totals_3) {
   const int64_t S = num_segments, SE = S * num_experts;
   check_stats(stats_N, S, num_experts);
   ORIGAMI_CHECK(top_k >= 1, "router totals need top_k >= 1, got ", top_k);
-  const cudaStream_t stream = stream_of(ctx);
-  Tensor ws = ctx.workspace(3 * sizeof(double));
-  auto* out = static_cast<double*>(ws.address());
-  totals_kernel<<<1, kThreads, 0, stream>>>(dev<const double>(stats_N, "router stats_N"), S, SE, top_k, out);
+  totals_kernel<<<1, kThreads, 0, stream_of(ctx)>>>(dev<const double>(stats_N, "router stats_N"), S, SE, top_k,
+                                                    dev<double>(totals_3, "router totals_3"));
   CUDA_CHECK_LAUNCH();
-  // Host sync point: the op returns host values (the step's aux and z losses).
-  double host[3];
-  CUDA_CHECK(cudaMemcpyAsync(host, out, sizeof host, cudaMemcpyDeviceToHost, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));
-  MoeRoutingTotals r;
-  r.tokens = host[0];
-  r.balance = host[1];
-  r.lse_sq_sum = host[2];
-  return r;
 }
 
 void moe_aux_coefficients(const ExecContext& ctx, const Tensor& stats_N, double scale, Tensor& aux_SE) {

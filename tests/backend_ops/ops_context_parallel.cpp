@@ -70,53 +70,6 @@ OpEntry zigzag_positions_entry() {
           }};
 }
 
-// The answer, a host bool, lands in a host u8 [1] (1 = match). Each rank is
-// given its own shard and near misses: another rank's shard, the shard of
-// twice the cp over twice the tokens (same length, same first chunk), one
-// entry off by one, two entries swapped.
-OpEntry zigzag_positions_match_entry() {
-  return {"cp_zigzag_positions_match", [](std::mt19937& g) {
-            std::vector<Problem> ps;
-            for (const ZigzagDims d : kZigzagDims)
-              for (int64_t r : some_ranks(d.cp, g)) {
-                const int64_t S = 2 * d.cp * d.C, n = S / d.cp;
-                const std::vector<int32_t> own = naive_zigzag(S, d.cp, r);
-                std::uniform_int_distribution<int64_t> at(0, n - 1);
-                struct Given {
-                  std::string what;
-                  std::vector<int32_t> pos;
-                  bool match = false;
-                };
-                std::vector<Given> given{
-                    {"its own shard", own, true},
-                    {"cp " + std::to_string(2 * d.cp) + "'s shard of 2·S", naive_zigzag(2 * S, 2 * d.cp, r)}};
-                if (d.cp > 1) given.push_back({"the next rank's shard", naive_zigzag(S, d.cp, (r + 1) % d.cp)});
-                std::vector<int32_t> bad = own;
-                const int64_t i = at(g);
-                bad[i] += at(g) % 2 == 0 ? 1 : -1;
-                given.push_back({"entry " + std::to_string(i) + " off by one", bad});
-                bad = own;
-                const int64_t a = at(g), b = (a + 1 + at(g) % (n - 1)) % n;
-                std::swap(bad[a], bad[b]);
-                given.push_back({"entries " + std::to_string(a) + " and " + std::to_string(b) + " swapped", bad});
-                for (const Given& c : given) {
-                  const bool match = c.match;
-                  Problem p(where(d.cp, r, S) + ", " + c.what);
-                  p.in("pos_S", i32s(c.pos));
-                  p.out("match", {1}, DType::u8, kExact, Where::host);
-                  p.call = [cp = d.cp, r](const ExecContext& ctx, Bound& t) {
-                    t.at("match").data<uint8_t>()[0] = cp_zigzag_positions_match(ctx, t.at("pos_S"), cp, r) ? 1 : 0;
-                  };
-                  p.reference = [match](const Bound&, Refs& want) {
-                    want["match"] = Ref{{match ? 1.0 : 0.0}, {}, /*may_be_zero=*/!match};
-                  };
-                  ps.push_back(std::move(p));
-                }
-              }
-            return ps;
-          }};
-}
-
 // ---------------------------------------------------------------- token gather
 
 // ids_T[b·Sl + i] = tokens[b][pos[i]], targets_T[b·Sl + i] = tokens[b][pos[i] + 1].
@@ -281,8 +234,7 @@ OpEntry unpack_kv_entry() {
 }  // namespace
 
 std::vector<OpEntry> context_parallel_ops() {
-  return {zigzag_positions_entry(), zigzag_positions_match_entry(), gather_tokens_entry(), pack_kv_entry(),
-          unpack_kv_entry()};
+  return {zigzag_positions_entry(), gather_tokens_entry(), pack_kv_entry(), unpack_kv_entry()};
 }
 
 }  // namespace origami::testing::backend_ops

@@ -143,17 +143,17 @@ OpEntry routing_totals_entry() {
               const StatsCase c = b.c;
               Problem p(buffer_label(b));
               p.in("stats_N", f64s(random_buffer(b, g)));
-              // The host struct's fields land in host f64 [1] each.
-              p.out("tokens", {1}, DType::f64, kExact, Where::host);
+              // totals_3's three fields, each compared at its own tolerance:
+              // copied on the device into f64 [1] outputs of their own.
+              p.out("tokens", {1}, DType::f64, kExact);
               p.out("balance", {1}, DType::f64,
-                    {1e-14, 0, "fp64: S·E <= 21 positive terms of 3 roundings each, any order: <= (S·E + 3)·eps64"},
-                    Where::host);
-              p.out("lse_sq_sum", {1}, DType::f64, kExact, Where::host);
+                    {1e-14, 0, "fp64: S·E <= 21 positive terms of 3 roundings each, any order: <= (S·E + 3)·eps64"});
+              p.out("lse_sq_sum", {1}, DType::f64, kExact);
               p.call = [c](const ExecContext& ctx, Bound& t) {
-                const MoeRoutingTotals r = moe_routing_totals(ctx, t.at("stats_N"), c.S, c.E, c.K);
-                t.at("tokens").data<double>()[0] = r.tokens;
-                t.at("balance").data<double>()[0] = r.balance;
-                t.at("lse_sq_sum").data<double>()[0] = r.lse_sq_sum;
+                Tensor totals = ctx.empty({3}, DType::f64, MemCategory::workspace);
+                moe_routing_totals(ctx, t.at("stats_N"), c.S, c.E, c.K, totals);
+                const char* fields[3] = {"tokens", "balance", "lse_sq_sum"};  // MoeRoutingTotals' order
+                for (int64_t i = 0; i < 3; ++i) ctx.copy(t.at(fields[i]), totals.flat_view(i, 1, {1}));
               };
               p.reference = [c](const Bound& in, Refs& want) {
                 // Σ_b Σ_e f_be · P_be, f = count / (T_b · k), P = score sum / T_b, T_b = T / S.
