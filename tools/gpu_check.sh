@@ -23,7 +23,8 @@
 #                communication of the last step
 #   train_torch  tools/train_torch.py: the same configs in PyTorch eager on the
 #                same GPU (bf16 autocast, fp32 weights and AdamW), for
-#                origami's tokens/s over PyTorch's
+#                origami's tokens/s over PyTorch's; with --fit, and origami
+#                again at the layer count PyTorch fitted when that is fewer
 # and last a table: each step's status and time, the CUDA test counts, and
 # the kernels against PyTorch. A failed step prints its last 40 lines; steps
 # after a failed build do not run. Every step has a time limit, so the whole
@@ -366,6 +367,18 @@ step_bench_torch() {
   is_json "$results/bench_torch.json" || { note[bench_torch]="no JSON in bench_torch.json"; return 1; }
 }
 
+# 3 bf16 steps of 2 x 4096 tokens of config $2 on cuda:0 into
+# $build/train-$1/metrics.jsonl; further arguments are more --set overrides.
+origami_gpu_train() {
+  local run=$1 c=$2
+  shift 2
+  rm -rf "$build/train-$run"
+  echo "origami train $c $* (3 steps of 2 x 4096 tokens)"
+  timeout 150 "$build/tools/origami" train "$c" --set data.path="$build/gpu-corpus" --set training.steps=3 \
+    --set training.global_batch=2 --set lr_schedule.warmup_steps=1 --set runtime.precision=bf16 \
+    --set export.dir= --set logging.dir="$build/train-$run" "$@"
+}
+
 # Each GPU config for a few steps; the last step's record of each into
 # train_gpu.json ({config: record}), its figures into the note.
 step_train_gpu() {
@@ -378,12 +391,7 @@ step_train_gpu() {
     { note[train_gpu]="origami preprocess of the checkout's text failed"; return 1; }
   local c rc=0 out
   for c in "$root"/configs/gpu-*.toml; do
-    local name; name=$(basename "$c" .toml)
-    rm -rf "$build/train-$name"
-    echo "origami train $c (3 steps of 2 x 4096 tokens)"
-    timeout 150 "$build/tools/origami" train "$c" --set data.path="$corpus" --set training.steps=3 \
-      --set training.global_batch=2 --set lr_schedule.warmup_steps=1 --set runtime.precision=bf16 \
-      --set export.dir= --set logging.dir="$build/train-$name" || rc=1
+    origami_gpu_train "$(basename "$c" .toml)" "$c" || rc=1
   done
   out=$(python3 - "$results/train_gpu.json" "$build" "$root"/configs/gpu-*.toml <<'EOF'
 import json, os, sys
@@ -415,19 +423,30 @@ EOF
 
 # The same configs through tools/train_torch.py (PyTorch eager, same shape,
 # same batch, same precision) on the same GPU: origami's tokens/s over
-# PyTorch's per config. PyTorch running out of memory is a finding, not a
-# failure of the check.
+# PyTorch's per config. The configs fill the GPU with origami's 16 bytes of
+# state per parameter; eager PyTorch also holds autocast's bf16 weight copies
+# and more activations, so the twin runs with --fit (one layer fewer after
+# each out-of-memory), and where it ran fewer layers than the config origami
+# runs again at that count (train-NAME-LN): the ratio is like for like, and
+# the layers PyTorch could not fit are reported. PyTorch running out of
+# memory even at one layer is a finding, not a failure of the check.
 step_train_torch() {
   [ -f tools/train_torch.py ] || { note[train_torch]="no tools/train_torch.py"; return 1; }
-  local c name rc=0
+  local c name rc=0 fitted full
   for c in "$root"/configs/gpu-*.toml; do
     name=$(basename "$c" .toml)
     rm -f "$build/torch-$name.json"
     (
       if [ -n "$orig_ld_path" ]; then export LD_LIBRARY_PATH=$orig_ld_path; else unset LD_LIBRARY_PATH; fi
-      PYTHONUNBUFFERED=1 timeout 150 python3 tools/train_torch.py "$c" --global-batch 2 --steps 2 --warmup 1 \
-        --precision bf16 --json "$build/torch-$name.json"
+      PYTHONUNBUFFERED=1 timeout 240 python3 tools/train_torch.py "$c" --global-batch 2 --steps 2 --warmup 1 \
+        --precision bf16 --fit --json "$build/torch-$name.json"
     ) || rc=1
+    fitted=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("layers", 0))' \
+               "$build/torch-$name.json" 2>/dev/null || echo 0)
+    full=$(sed -n 's/^num_layers *= *\([0-9]*\).*/\1/p' "$c" | head -1)
+    if [ "${fitted:-0}" -gt 0 ] && [ -n "$full" ] && [ "$fitted" -lt "$full" ]; then
+      origami_gpu_train "$name-L$fitted" "$c" --set model.num_layers="$fitted" || rc=1
+    fi
   done
   local out
   out=$(python3 - "$results/train_torch.json" "$results/train_gpu.json" "$build" "$root"/configs/gpu-*.toml <<'EOF'
@@ -452,8 +471,20 @@ for c in configs:
         notes.append(f"{name}: {r.get('skipped') or r.get('error')}"[:120])
         continue
     mine = ours.get(name, {}).get("tokens_per_s")
+    layers, oom = r.get("layers"), r.get("oom_layers")
+    fit = ""
+    if oom:  # origami again at the twin's layer count
+        fit = f" at {layers} layers (out of memory at {', '.join(map(str, oom))})"
+        try:
+            with open(os.path.join(build, f"train-{name}-L{layers}", "metrics.jsonl")) as f:
+                same = [json.loads(l) for l in f if l.strip()][-1]
+            mine = same["tokens_per_s"]
+            r["origami_same_layers"] = same
+        except Exception:
+            mine = None
+    r["origami_over_torch"] = mine / r["tokens_per_s"] if mine else None
     ratio = f", origami/torch {mine / r['tokens_per_s']:.2f}x" if mine else ""
-    notes.append(f"{name}: torch {r['tokens_per_s']:.0f} tok/s, peak {r['peak_memory_bytes'] / 1e9:.1f} GB{ratio}")
+    notes.append(f"{name}: torch {r['tokens_per_s']:.0f} tok/s{fit}, peak {r['peak_memory_bytes'] / 1e9:.1f} GB{ratio}")
 with open(out, "w") as f:
     json.dump(runs, f, indent=1)
 print("; ".join(notes))

@@ -10,20 +10,33 @@ sorting the routed token slots by expert and running each expert's SwiGLU on
 its rows, torch.optim.AdamW (fused where this torch has it) — and trains it
 on random token windows of the config's shape, timing each step between
 CUDA synchronizations. Same FLOP budget per token as origami (dropless
-routing; no auxiliary loss: its cost is negligible either way).
+routing; no auxiliary loss: its cost is negligible either way; the expert
+bias of aux-loss-free balancing starts at zero and is left out).
+
+--fit: when the model runs out of GPU memory, try again with one layer
+fewer, down to one; the result names the layer count that ran ("layers")
+and the ones that did not ("oom_layers"), so a caller can time origami at
+that count for a like-for-like ratio. --layers N sets the count outright.
+--device cpu trains on the CPU (and torch 1.x, whose missing
+scaled_dot_product_attention is replaced by the same causal softmax
+written out): the test suite's check that the twin runs. --device meta
+builds the model without memory and reports its parameter count only.
 
 Precision: fp32 (the default: what origami's GPU check trains in until its
 bf16 recipe lands) or bf16 (fp32 parameters and moments, bf16 autocast).
 
 Output: one JSON object {config, precision, steps, tokens_per_step,
 step_s (median of the timed steps), tokens_per_s, peak_memory_bytes,
-params}; or {"skipped": why} without CUDA or torch (exit 0), or {"error":
-...} when the model does not fit (CUDA out of memory, exit 1).
+params, layers, final_loss}; or {"skipped": why} without CUDA or torch
+(exit 0), or {"error": ...} when the model does not fit (CUDA out of
+memory, exit 1).
 
 Usage: python3 tools/train_torch.py CONFIG.toml [--steps N] [--warmup N]
-           [--global-batch N] [--precision fp32|bf16] [--json PATH]
+           [--global-batch N] [--precision fp32|bf16] [--layers N] [--fit]
+           [--device cuda|cpu|meta] [--json PATH]
 """
 import argparse
+import gc
 import json
 import math
 import statistics
@@ -82,22 +95,37 @@ def shape_of(doc):
     return d
 
 
-def build(torch, s):
+def causal_attention(torch, q, k, v):
+    """softmax(q·kᵀ/√d + causal mask)·v: what scaled_dot_product_attention
+    computes, for a torch without it (1.x)."""
+    S = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    mask = torch.ones(S, S, dtype=torch.bool, device=q.device).triu(1)
+    return scores.masked_fill(mask, float("-inf")).softmax(-1) @ v
+
+
+def build(torch, s, device):
+    """The model, its parameters made on `device` (initialized there: no
+    host copy of a GPU-sized model; on meta nothing is allocated)."""
     nn, F = torch.nn, torch.nn.functional
     hd = s["D"] // s["Hq"]
+    on = dict(device=device)
+    sdpa = getattr(F, "scaled_dot_product_attention", None)
+
+    def linear(i, o):
+        return nn.Linear(i, o, bias=False, **on)
 
     class RMSNorm(nn.Module):
         def __init__(self, n):
             super().__init__()
-            self.weight = nn.Parameter(torch.ones(n))
+            self.weight = nn.Parameter(torch.ones(n, **on))
 
         def forward(self, x):
             xf = x.float()
             return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + s["eps"])).to(x.dtype) * self.weight
 
     def swiglu(d, f):
-        return nn.ModuleDict(dict(gate=nn.Linear(d, f, bias=False), up=nn.Linear(d, f, bias=False),
-                                  down=nn.Linear(f, d, bias=False)))
+        return nn.ModuleDict(dict(gate=linear(d, f), up=linear(d, f), down=linear(f, d)))
 
     def run_swiglu(m, x):
         return m["down"](F.silu(m["gate"](x)) * m["up"](x))
@@ -105,10 +133,10 @@ def build(torch, s):
     class Attention(nn.Module):
         def __init__(self):
             super().__init__()
-            self.q = nn.Linear(s["D"], s["Hq"] * hd, bias=False)
-            self.k = nn.Linear(s["D"], s["Hkv"] * hd, bias=False)
-            self.v = nn.Linear(s["D"], s["Hkv"] * hd, bias=False)
-            self.o = nn.Linear(s["Hq"] * hd, s["D"], bias=False)
+            self.q = linear(s["D"], s["Hq"] * hd)
+            self.k = linear(s["D"], s["Hkv"] * hd)
+            self.v = linear(s["D"], s["Hkv"] * hd)
+            self.o = linear(s["Hq"] * hd, s["D"])
 
         def forward(self, x, cos, sin):
             B, S, _ = x.shape
@@ -124,13 +152,13 @@ def build(torch, s):
             rep = s["Hq"] // s["Hkv"]
             if rep > 1:
                 k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            o = sdpa(q, k, v, is_causal=True) if sdpa else causal_attention(torch, q, k, v)
             return self.o(o.transpose(1, 2).reshape(B, S, s["Hq"] * hd))
 
     class MoE(nn.Module):
         def __init__(self):
             super().__init__()
-            self.gate = nn.Linear(s["D"], s["E"], bias=False)
+            self.gate = linear(s["D"], s["E"])
             self.experts = nn.ModuleList(swiglu(s["D"], s["Fe"]) for _ in range(s["E"]))
             self.shared = swiglu(s["D"], s["Fs"]) if s["Fs"] else None
 
@@ -177,15 +205,15 @@ def build(torch, s):
     class Model(nn.Module):
         def __init__(self):
             super().__init__()
-            self.embed = nn.Embedding(s["V"], s["D"])
+            self.embed = nn.Embedding(s["V"], s["D"], **on)
             self.layers = nn.ModuleList(Block(l) for l in range(s["L"]))
             self.norm = RMSNorm(s["D"])
-            self.head = nn.Linear(s["D"], s["V"], bias=False)
+            self.head = linear(s["D"], s["V"])
             inv = s["theta"] ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
             ang = torch.arange(s["S"], dtype=torch.float64)[:, None] * inv[None, :]
             ang = torch.cat((ang, ang), dim=-1)
-            self.register_buffer("cos", ang.cos().float(), persistent=False)
-            self.register_buffer("sin", ang.sin().float(), persistent=False)
+            self.register_buffer("cos", ang.cos().float().to(device), persistent=False)
+            self.register_buffer("sin", ang.sin().float().to(device), persistent=False)
 
         def forward(self, ids, targets):
             h = self.embed(ids)
@@ -193,9 +221,55 @@ def build(torch, s):
             for layer in self.layers:
                 h = layer(h, cos, sin)
             logits = self.head(self.norm(h)).float()
-            return F.cross_entropy(logits.view(-1, s["V"]), targets.view(-1))
+            return F.cross_entropy(logits.view(-1, s["V"]), targets.reshape(-1))  # a strided slice of the windows
 
     return Model()
+
+
+def train(torch, s, dev, a):
+    """Builds the model on dev and times a.steps steps after a.warmup; the
+    result's fields (see the module doc)."""
+    cuda = dev.type == "cuda"
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    torch.manual_seed(0)
+    model = build(torch, s, dev)
+    out = {"params": sum(p.numel() for p in model.parameters()), "layers": s["L"]}
+    opt = None
+    if cuda:
+        try:
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
+        except (TypeError, RuntimeError):
+            pass
+    if opt is None:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    micro = s["mb"]
+    accum = max(1, s["B"] // micro)
+    times = []
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)
+    for step in range(a.warmup + a.steps):
+        sync()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        for _ in range(accum):
+            tok = torch.randint(0, s["V"], (micro, s["S"] + 1), device=dev)
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+                loss = model(tok[:, :-1], tok[:, 1:]) / accum
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sync()
+        if step >= a.warmup:
+            times.append(time.perf_counter() - t0)
+    step_s = statistics.median(times)
+    out.update(step_s=step_s, tokens_per_s=s["B"] * s["S"] / step_s,
+               peak_memory_bytes=torch.cuda.max_memory_allocated(dev) if cuda else 0,
+               final_loss=float(loss) * accum)
+    return out
 
 
 def main():
@@ -205,8 +279,13 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--global-batch", type=int, default=0, help="samples per step (default: the config's)")
     ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument("--layers", type=int, default=0, help="decoder layers (default: the config's)")
+    ap.add_argument("--fit", action="store_true", help="on CUDA out of memory, retry with one layer fewer")
+    ap.add_argument("--device", choices=("cuda", "cpu", "meta"), default="cuda")
     ap.add_argument("--json", help="write the result object here too")
     a = ap.parse_args()
+    if a.steps < 1 or a.warmup < 0 or a.global_batch < 0 or a.layers < 0:
+        ap.error("--steps must be >= 1; --warmup, --global-batch and --layers >= 0")
 
     def emit(obj, status=0):
         text = json.dumps(obj)
@@ -220,49 +299,41 @@ def main():
         import torch
     except ImportError:
         emit({"config": a.config, "skipped": "no torch"})
-    if not torch.cuda.is_available():
-        emit({"config": a.config, "skipped": "no CUDA device"})
     s = shape_of(read_toml(a.config))
     if a.global_batch:
         s["B"] = a.global_batch
-    dev = torch.device("cuda:0")
-    torch.manual_seed(0)
-    result = {"config": a.config, "precision": a.precision, "steps": a.steps, "tokens_per_step": s["B"] * s["S"],
-              "torch": torch.__version__}
-    try:
-        with torch.device(dev):  # parameters made and initialized on the GPU, not in host memory
-            model = build(torch, s)
-        result["params"] = sum(p.numel() for p in model.parameters())
+    if a.layers:
+        s["L"] = a.layers
+    result = {"config": a.config, "torch": torch.__version__}
+    if a.device == "meta":  # the parameter count alone
+        model = build(torch, s, torch.device("meta"))
+        result.update(params=sum(p.numel() for p in model.parameters()), layers=s["L"])
+        emit(result)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        emit({"config": a.config, "skipped": "no CUDA device"})
+    dev = torch.device("cuda:0" if a.device == "cuda" else "cpu")
+    result.update(precision=a.precision, steps=a.steps, tokens_per_step=s["B"] * s["S"])
+    oom_layers = []
+    while True:
+        oom = None
         try:
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
-        except (TypeError, RuntimeError):
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
-        micro = s["mb"]
-        accum = max(1, s["B"] // micro)
-        times = []
-        torch.cuda.reset_peak_memory_stats(dev)
-        for step in range(a.warmup + a.steps):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            for _ in range(accum):
-                tok = torch.randint(0, s["V"], (micro, s["S"] + 1), device=dev)
-                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
-                    loss = model(tok[:, :-1], tok[:, 1:]) / accum
-                loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            torch.cuda.synchronize()
-            if step >= a.warmup:
-                times.append(time.perf_counter() - t0)
-        step_s = statistics.median(times)
-        result.update(step_s=step_s, tokens_per_s=s["B"] * s["S"] / step_s,
-                      peak_memory_bytes=torch.cuda.max_memory_allocated(dev), final_loss=float(loss) * accum)
-        if not math.isfinite(result["final_loss"]):
-            result["error"] = "non-finite loss"
+            result.update(train(torch, s, dev, a))
+        except torch.cuda.OutOfMemoryError as e:
+            oom = "CUDA out of memory: " + str(e).split("\n")[0]
+        if oom is None:
+            break
+        # Outside the handler: the traceback (and with it the model and the
+        # optimizer state) is gone, so the memory can go back.
+        gc.collect()
+        torch.cuda.empty_cache()
+        oom_layers.append(s["L"])
+        result["oom_layers"] = oom_layers
+        if not a.fit or s["L"] <= 1:
+            result["error"] = oom
             emit(result, 1)
-    except torch.cuda.OutOfMemoryError as e:
-        result["error"] = "CUDA out of memory: " + str(e).split("\n")[0]
+        s["L"] -= 1
+    if not math.isfinite(result["final_loss"]):
+        result["error"] = "non-finite loss"
         emit(result, 1)
     emit(result)
 
