@@ -397,9 +397,15 @@ step_train_gpu() {
   for c in "$root"/configs/gpu-*.toml; do
     origami_gpu_train "$(basename "$c" .toml)" "$c" || rc=1
   done
-  out=$(python3 - "$results/train_gpu.json" "$build" "$root"/configs/gpu-*.toml <<'EOF'
+  out=$(GPU_NAME="$gpu" python3 - "$results/train_gpu.json" "$build" "$root"/configs/gpu-*.toml <<'EOF'
 import json, os, sys
 out, build, configs = sys.argv[1], sys.argv[2], sys.argv[3:]
+# MFU is against the GEMM peak measured at start-up (the issue's
+# definition); published figures (Megatron's ~47% for Mixtral 8x7B on
+# H100) are against the datasheet's dense bf16 peak, 989 TFLOP/s on H100
+# and H200 SXM, so that one is reported beside it where it is known.
+gpu = os.environ.get("GPU_NAME", "")
+datasheet = 989.4e3 if ("H100" in gpu or "H200" in gpu) else 0  # GFLOP/s
 runs, notes = {}, []
 for c in configs:
     name = os.path.basename(c)[:-5]
@@ -409,11 +415,15 @@ for c in configs:
     except Exception:
         notes.append(f"{name}: no metrics")
         continue
-    runs[name] = last
     mem = last.get("mem", {}).get("total", 0)
+    sheet = ""
+    if datasheet:
+        last["mfu_datasheet"] = last["gflops"] / datasheet
+        sheet = f" ({100 * last['mfu_datasheet']:.1f}% of the 989 TFLOP/s datasheet)"
+    runs[name] = last
     notes.append(f"{name}: {last['tokens_per_s']:.0f} tok/s, {last['gflops'] / 1e3:.1f} TFLOP/s, "
-                 f"MFU {100 * last.get('mfu', 0):.1f}%, peak {mem / 1e9:.1f} GB, "
-                 f"comm exposed {last.get('comm_exposed_s', 0):.3f} s")
+                 f"MFU {100 * last.get('mfu', 0):.1f}% of the measured {last.get('peak_gflops', 0) / 1e3:.0f} "
+                 f"TFLOP/s{sheet}, peak {mem / 1e9:.1f} GB, comm exposed {last.get('comm_exposed_s', 0):.3f} s")
 with open(out, "w") as f:
     json.dump(runs, f, indent=1)
 print("; ".join(notes))
