@@ -331,6 +331,28 @@ TEST_F(CudaDevice, ContextHasAStreamAndAHandle) {
   ctx.synchronize();
 }
 
+// One random vector x on the host and on cuda:0, and y = x on both; add(k)
+// queues y += x k times on the device and does the same on the host, so the
+// host's y is what the device's must hold once the stream reaches that point
+// (each add rounds once, the same on both).
+struct PairedAdds {
+  const ExecContext& ctx;
+  const ExecContext host_ctx = ExecContext::cpu(1);
+  Tensor x, y_host, x_dev, y_dev;
+  PairedAdds(const ExecContext& c, int64_t n, uint32_t seed)
+      : ctx(c),
+        x(random_host({n}, seed)),
+        y_host(x.to(Device::cpu())),
+        x_dev(ctx.to(x, ctx.device())),
+        y_dev(ctx.to(x, ctx.device())) {}
+  void add(int k) {
+    for (int i = 0; i < k; ++i) {
+      add_inplace(ctx, y_dev, x_dev);
+      add_inplace(host_ctx, y_host, x);
+    }
+  }
+};
+
 // ExecContext::copy/to are queued on the context's stream (no device-wide
 // wait): a copy must still see every op queued before it on that stream. 16
 // adds over 16M elements keep the stream busy for a while after the host
@@ -339,18 +361,12 @@ TEST_F(CudaDevice, ContextHasAStreamAndAHandle) {
 // rounds once, the same on both).
 TEST_F(CudaDevice, ContextCopiesSeeEveryOpQueuedBeforeThemOnTheStream) {
   const ExecContext ctx = ExecContext::cuda(0);
-  const ExecContext host_ctx = ExecContext::cpu(1);
   const int64_t n = int64_t{1} << 24;
-  const Tensor x = random_host({n}, 15);
-  Tensor y_host = x.to(Device::cpu());
-  Tensor x_dev = ctx.to(x, ctx.device());
-  Tensor y_dev = ctx.to(x, ctx.device());
-  EXPECT_EQ(x_dev.device(), Device::cuda(0));
-  EXPECT_EQ(x_dev.category(), MemCategory::activation);
-  for (int i = 0; i < 16; ++i) {
-    add_inplace(ctx, y_dev, x_dev);
-    add_inplace(host_ctx, y_host, x);
-  }
+  PairedAdds p(ctx, n, 15);
+  Tensor &y_dev = p.y_dev, &y_host = p.y_host;
+  EXPECT_EQ(p.x_dev.device(), Device::cuda(0));
+  EXPECT_EQ(p.x_dev.category(), MemCategory::activation);
+  p.add(16);
   const int64_t begin = 1000, count = n - 3000;
   Tensor part = ctx.empty({count}, DType::f32, MemCategory::activation);
   ctx.copy(part, y_dev.flat_view(begin, count, {count}));  // device to device, not waited for
@@ -373,26 +389,16 @@ TEST_F(CudaDevice, ContextCopiesSeeEveryOpQueuedBeforeThemOnTheStream) {
 // copies still in flight, and a last read that must see the last add.
 TEST_F(CudaDevice, ReadLaterWaitsForItsPointOfTheStreamNotForLaterWork) {
   const ExecContext ctx = ExecContext::cuda(0);
-  const ExecContext host_ctx = ExecContext::cpu(1);
-  const int64_t n = int64_t{1} << 20;
-  const Tensor x = random_host({n}, 20);
-  Tensor y_host = x.to(Device::cpu());
-  const Tensor x_dev = ctx.to(x, ctx.device());
-  Tensor y_dev = ctx.to(x, ctx.device());
-  auto adds = [&](int k) {
-    for (int i = 0; i < k; ++i) {
-      add_inplace(ctx, y_dev, x_dev);
-      add_inplace(host_ctx, y_host, x);
-    }
-  };
-  adds(16);
+  PairedAdds p(ctx, int64_t{1} << 20, 20);
+  const Tensor &y_dev = p.y_dev, &y_host = p.y_host;
+  p.add(16);
   HostRead first = ctx.read_later(y_dev);
   const Tensor want_first = y_host.to(Device::cpu());
   ASSERT_EQ(cudaLaunchHostFunc(
                 static_cast<cudaStream_t>(ctx.stream()),
                 [](void*) { std::this_thread::sleep_for(std::chrono::seconds(1)); }, nullptr),
             cudaSuccess);
-  adds(16);
+  p.add(16);
   HostRead second = ctx.read_later(y_dev);
   const auto t0 = std::chrono::steady_clock::now();
   const Tensor& got_first = first.get();
@@ -404,8 +410,7 @@ TEST_F(CudaDevice, ReadLaterWaitsForItsPointOfTheStreamNotForLaterWork) {
   EXPECT_GT(second_s, 0.5) << "the second read did not wait for the sleep queued before it";
 
   for (int i = 0; i < 50; ++i) {
-    add_inplace(ctx, y_dev, x_dev);
-    add_inplace(host_ctx, y_host, x);
+    p.add(1);
     (void)ctx.read_later(y_dev);  // dropped in flight: its buffer goes back to the pool
   }
   HostRead last = ctx.read_later(y_dev);
