@@ -391,6 +391,11 @@ TEST_F(CudaDevice, ReadLaterWaitsForItsPointOfTheStreamNotForLaterWork) {
   const ExecContext ctx = ExecContext::cuda(0);
   PairedAdds p(ctx, int64_t{1} << 20, 20);
   const Tensor &y_dev = p.y_dev, &y_host = p.y_host;
+  {  // two pinned buffers in the pool first: cudaHostAlloc may wait for the device, which would hide the sleep
+    HostRead warm_a = ctx.read_later(y_dev), warm_b = ctx.read_later(y_dev);
+    (void)warm_a.get();
+    (void)warm_b.get();
+  }
   p.add(16);
   HostRead first = ctx.read_later(y_dev);
   const Tensor want_first = y_host.to(Device::cpu());
