@@ -22,8 +22,8 @@ scaled_dot_product_attention is replaced by the same causal softmax
 written out): the test suite's check that the twin runs. --device meta
 builds the model without memory and reports its parameter count only.
 
-Precision: fp32 (the default: what origami's GPU check trains in until its
-bf16 recipe lands) or bf16 (fp32 parameters and moments, bf16 autocast).
+Precision: fp32 (the default) or bf16 (fp32 parameters and moments, bf16
+autocast), the GPU check's choice beside origami's bf16 recipe.
 
 Output: one JSON object {config, precision, steps, tokens_per_step,
 step_s (median of the timed steps), tokens_per_s, peak_memory_bytes,
