@@ -153,21 +153,22 @@ void gemm(const ExecContext& ctx, const Tensor& A, Trans trans_a, const Tensor& 
 }
 
 void grouped_gemm(const ExecContext& ctx, const Tensor& X_NK, const Tensor& W, Trans trans_w,
-                  std::span<const GemmSegment> segments, Tensor& Y_NM, float beta) {
+                  std::span<const GemmSegment> segments, Tensor& Y_NM, float beta, GroupedGemmSchedule schedule) {
   if (on_cuda(ctx, "grouped_gemm", {{"X_NK", &X_NK}, {"W", &W}, {"Y_NM", &Y_NM}}))
-    return ORIGAMI_ON_CUDA(grouped_gemm)(ctx, X_NK, W, trans_w, segments, Y_NM, beta);
+    return ORIGAMI_ON_CUDA(grouped_gemm)(ctx, X_NK, W, trans_w, segments, Y_NM, beta, schedule);
   const CpuThreads threads(ctx);
   HostBf16 h(ctx, "grouped_gemm");
-  return cpu::grouped_gemm(ctx, h.in(X_NK), h.in(W), trans_w, segments, h.wide_out(Y_NM), beta);
+  return cpu::grouped_gemm(ctx, h.in(X_NK), h.in(W), trans_w, segments, h.wide_out(Y_NM), beta, schedule);
 }
 
 void grouped_gemm_wgrad(const ExecContext& ctx, const Tensor& dY_NM, const Tensor& X_NK,
-                        std::span<const GemmSegment> segments, Tensor& dW_GMK, float beta) {
+                        std::span<const GemmSegment> segments, Tensor& dW_GMK, float beta,
+                        GroupedGemmSchedule schedule) {
   if (on_cuda(ctx, "grouped_gemm_wgrad", {{"dY_NM", &dY_NM}, {"X_NK", &X_NK}, {"dW_GMK", &dW_GMK}}))
-    return ORIGAMI_ON_CUDA(grouped_gemm_wgrad)(ctx, dY_NM, X_NK, segments, dW_GMK, beta);
+    return ORIGAMI_ON_CUDA(grouped_gemm_wgrad)(ctx, dY_NM, X_NK, segments, dW_GMK, beta, schedule);
   const CpuThreads threads(ctx);
   HostBf16 h(ctx, "grouped_gemm_wgrad");
-  return cpu::grouped_gemm_wgrad(ctx, h.in(dY_NM), h.in(X_NK), segments, h.wide_out(dW_GMK), beta);
+  return cpu::grouped_gemm_wgrad(ctx, h.in(dY_NM), h.in(X_NK), segments, h.wide_out(dW_GMK), beta, schedule);
 }
 
 void cast(const ExecContext& ctx, const Tensor& src, Tensor& dst) {

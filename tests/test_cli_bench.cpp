@@ -67,8 +67,9 @@ TEST(CliBench, KernelsReportsEveryOpAgainstTheCeilings) {
   for (const char* key :
        {"gemm/q.fwd", "gemm/q.dgrad", "gemm/q.wgrad", "gemm/kv.fwd", "gemm/out.fwd", "gemm/mlp_up.fwd",
         "gemm/mlp_down.wgrad", "grouped_gemm/gate_up.fwd", "grouped_gemm/down.fwd", "grouped_gemm/down.dgrad",
-        "grouped_gemm/gate_up.dgrad", "grouped_gemm_wgrad/gate_up", "grouped_gemm_wgrad/down", "attention_forward",
-        "attention_backward", "rmsnorm_forward", "rmsnorm_backward", "rope_forward", "rope_backward",
+        "grouped_gemm/gate_up.dgrad", "grouped_gemm_wgrad/gate_up", "grouped_gemm_wgrad/down",
+        "grouped_gemm/coarse.fwd", "grouped_gemm/coarse.grouped", "attention_forward", "attention_backward",
+        "rmsnorm_forward", "rmsnorm_backward", "rope_forward", "rope_backward",
         "swiglu_forward", "swiglu_backward", "embedding_forward", "embedding_backward", "cross_entropy_forward",
         "cross_entropy_backward", "adamw_update", "moe_routing_permute"})
     EXPECT_EQ(keys.count(key), 1u) << key;

@@ -59,22 +59,36 @@ void bench_gemms(const ExecContext& ctx, Runner& r, const ShapeSet& s, DType dt)
   }
 }
 
-// The experts' three products (moe/experts.cpp), N = T·k rows in E equal segments.
+// The experts' three products (moe/experts.cpp), N = T·k rows in E equal
+// segments. Then the forward gate/up product of coarse experts (8, top-2, of
+// the dense MLP's width: Mixtral's shape in the model set) in the CUDA
+// backend's automatic schedule, and forced into one grouped cuBLAS call
+// (kernels/cuda/grouped_gemm.cu: why products that fill the GPU run alone).
 void bench_grouped(const ExecContext& ctx, Runner& r, const ShapeSet& s, DType dt) {
   const int64_t E = s.E, N = s.N(), rows = N / E, D = s.D, F = s.Fe;
-  std::vector<GemmSegment> segments;
-  for (int64_t e = 0; e < E; ++e) segments.push_back({e, rows});
   const std::string dts(to_string(dt));
-  // Y [N, out] = X [N, in] · op(W), W [E, out, in] (trans) or [E, in, out].
-  auto product = [&](int64_t in, int64_t out, Trans tw) {
-    Tensor X = random(ctx, {N, in}, dt, "X");
-    Tensor W = random(ctx, tw == Trans::yes ? Shape{E, out, in} : Shape{E, in, out}, dt, "W");
-    Tensor Y = output(ctx, {N, out}, dt);
-    Case c{"grouped_gemm", std::to_string(E) + "x(" + dims({rows, out, in}) + ")", dts};
-    c.flops = 2.0 * static_cast<double>(N) * static_cast<double>(out) * static_cast<double>(in);
-    c.run = [&ctx, X, W, Y, tw, segments]() mutable { grouped_gemm(ctx, X, W, tw, segments, Y, 0.0f); };
+  auto equal_segments = [](int64_t experts, int64_t each) {
+    std::vector<GemmSegment> segments;
+    for (int64_t e = 0; e < experts; ++e) segments.push_back({e, each});
+    return segments;
+  };
+  const std::vector<GemmSegment> segments = equal_segments(E, rows);
+  // Y [n, out] = X [n, in] · op(W), W [experts, out, in] (trans) or [experts, in, out].
+  auto product_of = [&](int64_t experts, int64_t each, int64_t in, int64_t out, Trans tw, GroupedGemmSchedule how) {
+    const int64_t n = experts * each;
+    Tensor X = random(ctx, {n, in}, dt, "X");
+    Tensor W = random(ctx, tw == Trans::yes ? Shape{experts, out, in} : Shape{experts, in, out}, dt, "W");
+    Tensor Y = output(ctx, {n, out}, dt);
+    Case c{"grouped_gemm", std::to_string(experts) + "x(" + dims({each, out, in}) + ")", dts};
+    c.flops = 2.0 * static_cast<double>(n) * static_cast<double>(out) * static_cast<double>(in);
+    c.run = [&ctx, X, W, Y, tw, segs = equal_segments(experts, each), how]() mutable {
+      grouped_gemm(ctx, X, W, tw, segs, Y, 0.0f, how);
+    };
     c.outputs = {Y};
     return c;
+  };
+  auto product = [&](int64_t in, int64_t out, Trans tw) {
+    return product_of(E, rows, in, out, tw, GroupedGemmSchedule::automatic);
   };
   // dW [E, M, K] += Σ dY [N, M]ᵀ · X [N, K] per segment.
   auto wgrad = [&](int64_t M, int64_t K) {
@@ -92,6 +106,14 @@ void bench_grouped(const ExecContext& ctx, Runner& r, const ShapeSet& s, DType d
   r.bench("grouped_gemm/gate_up.dgrad", [&] { return product(F, D, Trans::no); });
   r.bench("grouped_gemm_wgrad/gate_up", [&] { return wgrad(F, D); });
   r.bench("grouped_gemm_wgrad/down", [&] { return wgrad(D, F); });
+  constexpr int64_t kCoarse = 8, kCoarseTopK = 2;
+  const int64_t coarse_rows = s.T() * kCoarseTopK / kCoarse;
+  r.bench("grouped_gemm/coarse.fwd", [&] {
+    return product_of(kCoarse, coarse_rows, D, s.F, Trans::yes, GroupedGemmSchedule::automatic);
+  });
+  r.bench("grouped_gemm/coarse.grouped", [&] {
+    return product_of(kCoarse, coarse_rows, D, s.F, Trans::yes, GroupedGemmSchedule::grouped);
+  });
 }
 
 void bench_attention(const ExecContext& ctx, Runner& r, const ShapeSet& s, DType dt) {

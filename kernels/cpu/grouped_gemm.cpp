@@ -85,8 +85,9 @@ void check_segments(std::span<const GemmSegment> segments, int64_t G, int64_t N,
 
 }  // namespace
 
+// The schedule argument is the CUDA backend's: the rule above is the CPU's.
 void grouped_gemm(const ExecContext& ctx, const Tensor& X_NK, const Tensor& W, Trans trans_w, std::span<const GemmSegment> segments,
-                  Tensor& Y_NM, float beta) {
+                  Tensor& Y_NM, float beta, GroupedGemmSchedule) {
   constexpr const char* op = "grouped_gemm";
   check_f32_cpu(X_NK, op, "X");
   check_f32_cpu(W, op, "W");
@@ -124,7 +125,7 @@ void grouped_gemm(const ExecContext& ctx, const Tensor& X_NK, const Tensor& W, T
 }
 
 void grouped_gemm_wgrad(const ExecContext& ctx, const Tensor& dY_NM, const Tensor& X_NK, std::span<const GemmSegment> segments,
-                        Tensor& dW_GMK, float beta) {
+                        Tensor& dW_GMK, float beta, GroupedGemmSchedule) {
   constexpr const char* op = "grouped_gemm_wgrad";
   check_f32_cpu(dY_NM, op, "dY");
   check_f32_cpu(X_NK, op, "X");

@@ -94,6 +94,7 @@ namespace origami {
 
 struct ExecContext::CudaState {
   int device = 0;
+  int multiprocessors = 1;  // the device's SM count (grouped GEMM's schedule)
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   cublasLtHandle_t lt = nullptr;

@@ -93,6 +93,7 @@ ExecContext::CudaState* create_state(int device_index) {
   auto* s = new ExecContext::CudaState;
   s->device = device_index;
   CUDA_CHECK(cudaSetDevice(device_index));
+  CUDA_CHECK(cudaDeviceGetAttribute(&s->multiprocessors, cudaDevAttrMultiProcessorCount, device_index));
   CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublas().create(&s->blas));
   CUBLAS_CHECK(cublas().set_stream(s->blas, s->stream));

@@ -1,5 +1,18 @@
 // CUDA grouped GEMM (kernels/grouped_gemm.h): the MoE experts' three
-// products, every segment of a call in one cublasGemmGroupedBatchedEx.
+// products. A problem whose output alone gives every multiprocessor a
+// 128x128 tile runs as its own cuBLASLt matmul; the others of a call go
+// together in one cublasGemmGroupedBatchedEx (the schedule `automatic`).
+// Why both: cuBLAS's grouped kernels use warp-level MMA only (NVIDIA's
+// cuBLAS 12.5 notes), not Hopper's warpgroup MMA that its single GEMMs
+// use, so a grouped call runs a large product at a fraction of the GEMM
+// rate (one published H100 measurement on MoE shapes: 85 TFLOP/s grouped,
+// 130 for a loop of single GEMMs). Where a product fills the GPU by itself,
+// its own launch loses nothing; where products are small (fine-grained
+// experts: DeepSeek's 1408-wide experts on a few hundred rows each), one
+// launch for all of them is what fills the GPU. Mixtral-sized experts
+// (14336 x 4096, ~1000 rows each) run alone in every product on an H200
+// (132 SMs; from ~530 rows up). The choice depends on shapes alone, so a
+// run stays bitwise reproducible.
 //
 // Mapping (row-major to cuBLAS's column-major, as kernels/cuda/gemm.cu):
 //   rows    Y_s = X_s·op(W_g):  m = M, n = rows_s, k = K; cuBLAS A = W_g (op = trans_w), B = X_s, C = Y_s
@@ -134,6 +147,13 @@ void per_problem(ExecContext::CudaState& s, const GroupedCall& call, std::span<c
   for (const Problem& p : problems) lt_matmul(s, lt_problem(call, p));
 }
 
+// Whether problem p's output (m x n in cuBLAS terms) holds at least one
+// 128x128 tile per multiprocessor: a full wave for the GEMM kernel alone.
+bool fills_device(const ExecContext::CudaState& s, const GroupedCall& call, const Problem& p) {
+  const int64_t n = call.rows_are_k ? call.n : p.rows;
+  return (call.m + 127) / 128 * ((n + 127) / 128) >= s.multiprocessors;
+}
+
 // Problems ordered by row count, <= kMaxGroupedProblems: fill the pointer
 // arrays, then one grouped call. False when cuBLAS refuses the case before
 // launching anything: NOT_SUPPORTED, or for mixed types also INVALID_VALUE.
@@ -189,8 +209,17 @@ bool grouped_chunk(ExecContext::CudaState& s, const GroupedCall& call, std::span
   return true;
 }
 
-// Every problem of `call` (they write disjoint matrices).
-void run_grouped(ExecContext::CudaState& s, const GroupedCall& call, std::vector<Problem> problems) {
+// Every problem of `call` (they write disjoint matrices, so the order of
+// the single matmuls and the grouped call does not matter).
+void run_grouped(ExecContext::CudaState& s, const GroupedCall& call, std::vector<Problem> problems,
+                 GroupedGemmSchedule schedule) {
+  if (schedule == GroupedGemmSchedule::single) return per_problem(s, call, problems);
+  if (schedule == GroupedGemmSchedule::automatic) {
+    const auto alone = std::stable_partition(problems.begin(), problems.end(),
+                                             [&](const Problem& p) { return !fills_device(s, call, p); });
+    per_problem(s, call, {alone, problems.end()});
+    problems.erase(alone, problems.end());
+  }
   if (problems.empty()) return;
   if (!grouped_supported(call, problems)) return per_problem(s, call, problems);
   // Equal row counts side by side (stable: a deterministic order for a given segment list).
@@ -235,7 +264,7 @@ const char* bytes_of(const Tensor& t) { return static_cast<const char*>(t.addres
 }  // namespace
 
 void grouped_gemm(const ExecContext& ctx, const Tensor& X_NK, const Tensor& W, Trans trans_w,
-                  std::span<const GemmSegment> segments, Tensor& Y_NM, float beta) {
+                  std::span<const GemmSegment> segments, Tensor& Y_NM, float beta, GroupedGemmSchedule schedule) {
   constexpr const char* op = "grouped_gemm";
   check_operands(op, X_NK, "X", W, "W", Y_NM, "Y");
   ORIGAMI_CHECK(W.dim() == 3, op, ": W must be [G, rows, cols], got ", shape_string(W.shape()));
@@ -275,11 +304,12 @@ void grouped_gemm(const ExecContext& ctx, const Tensor& X_NK, const Tensor& W, T
   call.b = {bytes_of(X_NK), K * ab, 0, K};
   call.c = {bytes_of(Y_NM), M * c, 0, M};
   call.beta = beta;
-  run_grouped(state_of(ctx), call, std::move(problems));
+  run_grouped(state_of(ctx), call, std::move(problems), schedule);
 }
 
 void grouped_gemm_wgrad(const ExecContext& ctx, const Tensor& dY_NM, const Tensor& X_NK,
-                        std::span<const GemmSegment> segments, Tensor& dW_GMK, float beta) {
+                        std::span<const GemmSegment> segments, Tensor& dW_GMK, float beta,
+                        GroupedGemmSchedule schedule) {
   constexpr const char* op = "grouped_gemm_wgrad";
   check_operands(op, dY_NM, "dY", X_NK, "X", dW_GMK, "dW");
   ORIGAMI_CHECK(dW_GMK.dim() == 3, op, ": dW must be [G, M, K], got ", shape_string(dW_GMK.shape()));
@@ -331,7 +361,7 @@ void grouped_gemm_wgrad(const ExecContext& ctx, const Tensor& dY_NM, const Tenso
     for (int64_t g = 0; g < G; ++g)
       if (runs[g].size() > r) problems.push_back(runs[g][r]);
     call.beta = r == 0 ? beta : 1.0f;  // later rounds accumulate onto the earlier ones
-    run_grouped(s, call, std::move(problems));
+    run_grouped(s, call, std::move(problems), schedule);
   }
 }
 
