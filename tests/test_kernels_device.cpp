@@ -425,73 +425,65 @@ TEST_F(CudaDevice, ReadLaterWaitsForItsPointOfTheStreamNotForLaterWork) {
 }
 
 // The CUDA grouped GEMM's three schedules (kernels/grouped_gemm.h) each give
-// the host's products, at shapes the op harness's small cases never reach:
-// forward, a 1700-row segment whose output alone holds 182 tiles of 128x128
-// (run alone under `automatic` on a GPU of up to 182 SMs) beside two small
-// ones (one grouped call); weight gradient, 1664 x 1664 per group (169
-// tiles) with group 0 fed twice (two rounds). Bound per element: two fp32
-// sums of the same n products in any two orders differ by at most
-// 2·n·2^-24·Σ|products| (each is within n·u·Σ|terms| of the exact sum).
+// the host's products, at shapes the op harness's small cases never reach.
+// Forward: a 1700-row segment whose output holds 182 tiles of 128x128 over
+// an inner dimension of 512 (alone under `automatic` on a GPU of up to 182
+// SMs) beside two small ones (one grouped call). Weight gradient: 1664 x
+// 1664 per group (169 tiles) over 520 to 1112 rows, group 0 fed twice (two
+// rounds, the second accumulating). Bound per element: two fp32 sums of the
+// same n products in any two orders differ by at most 2·(n+1)·2^-24·Σ|products|
+// (each is within n·u·Σ|terms| of the exact sum; +1 for the second round's
+// add onto the first); Σ|products| is the same product of |X| and |W|.
 TEST_F(CudaDevice, GroupedGemmSchedulesEachGiveTheHostsProducts) {
-  const ExecContext host = ExecContext::cpu(2), ctx = ExecContext::cuda(0);
+  const ExecContext host = ExecContext::cpu(omp_get_max_threads()), ctx = ExecContext::cuda(0);
   const double u = std::ldexp(1.0, -24);
-  constexpr GroupedGemmSchedule kAll[] = {GroupedGemmSchedule::automatic, GroupedGemmSchedule::grouped,
-                                          GroupedGemmSchedule::single};
-  auto expect_within = [&](const Tensor& got_dev, const Tensor& want, const std::vector<double>& bound,
-                           GroupedGemmSchedule how, const char* what) {
+  auto abs_of = [](const Tensor& t) {
+    Tensor a = Tensor::empty(t.shape(), DType::f32, MemCategory::activation);
+    for (int64_t i = 0; i < t.numel(); ++i) a.f32()[i] = std::abs(t.f32()[i]);
+    return a;
+  };
+  auto expect_within = [&](const Tensor& got_dev, const Tensor& want, const Tensor& terms,
+                           const std::vector<double>& n_of, int64_t per_n, GroupedGemmSchedule how, const char* what) {
     const Tensor got = ctx.to(got_dev, Device::cpu());
     int64_t bad = 0;
-    for (int64_t i = 0; i < want.numel(); ++i)
-      bad += !(std::abs(double(got.f32()[i]) - want.f32()[i]) <= bound[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      const double bound = 2.0 * (n_of[static_cast<size_t>(i / per_n)] + 1) * u * terms.f32()[i];
+      bad += !(std::abs(double(got.f32()[i]) - want.f32()[i]) <= bound);
+    }
     EXPECT_EQ(bad, 0) << what << ", schedule " << static_cast<int>(how);
   };
-  {  // forward Y = X·Wᵀ per segment
-    const int64_t G = 3, K = 64, M = 1664, N = 2040;
+  constexpr GroupedGemmSchedule kAll[] = {GroupedGemmSchedule::automatic, GroupedGemmSchedule::grouped,
+                                          GroupedGemmSchedule::single};
+  {  // forward Y = X·Wᵀ per segment: K products per element
+    const int64_t G = 3, K = 512, M = 1664, N = 2040;
     const std::vector<GemmSegment> segs{{0, 1700}, {1, 40}, {2, 300}};
     const Tensor x = random_host({N, K}, 31), w = random_host({G, M, K}, 32);
     Tensor want = Tensor::empty({N, M}, DType::f32, MemCategory::activation);
+    Tensor terms = Tensor::empty({N, M}, DType::f32, MemCategory::activation);
     grouped_gemm(host, x, w, Trans::yes, segs, want);
-    std::vector<double> bound(static_cast<size_t>(N * M));
-    for (int64_t row = 0, s = 0, end = segs[0].rows; row < N; ++row) {
-      while (row == end) end += segs[static_cast<size_t>(++s)].rows;
-      const int64_t g = segs[static_cast<size_t>(s)].group;
-      for (int64_t m = 0; m < M; ++m) {
-        double terms = 0;
-        for (int64_t k = 0; k < K; ++k) terms += std::abs(double(x.f32()[row * K + k]) * w.f32()[(g * M + m) * K + k]);
-        bound[static_cast<size_t>(row * M + m)] = 2.0 * K * u * terms;
-      }
-    }
+    grouped_gemm(host, abs_of(x), abs_of(w), Trans::yes, segs, terms);
+    const std::vector<double> n_of{static_cast<double>(K)};
     const Tensor x_dev = x.to(Device::cuda(0)), w_dev = w.to(Device::cuda(0));
     for (const GroupedGemmSchedule how : kAll) {
       Tensor y = Tensor::empty({N, M}, DType::f32, MemCategory::activation, Device::cuda(0));
       grouped_gemm(ctx, x_dev, w_dev, Trans::yes, segs, y, 0.0f, how);
-      expect_within(y, want, bound, how, "forward");
+      expect_within(y, want, terms, n_of, N * M, how, "forward");
     }
   }
-  {  // weight gradient dW[g] = Σ dY_sᵀ·X_s, beta 0
-    const int64_t G = 2, M = 1664, K = 1664, N = 16;
-    const std::vector<GemmSegment> segs{{0, 8}, {1, 5}, {0, 3}};
+  {  // weight gradient dW[g] = Σ dY_sᵀ·X_s, beta 0: a group's rows' products per element
+    const int64_t G = 2, M = 1664, K = 1664, N = 1632;
+    const std::vector<GemmSegment> segs{{0, 600}, {1, 520}, {0, 512}};
     const Tensor dy = random_host({N, M}, 33), x = random_host({N, K}, 34);
     Tensor want = Tensor::empty({G, M, K}, DType::f32, MemCategory::activation);
+    Tensor terms = Tensor::empty({G, M, K}, DType::f32, MemCategory::activation);
     grouped_gemm_wgrad(host, dy, x, segs, want, 0.0f);
-    std::vector<double> terms(static_cast<size_t>(G * M * K), 0.0), bound(terms.size());
-    std::vector<int64_t> rows_of(static_cast<size_t>(G), 0);
-    for (int64_t row = 0, s = 0, end = segs[0].rows; row < N; ++row) {
-      while (row == end) end += segs[static_cast<size_t>(++s)].rows;
-      const int64_t g = segs[static_cast<size_t>(s)].group;
-      ++rows_of[static_cast<size_t>(g)];
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t k = 0; k < K; ++k)
-          terms[static_cast<size_t>((g * M + m) * K + k)] +=
-              std::abs(double(dy.f32()[row * M + m]) * x.f32()[row * K + k]);
-    }
-    for (size_t i = 0; i < terms.size(); ++i)
-      bound[i] = 2.0 * static_cast<double>(rows_of[i / static_cast<size_t>(M * K)]) * u * terms[i];
+    grouped_gemm_wgrad(host, abs_of(dy), abs_of(x), segs, terms, 0.0f);
+    const std::vector<double> n_of{600.0 + 512.0, 520.0};
     const Tensor dy_dev = dy.to(Device::cuda(0)), x_dev = x.to(Device::cuda(0));
     for (const GroupedGemmSchedule how : kAll) {
       Tensor dw = Tensor::empty({G, M, K}, DType::f32, MemCategory::activation, Device::cuda(0));
       grouped_gemm_wgrad(ctx, dy_dev, x_dev, segs, dw, 0.0f, how);
-      expect_within(dw, want, bound, how, "weight gradient");
+      expect_within(dw, want, terms, n_of, M * K, how, "weight gradient");
     }
   }
 }

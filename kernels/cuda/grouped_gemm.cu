@@ -1,7 +1,8 @@
 // CUDA grouped GEMM (kernels/grouped_gemm.h): the MoE experts' three
 // products. A problem whose output alone gives every multiprocessor a
-// 128x128 tile runs as its own cuBLASLt matmul; the others of a call go
-// together in one cublasGemmGroupedBatchedEx (the schedule `automatic`).
+// 128x128 tile, over an inner dimension of 512 or more, runs as its own
+// cuBLASLt matmul; the others of a call go together in one
+// cublasGemmGroupedBatchedEx (the schedule `automatic`).
 // Why both: cuBLAS's grouped kernels use warp-level MMA only (NVIDIA's
 // cuBLAS 12.5 notes), not Hopper's warpgroup MMA that its single GEMMs
 // use, so a grouped call runs a large product at a fraction of the GEMM
@@ -147,11 +148,17 @@ void per_problem(ExecContext::CudaState& s, const GroupedCall& call, std::span<c
   for (const Problem& p : problems) lt_matmul(s, lt_problem(call, p));
 }
 
-// Whether problem p's output (m x n in cuBLAS terms) holds at least one
-// 128x128 tile per multiprocessor: a full wave for the GEMM kernel alone.
+// Whether problem p fills the device alone: its output (m x n in cuBLAS
+// terms) holds at least one 128x128 tile per multiprocessor, a full wave,
+// and its inner dimension is at least 512, so each tile's work (~6 us per
+// wave on an H200) outweighs a launch and a cuBLASLt plan of its own (the
+// plan cache keys on the rows, which change every step). DeepSeek's expert
+// weight gradients (1408 x 2048 over ~384 rows) stay grouped by the second
+// rule; Mixtral's (14336 x 4096 over ~1000) run alone.
 bool fills_device(const ExecContext::CudaState& s, const GroupedCall& call, const Problem& p) {
-  const int64_t n = call.rows_are_k ? call.n : p.rows;
-  return (call.m + 127) / 128 * ((n + 127) / 128) >= s.multiprocessors;
+  constexpr int64_t kTile = 128, kMinInner = 512;
+  const int64_t n = call.rows_are_k ? call.n : p.rows, inner = call.rows_are_k ? p.rows : call.k;
+  return (call.m + kTile - 1) / kTile * ((n + kTile - 1) / kTile) >= s.multiprocessors && inner >= kMinInner;
 }
 
 // Problems ordered by row count, <= kMaxGroupedProblems: fill the pointer
