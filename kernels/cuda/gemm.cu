@@ -32,10 +32,13 @@ namespace origami::cuda {
 namespace {
 
 // Plans kept per context before the cache starts over (~1 KB of host memory
-// each): the dense shapes of a step are a handful; the per-segment fallback
-// of the grouped GEMM adds one per distinct row count and product, which
-// over a few steps covers the few hundred counts an expert sees.
-constexpr size_t kMaxPlans = 4096;
+// each): the dense shapes of a step are a handful; the grouped GEMM's
+// single matmuls (coarse experts' products, and the per-problem fallback)
+// add one per distinct row count and product. Mixtral-sized experts see
+// row counts over a range some hundreds wide in each of their nine
+// products (three per projection), a few thousand plans, which must fit
+// without a restart for the cache to reach its steady state.
+constexpr size_t kMaxPlans = 16384;
 
 cudaDataType_t cuda_type(DType dt) { return dt == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
 
