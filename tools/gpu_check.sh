@@ -15,8 +15,6 @@
 #   mpi_np2      mpirun -np 2 origami groups --tp 2 through the bundled OpenMPI:
 #                a broken bundle shows apart from a broken CUDA op
 #   cuda_tests   ctest -L cuda (4 at a time on the one GPU)
-#   bench_kernels  origami bench kernels --device cuda --json
-#   bench_torch  tools/bench_kernels_torch.py (PyTorch at the same shapes)
 #   train_gpu    3 steps of each GPU config (configs/gpu-*.toml, its global
 #                batch) on cuda:0 in bf16 (the CUDA recipe), on a corpus made from this
 #                checkout's text: tokens/s, TFLOP/s, MFU, peak memory, exposed
@@ -25,10 +23,17 @@
 #                same GPU (bf16 autocast, fp32 weights and AdamW), for
 #                origami's tokens/s over PyTorch's; with --fit, and origami
 #                again at the layer count PyTorch fitted when that is fewer
+#   bench_kernels  origami bench kernels --device cuda --json
+#   bench_torch  tools/bench_kernels_torch.py (PyTorch at the same shapes)
 # and last a table: each step's status and time, the CUDA test counts, and
 # the kernels against PyTorch. A failed step prints its last 40 lines; steps
-# after a failed build do not run. Every step has a time limit, so the whole
-# stays inside one device call (typically ~5 minutes on 16 cores).
+# after a failed build do not run. The order is the issue's: correctness,
+# then the training figures (MFU, the ratio to PyTorch), then the kernel
+# benchmarks that explain them. Every step has a time limit, and none runs
+# past the deadline (ORIGAMI_GPU_DEADLINE seconds after the start, default
+# 520: the device call runs under 540): a step is cut at it, and a step
+# with under 20 s left does not start, so the summary of what did run
+# always comes back. The summary is rewritten after every step.
 #
 # Results in RESULTS_DIR (default $OUT, else ./gpu-results), seven files since
 # the device tool returns at most 8: gpu_check.log (every step's full
@@ -41,7 +46,8 @@
 #
 # Usage: tools/gpu_check.sh [--no-gpu-ok] [RESULTS_DIR]
 #        ORIGAMI_PREFIX (default /tmp/origami-prefix), ORIGAMI_GPU_BUILD (default build-gpu),
-#        ORIGAMI_GPU_BUILD_TIMEOUT (seconds, default 330: the build's limit on 16 cores)
+#        ORIGAMI_GPU_BUILD_TIMEOUT (seconds, default 330: the build's limit on 16 cores),
+#        ORIGAMI_GPU_DEADLINE (seconds from the start, default 520)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -62,6 +68,15 @@ results=$(cd "$results" && pwd)
 prefix=${ORIGAMI_PREFIX:-/tmp/origami-prefix}
 build=${ORIGAMI_GPU_BUILD:-build-gpu}
 build_timeout=${ORIGAMI_GPU_BUILD_TIMEOUT:-330}  # s; 16 cores there, so a slower machine sets more
+deadline=${ORIGAMI_GPU_DEADLINE:-520}  # s after the start (bash's SECONDS)
+case $deadline in '' | *[!0-9]*) echo "gpu_check: ORIGAMI_GPU_DEADLINE must be whole seconds" >&2; exit 2 ;; esac
+# A step's time limit: its own, or what is left before the deadline less
+# 10 s for the summary, whichever is less (at least 1).
+budget() {
+  local left=$((deadline - SECONDS - 10))
+  [ $left -lt 1 ] && left=1
+  echo $(($1 < left ? $1 : left))
+}
 bundle=$root/.bundle
 log=$results/gpu_check.log
 summary=$results/summary.txt
@@ -86,7 +101,7 @@ fi
 # sets note[STEP] for the table.
 declare -A status=() secs=() note=()
 steps=()  # the steps run so far, in order
-all_steps=(tools unpack configure build cpu_ops mpi_np2 cuda_tests bench_kernels bench_torch train_gpu train_torch)
+all_steps=(tools unpack configure build cpu_ops mpi_np2 cuda_tests train_gpu train_torch bench_kernels bench_torch)
 cxx="" cc="" nvcc="" cmake_version=""
 
 # A version at least a minimum (both dotted numbers).
@@ -250,7 +265,7 @@ step_configure() {
   fi
   echo "cmake ${args[*]}"
   local out; out=$(mktemp)
-  timeout 300 cmake "${args[@]}" 2>&1 | tee "$out"
+  timeout "$(budget 300)" cmake "${args[@]}" 2>&1 | tee "$out"
   local rc=${PIPESTATUS[0]}
   note[configure]="$(grep -o 'Origami CUDA backend: .*' "$out" | head -n 1)"
   note[configure]+="; $(grep -o 'Origami NCCL backend: .*' "$out" | head -n 1)"
@@ -277,13 +292,13 @@ step_build() {
   fi
   local jobs; jobs=$(nproc)
   echo "ninja -j $jobs origami ${cuda_targets[*]}"
-  timeout "$build_timeout" ninja -C "$build" -j "$jobs" origami "${cuda_targets[@]}" || return
+  timeout "$(budget "$build_timeout")" ninja -C "$build" -j "$jobs" origami "${cuda_targets[@]}" || return
   note[build]+="$(( ${#cuda_targets[@]} + 1 )) targets, $jobs jobs"
 }
 
 step_cpu_ops() {
   local out rc; out=$(mktemp)
-  timeout 180 ctest --test-dir "$build" -R '^BackendOps\.cpu$' --no-tests=error --output-on-failure 2>&1 | tee "$out"
+  timeout "$(budget 180)" ctest --test-dir "$build" -R '^BackendOps\.cpu$' --no-tests=error --output-on-failure 2>&1 | tee "$out"
   rc=${PIPESTATUS[0]}
   local failed  # gtest's names of the failed cases, the last part of each
   failed=$(grep -oE '^\[  FAILED  \] [^ ,]+[./][^ ,]+' "$out" | sed 's|.*[./]||' | sort -u | tr '\n' ' ')
@@ -294,7 +309,7 @@ step_cpu_ops() {
 
 step_mpi_np2() {
   local out
-  out=$(timeout 60 "$prefix/usr/bin/mpirun" --oversubscribe -np 2 "$build/tools/origami" groups --tp 2 2>&1)
+  out=$(timeout "$(budget 60)" "$prefix/usr/bin/mpirun" --oversubscribe -np 2 "$build/tools/origami" groups --tp 2 2>&1)
   local rc=$?
   echo "$out"
   [ $rc -eq 0 ] || return $rc
@@ -304,7 +319,7 @@ step_mpi_np2() {
 
 cuda_counts=""
 step_cuda_tests() {
-  timeout 240 ctest --test-dir "$build" -L cuda --no-tests=error --output-on-failure -j 4 --timeout 180 \
+  timeout "$(budget 240)" ctest --test-dir "$build" -L cuda --no-tests=error --output-on-failure -j 4 --timeout 180 \
     --output-junit "$results/ctest_cuda.xml"
   local rc=$?
   [ $rc -eq 124 ] && return 124
@@ -345,7 +360,7 @@ no_gpu_verdict() {  # step
 }
 
 step_bench_kernels() {
-  timeout 150 "$build/tools/origami" bench kernels --device cuda --json > "$results/bench_kernels.json"
+  timeout "$(budget 150)" "$build/tools/origami" bench kernels --device cuda --json > "$results/bench_kernels.json"
   local rc=$?
   [ -s "$results/bench_kernels.json" ] || rm -f "$results/bench_kernels.json"
   if [ -z "$gpu" ]; then note[bench_kernels]="exit $rc"; no_gpu_verdict bench_kernels; return; fi
@@ -359,7 +374,7 @@ step_bench_torch() {
   # would come before its wheels' on LD_LIBRARY_PATH.
   (
     if [ -n "$orig_ld_path" ]; then export LD_LIBRARY_PATH=$orig_ld_path; else unset LD_LIBRARY_PATH; fi
-    PYTHONUNBUFFERED=1 timeout 120 python3 tools/bench_kernels_torch.py --json "$results/bench_torch.json"
+    PYTHONUNBUFFERED=1 timeout "$(budget 120)" python3 tools/bench_kernels_torch.py --json "$results/bench_torch.json"
   )
   local rc=$?
   if [ -z "$gpu" ]; then note[bench_torch]="exit $rc"; no_gpu_verdict bench_torch; return; fi
@@ -378,7 +393,7 @@ origami_gpu_train() {
   shift 2
   rm -rf "$build/train-$run"
   echo "origami train $c $* (3 steps)"
-  timeout 150 "$build/tools/origami" train "$c" --set data.path="$build/gpu-corpus" --set training.steps=3 \
+  timeout "$(budget 150)" "$build/tools/origami" train "$c" --set data.path="$build/gpu-corpus" --set training.steps=3 \
     --set lr_schedule.warmup_steps=1 --set runtime.precision=bf16 \
     --set export.dir= --set logging.dir="$build/train-$run" "$@"
 }
@@ -391,7 +406,7 @@ step_train_gpu() {
   inputs=$(find "$root" -path "$built" -prune -o -path "$root/.bundle" -prune -o -path "$root/.git" -prune -o \
              -type f \( -name '*.md' -o -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.toml' \) -print | sort)
   # shellcheck disable=SC2086  # one argument per file
-  timeout 60 "$build/tools/origami" preprocess --format text --output-prefix "$corpus" --input $inputs ||
+  timeout "$(budget 60)" "$build/tools/origami" preprocess --format text --output-prefix "$corpus" --input $inputs ||
     { note[train_gpu]="origami preprocess of the checkout's text failed"; return 1; }
   local c rc=0 out
   for c in "$root"/configs/gpu-*.toml; do
@@ -452,7 +467,7 @@ step_train_torch() {
     rm -f "$build/torch-$name.json"
     (
       if [ -n "$orig_ld_path" ]; then export LD_LIBRARY_PATH=$orig_ld_path; else unset LD_LIBRARY_PATH; fi
-      PYTHONUNBUFFERED=1 timeout 240 python3 tools/train_torch.py "$c" --steps 2 --warmup 1 \
+      PYTHONUNBUFFERED=1 timeout "$(budget 240)" python3 tools/train_torch.py "$c" --steps 2 --warmup 1 \
         --precision bf16 --fit --json "$build/torch-$name.json"
     ) || rc=1
     fitted=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("layers", 0))' \
@@ -519,6 +534,12 @@ EOF
 run() {
   local name=$1 t0=$SECONDS start rc
   steps+=("$name")
+  if [ $((deadline - SECONDS)) -lt 20 ]; then
+    status[$name]=FAILED secs[$name]=0 note[$name]="not started: $((deadline - SECONDS)) s left before the ${deadline} s deadline"
+    echo "gpu_check: [$name] ${note[$name]}"
+    write_summary
+    return 1
+  fi
   start=$(($(wc -l < "$log") + 1))
   printf '\n===== %s\n' "$name" >> "$log"
   "step_$name" >> "$log" 2>&1
@@ -661,10 +682,10 @@ if [ $ok -eq 1 ]; then
   run cpu_ops || ok=0
   run mpi_np2 || ok=0
   run cuda_tests || ok=0
-  run bench_kernels || ok=0
-  run bench_torch || ok=0
   run train_gpu || ok=0
   run train_torch || ok=0
+  run bench_kernels || ok=0
+  run bench_torch || ok=0
 fi
 write_summary
 echo
