@@ -174,8 +174,8 @@ void tp_embedding_backward(const ExecContext& ctx, const Tensor& ids_T, const Te
 
 // ---- vocab-parallel LM head + cross-entropy -----------------------------------------------------
 
-double tp_lm_head_forward(const ExecContext& ctx, const Tensor& w_local, int64_t vocab, const Tensor& y_shard_TD,
-                          const Tensor& targets_T, comm::Communicator* tp, TpLmHeadSaved& saved, Tensor* loss_T) {
+Tensor tp_lm_head_losses(const ExecContext& ctx, const Tensor& w_local, int64_t vocab, const Tensor& y_shard_TD,
+                         const Tensor& targets_T, comm::Communicator* tp, TpLmHeadSaved& saved) {
   const TpRange v = tp_vocab_range(vocab, tp);
   check_matrix(w_local, v.count, y_shard_TD.cols(), "tp lm head: local head weight");
   saved.y_TD = tp_all_gather_tokens(y_shard_TD, tp);  // (T, D)
@@ -205,6 +205,12 @@ double tp_lm_head_forward(const ExecContext& ctx, const Tensor& w_local, int64_t
     tp->all_reduce(sums);
     cross_entropy_finish(ctx, mx, sums, losses, saved.lse_T);
   }
+  return losses;
+}
+
+double tp_lm_head_forward(const ExecContext& ctx, const Tensor& w_local, int64_t vocab, const Tensor& y_shard_TD,
+                          const Tensor& targets_T, comm::Communicator* tp, TpLmHeadSaved& saved, Tensor* loss_T) {
+  const Tensor losses = tp_lm_head_losses(ctx, w_local, vocab, y_shard_TD, targets_T, tp, saved);
   if (loss_T) *loss_T = losses;
   return sum(ctx, losses);
 }

@@ -139,8 +139,13 @@ struct TpLmHeadSaved {
 };
 
 // w_local: this rank's head rows [V_r, D]; y_shard_TD: [T/n, D]; targets_T:
-// i32 [T] in [0, vocab). Returns Σ_t loss_t over all T tokens (fp64), the
-// same on every tp rank; per-token losses [T] into loss_T if given.
+// i32 [T] in [0, vocab). Returns the per-token losses loss_T (f32 [T] on
+// ctx's device), the same on every tp rank.
+Tensor tp_lm_head_losses(const ExecContext& ctx, const Tensor& w_local, int64_t vocab, const Tensor& y_shard_TD,
+                         const Tensor& targets_T, comm::Communicator* tp, TpLmHeadSaved& saved);
+// The same forward, returning Σ_t loss_t over all T tokens (fp64) read on the
+// host (a wait for ctx's stream on a device); per-token losses into loss_T
+// if given. The training path adds the sum on the device instead (sum_add).
 double tp_lm_head_forward(const ExecContext& ctx, const Tensor& w_local, int64_t vocab, const Tensor& y_shard_TD,
                           const Tensor& targets_T, comm::Communicator* tp, TpLmHeadSaved& saved,
                           Tensor* loss_T = nullptr);

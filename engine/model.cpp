@@ -305,14 +305,15 @@ void Model::forward(StageIO& io, ModelSaved& saved) const {
     if (is_moe) hooks.after_forward(expert_unit_[l]);
   }
   if (io.stats) io.stats->accumulate(records);
-  io.loss = 0;
   if (!stage_.last_chunk(io.chunk)) {
     io.h_out = h;
     return;
   }
   hooks.before_forward(final_unit_);
   Tensor y = dense::rmsnorm_module_forward(ctx, h, params_.param(final_norm_), eps, saved.final_norm);
-  io.loss = dense::tp_lm_head_forward(ctx, params_.param(head_), V, y, own.targets_T, tp_, saved.head);
+  const Tensor losses_T = dense::tp_lm_head_losses(ctx, params_.param(head_), V, y, own.targets_T, tp_, saved.head);
+  if (!io.loss_sum.defined()) io.loss_sum = ctx.zeros({1}, DType::f64, MemCategory::workspace);
+  sum_add(ctx, losses_T, io.loss_sum);
   hooks.after_forward(final_unit_);
 }
 
@@ -323,7 +324,7 @@ double Model::forward(const Tensor& tokens_BS1, ModelSaved& saved, ForwardStats*
   io.tokens_BS1 = tokens_BS1;
   io.stats = stats;
   forward(io, saved);
-  return io.loss;
+  return ctx_->read_later(io.loss_sum).scalar_f64();
 }
 
 

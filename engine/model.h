@@ -67,7 +67,11 @@ struct StageIO {
   Tensor h_in{};                  // in: the previous virtual stage's output (all but the first)
   ForwardStats* stats = nullptr;  // in/out: this stage's MoE layers' statistics accumulate here
   UnitHooks* hooks = nullptr;     // ZeRO gathers and frees around each unit
-  double loss = 0;                // out: Σ token LM loss (last stage; 0 on the others)
+  // in/out, f64 [1] on the context's device: the last stage adds its Σ token
+  // LM loss here on the device, without a host wait (the trainer reads the
+  // step's total once); the other stages leave it. Undefined on the last
+  // stage: the forward makes one from zero.
+  Tensor loss_sum{};
   Tensor h_out{};                 // out: this chunk's output (all virtual stages but the last)
   int64_t chunk = 0;              // in: which of this rank's model chunks runs (interleaved pipelines)
 };

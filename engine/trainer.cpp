@@ -409,7 +409,9 @@ StepMetrics Trainer::run_step() {
     exposed_before += exposed_seconds(*c);
   }
   zero.begin_step();
-  double loss_sum = 0;  // last stage only
+  // Σ token LM loss of the step's micro-batches, added on the device (last
+  // stage only; zero elsewhere) and read once, after the pipeline.
+  Tensor loss_sum_dev = ctx.zeros({1}, DType::f64, MemCategory::workspace);
   ForwardStats fstats;
   // One step's micro-batches through this stage's schedule (one stage:
   // forward and backward of each in turn). Every chunk's forward reads the
@@ -428,8 +430,8 @@ StepMetrics Trainer::run_step() {
     io.h_in = std::move(h_in);
     io.stats = &fstats;
     io.hooks = &zero;
+    io.loss_sum = loss_sum_dev;
     model.forward(io, slot(chunk, a));
-    loss_sum += io.loss;
     return io.h_out;
   };
   auto backward = [&](int64_t chunk, int64_t a, Tensor dh_out) {
@@ -461,7 +463,9 @@ StepMetrics Trainer::run_step() {
     timing.idle_s = stalls_s + (since() - done_s);
     timing.busy_s = std::max(0.0, done_s - stalls_s);
   }
+  HostRead loss_read = ctx.read_later(loss_sum_dev);  // the step's scalar metrics: a named host point
   zero.finish_gradients();
+  double loss_sum = loss_read.scalar_f64();
   if (comm::Communicator* c = comm::multi_rank(*r.groups, comm::GroupKind::dp_cp))
     c->all_reduce(std::span<double>(&loss_sum, 1));
   if (r.pp) r.pp->all_reduce(std::span<double>(&loss_sum, 1));  // from the last stage to all

@@ -141,6 +141,13 @@ const Tensor& HostRead::get() {
   return host_;
 }
 
+double HostRead::scalar_f64() {
+  const Tensor& t = get();
+  ORIGAMI_CHECK(t.dtype() == DType::f64 && t.numel() == 1, "HostRead::scalar_f64 of ", to_string(t.dtype()), " ",
+                shape_string(t.shape()), ", not f64 [1]");
+  return t.data<double>()[0];
+}
+
 void ExecContext::synchronize() const {
 #if ORIGAMI_WITH_CUDA
   if (cuda_) cuda::synchronize(cuda_.get());

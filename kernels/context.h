@@ -31,6 +31,8 @@ class HostRead {
   // The source's elements as they were when the read was queued, in a host
   // tensor of its shape, dtype and ledger category.
   const Tensor& get();
+  // get()'s one element, of an f64 [1] read (a loss or norm accumulator).
+  double scalar_f64();
 
  private:
   friend class ExecContext;

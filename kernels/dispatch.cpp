@@ -132,6 +132,13 @@ class HostBf16 {
   std::vector<std::pair<Tensor*, Tensor*>> written_;
 };
 
+// The f64 [1] that sum_add and sum_squares_add add into (either backend).
+void check_accumulator(const char* op, const Tensor& acc) {
+  ORIGAMI_CHECK(acc.defined(), op, " into an undefined tensor");
+  ORIGAMI_CHECK(acc.dtype() == DType::f64 && acc.numel() == 1, op, " accumulates into an f64 [1], got ",
+                to_string(acc.dtype()), " ", shape_string(acc.shape()));
+}
+
 }  // namespace
 
 void add_inplace(const ExecContext& ctx, Tensor& y, const Tensor& x) { axpy(ctx, 1.0f, x, y); }
@@ -199,9 +206,7 @@ double sum_squares(const ExecContext& ctx, const Tensor& x) {
 }
 
 void sum_squares_add(const ExecContext& ctx, const Tensor& x, Tensor& acc) {
-  ORIGAMI_CHECK(acc.defined(), "sum_squares_add into an undefined tensor");
-  ORIGAMI_CHECK(acc.dtype() == DType::f64 && acc.numel() == 1, "sum_squares_add accumulates into an f64 [1], got ",
-                to_string(acc.dtype()), " ", shape_string(acc.shape()));
+  check_accumulator("sum_squares_add", acc);
   if (on_cuda(ctx, "sum_squares_add", {{"x", &x}, {"acc", &acc}}))
     return ORIGAMI_ON_CUDA(sum_squares_add)(ctx, x, acc);
   const CpuThreads threads(ctx);
@@ -214,6 +219,14 @@ double sum(const ExecContext& ctx, const Tensor& x) {
   const CpuThreads threads(ctx);
   HostBf16 h(ctx, "sum");
   return cpu::sum(ctx, h.in(x));
+}
+
+void sum_add(const ExecContext& ctx, const Tensor& x, Tensor& acc) {
+  check_accumulator("sum_add", acc);
+  if (on_cuda(ctx, "sum_add", {{"x", &x}, {"acc", &acc}})) return ORIGAMI_ON_CUDA(sum_add)(ctx, x, acc);
+  const CpuThreads threads(ctx);
+  HostBf16 h(ctx, "sum_add");
+  return cpu::sum_add(ctx, h.in(x), acc);
 }
 
 void rmsnorm_forward(const ExecContext& ctx, const Tensor& x_TD, const Tensor& w_D, float eps, Tensor& y_TD,

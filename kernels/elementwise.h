@@ -14,6 +14,10 @@ double sum_squares(const ExecContext& ctx, const Tensor& x);             // Σ x
 // one total per step instead of one per parameter (each a stream sync on GPU).
 void sum_squares_add(const ExecContext& ctx, const Tensor& x, Tensor& acc);
 double sum(const ExecContext& ctx, const Tensor& x);                     // Σ x in fp64
+// acc (f64 [1] on ctx's device) += Σ x in fp64, sum's total left on the
+// device: the LM loss of every micro-batch adds up there and the host reads
+// it once per step.
+void sum_add(const ExecContext& ctx, const Tensor& x, Tensor& acc);
 // dst = src converted to dst's dtype (same element count): f32 → bf16 rounds
 // to nearest even (any NaN becomes the canonical 0x7FFF), bf16 → f32 is exact, equal dtypes
 // copy. The one place precision changes (the bf16 recipe's working copies).

@@ -159,7 +159,9 @@ TEST(ContextParallel, PositionsPartitionTheSequenceWithEqualCausalWork) {
         const dense::CpPositions made = dense::cp_positions(ctx, S, cp, r);
         // What cp_attention_forward checks under a group, on the host.
         EXPECT_TRUE(made.is_zigzag_shard(S, cp, r));
-        if (cp > 1) EXPECT_FALSE(made.is_zigzag_shard(S, cp, (r + 1) % cp)) << "another rank's shard";
+        if (cp > 1) {
+          EXPECT_FALSE(made.is_zigzag_shard(S, cp, (r + 1) % cp)) << "another rank's shard";
+        }
         EXPECT_FALSE(made.is_zigzag_shard(2 * S, cp, r)) << "another sequence length";
         EXPECT_FALSE(made.is_zigzag_shard(S, 2 * cp, r)) << "another group size";
         const Tensor& pos = made.tensor();

@@ -305,12 +305,11 @@ void check_parity(const comm::LayoutOptions& o, const std::vector<int64_t>& pp_l
   const float aux_scale = 1.0f / static_cast<float>(kMicroBatches);
   zero.begin_step();
   std::vector<ModelSaved> saved(kMicroBatches);
-  double loss = 0;
+  const Tensor loss_sum = ctx.zeros({1}, DType::f64, MemCategory::workspace);
   ForwardStats stats;
   const StageForward forward = [&](int64_t, int64_t mb, Tensor h_in) {
-    StageIO io{tokens[mb], std::move(h_in), &stats, &zero};
+    StageIO io{tokens[mb], std::move(h_in), &stats, &zero, loss_sum};
     model.forward(io, saved[mb]);
-    loss += io.loss;
     return io.h_out;
   };
   const StageBackward backward = [&](int64_t, int64_t mb, Tensor dh_out) {
@@ -321,6 +320,7 @@ void check_parity(const comm::LayoutOptions& o, const std::vector<int64_t>& pp_l
   const StageTiming t = run_pipeline(pp, {PipeSchedule::one_f_one_b, comm::group_size(pp), kMicroBatches},
                                      model.boundary_shape(kBatch, kSeq), forward, backward);
   zero.finish_gradients();
+  double loss = ctx.read_later(loss_sum).scalar_f64();
   EXPECT_TRUE(std::isfinite(t.busy_s) && t.busy_s >= 0 && std::isfinite(t.idle_s) && t.idle_s >= 0);
   if (!st.last()) {
     EXPECT_EQ(loss, 0.0) << "only the last stage scores";

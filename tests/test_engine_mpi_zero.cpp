@@ -129,7 +129,7 @@ StepResult train_step(Model& model, ZeroStore& zero, AdamW& opt, uint32_t seed) 
   StepResult r;
   StageIO io{tokens, Tensor(), nullptr, &zero};
   model.forward(io, saved);
-  r.loss = io.loss;
+  r.loss = ctx.read_later(io.loss_sum).scalar_f64();
   StageGradIO grad_io{1.0f / (2 * 16 * kN), 1.0f / kN, &zero};
   model.backward(grad_io, saved);
   zero.finish_gradients();

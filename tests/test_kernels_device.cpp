@@ -267,6 +267,22 @@ TEST(ExecContext, ReadLaterOnTheHostKeepsTheValuesOfWhenItWasQueued) {
   EXPECT_FALSE(HostRead().defined());
 }
 
+TEST(ExecContext, ReadLaterGivesAnAccumulatorsScalar) {
+  const ExecContext ctx = ExecContext::cpu(1);
+  Tensor acc = ctx.zeros({1}, DType::f64, MemCategory::workspace);
+  const Tensor x = random_host({257}, 20);
+  sum_add(ctx, x, acc);
+  sum_add(ctx, x, acc);
+  const double once = sum(ctx, x);
+  EXPECT_EQ(ctx.read_later(acc).scalar_f64(), once + once) << "two adds from zero, each sum's own fp64 total";
+}
+
+TEST(ExecContextDeathTest, ScalarReadRefusesAnythingButOneF64) {
+  const ExecContext ctx = ExecContext::cpu(1);
+  EXPECT_EXIT(ctx.read_later(random_host({2}, 21)).scalar_f64(), ::testing::ExitedWithCode(kExitInternal),
+              "scalar_f64 of f32 \\[2\\], not f64 \\[1\\]");
+}
+
 TEST(ExecContextDeathTest, CopyRefusesMismatchedElementsNamingBoth) {
   const ExecContext ctx = ExecContext::cpu(1);
   const Tensor a = random_host({4, 3}, 14);

@@ -76,6 +76,9 @@ double sum(const ExecContext& ctx, const Tensor& x) {
   return reduce(ctx, x, "sum", [](double v) { return v; });
 }
 
+// acc: as sum_squares_add's.
+void sum_add(const ExecContext& ctx, const Tensor& x, Tensor& acc) { acc.data<double>()[0] += cpu::sum(ctx, x); }
+
 void cast(const ExecContext& ctx, const Tensor& src, Tensor& dst) {
   ORIGAMI_CHECK(src.defined() && dst.defined(), "cast of an undefined tensor");
   ORIGAMI_CHECK(src.numel() == dst.numel(), "cast: ", shape_string(src.shape()), " into ", shape_string(dst.shape()));

@@ -1,5 +1,5 @@
 // CUDA elementwise ops and fp64 reductions (kernels/elementwise.h): axpy,
-// scale_inplace, sum_squares, sum_squares_add, sum, cast.
+// scale_inplace, sum_squares, sum_squares_add, sum, sum_add, cast.
 //
 // Elementwise: grid-stride over 8-element packs (kernels/cuda/pack.cuh) when
 // every pointer is 16-byte aligned, the < 8 leftover elements (or all of
@@ -16,8 +16,8 @@
 // then reduces the partials in order. The CPU sums per-thread contiguous blocks: the order
 // differs, so results agree to fp64 rounding (n·eps64 of Σ|terms|), not bit
 // for bit. The host waits for the result (the op returns it), except in
-// sum_squares_add, whose last block adds the total into a device f64 (one
-// thread: fp64 `acc + total`, as the CPU's host add).
+// sum_squares_add and sum_add, whose last block adds the total into a device
+// f64 (one thread: fp64 `acc + total`, as the CPU's host add).
 //
 // cast: f32 → bf16 with the CPU's integer rounding formula (nearest even;
 // any NaN becomes the canonical 0x7FFF, as kernels/elementwise.h and the CPU
@@ -243,6 +243,13 @@ void sum_squares_add(const ExecContext& ctx, const Tensor& x, Tensor& acc) {
 }
 
 double sum(const ExecContext& ctx, const Tensor& x) { return reduce<false>(ctx, x, "sum"); }
+
+void sum_add(const ExecContext& ctx, const Tensor& x, Tensor& acc) {
+  ORIGAMI_CHECK(x.defined(), "sum_add of an undefined tensor");
+  check_data_dtype("sum_add", x, "x");
+  if (x.numel() == 0) return;
+  reduce_into<false>(ctx, x, dev<double>(acc, "acc"), true);
+}
 
 void cast(const ExecContext& ctx, const Tensor& src, Tensor& dst) {
   ORIGAMI_CHECK(src.defined() && dst.defined(), "cast of an undefined tensor");

@@ -632,10 +632,11 @@ OpEntry init_constant_entry() {
           }};
 }
 
-// sum_squares_add: the same fp64 sum of squares, added on the context's
-// device into a running f64 [1] that starts from a random value.
-OpEntry sum_squares_add_entry() {
-  return {"sum_squares_add", [](std::mt19937& g) {
+// sum_squares_add / sum_add: the same fp64 sums (of squares or values),
+// added on the context's device into a running f64 [1] that starts from a
+// random value.
+OpEntry accumulate_entry(const char* name, bool squares) {
+  return {name, [squares](std::mt19937& g) {
             std::vector<Problem> ps;
             for (int64_t n : {1, 4097, 30011}) {
               Problem p("n " + std::to_string(n));
@@ -645,12 +646,18 @@ OpEntry sum_squares_add_entry() {
               const Tol tol{1.2e-16 * double(n + 1), 0,
                             "fp64 sums of the start and n terms in any order: <= (n+1)·eps64 of |start| + Σ|terms|"};
               p.inout("acc", acc, tol);
-              p.call = [](const ExecContext& ctx, Bound& t) { sum_squares_add(ctx, t.at("x"), t.at("acc")); };
-              p.reference = [](const Bound& in, Refs& want) {
+              p.call = [squares](const ExecContext& ctx, Bound& t) {
+                if (squares) {
+                  sum_squares_add(ctx, t.at("x"), t.at("acc"));
+                } else {
+                  sum_add(ctx, t.at("x"), t.at("acc"));
+                }
+              };
+              p.reference = [squares](const Bound& in, Refs& want) {
                 double s = values(in.at("acc"))[0], mag = std::abs(s);
                 for (double x : values(in.at("x"))) {
-                  s += x * x;
-                  mag += x * x;
+                  s += squares ? x * x : x;
+                  mag += squares ? x * x : std::abs(x);
                 }
                 want["acc"] = {{s}, {mag}};
               };
@@ -668,8 +675,9 @@ std::vector<OpEntry> dense_ops() {
   return {axpy_entry(),
           scale_inplace_entry(),
           reduction_entry("sum_squares", true),
-          sum_squares_add_entry(),
+          accumulate_entry("sum_squares_add", true),
           reduction_entry("sum", false),
+          accumulate_entry("sum_add", false),
           cast_entry(),
           rmsnorm_forward_entry(),
           rmsnorm_backward_entry(),
