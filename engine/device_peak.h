@@ -4,7 +4,8 @@
 // CUDA: an n×n×n GEMM with bf16 inputs and fp32 accumulation (the tensor-core
 // rate a bf16 run can reach, whichever precision this run trains in); host:
 // fp32 (oneDNN sgemm on the context's threads, the CPU engine's only
-// precision). The best of a few timed repetitions after a warm-up.
+// precision). The best of a few timed repetitions after a warm-up (on a GPU
+// a quarter of a second of GEMMs, since its clocks ramp up under load).
 //
 // Host ranks of one node share its cores, so one of them (the node's first)
 // measures, alone, on the threads each rank runs, and every rank of the node

@@ -18,15 +18,21 @@
 //     written there loads into a bf16 GPU run: loaded and saved again at
 //     once, the consolidated parameters (the fp32 master) and AdamW moments
 //     are bitwise those saved.
+//   - the start-up GEMM peak that MFU divides by (engine/device_peak.h), timed
+//     after the GPU's clocks have ramped up: two measurements in a row agree
+//     within 10% (a peak timed on a cold clock reads low and inflates MFU).
 // Without a device every test skips (runtime.device = "cuda" refused there:
 // tests/test_cli_errors.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli_checks.h"
+#include "engine/device_peak.h"
+#include "kernels/context.h"
 #include "kernels/device.h"
 
 namespace origami {
@@ -133,6 +139,30 @@ TEST_F(CudaTrain, CheckpointsMoveBetweenGpuAndCpuBitExact) {
                                          std::string("--set runtime.device=") + from, std::string("loaded-on-") + to,
                                          std::string("--set runtime.device=") + to);
   }
+}
+
+TEST(DevicePeak, TwoGpuMeasurementsInARowAgree) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
+  const ExecContext ctx = ExecContext::cuda(0);
+  const GemmPeak first = measure_gemm_peak(ctx, nullptr);
+  const GemmPeak second = measure_gemm_peak(ctx, nullptr);
+  EXPECT_EQ(first.n, 8192);
+  EXPECT_EQ(first.dtype, DType::bf16);
+  std::printf("[ peak ] bf16 %lld^3: %.1f then %.1f TFLOP/s\n", static_cast<long long>(first.n),
+              first.flops_per_s / 1e12, second.flops_per_s / 1e12);
+  // A tensor-core bf16 GEMM of this size runs at hundreds of TFLOP/s on any
+  // data-centre GPU since Volta; 10 is a floor that only a broken timing fails.
+  EXPECT_GT(first.flops_per_s, 10e12);
+  EXPECT_NEAR(first.flops_per_s / second.flops_per_s, 1.0, 0.1)
+      << "the first measurement started on idle clocks: its warm-up did not reach the load clock";
+}
+
+TEST(DevicePeak, HostMeasuresSgemmOnItsThreads) {
+  const GemmPeak peak = measure_gemm_peak(ExecContext::cpu(1), nullptr);
+  EXPECT_EQ(peak.n, 1024);
+  EXPECT_EQ(peak.dtype, DType::f32);
+  EXPECT_GT(peak.flops_per_s, 1e8) << "a 1024^3 sgemm taking over 20 s is a broken timing, not a slow core";
+  EXPECT_TRUE(std::isfinite(peak.flops_per_s));
 }
 
 }  // namespace
