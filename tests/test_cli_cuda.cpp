@@ -21,6 +21,8 @@
 //   - the start-up GEMM peak that MFU divides by (engine/device_peak.h), timed
 //     after the GPU's clocks have ramped up: two measurements in a row agree
 //     within 10% (a peak timed on a cold clock reads low and inflates MFU).
+// Each figure is printed on a line of its own beginning "[ measured ]",
+// which tools/gpu_check.sh copies from CTest's JUnit file into its summary.
 // Without a device every test skips (runtime.device = "cuda" refused there:
 // tests/test_cli_errors.cpp).
 #include <gtest/gtest.h>
@@ -84,7 +86,8 @@ TEST_F(CudaTrain, Fp32StepsMatchTheCpuRun) {
     EXPECT_LE(std::abs(xg - bg), 1e-3 * bg) << "grad norm, step " << s + 1;
     EXPECT_EQ(gpu[s].at("mem").at("device").get<std::string>(), "cuda:0");
   }
-  std::printf("fp32 on cuda:0 against the CPU: worst lm loss difference %.3g relative over 20 steps\n", worst);
+  std::printf("[ measured ] fp32 on cuda:0 against the CPU: worst lm loss difference %.3g relative over 20 steps\n",
+              worst);
   EXPECT_LT(gpu.back().at("lm_loss").get<double>(), gpu.front().at("lm_loss").get<double>());
 }
 
@@ -112,8 +115,8 @@ TEST_F(CudaTrain, Bf16StepsTrackTheCpuFp32RunWithThePlannedBytes) {
     const double e = emulated[s].at("lm_loss").get<double>();
     worst_emulated = std::max(worst_emulated, std::abs(x - e) / std::abs(e));
   }
-  std::printf("bf16 on cuda:0: worst lm loss difference %.3g relative to the CPU's fp32 run, %.3g to its emulated "
-              "bf16 run, over 20 steps\n",
+  std::printf("[ measured ] bf16 on cuda:0: worst lm loss difference %.3g relative to the CPU's fp32 run, "
+              "%.3g to its emulated bf16 run, over 20 steps\n",
               worst, worst_emulated);
   EXPECT_LT(gpu.back().at("lm_loss").get<double>(), 0.9 * gpu.front().at("lm_loss").get<double>());
   r = run_command(std::string(ORIGAMI_BINARY) + " plan " + ORIGAMI_SOURCE_DIR +
@@ -148,7 +151,7 @@ TEST(DevicePeak, TwoGpuMeasurementsInARowAgree) {
   const GemmPeak second = measure_gemm_peak(ctx, nullptr);
   EXPECT_EQ(first.n, 8192);
   EXPECT_EQ(first.dtype, DType::bf16);
-  std::printf("[ peak ] bf16 %lld^3: %.1f then %.1f TFLOP/s\n", static_cast<long long>(first.n),
+  std::printf("[ measured ] start-up GEMM peak, bf16 %lld^3: %.1f then %.1f TFLOP/s\n", static_cast<long long>(first.n),
               first.flops_per_s / 1e12, second.flops_per_s / 1e12);
   // A tensor-core bf16 GEMM of this size runs at hundreds of TFLOP/s on any
   // data-centre GPU since Volta; 10 is a floor that only a broken timing fails.

@@ -318,9 +318,12 @@ step_mpi_np2() {
 }
 
 cuda_counts=""
+cuda_figures=""  # the tests' "[ measured ]" lines, one per line
 step_cuda_tests() {
+  # Passed tests' output is kept whole in the JUnit file: their "[ measured ]"
+  # lines (tolerances met, the start-up peak) go into the summary.
   timeout "$(budget 240)" ctest --test-dir "$build" -L cuda --no-tests=error --output-on-failure -j 4 --timeout 180 \
-    --output-junit "$results/ctest_cuda.xml"
+    --test-output-size-passed 65536 --output-junit "$results/ctest_cuda.xml"
   local rc=$?
   [ $rc -eq 124 ] && return 124
   # passed failed skipped total, from CTest's JUnit file
@@ -334,6 +337,15 @@ for c in cases:
     elif s in ("notrun", "disabled") or c.find("skipped") is not None: n["skipped"] += 1
     else: n["passed"] += 1
 print(n["passed"], n["failed"], n["skipped"], sum(n.values()))
+EOF
+)
+  cuda_figures=$(python3 - "$results/ctest_cuda.xml" <<'EOF' 2>/dev/null
+import sys, xml.etree.ElementTree as ET
+for c in ET.parse(sys.argv[1]).getroot().iter("testcase"):
+    out = c.find("system-out")
+    for line in (out.text or "").splitlines() if out is not None else []:
+        if line.startswith("[ measured ] "):
+            print(f"  {c.get('name')}: {line[len('[ measured ] '):]}")
 EOF
 )
   local passed failed skipped total
@@ -670,6 +682,7 @@ write_summary() {
     done
     printf '%-14s %-8s %4s s\n' total "" "$total"
     [ -n "$cuda_counts" ] && echo "CUDA tests (ctest -L cuda): ${note[cuda_tests]}"
+    [ -n "$cuda_figures" ] && printf 'CUDA tests measured:\n%s\n' "$cuda_figures"
     kernel_table 2>&1
   } > "$summary"
 }
