@@ -10,8 +10,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <thread>
 
+#include "comm/in_flight_check.h"
 #include "kernels/check.h"
 
 namespace origami::comm {
@@ -210,6 +212,29 @@ void Communicator::check_block_counts(std::span<const int64_t> counts, int64_t b
                 buffer);
 }
 
+detail::InFlightRegions Communicator::in_flight_regions(const Call& c) const {
+  const auto bytes = [&](int64_t count) { return static_cast<size_t>(count) * elem_size(c.type); };
+  const auto total = [](std::span<const int64_t> counts) { return std::accumulate(counts.begin(), counts.end(), int64_t{0}); };
+  const auto* send = static_cast<const std::byte*>(c.send);
+  auto* recv = static_cast<std::byte*>(c.recv);
+  detail::InFlightRegions r;
+  switch (c.op) {
+    case CommOp::all_reduce: r = {recv, bytes(c.recv_count), recv, bytes(c.recv_count)}; break;
+    case CommOp::all_gather:
+    case CommOp::reduce_scatter: r = {send, bytes(c.send_count), recv, bytes(c.recv_count)}; break;
+    // The blocks the counts name, not the buffers' whole length.
+    case CommOp::all_to_all_v: r = {send, bytes(total(c.send_counts)), recv, bytes(total(c.recv_counts))}; break;
+    case CommOp::send: r = {send, bytes(c.send_count), nullptr, 0}; break;
+    case CommOp::recv: r = {nullptr, 0, recv, bytes(c.recv_count)}; break;
+    case CommOp::broadcast:  // the root reads its buffer, every other rank's is written
+      r = rank_ == c.peer ? detail::InFlightRegions{recv, bytes(c.recv_count), nullptr, 0}
+                          : detail::InFlightRegions{nullptr, 0, recv, bytes(c.recv_count)};
+      break;
+    case CommOp::barrier: break;
+  }
+  return r;
+}
+
 Request Communicator::launch(Call c, int64_t bytes) {
   const int64_t n = size();
   switch (c.op) {
@@ -261,7 +286,15 @@ Request Communicator::launch(Call c, int64_t bytes) {
     st.device_calls += 1;
     st.device_bytes += bytes;
   }
+  std::unique_ptr<detail::InFlightCheck> check;
+  if (options_.check_in_flight && c.memory->is_host() && c.op != CommOp::barrier) {
+    check = std::make_unique<detail::InFlightCheck>(
+        in_flight_regions(c), c.type, origami::detail::concat("group ", name_, " ", op_name(c.op), " seq ", seq));
+    c.send = check->staged(c.send);
+    c.recv = check->staged(c.recv);
+  }
   std::unique_ptr<detail::PendingOp> op = start(c);
+  if (check) op = detail::InFlightCheck::wrap(std::move(check), std::move(op));
   op->group = name_;
   op->op = c.op;
   op->seq = seq;

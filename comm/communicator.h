@@ -116,6 +116,12 @@ struct CommOptions {
   // send/recv have no tags and run in issue order on their stream). Groups
   // sets it for pp and cp.
   bool ring_p2p = false;
+  // Host-memory ops run on private copies of their buffers, the caller's
+  // receive bytes poisoned and every buffer held until the op completes
+  // (comm/in_flight_check.h): a test mode that shows on the CPU the missing
+  // waits a GPU run would race on. The trainer sets it under
+  // ORIGAMI_CHECK_IN_FLIGHT=1.
+  bool check_in_flight = false;
 };
 
 struct OpStats {
@@ -154,6 +160,7 @@ int64_t broadcast(int64_t count, size_t elem, int rank, int root, int n);
 }  // namespace ring_bytes
 
 namespace detail {
+struct InFlightRegions;  // comm/in_flight_check.h
 // One operation in flight. Backends implement test(); the diagnostics feed the
 // timeout message.
 class PendingOp {
@@ -468,6 +475,8 @@ class Communicator {
   void pair(Call& c, const Buffer& send, const Buffer& recv) const;
 
   Request launch(Call call, int64_t bytes);
+  // The bytes `call` reads and writes (CommOptions::check_in_flight).
+  detail::InFlightRegions in_flight_regions(const Call& call) const;
   void check_peer(int peer, const char* what) const;
   void check_block_counts(std::span<const int64_t> counts, int64_t buffer, const char* op, const char* which) const;
 

@@ -80,9 +80,14 @@ comm::Layout make_layout(const Config& cfg, int world) {
 
 // Groups over the world: MPI only on the host; on CUDA each group also gets
 // an NCCL communicator whose ops order after the context's stream.
+// ORIGAMI_CHECK_IN_FLIGHT=1 runs every host-memory op under the in-flight
+// check (comm/in_flight_check.h): the parity tests' proof that no buffer is
+// touched between an op's launch and its completion, as the GPU run needs.
 comm::Groups make_groups(const Config& cfg, const ExecContext& ctx, int world) {
   comm::GroupsOptions o;
   o.comm.timeout_s = cfg.runtime.collective_timeout_s;
+  const char* check = std::getenv("ORIGAMI_CHECK_IN_FLIGHT");
+  o.comm.check_in_flight = check && std::string(check) == "1";
   if (!ctx.device().is_host()) {
     o.compute_device = ctx.device();
     o.comm.compute_stream = ctx.stream();

@@ -83,6 +83,11 @@ void* TrackedAllocator::allocate(size_t bytes, MemCategory category) {
 
 void TrackedAllocator::release(void* ptr, size_t bytes, MemCategory category) {
   std::lock_guard<std::mutex> lock(mu_);
+  const auto begin = reinterpret_cast<uintptr_t>(ptr), end = begin + bytes;
+  for (const auto& [id, h] : holds_)
+    ORIGAMI_CHECK(end <= h.begin || h.end <= begin, to_string(device_), " buffer of ", bytes, " bytes (",
+                  to_string(category), ") freed while ", h.holder,
+                  " was in flight on it (free a buffer only after its op completes: wait, or complete for the stream)");
   if (ptr != nullptr) {
     const auto block = blocks_.find(ptr);
     if (block != blocks_.end()) {
@@ -97,6 +102,21 @@ void TrackedAllocator::release(void* ptr, size_t bytes, MemCategory category) {
   ledger_.current[c] -= static_cast<int64_t>(bytes);
   ledger_.current_total -= static_cast<int64_t>(bytes);
   ORIGAMI_CHECK(ledger_.current[c] >= 0, "ledger underflow in ", to_string(category), " on ", to_string(device_));
+}
+
+int64_t TrackedAllocator::hold(const void* ptr, size_t bytes, std::string holder) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t id = next_hold_++;
+  if (bytes > 0) {
+    const auto begin = reinterpret_cast<uintptr_t>(ptr);
+    holds_.emplace(id, Held{begin, begin + bytes, std::move(holder)});
+  }
+  return id;
+}
+
+void TrackedAllocator::unhold(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  holds_.erase(id);
 }
 
 void TrackedAllocator::release_cached() {

@@ -20,12 +20,19 @@
 // When the source refuses an allocation, the cache goes back to it and the
 // allocation is tried once more. Cached bytes are reported apart from the
 // ledger, which counts live tensors (requested bytes) only.
+// Holds: a range of memory an operation in flight still reads or writes
+// (the communicators' in-flight check, comm/in_flight_check.h) may be held;
+// releasing a buffer that overlaps a held range is an internal error naming
+// the holder. On a GPU the cache hands a freed block out again at once, so
+// a buffer freed under a communication op in flight would be overwritten
+// while the op still moves it; the holds find such a free on the host.
 #pragma once
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 
@@ -68,6 +75,11 @@ class TrackedAllocator {
   void reset_peaks();
   // Returns every cached block to its source.
   void release_cached();
+  // Marks [ptr, ptr + bytes) as in use by `holder` (named in the error a
+  // release of an overlapping buffer raises) until unhold(id). Ranges of
+  // several holds may overlap; zero bytes hold nothing.
+  int64_t hold(const void* ptr, size_t bytes, std::string holder);
+  void unhold(int64_t id);
   Device device() const { return device_; }
 
   // The allocator of `device`: the process's host allocator for cpu; for
@@ -85,6 +97,12 @@ class TrackedAllocator {
   void release_cached_locked();
   std::multimap<size_t, void*> cache_;         // block bytes -> free block
   std::unordered_map<void*, size_t> blocks_;  // live cached-size block -> its bytes
+  struct Held {
+    uintptr_t begin = 0, end = 0;
+    std::string holder;
+  };
+  std::map<int64_t, Held> holds_;  // by id
+  int64_t next_hold_ = 0;
 };
 
 }  // namespace origami

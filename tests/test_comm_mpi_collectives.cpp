@@ -9,6 +9,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <numeric>
 #include <thread>
@@ -63,14 +64,22 @@ std::string untag(T v) {
 }
 
 // Runs `body(kind name, communicator)` on every group this rank holds, for
-// every layout of this world size, plus the world communicator.
+// every layout of this world size, plus the world communicator; once as
+// training runs them and once under the in-flight check
+// (CommOptions::check_in_flight), whose private copies must give the same
+// results for every op, in place or not, with zero counts or not.
 template <class F>
 void for_each_group(F&& body) {
-  for (const LayoutOptions& o : layouts_for(world_size())) {
-    Groups g = Groups::create(Layout(world_size(), o), MPI_COMM_WORLD, Backend::mpi, kOptions);
-    body(g.world());
-    for (GroupKind k : kAllGroupKinds)
-      if (g.has(k)) body(g[k]);
+  for (bool check : {false, true}) {
+    SCOPED_TRACE(check ? "in-flight check on" : "in-flight check off");
+    CommOptions options = kOptions;
+    options.check_in_flight = check;
+    for (const LayoutOptions& o : layouts_for(world_size())) {
+      Groups g = Groups::create(Layout(world_size(), o), MPI_COMM_WORLD, Backend::mpi, options);
+      body(g.world());
+      for (GroupKind k : kAllGroupKinds)
+        if (g.has(k)) body(g[k]);
+    }
   }
 }
 
@@ -286,6 +295,42 @@ TEST(CommMpi, AsyncCollectivesOverlap) {
   }
   for (int p = 0; p < b.size(); ++p)
     ASSERT_EQ(gathered[2 * p + 1], tag<float>(b.members()[p], 1)) << untag(gathered[2 * p + 1]);
+}
+
+// Under the in-flight check a buffer an op writes reads as poison until the
+// op's wait (NaN for floats, a negative value for integers), whatever MPI
+// has already moved, and holds the results after it; a buffer it only reads
+// is the caller's to read meanwhile. That is what makes a read that comes too
+// early show on the CPU as it would race on a GPU.
+TEST(CommMpi, InFlightCheckShowsAReceiveOnlyAfterItsWait) {
+  CommOptions options = kOptions;
+  options.check_in_flight = true;
+  auto world = whole_mpi(MPI_COMM_WORLD, "world", options);
+  const int n = world->size(), me = world->rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
+  std::vector<float> sum(9), in(5, 7.0f), out(5);
+  for (int i = 0; i < 9; ++i) sum[i] = tag<float>(world_rank(), i);
+  for (int i = 0; i < 5; ++i) out[i] = tag<float>(world_rank(), i);
+  std::vector<int64_t> gathered(static_cast<size_t>(2 * n), 3), mine = {tag<int64_t>(world_rank(), 0), 5};
+  Request r_in = world->recv_async(std::span(in), prev, 3);
+  Request r_out = world->send_async(std::span<const float>(out), next, 3);
+  Request r_sum = world->all_reduce_async(std::span(sum));
+  Request r_gather = world->all_gather_async(std::span<const int64_t>(mine), std::span(gathered));
+  world->barrier();  // every op has reached every rank: MPI may well have finished them
+  for (float v : in) EXPECT_TRUE(std::isnan(v));
+  for (float v : sum) EXPECT_TRUE(std::isnan(v));
+  for (int64_t v : gathered) EXPECT_LT(v, 0);
+  EXPECT_EQ(out[0], tag<float>(world_rank(), 0));  // a send buffer may be read meanwhile
+  r_gather.wait();
+  r_sum.wait();
+  r_out.wait();
+  r_in.wait();
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(in[i], tag<float>(world->members()[prev], i)) << untag(in[i]);
+  for (int i = 0; i < 9; ++i) {
+    float s = 0;
+    for (int m : world->members()) s += tag<float>(m, i);
+    ASSERT_EQ(sum[i], s);
+  }
+  for (int p = 0; p < n; ++p) ASSERT_EQ(gathered[2 * p], tag<int64_t>(p, 0)) << untag(gathered[2 * p]);
 }
 
 // Exposed communication (OpStats::exposed_s): a rank that reaches an

@@ -17,6 +17,8 @@
 // fp32 sums (partial products over heads / F / vocab summed by the
 // reduce-scatter, vocab-parallel sum-exp) — a few ulps, ~1e-7 relative; a
 // misrouted row or slice is off by O(1).
+// Every group runs under the in-flight check (comm/in_flight_check.h): a
+// buffer touched between an op's launch and its wait fails these tests.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -62,7 +64,8 @@ std::unique_ptr<comm::Groups>& groups() {
     comm::LayoutOptions o;
     o.tp = world_size();
     g = std::make_unique<comm::Groups>(comm::Groups::create(comm::Layout(world_size(), o), MPI_COMM_WORLD,
-                                                            comm::Backend::mpi, comm::CommOptions{30.0}));
+                                                            comm::Backend::mpi,
+                                                            comm::CommOptions{.timeout_s = 30.0, .check_in_flight = true}));
   }
   return g;
 }

@@ -10,6 +10,8 @@
 //  - W gathers no parameter at ZeRO 3 (it reads none), the pending work
 //    holds none once B ended, and B accumulates no gradient (nor allocates a
 //    whole one at ZeRO 2-3).
+// Every group runs under the in-flight check (comm/in_flight_check.h): a
+// buffer touched between an op's launch and its wait fails these tests.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -84,7 +86,7 @@ comm::Groups& groups(size_t i) {
   if (g.empty())
     for (const LayoutCase& c : layouts())
       g.push_back(std::make_unique<comm::Groups>(comm::Groups::create(comm::Layout(kWorld, c.options), MPI_COMM_WORLD,
-                                                                      comm::Backend::mpi, comm::CommOptions{60.0})));
+                                                                      comm::Backend::mpi, comm::CommOptions{.timeout_s = 60.0, .check_in_flight = true})));
   return *g.at(i);
 }
 

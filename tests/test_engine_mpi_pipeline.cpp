@@ -17,6 +17,8 @@
 //    head only where the stage owns them. Layouts at np 4: pp = 4,
 //    pp = 2 × tp = 2, and pp = 4 with empty stages (pp_layers 2,0,1,1 and
 //    0,2,2,0: a stage of no layers, the embedding alone, the head alone).
+// Every group runs under the in-flight check (comm/in_flight_check.h): a
+// buffer touched between an op's launch and its wait fails these tests.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -66,7 +68,8 @@ comm::Groups& groups_for(const comm::LayoutOptions& o) {
   std::unique_ptr<comm::Groups>& g = groups_cache()[describe(o)];
   if (!g)
     g = std::make_unique<comm::Groups>(
-        comm::Groups::create(comm::Layout(world_size(), o), MPI_COMM_WORLD, comm::Backend::mpi, comm::CommOptions{60.0}));
+        comm::Groups::create(comm::Layout(world_size(), o), MPI_COMM_WORLD, comm::Backend::mpi,
+                             comm::CommOptions{.timeout_s = 60.0, .check_in_flight = true}));
   return *g;
 }
 

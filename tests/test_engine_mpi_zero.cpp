@@ -21,6 +21,8 @@
 //    during the next unit's backward) gives bitwise the same losses and
 //    parameters as waiting for each, at a grad-ledger peak above it by at
 //    most one unit's whole gradient.
+// Every group runs under the in-flight check (comm/in_flight_check.h): a
+// buffer touched between an op's launch and its wait fails these tests.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -83,7 +85,8 @@ comm::Groups& groups() {
     comm::LayoutOptions o;
     o.num_experts = moe_config().router.num_experts;
     g = std::make_unique<comm::Groups>(
-        comm::Groups::create(comm::Layout(kN, o), MPI_COMM_WORLD, comm::Backend::mpi, comm::CommOptions{60.0}));
+        comm::Groups::create(comm::Layout(kN, o), MPI_COMM_WORLD, comm::Backend::mpi,
+                             comm::CommOptions{.timeout_s = 60.0, .check_in_flight = true}));
   }
   return *g;
 }

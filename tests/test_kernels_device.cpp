@@ -215,6 +215,38 @@ TEST(TrackedAllocator, ARefusedAllocationReleasesTheCacheAndRetries) {
   a.release(big, size_t{7} << 20, MemCategory::activation);
 }
 
+// Holds (the communicators' in-flight check): a buffer overlapping a held
+// range cannot be released while the hold lasts, whichever end overlaps;
+// buffers beside it, zero-byte holds and released holds stop nothing, and
+// holds of several holders may overlap.
+TEST(TrackedAllocator, HeldRangesStopOnlyTheReleasesThatOverlapThem) {
+  CountingSource::reset(int64_t{1} << 30);
+  TrackedAllocator a(Device::cpu(), MemorySource{CountingSource::allocate, CountingSource::release});
+  auto* lo = static_cast<std::byte*>(a.allocate(4096, MemCategory::comm));
+  auto* hi = static_cast<std::byte*>(a.allocate(4096, MemCategory::comm));
+  const int64_t whole = a.hold(lo, 4096, "op A");
+  const int64_t part = a.hold(lo + 100, 8, "op B");  // overlaps op A's
+  (void)a.hold(hi, 0, "op C");                         // holds nothing, never released
+  a.release(hi, 4096, MemCategory::comm);               // beside the holds
+  a.unhold(whole);
+  a.unhold(part);
+  a.release(lo, 4096, MemCategory::comm);
+  EXPECT_EQ(a.snapshot().current_total, 0);
+}
+
+TEST(TrackedAllocatorDeathTest, ReleasingABufferUnderAHoldAbortsNamingTheHolder) {
+  CountingSource::reset(int64_t{1} << 30);
+  TrackedAllocator a(Device::cpu(), MemorySource{CountingSource::allocate, CountingSource::release});
+  auto* p = static_cast<std::byte*>(a.allocate(4096, MemCategory::grad));
+  auto* q = static_cast<std::byte*>(a.allocate(256, MemCategory::comm));
+  (void)a.hold(p + 4000, 96, "group dp reduce_scatter seq 7");  // the buffer's last bytes
+  EXPECT_EXIT(a.release(p, 4096, MemCategory::grad), ::testing::ExitedWithCode(kExitInternal),
+              "cpu buffer of 4096 bytes \\(grad\\) freed while group dp reduce_scatter seq 7 was in flight on it");
+  (void)a.hold(q, 1, "group ep all_to_all_v seq 3");  // the buffer's first byte
+  EXPECT_EXIT(a.release(q, 256, MemCategory::comm), ::testing::ExitedWithCode(kExitInternal),
+              "freed while group ep all_to_all_v seq 3 was in flight");
+}
+
 TEST(Tensor, HostToHostCopiesAndFills) {
   const Tensor src = random_host({5, 7}, 3);
   const Tensor copy = src.to(Device::cpu());

@@ -52,7 +52,9 @@ using testing::random_tensor;
 using testing::world_rank;
 using testing::world_size;
 
-constexpr comm::CommOptions kOptions{30.0};  // generous: 8 ranks share 2 cores in CI
+// Generous timeout: 8 ranks share 2 cores in CI. Under the in-flight check
+// (comm/in_flight_check.h): a buffer touched before its op's wait fails here.
+constexpr comm::CommOptions kOptions{.timeout_s = 30.0, .check_in_flight = true};
 constexpr int64_t kD = 8, kF = 12, kK = 2, kSeq = 16, kT = 2 * kSeq;  // tiny: np 8 runs in seconds
 
 // One expert layout and its groups, built once per binary (Groups::create is
