@@ -337,7 +337,7 @@ CheckpointSaveStats CheckpointWriter::save(const Config& cfg, const Model& model
     return stats;
   }
   // Device state is written from host copies (the checkpoint's named host point).
-  p->write(rank, world_size, model.params().device().is_host() ? live : snapshot(live));
+  p->write(rank, world_size, model.params().device() == Device::cpu() ? live : snapshot(live));
   pending_ = std::move(p);
   stats = *wait(world);
   stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -661,9 +661,9 @@ void fill_held_state(Model& model, const comm::Groups& groups, bool with_moments
   // itself (so elements no piece covers keep their values), then copied
   // back (rounded): the checkpoint's named host point.
   auto read_into = [](Tensor dst, const std::function<void(float*)>& read_host) {
-    Tensor host = dst.on_host_f32();
+    Tensor host = dst.on_host_f32();  // dst itself when it is an f32 tensor on plain cpu
     read_host(host.f32());
-    if (!dst.device().is_host() || dst.dtype() != DType::f32) dst.assign_f32(host);
+    if (dst.device() != Device::cpu() || dst.dtype() != DType::f32) dst.assign_f32(host);
   };
   // Elements [begin, end) of the rank's flat unit buffer `buf`, whose
   // element 0 is unit element `first`.

@@ -66,6 +66,9 @@ bool on_cuda(const ExecContext& ctx, const char* op, std::initializer_list<OpArg
 // reads the same setting); the caller's is restored afterwards.
 class CpuThreads {
  public:
+  // Also the kernel scope of the host stand-in (HostKernelScope): the CPU
+  // implementation that runs while this is held may touch its tensors'
+  // elements, whichever host device they are on.
   explicit CpuThreads(const ExecContext& ctx) : saved_(omp_get_max_threads()) {
     if (saved_ != ctx.threads()) omp_set_num_threads(ctx.threads());
   }
@@ -77,6 +80,7 @@ class CpuThreads {
 
  private:
   int saved_;
+  HostKernelScope kernel_;
 };
 
 // bf16 data on the host. The CPU kernels are f32 only, so a call whose data

@@ -4,6 +4,7 @@
 // device.
 #include "kernels/tensor.h"
 
+#include <atomic>
 #include <cstring>
 #include <sstream>
 
@@ -102,9 +103,23 @@ Tensor Tensor::flat_view(int64_t offset, int64_t n, Shape shape) const {
   return t;
 }
 
+namespace {
+std::atomic<int> host_kernel_depth{0};
+}  // namespace
+
+HostKernelScope::HostKernelScope() { host_kernel_depth.fetch_add(1, std::memory_order_relaxed); }
+HostKernelScope::~HostKernelScope() { host_kernel_depth.fetch_sub(1, std::memory_order_relaxed); }
+bool HostKernelScope::open() { return host_kernel_depth.load(std::memory_order_relaxed) > 0; }
+
+void Tensor::check_host_access() const {
+  if (device().is_host() && HostKernelScope::open()) return;
+  fail_host_access();
+}
+
 void Tensor::fail_host_access() const {
   ORIGAMI_CHECK(false, "host access to the elements of a ", to_string(dtype_), " ", shape_string(shape_), " tensor on ",
-                to_string(device()), " (copy it to the host with to(Device::cpu()) first)");
+                to_string(device()), " (copy it to the host with to(Device::cpu()) first",
+                device().is_host() ? "; the host stand-in's elements are its kernels' alone, as a GPU's are)" : ")");
   __builtin_unreachable();
 }
 

@@ -4,7 +4,12 @@
 // passed where a matrix is expected reads as [prod(leading dims), last dim].
 // Storage comes from its device's tracked allocator. Host code reads
 // elements (data<T>(), f32(), i32(), raw()) of host tensors only: a device
-// tensor read on the host is a clear error, not a segfault.
+// tensor read on the host is a clear error, not a segfault. The host
+// stand-in device cpu:1 (ExecContext::host_stand_in) is host memory whose
+// elements only the CPU kernels touch (inside a HostKernelScope, which the
+// dispatch opens), as only the CUDA kernels touch a GPU's: engine code that
+// reads or writes a training-path tensor's elements outside a named host
+// point fails on the stand-in as it would on the GPU.
 #pragma once
 #include <cstdint>
 #include <initializer_list>
@@ -53,6 +58,20 @@ class Storage {
   Device device_;
 };
 
+// While one is open, host element access to the stand-in device's tensors
+// is allowed: the CPU kernels' own (the dispatch opens one around each CPU
+// implementation; OpenMP workers inside it count as inside). Process-wide,
+// not per thread, since the host drives ops from one thread and a kernel's
+// workers are other threads.
+class HostKernelScope {
+ public:
+  HostKernelScope();
+  ~HostKernelScope();
+  HostKernelScope(const HostKernelScope&) = delete;
+  HostKernelScope& operator=(const HostKernelScope&) = delete;
+  static bool open();
+};
+
 class Tensor {
  public:
   Tensor() = default;
@@ -76,20 +95,21 @@ class Tensor {
   }
   int64_t cols() const { return dim() == 0 ? 1 : shape_.back(); }
 
-  // Host element access (checked: defined, host-resident, dtype).
+  // Host element access (checked: defined, host-resident, dtype; on the
+  // stand-in device, inside a kernel).
   template <class T> T* data() const {
     ORIGAMI_CHECK(defined(), "data() on an undefined tensor");
     ORIGAMI_CHECK(dtype_ == dtype_of<T>(), "tensor is ", to_string(dtype_), ", accessed as ", to_string(dtype_of<T>()));
-    if (!storage_->device().is_host()) [[unlikely]]
-      fail_host_access();
+    if (storage_->device() != Device::cpu()) [[unlikely]]
+      check_host_access();
     return static_cast<T*>(storage_->data()) + offset_;
   }
   float* f32() const { return data<float>(); }
   int32_t* i32() const { return data<int32_t>(); }
   void* raw() const {
     ORIGAMI_CHECK(defined(), "raw() on an undefined tensor");
-    if (!storage_->device().is_host()) [[unlikely]]
-      fail_host_access();
+    if (storage_->device() != Device::cpu()) [[unlikely]]
+      check_host_access();
     return address();
   }
   // The first element's address on the tensor's own device (device code and
@@ -105,9 +125,9 @@ class Tensor {
 
   // A copy on `device` (same shape, dtype and ledger category); synchronous.
   Tensor to(Device device) const;
-  // This tensor when its memory is the host's, else a copy on the host: what
-  // the named host points (checkpoint, export) read.
-  Tensor on_host() const { return device().is_host() ? *this : to(Device::cpu()); }
+  // This tensor when it lives on plain cpu, else a copy there (from a GPU or
+  // the host stand-in): what the named host points (checkpoint, export) read.
+  Tensor on_host() const { return device() == Device::cpu() ? *this : to(Device::cpu()); }
   // The host f32 image of an f32 or bf16 tensor (bf16 widened exactly; an
   // f32 host tensor is itself), and its inverse: overwrite with a host f32
   // tensor's elements, rounded to nearest even when this one is bf16. The
@@ -121,6 +141,7 @@ class Tensor {
   void copy_from(const Tensor& src);
 
  private:
+  void check_host_access() const;  // off plain cpu: the stand-in inside a kernel only
   [[noreturn]] void fail_host_access() const;
   std::shared_ptr<Storage> storage_;
   int64_t offset_ = 0;  // in elements

@@ -29,7 +29,7 @@ enum CountRow : int64_t { kRouted = 0, kKept = 1, kRows = 2, kCountRows = 3 };
 // counts [routed | kept | rows] (i64 [3, E]) in one copy, as host vectors;
 // the host waits for the compute stream only.
 void counts_to_host(const ExecContext& ctx, const Tensor& count_3E, Permutation& perm) {
-  const Tensor host = count_3E.device().is_host() ? count_3E : ctx.to(count_3E, Device::cpu());
+  const Tensor host = count_3E.device() == Device::cpu() ? count_3E : ctx.to(count_3E, Device::cpu());
   const int64_t E = count_3E.size(1);
   const int64_t* c = host.data<int64_t>();
   perm.routed_per_expert.assign(c + kRouted * E, c + (kRouted + 1) * E);

@@ -309,6 +309,32 @@ TEST(ExecContext, ReadLaterGivesAnAccumulatorsScalar) {
   EXPECT_EQ(ctx.read_later(acc).scalar_f64(), once + once) << "two adds from zero, each sum's own fp64 total";
 }
 
+// The host stand-in (cpu:1) is host memory, but its elements are its
+// kernels' alone, as a GPU's are: ops read and write them (the dispatch's
+// kernel scope), a copy to plain cpu is readable, and host code reading or
+// writing them directly fails naming the tensor, as it would on a GPU.
+TEST(ExecContext, TheStandInsElementsAreReadThroughItsOpsAndCopies) {
+  const ExecContext ctx = ExecContext::host_stand_in(1);
+  const Tensor x_host = random_host({5, 3}, 31), y_host = random_host({5, 3}, 32);
+  Tensor x = ctx.to(x_host, ctx.device()), y = ctx.to(y_host, ctx.device());
+  ASSERT_EQ(y.device(), (Device{DeviceKind::cpu, 1}));
+  axpy(ctx, 2.0f, x, y);
+  const Tensor got = y.on_host();
+  ASSERT_EQ(got.device(), Device::cpu());
+  for (int64_t i = 0; i < got.numel(); ++i)
+    EXPECT_EQ(got.f32()[i], y_host.f32()[i] + 2.0f * x_host.f32()[i]) << i;
+  EXPECT_EQ(ctx.read_later(y).get().device(), Device::cpu());
+}
+
+TEST(ExecContextDeathTest, HostCodeTouchingTheStandInsElementsFailsAsOnAGpu) {
+  const ExecContext ctx = ExecContext::host_stand_in(1);
+  const Tensor t = ctx.zeros({4, 2}, DType::f32, MemCategory::activation);
+  EXPECT_EXIT((void)t.f32(), ::testing::ExitedWithCode(kExitInternal),
+              "host access to the elements of a f32 \\[4, 2\\] tensor on cpu:1 .*the host stand-in's elements are its "
+              "kernels' alone");
+  EXPECT_EXIT((void)t.raw(), ::testing::ExitedWithCode(kExitInternal), "tensor on cpu:1");
+}
+
 TEST(ExecContextDeathTest, ScalarReadRefusesAnythingButOneF64) {
   const ExecContext ctx = ExecContext::cpu(1);
   EXPECT_EXIT(ctx.read_later(random_host({2}, 21)).scalar_f64(), ::testing::ExitedWithCode(kExitInternal),
