@@ -69,6 +69,15 @@ Tensor Tensor::empty(Shape shape, DType dtype, MemCategory category, Device devi
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
   t.storage_ = std::make_shared<Storage>(static_cast<size_t>(bytes), category, device);
+  // The host stand-in's new memory is garbage, as a GPU's is (cudaMalloc
+  // and the caching allocator's reused blocks): NaN in every float dtype and
+  // in the workspace's bytes, a large negative value in the integer ones.
+  // Host memory is often zero when fresh, which would hide a read of
+  // elements nothing wrote; on the stand-in it shows.
+  if (device.is_host() && device.index != 0 && bytes > 0) {
+    const bool integer = dtype == DType::i32 || dtype == DType::i64;
+    std::memset(t.address(), integer ? 0xA5 : 0xFF, static_cast<size_t>(bytes));
+  }
   return t;
 }
 

@@ -9,7 +9,8 @@
 // elements only the CPU kernels touch (inside a HostKernelScope, which the
 // dispatch opens), as only the CUDA kernels touch a GPU's: engine code that
 // reads or writes a training-path tensor's elements outside a named host
-// point fails on the stand-in as it would on the GPU.
+// point fails on the stand-in as it would on the GPU; and its new tensors
+// hold garbage (NaN, or negative integers), as a GPU's do, until written.
 #pragma once
 #include <cstdint>
 #include <initializer_list>

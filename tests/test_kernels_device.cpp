@@ -326,6 +326,23 @@ TEST(ExecContext, TheStandInsElementsAreReadThroughItsOpsAndCopies) {
   EXPECT_EQ(ctx.read_later(y).get().device(), Device::cpu());
 }
 
+// A new stand-in tensor holds garbage until written, as a GPU's does (fresh
+// host pages are zero, which would hide a read of unwritten elements): NaN
+// in every float dtype, negative in the integer ones; zeros() are zeros.
+TEST(ExecContext, TheStandInsNewTensorsHoldGarbageUntilWritten) {
+  const ExecContext ctx = ExecContext::host_stand_in(1);
+  const Tensor f = ctx.empty({64, 33}, DType::f32, MemCategory::activation).on_host();
+  for (int64_t i = 0; i < f.numel(); ++i) ASSERT_TRUE(std::isnan(f.f32()[i])) << i;
+  const Tensor b = ctx.empty({7}, DType::bf16, MemCategory::activation).on_host_f32();
+  for (int64_t i = 0; i < b.numel(); ++i) ASSERT_TRUE(std::isnan(b.f32()[i])) << i;
+  const Tensor d = ctx.empty({3}, DType::f64, MemCategory::optim).on_host();
+  for (int64_t i = 0; i < d.numel(); ++i) ASSERT_TRUE(std::isnan(d.data<double>()[i])) << i;
+  const Tensor n = ctx.empty({9}, DType::i64, MemCategory::workspace).on_host();
+  for (int64_t i = 0; i < n.numel(); ++i) ASSERT_LT(n.data<int64_t>()[i], 0) << i;
+  const Tensor z = ctx.zeros({5}, DType::f32, MemCategory::grad).on_host();
+  for (int64_t i = 0; i < z.numel(); ++i) ASSERT_EQ(z.f32()[i], 0.0f) << i;
+}
+
 TEST(ExecContextDeathTest, HostCodeTouchingTheStandInsElementsFailsAsOnAGpu) {
   const ExecContext ctx = ExecContext::host_stand_in(1);
   const Tensor t = ctx.zeros({4, 2}, DType::f32, MemCategory::activation);
