@@ -214,7 +214,9 @@ void Communicator::check_block_counts(std::span<const int64_t> counts, int64_t b
 
 detail::InFlightRegions Communicator::in_flight_regions(const Call& c) const {
   const auto bytes = [&](int64_t count) { return static_cast<size_t>(count) * elem_size(c.type); };
-  const auto total = [](std::span<const int64_t> counts) { return std::accumulate(counts.begin(), counts.end(), int64_t{0}); };
+  const auto total = [](std::span<const int64_t> counts) {
+    return std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  };
   const auto* send = static_cast<const std::byte*>(c.send);
   auto* recv = static_cast<std::byte*>(c.recv);
   detail::InFlightRegions r;
@@ -275,6 +277,7 @@ Request Communicator::launch(Call c, int64_t bytes) {
     }
     default: break;
   }
+  if (options_.p2p_by_order && (c.op == CommOp::send || c.op == CommOp::recv)) c.tag = 0;
   if (!c.memory) c.memory = locate(c);
   const std::string refused = refusal(c);
   ORIGAMI_CHECK(refused.empty(), "group ", name_, " ", op_name(c.op), " of ", elem_name(c.type), ": ", refused);

@@ -119,9 +119,15 @@ struct CommOptions {
   // Host-memory ops run on private copies of their buffers, the caller's
   // receive bytes poisoned and every buffer held until the op completes
   // (comm/in_flight_check.h): a test mode that shows on the CPU the missing
-  // waits a GPU run would race on. The trainer sets it under
-  // ORIGAMI_CHECK_IN_FLIGHT=1.
+  // waits a GPU run would race on. The trainer sets it on the host stand-in
+  // device (ORIGAMI_HOST_STAND_IN=1).
   bool check_in_flight = false;
+  // Point-to-point messages match in issue order alone, tags ignored:
+  // NCCL's rule (its send and recv have no tags; two ranks' messages in one
+  // direction form one ordered stream, a ring channel's or the group's), on
+  // the MPI backend, so that code relying on tags to pair messages posted in
+  // another order fails on the CPU. Set with check_in_flight on the stand-in.
+  bool p2p_by_order = false;
 };
 
 struct OpStats {

@@ -1,6 +1,7 @@
 // The in-flight check of host-memory communication (CommOptions::
-// check_in_flight): a test mode that makes a CPU run meet its buffers the
-// way a GPU run does, so that a missing wait shows on the host.
+// check_in_flight, on in the host stand-in's groups): a test mode that
+// makes a CPU run meet its buffers the way a GPU run does, so that a
+// missing wait shows on the host.
 //
 // On a GPU an NCCL op reads its send buffer and writes its receive buffer
 // on the communication stream at some moment between its launch and the

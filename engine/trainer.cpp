@@ -51,7 +51,9 @@ int world_size() {
 // (resolve_placement), with runtime.threads (or the per-rank default) OpenMP
 // threads for host work. ORIGAMI_HOST_STAND_IN=1 trains a CPU run on the
 // stand-in device cpu:1 (ExecContext::host_stand_in): the test that every
-// buffer of the training path is allocated on the context's device.
+// buffer of the training path is allocated on the context's device, that
+// host code touches none of their elements, and (make_groups) that the
+// communication keeps NCCL's rules.
 ExecContext make_context(const Config& cfg) {
   const RuntimeConfig& rt = cfg.runtime;
   const int threads = rt.threads > 0 ? static_cast<int>(rt.threads) : default_threads_per_rank();
@@ -80,14 +82,16 @@ comm::Layout make_layout(const Config& cfg, int world) {
 
 // Groups over the world: MPI only on the host; on CUDA each group also gets
 // an NCCL communicator whose ops order after the context's stream.
-// ORIGAMI_CHECK_IN_FLIGHT=1 runs every host-memory op under the in-flight
-// check (comm/in_flight_check.h): the parity tests' proof that no buffer is
-// touched between an op's launch and its completion, as the GPU run needs.
+// On the host stand-in device the groups communicate as NCCL would: under
+// the in-flight check (comm/in_flight_check.h: no buffer touched between an
+// op's launch and its completion) and with point-to-point messages matched
+// by order alone, so the parity runs prove what the GPU run's
+// communication needs.
 comm::Groups make_groups(const Config& cfg, const ExecContext& ctx, int world) {
   comm::GroupsOptions o;
   o.comm.timeout_s = cfg.runtime.collective_timeout_s;
-  const char* check = std::getenv("ORIGAMI_CHECK_IN_FLIGHT");
-  o.comm.check_in_flight = check && std::string(check) == "1";
+  const bool stand_in = ctx.device().is_host() && ctx.device() != Device::cpu();
+  o.comm.check_in_flight = o.comm.p2p_by_order = stand_in;
   if (!ctx.device().is_host()) {
     o.compute_device = ctx.device();
     o.comm.compute_stream = ctx.stream();

@@ -36,14 +36,14 @@ using testing::read_jsonl;
 using testing::run_command;
 namespace fs = std::filesystem;
 
-// Multi-rank runs train on the host stand-in device (ORIGAMI_HOST_STAND_IN=1)
-// under the in-flight check (ORIGAMI_CHECK_IN_FLIGHT=1), as the parity tests
-// do: their saves and loads take the device path (host copies of the state,
-// read back into the device's), so a checkpoint saved there and loaded on
-// one plain-cpu rank, and back, is the move between a GPU and CPU ranks.
+// Multi-rank runs train on the host stand-in device (ORIGAMI_HOST_STAND_IN=1),
+// as the parity tests do: their saves and loads take the device path (host
+// copies of the state, read back into the device's), so a checkpoint saved
+// there and loaded on one plain-cpu rank, and back, is the move between a
+// GPU and CPU ranks.
 std::string launcher(int np) {
   return np == 1 ? std::string()
-                 : std::string("ORIGAMI_HOST_STAND_IN=1 ORIGAMI_CHECK_IN_FLIGHT=1 ") + ORIGAMI_MPIEXEC +
+                 : std::string("ORIGAMI_HOST_STAND_IN=1 ") + ORIGAMI_MPIEXEC +
                        " --allow-run-as-root --oversubscribe --bind-to none -np " + std::to_string(np) + " ";
 }
 

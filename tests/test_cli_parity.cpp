@@ -18,12 +18,16 @@
 // The 16-rank layout TP=2 CP=2 DP=2 PP=2 with ETP=2 EP=2 EDP=2 runs alone.
 // The multi-rank runs of train() run on the host stand-in device cpu:1
 // (ORIGAMI_HOST_STAND_IN=1): matching losses also prove that every buffer of
-// each layout's training path lives on the context's device. They also run
-// under the in-flight check (ORIGAMI_CHECK_IN_FLIGHT=1, comm/in_flight_check.h):
-// every buffer of an op in flight is held, its receive bytes read NaN until
-// the op's wait, so matching losses prove that no layout touches a buffer
-// between an op's launch and its completion, the ordering a GPU run's
-// communication stream needs.
+// each layout's training path lives on the context's device, that host
+// code touches none of their elements, and that none is read before it is
+// written (new stand-in tensors hold NaN). The stand-in's groups also
+// communicate by NCCL's rules: under the in-flight check
+// (comm/in_flight_check.h: every buffer of an op in flight is held, its
+// receive bytes read NaN until the op's wait) and with point-to-point
+// messages matched by order alone, tags ignored (CommOptions::p2p_by_order).
+// So matching losses prove that no layout touches a buffer between an op's
+// launch and its completion, and that the pipeline's and the CP ring's
+// messages pair up without tags, as the GPU run's streams and channels need.
 // Gradient clipping (clip_grad 1.0) is active in these steps: the baseline's
 // grad norm exceeds 1 (asserted), so the norm must count every element once.
 // Why 1e-4 holds with room: the layouts compute the same sums in another
@@ -79,7 +83,7 @@ class Parity : public ::testing::Test {
     // on plain cpu instead of the context's device stops the run at its first
     // op, so the same runs prove the placement the GPU path needs.
     const std::string launcher = np == 1 ? std::string()
-                                         : std::string("ORIGAMI_HOST_STAND_IN=1 ORIGAMI_CHECK_IN_FLIGHT=1 ") +
+                                         : std::string("ORIGAMI_HOST_STAND_IN=1 ") +
                                                ORIGAMI_MPIEXEC +
                                                " --allow-run-as-root --oversubscribe --bind-to none -np " +
                                                std::to_string(np) + " ";

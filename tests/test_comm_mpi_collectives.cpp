@@ -65,15 +65,15 @@ std::string untag(T v) {
 
 // Runs `body(kind name, communicator)` on every group this rank holds, for
 // every layout of this world size, plus the world communicator; once as
-// training runs them and once under the in-flight check
-// (CommOptions::check_in_flight), whose private copies must give the same
-// results for every op, in place or not, with zero counts or not.
+// training runs them and once by NCCL's rules as the host stand-in runs them
+// (CommOptions::check_in_flight and p2p_by_order), whose private copies must
+// give the same results for every op, in place or not, with zero counts or not.
 template <class F>
 void for_each_group(F&& body) {
   for (bool check : {false, true}) {
     SCOPED_TRACE(check ? "in-flight check on" : "in-flight check off");
     CommOptions options = kOptions;
-    options.check_in_flight = check;
+    options.check_in_flight = options.p2p_by_order = check;
     for (const LayoutOptions& o : layouts_for(world_size())) {
       Groups g = Groups::create(Layout(world_size(), o), MPI_COMM_WORLD, Backend::mpi, options);
       body(g.world());
@@ -331,6 +331,33 @@ TEST(CommMpi, InFlightCheckShowsAReceiveOnlyAfterItsWait) {
     ASSERT_EQ(sum[i], s);
   }
   for (int p = 0; p < n; ++p) ASSERT_EQ(gathered[2 * p], tag<int64_t>(p, 0)) << untag(gathered[2 * p]);
+}
+
+// p2p_by_order pairs point-to-point messages as NCCL does, by issue order
+// alone: two messages sent with tags 1 then 2, received as tag 2 then tag 1,
+// arrive by tag on MPI and by order under the option (the first receive
+// gets the first message), so code that relies on tags shows on the CPU.
+TEST(CommMpi, P2pByOrderPairsMessagesAsNcclDoesIgnoringTags) {
+  for (bool by_order : {false, true}) {
+    SCOPED_TRACE(by_order ? "by order" : "by tag");
+    CommOptions options = kOptions;
+    options.p2p_by_order = by_order;
+    auto world = whole_mpi(MPI_COMM_WORLD, "world", options);
+    const int n = world->size(), next = (world->rank() + 1) % n, prev = (world->rank() + n - 1) % n;
+    std::vector<int32_t> first = {tag<int32_t>(world_rank(), 1)}, second = {tag<int32_t>(world_rank(), 2)};
+    std::vector<int32_t> got_a(1, -1), got_b(1, -1);
+    Request ra = world->recv_async(std::span(got_a), prev, /*tag=*/2);
+    Request rb = world->recv_async(std::span(got_b), prev, /*tag=*/1);
+    Request s1 = world->send_async(std::span<const int32_t>(first), next, /*tag=*/1);
+    Request s2 = world->send_async(std::span<const int32_t>(second), next, /*tag=*/2);
+    ra.wait();
+    rb.wait();
+    s1.wait();
+    s2.wait();
+    const int32_t from_first = tag<int32_t>(prev, 1), from_second = tag<int32_t>(prev, 2);
+    EXPECT_EQ(got_a[0], by_order ? from_first : from_second) << untag(got_a[0]);
+    EXPECT_EQ(got_b[0], by_order ? from_second : from_first) << untag(got_b[0]);
+  }
 }
 
 // Exposed communication (OpStats::exposed_s): a rank that reaches an

@@ -49,9 +49,9 @@ using testing::random_tensor;
 using testing::world_rank;
 using testing::world_size;
 
-// Generous timeout: 4 ranks share 2 cores in CI. Under the in-flight check
-// (comm/in_flight_check.h): a buffer touched before its op's wait fails here.
-constexpr comm::CommOptions kOptions{.timeout_s = 30.0, .check_in_flight = true};
+// Generous timeout: 4 ranks share 2 cores in CI. By NCCL's rules: the
+// in-flight check (comm/in_flight_check.h) and messages paired by order.
+constexpr comm::CommOptions kOptions{.timeout_s = 30.0, .check_in_flight = true, .p2p_by_order = true};
 constexpr int64_t kHq = 4, kHkv = 2, kHd = 8, kD = kHq * kHd;
 
 // Groups with cp = W (the layout under test) and with cp = 1 (a size-1 cp

@@ -17,8 +17,10 @@
 // fp32 sums (partial products over heads / F / vocab summed by the
 // reduce-scatter, vocab-parallel sum-exp) — a few ulps, ~1e-7 relative; a
 // misrouted row or slice is off by O(1).
-// Every group runs under the in-flight check (comm/in_flight_check.h): a
-// buffer touched between an op's launch and its wait fails these tests.
+// Every group communicates by NCCL's rules (the host stand-in's): under the
+// in-flight check (comm/in_flight_check.h), where a buffer touched between
+// an op's launch and its wait fails these tests, and with point-to-point
+// messages paired by order alone (CommOptions::p2p_by_order).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -65,7 +67,9 @@ std::unique_ptr<comm::Groups>& groups() {
     o.tp = world_size();
     g = std::make_unique<comm::Groups>(comm::Groups::create(comm::Layout(world_size(), o), MPI_COMM_WORLD,
                                                             comm::Backend::mpi,
-                                                            comm::CommOptions{.timeout_s = 30.0, .check_in_flight = true}));
+                                                            comm::CommOptions{.timeout_s = 30.0,
+                                                                              .check_in_flight = true,
+                                                                              .p2p_by_order = true}));
   }
   return g;
 }

@@ -9,8 +9,10 @@
 //    of every ledger category together is below all_gather's, as the plan's
 //    per-rank K/V peak (plan::kv_memory) predicts, and its saved activations
 //    are lower by the plan's K/V difference per layer.
-// Every group runs under the in-flight check (comm/in_flight_check.h): a
-// buffer touched between an op's launch and its wait fails these tests.
+// Every group communicates by NCCL's rules (the host stand-in's): under the
+// in-flight check (comm/in_flight_check.h), where a buffer touched between
+// an op's launch and its wait fails these tests, and with point-to-point
+// messages paired by order alone (CommOptions::p2p_by_order).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -81,7 +83,9 @@ TEST(ContextParallelModel, ActivationsAndPeakAgainstThePlan) {
     ASSERT_EQ(layout_problem(cfg, world_size()), "");
     const comm::Layout layout(world_size(), comm::LayoutOptions{l.tp, l.cp, 1, 1, l.tp, cfg.parallel.order,
                                                                 cfg.moe.router.num_experts});
-    const comm::Groups groups = comm::Groups::create(layout, MPI_COMM_WORLD, comm::Backend::mpi, comm::CommOptions{.timeout_s = 60, .check_in_flight = true});
+    const comm::Groups groups = comm::Groups::create(
+        layout, MPI_COMM_WORLD, comm::Backend::mpi,
+        comm::CommOptions{.timeout_s = 60, .check_in_flight = true, .p2p_by_order = true});
     int64_t dense_layers = 0, moe_layers = 0;
     for (int64_t i = 0; i < cfg.model.num_layers; ++i) (cfg.moe.is_moe_layer(i) ? moe_layers : dense_layers) += 1;
     Measured got[2];

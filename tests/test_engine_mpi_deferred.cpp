@@ -10,8 +10,10 @@
 //  - W gathers no parameter at ZeRO 3 (it reads none), the pending work
 //    holds none once B ended, and B accumulates no gradient (nor allocates a
 //    whole one at ZeRO 2-3).
-// Every group runs under the in-flight check (comm/in_flight_check.h): a
-// buffer touched between an op's launch and its wait fails these tests.
+// Every group communicates by NCCL's rules (the host stand-in's): under the
+// in-flight check (comm/in_flight_check.h), where a buffer touched between
+// an op's launch and its wait fails these tests, and with point-to-point
+// messages paired by order alone (CommOptions::p2p_by_order).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -86,7 +88,10 @@ comm::Groups& groups(size_t i) {
   if (g.empty())
     for (const LayoutCase& c : layouts())
       g.push_back(std::make_unique<comm::Groups>(comm::Groups::create(comm::Layout(kWorld, c.options), MPI_COMM_WORLD,
-                                                                      comm::Backend::mpi, comm::CommOptions{.timeout_s = 60.0, .check_in_flight = true})));
+                                                                      comm::Backend::mpi,
+                                                                      comm::CommOptions{.timeout_s = 60.0,
+                                                                                        .check_in_flight = true,
+                                                                                        .p2p_by_order = true})));
   return *g.at(i);
 }
 

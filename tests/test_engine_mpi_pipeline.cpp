@@ -17,8 +17,10 @@
 //    head only where the stage owns them. Layouts at np 4: pp = 4,
 //    pp = 2 × tp = 2, and pp = 4 with empty stages (pp_layers 2,0,1,1 and
 //    0,2,2,0: a stage of no layers, the embedding alone, the head alone).
-// Every group runs under the in-flight check (comm/in_flight_check.h): a
-// buffer touched between an op's launch and its wait fails these tests.
+// Every group communicates by NCCL's rules (the host stand-in's): under the
+// in-flight check (comm/in_flight_check.h), where a buffer touched between
+// an op's launch and its wait fails these tests, and with point-to-point
+// messages paired by order alone (CommOptions::p2p_by_order).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -69,7 +71,7 @@ comm::Groups& groups_for(const comm::LayoutOptions& o) {
   if (!g)
     g = std::make_unique<comm::Groups>(
         comm::Groups::create(comm::Layout(world_size(), o), MPI_COMM_WORLD, comm::Backend::mpi,
-                             comm::CommOptions{.timeout_s = 60.0, .check_in_flight = true}));
+                             comm::CommOptions{.timeout_s = 60.0, .check_in_flight = true, .p2p_by_order = true}));
   return *g;
 }
 

@@ -21,8 +21,10 @@
 //    during the next unit's backward) gives bitwise the same losses and
 //    parameters as waiting for each, at a grad-ledger peak above it by at
 //    most one unit's whole gradient.
-// Every group runs under the in-flight check (comm/in_flight_check.h): a
-// buffer touched between an op's launch and its wait fails these tests.
+// Every group communicates by NCCL's rules (the host stand-in's): under the
+// in-flight check (comm/in_flight_check.h), where a buffer touched between
+// an op's launch and its wait fails these tests, and with point-to-point
+// messages paired by order alone (CommOptions::p2p_by_order).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -86,7 +88,7 @@ comm::Groups& groups() {
     o.num_experts = moe_config().router.num_experts;
     g = std::make_unique<comm::Groups>(
         comm::Groups::create(comm::Layout(kN, o), MPI_COMM_WORLD, comm::Backend::mpi,
-                             comm::CommOptions{.timeout_s = 60.0, .check_in_flight = true}));
+                             comm::CommOptions{.timeout_s = 60.0, .check_in_flight = true, .p2p_by_order = true}));
   }
   return *g;
 }

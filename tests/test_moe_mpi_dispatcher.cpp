@@ -52,9 +52,9 @@ using testing::random_tensor;
 using testing::world_rank;
 using testing::world_size;
 
-// Generous timeout: 8 ranks share 2 cores in CI. Under the in-flight check
-// (comm/in_flight_check.h): a buffer touched before its op's wait fails here.
-constexpr comm::CommOptions kOptions{.timeout_s = 30.0, .check_in_flight = true};
+// Generous timeout: 8 ranks share 2 cores in CI. By NCCL's rules: the
+// in-flight check (comm/in_flight_check.h) and messages paired by order.
+constexpr comm::CommOptions kOptions{.timeout_s = 30.0, .check_in_flight = true, .p2p_by_order = true};
 constexpr int64_t kD = 8, kF = 12, kK = 2, kSeq = 16, kT = 2 * kSeq;  // tiny: np 8 runs in seconds
 
 // One expert layout and its groups, built once per binary (Groups::create is
