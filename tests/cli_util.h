@@ -114,4 +114,20 @@ inline CommandResult preprocess_fortunes(const std::string& prefix) {
 }
 #endif
 
+#ifdef ORIGAMI_MPIEXEC
+// Scenarios that must end their job (a failed check aborts under MPI) run in
+// a child: this same test binary, launched by run_child_scenario under
+// `mpirun -n np` as `<self> --check-child SCENARIO`. Its main() asks
+// child_scenario first: the scenario's name in a child, else null.
+inline const char* child_scenario(int argc, char** argv) {
+  return argc == 3 && std::string(argv[1]) == "--check-child" ? argv[2] : nullptr;
+}
+inline CommandResult run_child_scenario(int np, const std::string& scenario) {
+  char self[4096] = {};
+  if (readlink("/proc/self/exe", self, sizeof(self) - 1) <= 0) return {1, "cannot read /proc/self/exe"};
+  return run_command(std::string(ORIGAMI_MPIEXEC) + " --allow-run-as-root --oversubscribe --bind-to none -n " +
+                     std::to_string(np) + " " + self + " --check-child " + scenario);
+}
+#endif
+
 }  // namespace origami::testing

@@ -8,9 +8,8 @@
 // scenario makes its calls on the world group, and reads what came out.
 #include <gtest/gtest.h>
 #include <mpi.h>
-#include <unistd.h>
 
-#include <cstring>
+#include <string>
 
 #include "cli_util.h"
 #include "comm/groups.h"
@@ -60,13 +59,7 @@ int run_child(const std::string& scenario) {
 
 // ---- the test ------------------------------------------------------------------------------------------
 
-testing::CommandResult run_scenario(const std::string& scenario) {
-  char self[4096] = {};
-  EXPECT_GT(readlink("/proc/self/exe", self, sizeof(self) - 1), 0);
-  return testing::run_command(std::string(ORIGAMI_MPIEXEC) +
-                              " --allow-run-as-root --oversubscribe --bind-to none -n 2 " + self + " --check-child " +
-                              scenario);
-}
+testing::CommandResult run_scenario(const std::string& scenario) { return testing::run_child_scenario(2, scenario); }
 
 TEST(CommInFlight, EachTouchOfABufferInFlightEndsTheJobNamingTheOp) {
   const std::pair<const char*, const char*> cases[] = {
@@ -100,7 +93,7 @@ TEST(CommInFlight, AReadBeforeTheWaitMeetsPoisonAndTheWaitDeliversTheResult) {
 }  // namespace origami::comm
 
 int main(int argc, char** argv) {
-  if (argc == 3 && std::strcmp(argv[1], "--check-child") == 0) return origami::comm::run_child(argv[2]);
+  if (const char* scenario = origami::testing::child_scenario(argc, argv)) return origami::comm::run_child(scenario);
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -8,9 +8,8 @@
 // makes one bad call, and reads what came out.
 #include <gtest/gtest.h>
 #include <mpi.h>
-#include <unistd.h>
 
-#include <cstring>
+#include <string>
 
 #include "cli_util.h"
 #include "comm/groups.h"
@@ -40,8 +39,6 @@ int run_child(const std::string& scenario) {
 // ---- the test ------------------------------------------------------------------------------------------
 
 TEST(CommTensorChecks, EveryBadCallAbortsNamingTheProblem) {
-  char self[4096] = {};
-  ASSERT_GT(readlink("/proc/self/exe", self, sizeof(self) - 1), 0);
   const std::pair<const char*, const char*> cases[] = {
       {"dtype", "group dp all_gather: send is f32, recv is i32"},
       {"u8", "group dp broadcast: data tensor is u8, which collectives do not move"},
@@ -50,9 +47,7 @@ TEST(CommTensorChecks, EveryBadCallAbortsNamingTheProblem) {
   };
   for (const auto& [scenario, message] : cases) {
     SCOPED_TRACE(scenario);
-    const testing::CommandResult r =
-        testing::run_command(std::string(ORIGAMI_MPIEXEC) + " --allow-run-as-root --oversubscribe --bind-to none -n 1 " +
-                             self + " --check-child " + scenario);
+    const testing::CommandResult r = testing::run_child_scenario(1, scenario);
     EXPECT_EQ(r.status, kExitInternal) << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("no check fired"), std::string::npos) << r.output;
@@ -63,7 +58,7 @@ TEST(CommTensorChecks, EveryBadCallAbortsNamingTheProblem) {
 }  // namespace origami::comm
 
 int main(int argc, char** argv) {
-  if (argc == 3 && std::strcmp(argv[1], "--check-child") == 0) return origami::comm::run_child(argv[2]);
+  if (const char* scenario = origami::testing::child_scenario(argc, argv)) return origami::comm::run_child(scenario);
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }
