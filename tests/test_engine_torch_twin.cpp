@@ -10,7 +10,10 @@
 //  - it runs: a few steps of tiny-moe on the CPU in fp32 and in bf16
 //    autocast (torch 1.x here, with the twin's written-out attention in
 //    place of scaled_dot_product_attention), reporting a finite loss near
-//    ln V (random tokens on a fresh model) and its shape.
+//    ln V (random tokens on a fresh model) and its shape;
+//  - when it fails, it still leaves a result: the check reads a JSON error
+//    (and retries with fewer layers under --fit when the error is running
+//    out of memory, whichever way PyTorch or a library reports that).
 // Needs /usr/bin/python3 with torch (tools/setup.sh installs python3-torch).
 #include <gtest/gtest.h>
 
@@ -18,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -91,6 +95,49 @@ TEST(TorchTwin, TrainsTinyMoeOnTheCpuInBothPrecisions) {
     EXPECT_TRUE(std::isfinite(loss));
     EXPECT_NEAR(loss, ln_v, 0.5);
   }
+}
+
+TEST(TorchTwin, AFailureStillLeavesAJsonErrorAndExitOne) {
+  const ScratchDir dir("twin-fail");
+  // 4 query heads over 3 kv heads: the model builds, its attention's shapes
+  // disagree at the first forward (a RuntimeError that is not memory).
+  std::ifstream in(kConfigs + "/tiny-moe.toml");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string config = text.str();
+  const std::string kv = "num_kv_heads = 2";
+  ASSERT_NE(config.find(kv), std::string::npos);
+  config.replace(config.find(kv), kv.size(), "num_kv_heads = 3");
+  testing::write_file(dir / "bad.toml", config);
+  const std::string out = dir / "twin.json";
+  const testing::CommandResult r = run_command(kPython + " " + kTwin + " " + (dir / "bad.toml") +
+                                               " --device cpu --steps 1 --warmup 0 --global-batch 2 --fit --json " + out);
+  EXPECT_EQ(r.status, 1) << r.output;
+  std::ifstream result(out);
+  ASSERT_TRUE(result) << "no JSON from the twin:\n" << r.output;
+  const nlohmann::json j = nlohmann::json::parse(result);
+  ASSERT_TRUE(j.contains("error")) << j.dump();
+  EXPECT_EQ(j["error"].get<std::string>().rfind("RuntimeError: ", 0), 0u) << j.dump();
+  EXPECT_FALSE(j.contains("oom_layers")) << "a shape error is not out of memory: " << j.dump();
+}
+
+TEST(TorchTwin, OutOfMemoryIsRecognizedHoweverItIsReported) {
+  // PyTorch's allocator raises torch.cuda.OutOfMemoryError; cuBLAS and
+  // kernel launches that run out surface as RuntimeErrors with the CUDA or
+  // cuBLAS status in the message. All three make --fit try fewer layers.
+  const std::string script =
+      "import sys; sys.path.insert(0, '" + std::string(ORIGAMI_SOURCE_DIR) + "/tools'); import torch, train_torch as t\n"
+      "cases = [torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB'),\n"
+      "         RuntimeError('CUDA error: out of memory\\nCUDA kernel errors might be reported later'),\n"
+      "         RuntimeError('CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`'),\n"
+      "         RuntimeError('The size of tensor a (4) must match the size of tensor b (3)'),\n"
+      "         ValueError('out of memory')]\n"
+      "print(''.join('1' if t.is_out_of_memory(torch, e) else '0' for e in cases))\n";
+  const ScratchDir dir("twin-oom");
+  testing::write_file(dir / "oom.py", script);
+  const testing::CommandResult r = run_command(kPython + " " + (dir / "oom.py"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("11100"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -71,9 +71,14 @@ build_timeout=${ORIGAMI_GPU_BUILD_TIMEOUT:-330}  # s; 16 cores there, so a slowe
 deadline=${ORIGAMI_GPU_DEADLINE:-520}  # s after the start (bash's SECONDS)
 case $deadline in '' | *[!0-9]*) echo "gpu_check: ORIGAMI_GPU_DEADLINE must be whole seconds" >&2; exit 2 ;; esac
 # A step's time limit: its own, or what is left before the deadline less
-# 10 s for the summary, whichever is less (at least 1).
+# 15 s, whichever is less (at least 1). Each limit is timeout's SIGTERM; a
+# command still there kill_after seconds later gets SIGKILL (origami train
+# stops at a step boundary on SIGTERM, and a step stuck in a CUDA call never
+# reaches one), so a step ends by its limit + kill_after, and the summary
+# still has its seconds before the deadline.
+kill_after=8
 budget() {
-  local left=$((deadline - SECONDS - 10))
+  local left=$((deadline - SECONDS - 15))
   [ $left -lt 1 ] && left=1
   echo $(($1 < left ? $1 : left))
 }
@@ -244,6 +249,7 @@ step_configure() {
   mpicxx -showme:compile | grep -q "$prefix" || { note[configure]="mpicxx does not point into $prefix (OPAL_PREFIX)"; return 1; }
   local args=(-S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
     -DORIGAMI_CUDA=ON -DORIGAMI_CUDA_ARCHITECTURES=90-real -DCMAKE_CUDA_ARCHITECTURES=90-real
+    -DORIGAMI_TEST_TIMEOUT=180
     -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_HOST_COMPILER="$cxx"
     -DCMAKE_PREFIX_PATH="$prefix/usr" -DPKG_CONFIG_EXECUTABLE="$prefix/usr/bin/pkgconf"
     -DMPI_C_COMPILER="$prefix/usr/bin/mpicc" -DMPI_CXX_COMPILER="$prefix/usr/bin/mpicxx"
@@ -265,7 +271,7 @@ step_configure() {
   fi
   echo "cmake ${args[*]}"
   local out; out=$(mktemp)
-  timeout "$(budget 300)" cmake "${args[@]}" 2>&1 | tee "$out"
+  timeout -k "$kill_after" "$(budget 300)" cmake "${args[@]}" 2>&1 | tee "$out"
   local rc=${PIPESTATUS[0]}
   note[configure]="$(grep -o 'Origami CUDA backend: .*' "$out" | head -n 1)"
   note[configure]+="; $(grep -o 'Origami NCCL backend: .*' "$out" | head -n 1)"
@@ -292,13 +298,13 @@ step_build() {
   fi
   local jobs; jobs=$(nproc)
   echo "ninja -j $jobs origami ${cuda_targets[*]}"
-  timeout "$(budget "$build_timeout")" ninja -C "$build" -j "$jobs" origami "${cuda_targets[@]}" || return
+  timeout -k "$kill_after" "$(budget "$build_timeout")" ninja -C "$build" -j "$jobs" origami "${cuda_targets[@]}" || return
   note[build]+="$(( ${#cuda_targets[@]} + 1 )) targets, $jobs jobs"
 }
 
 step_cpu_ops() {
   local out rc; out=$(mktemp)
-  timeout "$(budget 180)" ctest --test-dir "$build" -R '^BackendOps\.cpu$' --no-tests=error --output-on-failure 2>&1 | tee "$out"
+  timeout -k "$kill_after" "$(budget 180)" ctest --test-dir "$build" -R '^BackendOps\.cpu$' --no-tests=error --output-on-failure 2>&1 | tee "$out"
   rc=${PIPESTATUS[0]}
   local failed  # gtest's names of the failed cases, the last part of each
   failed=$(grep -oE '^\[  FAILED  \] [^ ,]+[./][^ ,]+' "$out" | sed 's|.*[./]||' | sort -u | tr '\n' ' ')
@@ -309,7 +315,7 @@ step_cpu_ops() {
 
 step_mpi_np2() {
   local out
-  out=$(timeout "$(budget 60)" "$prefix/usr/bin/mpirun" --oversubscribe -np 2 "$build/tools/origami" groups --tp 2 2>&1)
+  out=$(timeout -k "$kill_after" "$(budget 60)" "$prefix/usr/bin/mpirun" --oversubscribe -np 2 "$build/tools/origami" groups --tp 2 2>&1)
   local rc=$?
   echo "$out"
   [ $rc -eq 0 ] || return $rc
@@ -322,7 +328,7 @@ cuda_figures=""  # the tests' "[ measured ]" lines, one per line
 step_cuda_tests() {
   # Passed tests' output is kept whole in the JUnit file: their "[ measured ]"
   # lines (tolerances met, the start-up peak) go into the summary.
-  timeout "$(budget 240)" ctest --test-dir "$build" -L cuda --no-tests=error --output-on-failure -j 4 --timeout 180 \
+  timeout -k "$kill_after" "$(budget 240)" ctest --test-dir "$build" -L cuda --no-tests=error --output-on-failure -j 4 \
     --test-output-size-passed 65536 --output-junit "$results/ctest_cuda.xml"
   local rc=$?
   [ $rc -eq 124 ] && return 124
@@ -372,7 +378,7 @@ no_gpu_verdict() {  # step
 }
 
 step_bench_kernels() {
-  timeout "$(budget 150)" "$build/tools/origami" bench kernels --device cuda --json > "$results/bench_kernels.json"
+  timeout -k "$kill_after" "$(budget 150)" "$build/tools/origami" bench kernels --device cuda --json > "$results/bench_kernels.json"
   local rc=$?
   [ -s "$results/bench_kernels.json" ] || rm -f "$results/bench_kernels.json"
   if [ -z "$gpu" ]; then note[bench_kernels]="exit $rc"; no_gpu_verdict bench_kernels; return; fi
@@ -386,7 +392,7 @@ step_bench_torch() {
   # would come before its wheels' on LD_LIBRARY_PATH.
   (
     if [ -n "$orig_ld_path" ]; then export LD_LIBRARY_PATH=$orig_ld_path; else unset LD_LIBRARY_PATH; fi
-    PYTHONUNBUFFERED=1 timeout "$(budget 120)" python3 tools/bench_kernels_torch.py --json "$results/bench_torch.json"
+    PYTHONUNBUFFERED=1 timeout -k "$kill_after" "$(budget 120)" python3 tools/bench_kernels_torch.py --json "$results/bench_torch.json"
   )
   local rc=$?
   if [ -z "$gpu" ]; then note[bench_torch]="exit $rc"; no_gpu_verdict bench_torch; return; fi
@@ -394,18 +400,20 @@ step_bench_torch() {
   is_json "$results/bench_torch.json" || { note[bench_torch]="no JSON in bench_torch.json"; return 1; }
 }
 
-# 3 bf16 steps of config $2 on cuda:0 into $build/train-$1/metrics.jsonl;
+# train_steps bf16 steps of config $2 on cuda:0 into $build/train-$1/metrics.jsonl;
 # further arguments are more --set overrides. The config's own global batch
 # (8 x 4096 tokens for both GPU configs): the AdamW update over every
 # parameter is memory-bound (~60 ms at 7.5B parameters), and a smaller
 # batch would charge it to fewer tokens and understate the MFU that
 # training at that batch gets.
+train_steps=3
 origami_gpu_train() {
   local run=$1 c=$2
   shift 2
   rm -rf "$build/train-$run"
-  echo "origami train $c $* (3 steps)"
-  timeout "$(budget 150)" "$build/tools/origami" train "$c" --set data.path="$build/gpu-corpus" --set training.steps=3 \
+  echo "origami train $c $* ($train_steps steps)"
+  timeout -k "$kill_after" "$(budget 150)" "$build/tools/origami" train "$c" --set data.path="$build/gpu-corpus" \
+    --set training.steps="$train_steps" \
     --set lr_schedule.warmup_steps=1 --set runtime.precision=bf16 \
     --set export.dir= --set logging.dir="$build/train-$run" "$@"
 }
@@ -418,15 +426,15 @@ step_train_gpu() {
   inputs=$(find "$root" -path "$built" -prune -o -path "$root/.bundle" -prune -o -path "$root/.git" -prune -o \
              -type f \( -name '*.md' -o -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.toml' \) -print | sort)
   # shellcheck disable=SC2086  # one argument per file
-  timeout "$(budget 60)" "$build/tools/origami" preprocess --format text --output-prefix "$corpus" --input $inputs ||
+  timeout -k "$kill_after" "$(budget 60)" "$build/tools/origami" preprocess --format text --output-prefix "$corpus" --input $inputs ||
     { note[train_gpu]="origami preprocess of the checkout's text failed"; return 1; }
   local c rc=0 out
   for c in "$root"/configs/gpu-*.toml; do
     origami_gpu_train "$(basename "$c" .toml)" "$c" || rc=1
   done
-  out=$(GPU_NAME="$gpu" python3 - "$results/train_gpu.json" "$build" "$root"/configs/gpu-*.toml <<'EOF'
+  out=$(GPU_NAME="$gpu" python3 - "$results/train_gpu.json" "$build" "$train_steps" "$root"/configs/gpu-*.toml <<'EOF'
 import json, os, sys
-out, build, configs = sys.argv[1], sys.argv[2], sys.argv[3:]
+out, build, steps, configs = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 # MFU is against the GEMM peak measured at start-up (the issue's
 # definition); published figures (Megatron's ~47% for Mixtral 8x7B on
 # H100) are against the datasheet's dense bf16 peak, 989 TFLOP/s on H100
@@ -441,6 +449,11 @@ for c in configs:
             last = [json.loads(l) for l in f if l.strip()][-1]
     except Exception:
         notes.append(f"{name}: no metrics")
+        continue
+    # A run cut short (its time limit, a failure) leaves earlier steps'
+    # records, warm-up included: named as such, never taken for the result.
+    if last.get("step") != steps:
+        notes.append(f"{name}: stopped after step {last.get('step')} of {steps}")
         continue
     mem = last.get("mem", {}).get("total", 0)
     sheet = ""
@@ -479,7 +492,7 @@ step_train_torch() {
     rm -f "$build/torch-$name.json"
     (
       if [ -n "$orig_ld_path" ]; then export LD_LIBRARY_PATH=$orig_ld_path; else unset LD_LIBRARY_PATH; fi
-      PYTHONUNBUFFERED=1 timeout "$(budget 240)" python3 tools/train_torch.py "$c" --steps 2 --warmup 1 \
+      PYTHONUNBUFFERED=1 timeout -k "$kill_after" "$(budget 240)" python3 tools/train_torch.py "$c" --steps 2 --warmup 1 \
         --precision bf16 --fit --json "$build/torch-$name.json"
     ) || rc=1
     fitted=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("layers", 0))' \
@@ -490,9 +503,9 @@ step_train_torch() {
     fi
   done
   local out
-  out=$(python3 - "$results/train_torch.json" "$results/train_gpu.json" "$build" "$root"/configs/gpu-*.toml <<'EOF'
+  out=$(python3 - "$results/train_torch.json" "$results/train_gpu.json" "$build" "$train_steps" "$root"/configs/gpu-*.toml <<'EOF'
 import json, os, sys
-out, ours_path, build, configs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+out, ours_path, build, steps, configs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:]
 try:
     with open(ours_path) as f:
         ours = json.load(f)
@@ -519,7 +532,7 @@ for c in configs:
         try:
             with open(os.path.join(build, f"train-{name}-L{layers}", "metrics.jsonl")) as f:
                 same = [json.loads(l) for l in f if l.strip()][-1]
-            mine = same["tokens_per_s"]
+            mine = same["tokens_per_s"] if same.get("step") == steps else None
             r["origami_same_layers"] = same
         except Exception:
             mine = None

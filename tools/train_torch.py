@@ -28,8 +28,9 @@ autocast), the GPU check's choice beside origami's bf16 recipe.
 Output: one JSON object {config, precision, steps, tokens_per_step,
 step_s (median of the timed steps), tokens_per_s, peak_memory_bytes,
 params, layers, final_loss}; or {"skipped": why} without CUDA or torch
-(exit 0), or {"error": ...} when the model does not fit (CUDA out of
-memory, exit 1).
+(exit 0), or {"error": ...} with exit 1 when the model does not fit (CUDA
+out of memory, however the library reports it) or anything else fails, so
+a caller always has a result to read.
 
 Usage: python3 tools/train_torch.py CONFIG.toml [--steps N] [--warmup N]
            [--global-batch N] [--precision fp32|bf16] [--layers N] [--fit]
@@ -272,6 +273,17 @@ def train(torch, s, dev, a):
     return out
 
 
+def is_out_of_memory(torch, e):
+    """Out of device memory, as PyTorch's allocator says it
+    (torch.cuda.OutOfMemoryError) or as a library reports it from inside a
+    kernel call (a RuntimeError: cuBLAS's workspace, a CUDA launch)."""
+    if isinstance(e, getattr(torch.cuda, "OutOfMemoryError", ())):  # torch >= 1.13
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and any(
+        m in text for m in ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED"))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("config")
@@ -318,8 +330,12 @@ def main():
         oom = None
         try:
             result.update(train(torch, s, dev, a))
-        except torch.cuda.OutOfMemoryError as e:
-            oom = "CUDA out of memory: " + str(e).split("\n")[0]
+        except Exception as e:  # noqa: BLE001 — every failure becomes the JSON result
+            first = str(e).split("\n")[0]
+            if not is_out_of_memory(torch, e):
+                result["error"] = f"{type(e).__name__}: {first}"[:500]
+                emit(result, 1)
+            oom = "CUDA out of memory: " + first
         if oom is None:
             break
         # Outside the handler: the traceback (and with it the model and the
