@@ -1,6 +1,10 @@
 // Device names and what this build and machine offer.
 #include "kernels/device.h"
 
+#include <algorithm>
+#include <cstdlib>
+
+#include "kernels/check.h"
 #include "kernels/cuda/memory.h"
 
 namespace origami {
@@ -34,6 +38,20 @@ size_t cuda_device_memory(int index) {
 #endif
   (void)index;
   return 0;
+}
+
+int launcher_world_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"})
+    if (const char* v = std::getenv(var); v && *v) return std::max(0, std::atoi(v));
+  return 0;
+}
+
+std::string choose_cuda_module_loading() {
+  if (const char* user = std::getenv("CUDA_MODULE_LOADING"); user && *user) return user;
+  const bool launched = launcher_world_size() > 0 || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK");
+  if (!launched || launcher_world_size() == 1) return "";
+  ORIGAMI_CHECK(setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0) == 0, "setenv CUDA_MODULE_LOADING");
+  return "EAGER";
 }
 
 }  // namespace origami

@@ -30,4 +30,26 @@ int cuda_device_count();
 // device.
 size_t cuda_device_memory(int index);
 
+// Ranks in this job as its launcher tells them (OMPI_COMM_WORLD_SIZE, PMI_SIZE,
+// SLURM_STEP_NUM_TASKS, SLURM_NTASKS, the first set), before MPI starts; 0
+// when no launcher says.
+int launcher_world_size();
+
+// Sets CUDA_MODULE_LOADING=EAGER in this process's environment when the job
+// has more than one rank (or a launcher that does not say how many) and the
+// user has not chosen a mode; returns the mode in effect ("" for the driver's
+// default, lazy). Call it first thing in main: the driver reads the variable
+// once, when CUDA starts, and MPI_Init may start it.
+//
+// Why: with lazy loading (CUDA's default since 12.2) a kernel's module loads
+// at its first launch, and the load may wait for the whole device to go idle
+// (CUDA Programming Guide, "Lazy Loading: Potential Hazards"). A rank whose
+// NCCL receive is already spinning on the device, waiting for a peer that
+// needs this rank's next kernel first — pipeline stages post their
+// receives ahead of compute — would wait forever at step 1 (or later, at a
+// cuBLAS algorithm's first use). Eager loading puts every load at start-up,
+// before any NCCL op exists. One rank issues no NCCL op, and keeps the
+// lazy default's faster start and smaller context.
+std::string choose_cuda_module_loading();
+
 }  // namespace origami

@@ -17,6 +17,7 @@
 
 #include "kernels/allocator.h"
 #include "kernels/context.h"
+#include "kernels/device.h"
 #include "kernels/dispatch.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -60,6 +61,66 @@ TEST(Device, Names) {
   EXPECT_TRUE(Device::cpu().is_host());
   EXPECT_FALSE(Device::cuda(0).is_host());
   EXPECT_NE(Device::cuda(0), Device::cuda(1));
+}
+
+// The launcher's variables and CUDA_MODULE_LOADING as a test sets them; the
+// process's own values come back at the end.
+class LaunchEnv {
+ public:
+  LaunchEnv() {
+    for (const char* v : kVars) {
+      if (const char* x = std::getenv(v)) saved_[v] = x;
+      unsetenv(v);
+    }
+  }
+  ~LaunchEnv() {
+    for (const char* v : kVars) unsetenv(v);
+    for (const auto& [k, x] : saved_) setenv(k.c_str(), x.c_str(), 1);
+  }
+  static std::string loading() {
+    const char* x = std::getenv("CUDA_MODULE_LOADING");
+    return x ? x : "(unset)";
+  }
+
+ private:
+  static constexpr const char* kVars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS",
+                                          "PMIX_RANK", "PMI_RANK", "CUDA_MODULE_LOADING"};
+  std::map<std::string, std::string> saved_;
+};
+
+TEST(Device, MultiRankJobsLoadCudaKernelsEagerlyUnlessTheUserChose) {
+  const LaunchEnv env;
+  // No launcher, or a one-rank job: the driver's lazy default stays.
+  EXPECT_EQ(launcher_world_size(), 0);
+  EXPECT_EQ(choose_cuda_module_loading(), "");
+  EXPECT_EQ(LaunchEnv::loading(), "(unset)");
+  setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
+  EXPECT_EQ(launcher_world_size(), 1);
+  EXPECT_EQ(choose_cuda_module_loading(), "");
+  EXPECT_EQ(LaunchEnv::loading(), "(unset)");
+  // Several ranks: eager, in the environment the driver will read.
+  setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
+  EXPECT_EQ(launcher_world_size(), 8);
+  EXPECT_EQ(choose_cuda_module_loading(), "EAGER");
+  EXPECT_EQ(LaunchEnv::loading(), "EAGER");
+  // The user's choice is kept, whatever it is.
+  setenv("CUDA_MODULE_LOADING", "LAZY", 1);
+  EXPECT_EQ(choose_cuda_module_loading(), "LAZY");
+  EXPECT_EQ(LaunchEnv::loading(), "LAZY");
+  // A launcher that names a rank but not the job's size: eager, to be safe.
+  unsetenv("CUDA_MODULE_LOADING");
+  unsetenv("OMPI_COMM_WORLD_SIZE");
+  setenv("PMIX_RANK", "0", 1);
+  EXPECT_EQ(launcher_world_size(), 0);
+  EXPECT_EQ(choose_cuda_module_loading(), "EAGER");
+  // Slurm's task count, MPICH's size.
+  unsetenv("PMIX_RANK");
+  unsetenv("CUDA_MODULE_LOADING");
+  setenv("SLURM_NTASKS", "2", 1);
+  EXPECT_EQ(launcher_world_size(), 2);
+  EXPECT_EQ(choose_cuda_module_loading(), "EAGER");
+  setenv("PMI_SIZE", "1", 1);  // the first variable set wins: MPICH's before Slurm's
+  EXPECT_EQ(launcher_world_size(), 1);
 }
 
 TEST(Dispatch, DeviceRuleNamesTheOpTheContextAndEachStrayTensor) {

@@ -35,6 +35,7 @@
 #include "comm/agreement.h"
 #include "comm/mpi_communicator.h"
 #include "kernels/check.h"
+#include "kernels/device.h"
 #include "tools/commands.h"
 
 namespace {
@@ -141,6 +142,7 @@ CLI::Validator finite_positive() {
 }  // namespace origami::tools
 
 int main(int argc, char** argv) {
+  origami::choose_cuda_module_loading();  // before anything can start CUDA (MPI_Init may)
   const bool use_mpi = launched_by_mpi() || !host_only_command(argc, argv);
   if (!launched_by_mpi()) setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
   if (use_mpi) MPI_Init(&argc, &argv);
