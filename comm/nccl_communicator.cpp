@@ -237,8 +237,8 @@ struct StreamWait {
 
 class NcclPending final : public detail::PendingOp {
  public:
-  // Timing events: the op's run time on the stream is its exposed time when
-  // the host waits for it (exposed_seconds).
+  // Timing events: the op's run time on the stream bounds its exposed time
+  // when the host waits for it (exposed_seconds).
   NcclPending(ncclComm_t comm, cudaStream_t stream, std::vector<StreamWait>* waits, const void* owner)
       : comm_(comm), waits_(waits), owner_(owner) {
     ORIGAMI_CUDA_CHECK(cudaEventCreate(&started_));
@@ -267,10 +267,14 @@ class NcclPending final : public detail::PendingOp {
     e.bytes = bytes;
     Watchdog::watch(std::move(e));
   }
-  double exposed_seconds(double) override {
+  // The part of the host's wait the op itself took: the wait also covers
+  // the compute stream's work queued before the op (the op waits for it), and
+  // an op that ran mostly while the host was busy elsewhere exposed only the
+  // stretch the host stood waiting.
+  double exposed_seconds(double host_wait_s) override {
     float ms = 0;
     ORIGAMI_CUDA_CHECK(cudaEventElapsedTime(&ms, started_, event_));
-    return ms / 1e3;
+    return std::min(host_wait_s, ms / 1e3);
   }
   bool test() override {
     const cudaError_t rc = cudaEventQuery(event_);
