@@ -164,7 +164,7 @@ struct LoggingConfig {
 
 // runtime.device: where the training path runs. auto = cuda when this build
 // has the CUDA backend and the machine a device, else cpu. One GPU per rank:
-// rank -> cuda:(local rank) (OMPI_COMM_WORLD_LOCAL_RANK).
+// rank -> cuda:(local rank mod visible devices) (OMPI_COMM_WORLD_LOCAL_RANK).
 enum class RuntimeDevice { cpu, cuda, auto_ };
 // runtime.precision: fp32 everywhere (the CPU engine's recipe; on CUDA it
 // compares exactly with a CPU run), or bf16 weights, gradients and
@@ -230,9 +230,10 @@ struct RunPlacement {
   Device device;  // cpu, or cuda:(local rank)
   Precision precision = Precision::fp32;
 };
-// For the rank `local_rank` of the `ranks_per_node` on this node. UserError
-// naming the key and the rule when the machine cannot: a build without CUDA,
-// no device, more ranks on the node than devices. Precision auto is bf16 on
+// For the rank `local_rank` of the `ranks_per_node` on this node: CUDA device
+// local_rank mod the visible devices. UserError naming the key and the rule
+// when the machine cannot: a build without CUDA, no device. (Two ranks on one
+// GPU: check_one_rank_per_gpu, engine/preflight.h.) Precision auto is bf16 on
 // CUDA and fp32 on the CPU.
 RunPlacement resolve_placement(const Config& cfg, int local_rank, int ranks_per_node);
 

@@ -392,13 +392,12 @@ RunPlacement resolve_placement(const Config& cfg, int local_rank, int ranks_per_
     if (devices == 0)
       ORIGAMI_USER_ERROR(at, ": runtime.device = \"cuda\", but this process sees no CUDA device (no driver, no GPU, "
                          "or CUDA_VISIBLE_DEVICES hides them)");
-    if (ranks_per_node > devices)
-      ORIGAMI_USER_ERROR(at, ": runtime.device = \"cuda\" runs one GPU per rank, but ", ranks_per_node,
-                         " ranks share this node and it has ", devices,
-                         " CUDA device(s); start at most that many ranks per node (mpirun -npernode ", devices,
-                         ") or train on runtime.device = \"cpu\"");
+    // Local rank mod the visible devices: cuda:(local rank) when every rank
+    // sees the node's GPUs, cuda:0 when a launcher gives each rank its own
+    // (CUDA_VISIBLE_DEVICES per rank). Two ranks on one GPU are refused
+    // where the ranks can compare their GPUs (check_one_rank_per_gpu).
     ORIGAMI_CHECK(local_rank >= 0 && local_rank < ranks_per_node, "local rank ", local_rank, " of ", ranks_per_node);
-    out.device = Device::cuda(local_rank);
+    out.device = Device::cuda(local_rank % devices);
   }
   // auto: the device's recipe, bf16 on CUDA and fp32 on the CPU (whose
   // kernels are f32: bf16 there is emulated, for checking the recipe).

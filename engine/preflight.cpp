@@ -9,6 +9,7 @@
 
 #include "engine/version.h"
 #include "kernels/check.h"
+#include "kernels/device.h"
 
 namespace origami {
 
@@ -94,6 +95,45 @@ void check_same_run(comm::Communicator& world, const Config& cfg) {
                                 "overrides); differing keys:",
                                 report),
                  kExitUserError);
+}
+
+std::string shared_gpu_rule(const std::vector<std::string>& gpu_by_node_rank,
+                            const std::vector<int>& world_rank_by_node_rank) {
+  ORIGAMI_CHECK(gpu_by_node_rank.size() == world_rank_by_node_rank.size(), "one world rank per GPU");
+  // Each GPU with the world ranks on it, in order of first node rank.
+  std::vector<std::pair<std::string, std::vector<int>>> gpus;
+  for (size_t i = 0; i < gpu_by_node_rank.size(); ++i) {
+    auto same = std::find_if(gpus.begin(), gpus.end(), [&](const auto& g) { return g.first == gpu_by_node_rank[i]; });
+    if (same == gpus.end()) gpus.push_back({gpu_by_node_rank[i], {world_rank_by_node_rank[i]}});
+    else same->second.push_back(world_rank_by_node_rank[i]);
+  }
+  std::string out;
+  for (const auto& [gpu, ranks] : gpus)
+    if (ranks.size() > 1) out += detail::concat(out.empty() ? "" : "; ", ranks_text(ranks), " share GPU ", gpu);
+  return out;
+}
+
+void check_one_rank_per_gpu(comm::Communicator& node, const Config& cfg, const std::string& gpu_uuid) {
+  // Fixed-width records of the UUID's characters, zero-padded: one all_gather.
+  constexpr size_t kSlots = 64;
+  ORIGAMI_CHECK(!gpu_uuid.empty() && gpu_uuid.size() < kSlots, "a GPU UUID of 1 to ", kSlots - 1,
+                " characters, got '", gpu_uuid, "'");
+  std::vector<int32_t> mine(kSlots, 0), all(kSlots * static_cast<size_t>(node.size()));
+  std::copy(gpu_uuid.begin(), gpu_uuid.end(), mine.begin());
+  node.all_gather(std::span<const int32_t>(mine), std::span<int32_t>(all));
+  std::vector<std::string> gpus;
+  for (int p = 0; p < node.size(); ++p) {
+    const int32_t* rec = all.data() + kSlots * static_cast<size_t>(p);
+    std::string g;
+    for (size_t i = 0; i < kSlots && rec[i] != 0; ++i) g += static_cast<char>(rec[i]);
+    gpus.push_back(g);
+  }
+  const std::string rule = shared_gpu_rule(gpus, node.members());
+  if (!rule.empty())
+    ORIGAMI_USER_ERROR(cfg.origin("runtime.device"), ": runtime.device = \"cuda\" runs one GPU per rank, but ", rule,
+                       " (", node.size(), " ranks on this node, each seeing ", cuda_device_count(),
+                       " CUDA device(s)); start at most one rank per GPU on each node (mpirun -npernode N), ",
+                       "give each rank its own GPU (CUDA_VISIBLE_DEVICES), or train on runtime.device = \"cpu\"");
 }
 
 }  // namespace origami

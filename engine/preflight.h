@@ -5,6 +5,9 @@
 // train with silently different settings, or split communicators that do not
 // fit together.
 #pragma once
+#include <string>
+#include <vector>
+
 #include "comm/communicator.h"
 #include "engine/config.h"
 
@@ -15,5 +18,19 @@ namespace origami {
 // agree. When they differ, throws a JobError on every rank naming each key
 // that differs with its value on each rank (status kExitUserError).
 void check_same_run(comm::Communicator& world, const Config& cfg);
+
+// The rule broken when ranks of one node would train on one GPU, or "":
+// `gpu_by_node_rank[i]` is the UUID of the GPU the node's i-th rank trains
+// on, `world_rank_by_node_rank[i]` that rank's place in the job. UUIDs, not
+// device indices: with CUDA_VISIBLE_DEVICES per rank every rank's GPU is
+// cuda:0, and distinct.
+std::string shared_gpu_rule(const std::vector<std::string>& gpu_by_node_rank,
+                            const std::vector<int>& world_rank_by_node_rank);
+
+// Collective over `node` (the ranks of this node), each passing the UUID of
+// the GPU it trains on (cuda_device_uuid): UserError naming runtime.device,
+// the ranks and the GPU when two of them train on one GPU (NCCL refuses two
+// ranks of a communicator on one device, and they would share its memory).
+void check_one_rank_per_gpu(comm::Communicator& node, const Config& cfg, const std::string& gpu_uuid);
 
 }  // namespace origami

@@ -28,6 +28,7 @@
 #include "engine/pipeline.h"
 #include "engine/preflight.h"
 #include "engine/zero.h"
+#include "kernels/device.h"
 #include "kernels/threads.h"
 
 namespace origami {
@@ -284,6 +285,8 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
   r.ctx.emplace(make_context(cfg));
   {
     const auto node = comm::node_mpi(MPI_COMM_WORLD, "node", comm::CommOptions{cfg.runtime.collective_timeout_s});
+    if (const Device d = r.ctx->device(); !d.is_host())  // every rank's alike: same config, same rule
+      comm::run_agreed(*r.everyone, [&] { check_one_rank_per_gpu(*node, cfg, cuda_device_uuid(d.index)); });
     r.peak = measure_gemm_peak(*r.ctx, node.get());
   }
   r.groups.emplace(make_groups(cfg, *r.ctx, r.world));

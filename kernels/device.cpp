@@ -40,6 +40,14 @@ size_t cuda_device_memory(int index) {
   return 0;
 }
 
+std::string cuda_device_uuid(int index) {
+#if ORIGAMI_WITH_CUDA
+  if (index >= 0 && index < cuda_device_count()) return cuda::device_uuid(index);
+#endif
+  (void)index;
+  return "";
+}
+
 int launcher_world_size() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"})
     if (const char* v = std::getenv(var); v && *v) return std::max(0, std::atoi(v));

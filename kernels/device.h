@@ -29,6 +29,10 @@ int cuda_device_count();
 // Total memory of CUDA device `index` in bytes; 0 without the backend or the
 // device.
 size_t cuda_device_memory(int index);
+// The UUID of CUDA device `index` (one per physical GPU, the same in every
+// process however CUDA_VISIBLE_DEVICES numbers it); "" without the backend or
+// the device.
+std::string cuda_device_uuid(int index);
 
 // Ranks in this job as its launcher tells them (OMPI_COMM_WORLD_SIZE, PMI_SIZE,
 // SLURM_STEP_NUM_TASKS, SLURM_NTASKS, the first set), before MPI starts; 0

@@ -21,6 +21,9 @@
 //   - the start-up GEMM peak that MFU divides by (engine/device_peak.h), timed
 //     after the GPU's clocks have ramped up: two measurements in a row agree
 //     within 10% (a peak timed on a cold clock reads low and inflates MFU).
+//   - one rank more than the node's GPUs (two ranks on one GPU) is refused
+//     before any step, exit 2, naming the ranks, the GPU's UUID and
+//     runtime.device; each rank's GPU is cuda:(local rank mod devices).
 // Each figure is printed on a line of its own beginning "[ measured ]",
 // which tools/gpu_check.sh copies from CTest's JUnit file into its summary.
 // Without a device every test skips (runtime.device = "cuda" refused there:
@@ -33,6 +36,7 @@
 #include <string>
 
 #include "cli_checks.h"
+#include "engine/config.h"
 #include "engine/device_peak.h"
 #include "kernels/context.h"
 #include "kernels/device.h"
@@ -142,6 +146,32 @@ TEST_F(CudaTrain, CheckpointsMoveBetweenGpuAndCpuBitExact) {
                                          std::string("--set runtime.device=") + from, std::string("loaded-on-") + to,
                                          std::string("--set runtime.device=") + to);
   }
+}
+
+// One rank more than the node has GPUs: local ranks map to cuda:(local rank
+// mod devices), so the last shares rank 0's GPU, and the job is refused
+// before any step, every rank exiting 2 with one message naming the ranks,
+// the GPU's UUID and runtime.device (NCCL would refuse the pair anyway, less
+// clearly, and they would share the GPU's memory).
+TEST_F(CudaTrain, TwoRanksOnOneGpuAreRefusedNamingThem) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
+  const int devices = cuda_device_count(), np = devices + 1;
+  const testing::CommandResult r = run_command(
+      std::string(ORIGAMI_MPIEXEC) + " --allow-run-as-root --oversubscribe --bind-to none -n " + std::to_string(np) +
+      " " + ORIGAMI_BINARY + " train " + ORIGAMI_SOURCE_DIR + "/configs/tiny-moe.toml --set data.path=" +
+      (*dir_ / "fortunes") + " --set logging.dir=" + (*dir_ / "shared-gpu") + " --set export.dir=" +
+      " --set runtime.device=cuda --set training.steps=1 --set training.global_batch=" + std::to_string(2 * np));
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("runtime.device = \"cuda\" runs one GPU per rank, but ranks 0, " + std::to_string(devices) +
+                          " share GPU GPU-"),
+            std::string::npos)
+      << r.output;
+  // Every other rank has a GPU of its own: cuda:(local rank).
+  const Config cfg = load_config(std::string(ORIGAMI_SOURCE_DIR) + "/configs/tiny-moe.toml");
+  Config on_cuda = cfg;
+  on_cuda.runtime.device = RuntimeDevice::cuda;
+  for (int local = 0; local < np; ++local)
+    EXPECT_EQ(resolve_placement(on_cuda, local, np).device, Device::cuda(local % devices));
 }
 
 TEST(DevicePeak, TwoGpuMeasurementsInARowAgree) {

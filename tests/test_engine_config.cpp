@@ -13,6 +13,7 @@
 
 #include "config_test_util.h"
 #include "engine/config.h"
+#include "engine/preflight.h"
 #include "kernels/check.h"
 
 namespace origami {
@@ -606,6 +607,18 @@ TEST(Config, PlacementResolvesOnThisMachine) {
               std::string::npos)
         << e.what();
   }
+}
+
+// The rule check_one_rank_per_gpu applies to the UUIDs a node's ranks
+// gathered (its CUDA half runs in tests/test_cli_cuda.cpp, on a GPU).
+TEST(Config, RanksSharingAGpuAreNamedWithTheGpu) {
+  EXPECT_EQ(shared_gpu_rule({}, {}), "");
+  EXPECT_EQ(shared_gpu_rule({"GPU-a"}, {3}), "");
+  // Per-rank CUDA_VISIBLE_DEVICES: every rank on its cuda:0, all distinct.
+  EXPECT_EQ(shared_gpu_rule({"GPU-a", "GPU-b", "GPU-c"}, {0, 1, 2}), "");
+  EXPECT_EQ(shared_gpu_rule({"GPU-a", "GPU-b", "GPU-a"}, {4, 5, 6}), "ranks 4, 6 share GPU GPU-a");
+  EXPECT_EQ(shared_gpu_rule({"GPU-a", "GPU-a", "GPU-b", "GPU-b", "GPU-b"}, {0, 1, 2, 3, 7}),
+            "ranks 0, 1 share GPU GPU-a; ranks 2, 3, 7 share GPU GPU-b");
 }
 
 }  // namespace

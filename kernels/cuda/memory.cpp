@@ -47,6 +47,23 @@ size_t device_memory_bytes(int device_index) {
   return prop.totalGlobalMem;
 }
 
+std::string device_uuid(int device_index) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device_index) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "";
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    const auto byte = static_cast<unsigned char>(prop.uuid.bytes[i]);
+    out += kHex[byte >> 4];
+    out += kHex[byte & 15];
+  }
+  return out;
+}
+
 // Tensor::to / copy_from / fill_zero are synchronous with respect to every
 // stream: the contexts' streams are non-blocking, so the legacy stream that
 // cudaMemcpy and cudaMemset use would not wait for an op still writing the

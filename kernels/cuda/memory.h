@@ -4,6 +4,7 @@
 // ORIGAMI_WITH_CUDA; host code calls them only behind that macro.
 #pragma once
 #include <cstddef>
+#include <string>
 
 #include "kernels/allocator.h"
 #include "kernels/device.h"
@@ -16,6 +17,10 @@ MemorySource device_memory_source();
 int device_count();
 // Total memory of device `device_index` in bytes; 0 when it cannot be asked.
 size_t device_memory_bytes(int device_index);
+// The device's UUID as nvidia-smi prints it ("GPU-xxxxxxxx-xxxx-..."): one
+// physical GPU has one, whichever index CUDA_VISIBLE_DEVICES gives it in a
+// process; "" when it cannot be asked.
+std::string device_uuid(int device_index);
 // Synchronous copy of `bytes` between host and/or device memory
 // (cudaMemcpyDefault: unified addressing tells the directions apart).
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
