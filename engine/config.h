@@ -227,7 +227,7 @@ void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node)
 // Where a rank trains and in which recipe, as this machine resolves
 // runtime.device and runtime.precision (never auto).
 struct RunPlacement {
-  Device device;  // cpu, or cuda:(local rank)
+  Device device;  // cpu, or cuda:(local rank mod visible devices)
   Precision precision = Precision::fp32;
 };
 // For the rank `local_rank` of the `ranks_per_node` on this node: CUDA device

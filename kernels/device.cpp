@@ -49,7 +49,7 @@ std::string cuda_device_uuid(int index) {
 }
 
 int launcher_world_size() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"})
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"})
     if (const char* v = std::getenv(var); v && *v) return std::max(0, std::atoi(v));
   return 0;
 }

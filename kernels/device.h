@@ -35,8 +35,8 @@ size_t cuda_device_memory(int index);
 std::string cuda_device_uuid(int index);
 
 // Ranks in this job as its launcher tells them (OMPI_COMM_WORLD_SIZE, PMI_SIZE,
-// SLURM_STEP_NUM_TASKS, SLURM_NTASKS, the first set), before MPI starts; 0
-// when no launcher says.
+// srun's SLURM_STEP_NUM_TASKS, the first set), before MPI starts; 0 when no
+// launcher says. (Not SLURM_NTASKS: a batch script's own processes have it.)
 int launcher_world_size();
 
 // Sets CUDA_MODULE_LOADING=EAGER in this process's environment when the job

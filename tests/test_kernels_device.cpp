@@ -113,10 +113,14 @@ TEST(Device, MultiRankJobsLoadCudaKernelsEagerlyUnlessTheUserChose) {
   setenv("PMIX_RANK", "0", 1);
   EXPECT_EQ(launcher_world_size(), 0);
   EXPECT_EQ(choose_cuda_module_loading(), "EAGER");
-  // Slurm's task count, MPICH's size.
+  // A batch script's own process (SLURM_NTASKS alone) is no launch.
   unsetenv("PMIX_RANK");
   unsetenv("CUDA_MODULE_LOADING");
-  setenv("SLURM_NTASKS", "2", 1);
+  setenv("SLURM_NTASKS", "8", 1);
+  EXPECT_EQ(launcher_world_size(), 0);
+  EXPECT_EQ(choose_cuda_module_loading(), "");
+  // srun's step size, MPICH's size.
+  setenv("SLURM_STEP_NUM_TASKS", "2", 1);
   EXPECT_EQ(launcher_world_size(), 2);
   EXPECT_EQ(choose_cuda_module_loading(), "EAGER");
   setenv("PMI_SIZE", "1", 1);  // the first variable set wins: MPICH's before Slurm's
