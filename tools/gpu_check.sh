@@ -438,9 +438,11 @@ out, build, steps, configs = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.arg
 # MFU is against the GEMM peak measured at start-up (the issue's
 # definition); published figures (Megatron's ~47% for Mixtral 8x7B on
 # H100) are against the datasheet's dense bf16 peak, 989 TFLOP/s on H100
-# and H200 SXM, so that one is reported beside it where it is known.
+# and H200 SXM, so that one is reported beside it where it is known: not for
+# the PCIe and NVL boards (lower clocks and power, lower datasheet peaks).
 gpu = os.environ.get("GPU_NAME", "")
-datasheet = 989.4e3 if ("H100" in gpu or "H200" in gpu) else 0  # GFLOP/s
+sxm = ("H100" in gpu or "H200" in gpu) and not any(v in gpu for v in ("PCIe", "NVL"))
+datasheet = 989.4e3 if sxm else 0  # GFLOP/s
 runs, notes = {}, []
 for c in configs:
     name = os.path.basename(c)[:-5]
