@@ -11,19 +11,25 @@ namespace origami {
 
 namespace {
 
-// Draws the slice `p` describes from the global tensor's stream: a split of
-// dim 0 is one contiguous run of global indices; a split of dim 1 of a matrix
-// is one run per row.
-void init_normal_shard(const ExecContext& ctx, Tensor& t, uint64_t seed, const ParamInfo& p, float std) {
-  if (p.shard.dim < 0) return init_normal(ctx, t, seed, p.name, 0, std);
+// Fills `out` with elements [local_begin, local_begin + out.numel()) of
+// parameter `p`'s local tensor, flattened. Every element is a function of
+// (seed, name, global index) alone, so any range of any slice draws what the
+// whole global tensor would hold there: a split of dim 0 is one contiguous
+// run of global indices; a split of dim 1 of a matrix is one run per row.
+void init_param_range(const ExecContext& ctx, Tensor out, uint64_t seed, const ParamInfo& p, int64_t local_begin,
+                      float stddev) {
+  const int64_t n = out.numel();
+  if (p.init == InitKind::ones) return init_constant(ctx, out, 1.0f);
+  if (p.shard.dim < 0) return init_normal(ctx, out, seed, p.name, local_begin, stddev);
   const Shape& g = p.global_shape();
   const int64_t inner = shape_numel(g) / g[0];  // elements per global row
-  if (p.shard.dim == 0) return init_normal(ctx, t, seed, p.name, p.shard.start * inner, std);
+  if (p.shard.dim == 0) return init_normal(ctx, out, seed, p.name, p.shard.start * inner + local_begin, stddev);
   ORIGAMI_CHECK(p.shard.dim == 1 && g.size() == 2, "parameter ", p.name, ": only dims 0 and 1 of a matrix shard");
-  const int64_t cols = p.shape[1];
-  for (int64_t r = 0; r < p.shape[0]; ++r) {
-    Tensor row = t.flat_view(r * cols, cols, {cols});
-    init_normal(ctx, row, seed, p.name, r * g[1] + p.shard.start, std);
+  const int64_t cols = p.shape[1], local_end = local_begin + n;
+  for (int64_t r = local_begin / cols; r * cols < local_end; ++r) {
+    const int64_t c0 = std::max(local_begin, r * cols) - r * cols, c1 = std::min(local_end, (r + 1) * cols) - r * cols;
+    Tensor run = out.flat_view(r * cols + c0 - local_begin, c1 - c0, {c1 - c0});
+    init_normal(ctx, run, seed, p.name, r * g[1] + p.shard.start + c0, stddev);
   }
 }
 
@@ -112,34 +118,36 @@ void ParamStore::initialize(const ExecContext& ctx, uint64_t seed, float init_st
   // Output projections feed the residual stream once per sub-block; scaling
   // them by 1/sqrt(2L) keeps the residual variance flat in depth.
   const float out_std = init_std / std::sqrt(2.0f * static_cast<float>(num_layers));
-  for (ParamUnit& u : units_) {
-    // A ZeRO-3 unit (or any bf16 one) is drawn whole in fp32, one unit at a
-    // time; each buffer then takes its part: the fp32 master its optimizer
-    // slice, the params their slice (ZeRO-3) or all, rounded to bf16.
-    const bool sharded = u.shard.params, mixed = u.master.defined();
-    const Tensor drawn = sharded || mixed ? ctx.zeros({u.shard.padded}, DType::f32, MemCategory::workspace) : u.param;
-    for (size_t i = 0; i < u.params.size(); ++i) {
-      Tensor t = u.view_of(drawn, i);
-      const ParamInfo& p = u.params[i];
-      switch (p.init) {
-        case InitKind::normal:
-          init_normal_shard(ctx, t, seed, p, init_std);
-          break;
-        case InitKind::normal_scaled_output:
-          init_normal_shard(ctx, t, seed, p, out_std);
-          break;
-        case InitKind::ones:
-          init_constant(ctx, t, 1.0f);
-          break;
-      }
+  // Draws the part of the unit's flat buffer [begin, begin + buf.numel()) into
+  // `buf` (zeros outside every parameter: the padding).
+  auto draw = [&](const ParamUnit& u, Tensor& buf, int64_t begin) {
+    const int64_t end = begin + buf.numel();
+    for (const ParamInfo& p : u.params) {
+      const int64_t a = std::max(begin, p.offset), b = std::min(end, p.offset + p.numel());
+      if (a >= b) continue;
+      const float stddev = p.init == InitKind::normal_scaled_output ? out_std : init_std;
+      init_param_range(ctx, buf.flat_view(a - begin, b - a, {b - a}), seed, p, a - p.offset, stddev);
     }
-    auto slice = [&](int64_t begin, int64_t n) { return drawn.flat_view(begin, n, {n}); };
-    if (mixed) {
-      u.master.copy_from(u.shard.optim ? slice(u.shard.begin, u.shard.size) : drawn);
-      Tensor& dst = sharded ? u.param_shard : u.param;
-      cast(ctx, sharded ? slice(u.shard.begin, u.shard.size) : drawn, dst);
-    } else if (sharded) {
-      u.param_shard.copy_from(slice(u.shard.begin, u.shard.size));
+  };
+  for (ParamUnit& u : units_) {
+    const bool sharded = u.shard.params, mixed = u.master.defined();
+    if (sharded) {
+      // ZeRO-3 (its moments are sharded alike): only this rank's slice is
+      // drawn, in fp32, and the master and the bf16 params take it.
+      Tensor slice = mixed ? ctx.zeros({u.shard.size}, DType::f32, MemCategory::workspace) : u.param_shard;
+      draw(u, slice, u.shard.begin);
+      if (mixed) {
+        u.master.copy_from(slice);
+        cast(ctx, slice, u.param_shard);
+      }
+    } else if (mixed) {
+      // bf16 params whole: drawn whole in fp32, the master takes its slice.
+      Tensor whole = ctx.zeros({u.shard.padded}, DType::f32, MemCategory::workspace);
+      draw(u, whole, 0);
+      u.master.copy_from(u.shard.optim ? whole.flat_view(u.shard.begin, u.shard.size, {u.shard.size}) : whole);
+      cast(ctx, whole, u.param);
+    } else {
+      draw(u, u.param, 0);
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <set>
 
@@ -16,6 +17,7 @@
 #include "engine/plan.h"
 #include "engine/units.h"
 #include "kernels/allocator.h"
+#include "kernels/elementwise.h"
 #include "test_context.h"
 
 namespace origami {
@@ -199,6 +201,64 @@ TEST(Units, EveryRanksSlicesTileEachTensorOncePerReplicaGroup) {
     }
     EXPECT_GE(planned, 5) << cfg.source << ": too few layouts accepted to test";
   }
+}
+
+// ZeRO-3 draws only a rank's slice of each unit (ParamStore::initialize):
+// every slice, of every unit of a TP 2 rank (rows of a dim-0 split, runs of
+// each row of a dim-1 split, whole tensors, ones), cut at an odd group size
+// so slices begin and end inside tensors and rows, is bitwise the same slice
+// of the unit drawn whole, with zero padding; in fp32, and in the bf16
+// recipe its fp32 master alike and its params that rounded to bf16.
+TEST(Units, AZeroThreeSliceDrawsBitwiseWhatTheWholeUnitHolds) {
+  const Config cfg = configs()[1];  // GQA and a shared expert: every shard rule
+  const UnitTable table(cfg.model, cfg.moe);
+  const comm::Layout layout(2, comm::LayoutOptions{2, 1, 1, 1, 1, cfg.parallel.order, cfg.moe.router.num_experts});
+  const comm::RankCoords coords = layout.coords(1);
+  const PipelineStage stage = pipeline_stage(cfg.model.num_layers, 1, 0);
+  const float init_std = 0.05f;
+  ParamStore whole;
+  whole.add_units(table, layout, coords, stage);
+  whole.allocate(Device::cpu(), DType::f32, nullptr);
+  whole.initialize(ctx, 17, init_std, cfg.model.num_layers);
+  int64_t split_dim1 = 0, cut_inside = 0;
+  for (const ParamUnit& u : whole.units())
+    for (const ParamInfo& p : u.params) split_dim1 += p.shard.dim == 1;
+  EXPECT_GT(split_dim1, 0) << "no tensor split along dim 1 to test";
+  constexpr int64_t kGroup = 3;
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    for (int64_t g = 0; g < kGroup; ++g) {
+      SCOPED_TRACE(std::string(to_string(dtype)) + ", slice " + std::to_string(g) + " of " + std::to_string(kGroup));
+      ParamStore sliced;
+      sliced.add_units(table, layout, coords, stage);
+      sliced.allocate(Device::cpu(), dtype, [&](const ParamUnit&) {
+        return UnitShard{.group_size = kGroup, .group_rank = g, .optim = true, .grads = true, .params = true};
+      });
+      sliced.initialize(ctx, 17, init_std, cfg.model.num_layers);
+      for (size_t i = 0; i < whole.units().size(); ++i) {
+        const ParamUnit &w = whole.units()[i], &s = sliced.units()[i];
+        SCOPED_TRACE(s.name);
+        ASSERT_TRUE(s.shard.params);
+        std::vector<float> want(static_cast<size_t>(s.shard.size), 0.0f);  // zero past the unit's end
+        const int64_t n = std::max<int64_t>(0, std::min(s.shard.size, w.numel - s.shard.begin));
+        std::copy_n(w.param.f32() + s.shard.begin, n, want.begin());
+        for (const ParamInfo& p : s.params) {
+          const int64_t b = s.shard.begin, e = b + s.shard.size;
+          cut_inside += (b > p.offset && b < p.offset + p.numel()) || (e > p.offset && e < p.offset + p.numel());
+        }
+        const Tensor& fp32 = dtype == DType::f32 ? s.param_shard : s.master;
+        ASSERT_EQ(fp32.numel(), s.shard.size);
+        EXPECT_EQ(std::memcmp(fp32.f32(), want.data(), want.size() * sizeof(float)), 0);
+        if (dtype == DType::bf16) {
+          Tensor from = Tensor::empty({s.shard.size}, DType::f32, MemCategory::workspace);
+          std::copy(want.begin(), want.end(), from.f32());
+          Tensor rounded = Tensor::empty({s.shard.size}, DType::bf16, MemCategory::workspace);
+          cast(ctx, from, rounded);
+          EXPECT_EQ(std::memcmp(s.param_shard.raw(), rounded.raw(), rounded.nbytes()), 0);
+        }
+      }
+    }
+  }
+  EXPECT_GT(cut_inside, 10) << "too few slices begin or end inside a tensor";
 }
 
 }  // namespace
