@@ -51,7 +51,7 @@ class CliReference : public ::testing::Test {
   static void TearDownTestSuite() { remove_reference_corpus(corpus_); }
   void SetUp() override {
     ASSERT_EQ(corpus_.preprocess.status, 0) << corpus_.preprocess.all;
-    ASSERT_EQ(corpus_.python.status, 0) << kPython << " cannot import numpy and torch (tools/setup.sh installs "
+    ASSERT_EQ(corpus_.python.status, 0) << kPython << " lacks numpy or torch (tools/setup.sh installs "
                                         << "python3-numpy python3-torch):\n" << corpus_.python.all;
   }
 
