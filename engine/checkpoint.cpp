@@ -17,6 +17,7 @@
 #include "engine/files.h"
 #include "engine/pipeline.h"
 #include "engine/plan.h"
+#include "kernels/allocator.h"
 
 namespace origami {
 
@@ -323,6 +324,10 @@ CheckpointSaveStats CheckpointWriter::save(const Config& cfg, const Model& model
     p->describe = [cfg, state, layout = groups.layout(), &model] { return metadata_json(cfg, model, state, layout); };
   const RankFiles live = collect_rank_files(cfg, model, groups);
   const int64_t world_size = groups.layout().world();
+  TrackedAllocator& host = TrackedAllocator::host();
+  const int64_t host_before = host.snapshot().current_total;
+  host.reset_peaks();  // the step's peaks are already recorded (trainer: before the save)
+  auto staged = [&] { return host.snapshot().peak_total - host_before; };
   CheckpointSaveStats stats;
   stats.dir = p->done;
   stats.background = background_;
@@ -332,15 +337,21 @@ CheckpointSaveStats CheckpointWriter::save(const Config& cfg, const Model& model
     Pending* raw = p.get();
     p->thread = std::thread([raw, rank, world_size] { raw->write(rank, world_size, raw->files); });
     pending_ = std::move(p);
+    stats.host_staged_bytes = staged();
     stats.rank_bytes = live.bytes();  // every rank's: at completion (no meeting while training waits)
     stats.seconds = pending_->blocked_s = std::chrono::duration<double>(Clock::now() - t0).count();
     return stats;
   }
-  // Device state is written from host copies (the checkpoint's named host point).
-  p->write(rank, world_size, model.params().device() == Device::cpu() ? live : snapshot(live));
+  // Device state goes through host copies one tensor at a time (the
+  // checkpoint's named host point): a rank's whole state may not fit in
+  // host memory (the Mixtral-like config on one H200: ~90 GB of fp32
+  // master weights and moments).
+  p->write(rank, world_size, live);
+  const int64_t host_staged = staged();
   pending_ = std::move(p);
   stats = *wait(world);
   stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  stats.host_staged_bytes = host_staged;
   return stats;
 }
 

@@ -62,6 +62,11 @@ struct CheckpointSaveStats {
   int64_t max_rank_bytes = 0, total_bytes = 0;  // every rank's files (a background save: 0 until complete)
   double seconds = 0;        // how long the save blocked training on this rank
   double written_s = 0;      // start to complete (a background save: known at completion)
+  // Host memory the save held at its peak on this rank (measured on the
+  // host ledger): a background save's copy of the rank's whole state; a
+  // synchronous save of device state one tensor at a time; 0 for a
+  // synchronous save of host state, written in place.
+  int64_t host_staged_bytes = 0;
 };
 
 std::string step_dir_name(int64_t step);  // "step-00001000"

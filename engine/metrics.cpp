@@ -72,7 +72,8 @@ nlohmann::ordered_json to_json(const StepMetrics& m) {
                        {"async", m.checkpoint->background},
                        {"max_rank_bytes", m.checkpoint->max_rank_bytes},
                        {"total_bytes", m.checkpoint->total_bytes},
-                       {"blocked_s", m.checkpoint->blocked_s}};
+                       {"blocked_s", m.checkpoint->blocked_s},
+                       {"host_staged_bytes", m.checkpoint->host_staged_bytes}};
   }
   if (m.checkpoint_done)
     j["checkpoint_done"] = {{"dir", m.checkpoint_done->dir},

@@ -22,6 +22,7 @@ struct CheckpointRecord {
   int64_t max_rank_bytes = 0;     // the largest rank's files (a background save: rank 0's tensors)
   int64_t total_bytes = 0;        // every rank's (a background save: 0)
   double blocked_s = 0;           // how long the save held up training
+  int64_t host_staged_bytes = 0;  // this rank's host memory for the save at its peak (CheckpointSaveStats)
 };
 // A background save that completed at this step boundary.
 struct CheckpointDone {

@@ -159,7 +159,12 @@ FileDigest write_safetensors(const std::string& path, const std::vector<NamedTen
     entries.emplace_back(nt.name, nt.tensor.shape());
   }
   SafetensorsWriter w(path, entries, metadata);
-  for (const NamedTensor& nt : tensors) w.write_next(nt.tensor.f32(), nt.tensor.numel());
+  for (const NamedTensor& nt : tensors) {
+    // Device (and stand-in) tensors pass through host memory one at a
+    // time: the file's state is never all on the host at once.
+    const Tensor host = nt.tensor.on_host();
+    w.write_next(host.f32(), host.numel());
+  }
   return w.finish();
 }
 

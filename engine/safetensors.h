@@ -32,7 +32,8 @@ std::string digest_hex(uint64_t xxh3);  // 16 lowercase hex digits
 // XXH3-64 of `bytes` bytes.
 uint64_t digest_of(const void* data, int64_t bytes);
 
-// Writes, syncs and closes the file (every write checked).
+// Writes, syncs and closes the file (every write checked). Tensors off the
+// plain host are copied to it one at a time as they are written.
 FileDigest write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                              const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
 

@@ -374,7 +374,8 @@ CheckpointRecord Trainer::Run::save() {
   const CheckpointSaveStats s = writer->save(cfg, *model, st, *groups, *everyone);
   saved_step = step;
   last_checkpoint = s.dir;
-  return {s.dir, s.background, s.background ? s.rank_bytes : s.max_rank_bytes, s.total_bytes, s.seconds};
+  return {s.dir, s.background, s.background ? s.rank_bytes : s.max_rank_bytes, s.total_bytes, s.seconds,
+          s.host_staged_bytes};
 }
 
 int64_t Trainer::steps_done() const { return run_->step; }

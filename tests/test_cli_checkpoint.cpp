@@ -123,6 +123,8 @@ TEST_F(Checkpoint, ResumeOnOneRankIsBitExact) {
   for (int s : {10, 15, 20}) EXPECT_TRUE(fs::exists(step_dir("base", s) + "/metadata.json")) << s;
   EXPECT_TRUE(base().at(9).contains("checkpoint")) << "the JSONL says when a checkpoint was written";
   EXPECT_GT(base().at(9).at("checkpoint").at("total_bytes").get<int64_t>(), 0);
+  EXPECT_EQ(base().at(9).at("checkpoint").at("host_staged_bytes").get<int64_t>(), 0)
+      << "a synchronous save of host state writes it in place";
 
   // A fresh process from step 10, logging into a copy of the base's
   // metrics: the resumed run keeps steps 1-10 and appends 11-20. It saves
@@ -140,6 +142,8 @@ TEST_F(Checkpoint, ResumeOnOneRankIsBitExact) {
   for (size_t s = 0; s < run.size(); ++s) EXPECT_EQ(run[s].at("step"), s + 1);
   expect_same_steps(base(), run, 1, 20);
   EXPECT_TRUE(run[14].at("checkpoint").at("async").get<bool>());
+  EXPECT_EQ(run[14].at("checkpoint").at("host_staged_bytes"), run[14].at("checkpoint").at("max_rank_bytes"))
+      << "a background save copies the rank's whole state";
   // The background save of step 15 completes at the first step boundary
   // where its thread is done: step 16 on an idle machine, later when the
   // suite's other jobs hold the cores, at the latest at step 20, before it saves again.
@@ -180,6 +184,17 @@ TEST_F(Checkpoint, ResumeOfTheFoldedConfigAtNp8IsBitExactAndItsExportEqualsTheCh
             "tiny-moe-folded8.toml");
   ASSERT_EQ(r.status, 0) << r.output;
   expect_same_steps(run, read_jsonl(*dir_ / "folded-resumed/metrics.jsonl"), 11, 20);
+  // The stand-in's state (the device path) was saved through host memory
+  // one tensor at a time: rank 0's peak is its largest tensor, not its state.
+  {
+    int64_t largest = 0, files = 0;
+    for (const char* f : {"/rank-00000-model.safetensors", "/rank-00000-optim.safetensors"}) {
+      const SafetensorsFile file(step_dir("folded", 10) + f);
+      files += file.size();
+      for (const auto& [name, e] : file.entries()) largest = std::max(largest, e.end - e.begin);
+    }
+    EXPECT_EQ(run[9].at("checkpoint").at("host_staged_bytes").get<int64_t>(), largest) << "of " << files;
+  }
   // origami plan's checkpoint bytes: the files' sizes but headers and biases (< 2%).
   {
     const auto meta = nlohmann::json::parse(testing::read_file(step_dir("folded", 10) + "/metadata.json"));
