@@ -122,6 +122,22 @@ namespace {
 
 }  // namespace
 
+namespace detail {
+
+PendingOp::~PendingOp() {
+  if (hold_ids_.empty()) return;
+  TrackedAllocator& allocator = TrackedAllocator::of(memory);
+  for (int64_t id : hold_ids_) allocator.unhold(id);
+}
+
+void PendingOp::hold_device_buffers(const InFlightRegions& regions, const std::string& holder) {
+  TrackedAllocator& allocator = TrackedAllocator::of(memory);
+  if (regions.read_bytes > 0) hold_ids_.push_back(allocator.hold(regions.read, regions.read_bytes, holder));
+  if (regions.write_bytes > 0) hold_ids_.push_back(allocator.hold(regions.write, regions.write_bytes, holder));
+}
+
+}  // namespace detail
+
 // MPI_Test (or cudaEventQuery) polling with a deadline. The first polls spin
 // for latency; after that each poll yields the core, because test jobs run
 // several ranks per core and a spinning rank would starve the peer it waits on.
@@ -303,6 +319,9 @@ Request Communicator::launch(Call c, int64_t bytes) {
   op->seq = seq;
   op->bytes = bytes;
   op->memory = *c.memory;
+  if (!c.memory->is_host() && c.op != CommOp::barrier)
+    op->hold_device_buffers(in_flight_regions(c),
+                            origami::detail::concat("group ", name_, " ", op_name(c.op), " seq ", seq));
   op->timeout_s = options_.timeout_s;
   op->exposed_sink = &st.exposed_s;
   op->launched();

@@ -171,7 +171,7 @@ struct InFlightRegions;  // comm/in_flight_check.h
 // timeout message.
 class PendingOp {
  public:
-  virtual ~PendingOp() = default;
+  virtual ~PendingOp();  // releases hold_device_buffers' holds
   virtual bool test() = 0;         // true once complete (buffers may be reused)
   virtual void abort_backend() {}  // called before MPI_Abort on a timeout
   // Makes `stream` (a cudaStream_t) wait for this op without blocking the
@@ -191,6 +191,16 @@ class PendingOp {
   int64_t bytes = 0;
   Device memory;  // where the op's buffers live
   double timeout_s = 0;
+  // A device op's buffers, held on that device's allocator until this op is
+  // destroyed: once the host has seen it complete or handed it to a stream
+  // (Request), the rule a free must follow there. A free that breaks it is
+  // an internal error instead of a block the op still moves being handed out
+  // again, and while holds last the allocator keeps its cache from cudaFree
+  // (kernels/allocator.h).
+  void hold_device_buffers(const InFlightRegions& regions, const std::string& holder);
+
+ private:
+  std::vector<int64_t> hold_ids_;  // on TrackedAllocator::of(memory)
 };
 }  // namespace detail
 

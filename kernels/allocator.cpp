@@ -63,9 +63,30 @@ void* TrackedAllocator::allocate(size_t bytes, MemCategory category) {
     }
   }
   if (ptr == nullptr && rounded > 0) {
-    const size_t block = rounded >= kCacheMinBytes ? block_bytes(rounded) : rounded;
+    size_t block = rounded >= kCacheMinBytes ? block_bytes(rounded) : rounded;
     ptr = source_.allocate(block, device_.index);
+    if (ptr == nullptr && cached) {
+      // The source is full: a cached block that holds the request serves it
+      // however much it wastes, before any cached memory goes back.
+      auto it = cache_.lower_bound(rounded);
+      if (it != cache_.end()) {
+        ptr = it->second;
+        block = it->first;
+        ledger_.cached -= static_cast<int64_t>(block);
+        cache_.erase(it);
+      }
+    }
     if (ptr == nullptr && !cache_.empty()) {
+      // cudaFree waits for all work on the device, communication kernels
+      // included, and an op in flight may wait on this rank's next moves (a
+      // pipeline receive posted ahead waits for the peer, which waits for the
+      // activation this rank has yet to send): with device communication in
+      // flight the cache stays, and the allocation fails naming it.
+      ORIGAMI_CHECK(device_.is_host() || holds_.empty(), to_string(device_), " allocation of ", bytes, " bytes (",
+                    to_string(category), ") failed with ", ledger_.current_total, " bytes live and ", ledger_.cached,
+                    " cached in smaller blocks, which cannot go back to CUDA while communication is in flight on ",
+                    holds_.size(), " held range(s), the oldest ", holds_.begin()->second.holder,
+                    " (cudaFree would wait for it, and it may wait for this rank)");
       release_cached_locked();
       ptr = source_.allocate(block, device_.index);
     }

@@ -17,11 +17,17 @@
 // again, faulted fresh pages each time (np 4 EP 4 tiny-moe, all four ranks:
 // 15k page faults a step, ~3.5k now) and piled up in the cache for the
 // whole run; with classes they meet blocks of a bounded set of sizes.
-// When the source refuses an allocation, the cache goes back to it and the
-// allocation is tried once more. Cached bytes are reported apart from the
-// ledger, which counts live tensors (requested bytes) only.
+// When the source refuses an allocation, the smallest cached block that
+// holds the request serves it, whatever it wastes; failing that, the cache
+// goes back to the source and the allocation is tried once more — except on
+// a GPU while communication is in flight there (holds, below), where
+// cudaFree would wait for ops that may wait for this rank, and the
+// allocation fails instead, naming an op. Cached bytes are reported apart
+// from the ledger, which counts live tensors (requested bytes) only.
 // Holds: a range of memory an operation in flight still reads or writes
-// (the communicators' in-flight check, comm/in_flight_check.h) may be held;
+// (every device communication op until the host sees it complete or hands it
+// to the compute stream; host ops under the communicators' in-flight check,
+// comm/in_flight_check.h) may be held;
 // releasing a buffer that overlaps a held range is an internal error naming
 // the holder. On a GPU the cache hands a freed block out again at once, so
 // a buffer freed under a communication op in flight would be overwritten

@@ -298,6 +298,46 @@ TEST(CommNcclDeathTest, TheWatchdogAbortsAnOpStuckBehindItsStream) {
 #endif
 }
 
+// A device op's buffers stay held on the device's allocator until the host
+// sees the op complete or hands it to a stream (wait_on): a free before is
+// an internal error naming the op, where on the GPU the cache would hand
+// the block out again while NCCL still moves it (and, while holds last, the
+// allocator keeps its cache from cudaFree: kernels/allocator.h). After
+// wait_on the same free goes through.
+TEST(CommNcclDeathTest, FreeingADeviceBufferUnderAnOpInFlightAbortsNamingTheOp) {
+#if !ORIGAMI_WITH_NCCL
+  GTEST_SKIP() << "this build has no NCCL backend (configured without CUDA)";
+#else
+  if (!have_device()) GTEST_SKIP() << "no CUDA device on this machine";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the child starts afresh: CUDA and MPI do not survive fork
+  const auto device_ones = [] {
+    Tensor host = Tensor::empty({4096}, DType::f32, MemCategory::comm);
+    for (int64_t i = 0; i < 4096; ++i) host.data<float>()[i] = 1.0f + static_cast<float>(i % 7);
+    return host.to(local_cuda_device());
+  };
+  auto early_free = [&] {
+    Groups g = routed_groups(60);
+    Tensor dx = device_ones();
+    Request in_flight = g[GroupKind::ep].all_reduce_async(dx);
+    dx = Tensor();  // freed under the op
+    std::exit(0);   // not reached
+  };
+  EXPECT_EXIT(early_free(), ::testing::ExitedWithCode(kExitInternal),
+              "cuda:[0-9]+ buffer of 16384 bytes \\(comm\\) freed while group ep all_reduce seq [0-9]+ was in flight");
+  cudaStream_t compute = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), cudaSuccess);
+  {
+    Groups g = routed_groups(60, compute);
+    Tensor dx = device_ones();
+    g[GroupKind::ep].all_reduce_async(dx).wait_on(compute);
+    dx = Tensor();  // the stream holds the dependency now
+    ASSERT_EQ(cudaStreamSynchronize(compute), cudaSuccess);
+    g[GroupKind::ep].barrier();
+  }
+  cudaStreamDestroy(compute);
+#endif
+}
+
 }  // namespace
 }  // namespace origami::comm
 

@@ -280,6 +280,74 @@ TEST(TrackedAllocator, ARefusedAllocationReleasesTheCacheAndRetries) {
   a.release(big, size_t{7} << 20, MemCategory::activation);
 }
 
+// A refused allocation first takes a cached block that holds it, however
+// much it wastes (no block goes back, so no cudaFree waits on the device);
+// the block returns to the cache at its own size.
+TEST(TrackedAllocator, ARefusedAllocationTakesALargerCachedBlockBeforeReleasingAny) {
+  CountingSource::reset(int64_t{8} << 20);
+  TrackedAllocator a(Device::cuda(0), MemorySource{CountingSource::allocate, CountingSource::release});
+  void* big = a.allocate(size_t{6} << 20, MemCategory::activation);
+  void* small = a.allocate(size_t{1} << 20, MemCategory::activation);
+  a.release(big, size_t{6} << 20, MemCategory::activation);
+  a.release(small, size_t{1} << 20, MemCategory::activation);
+  const int64_t cached = a.snapshot().cached;
+  // 2 MiB: the 6 MiB block is far past the 12.5% a cached block may spare,
+  // so the source is asked first, and it has ~1 MiB left.
+  void* p = a.allocate(size_t{2} << 20, MemCategory::activation);
+  ASSERT_EQ(p, big);
+  EXPECT_EQ(CountingSource::releases, 0);
+  EXPECT_EQ(CountingSource::allocations, 2);
+  EXPECT_EQ(a.snapshot().cached, cached - static_cast<int64_t>(CountingSource::live.at(big)));
+  EXPECT_EQ(a.snapshot().current_total, int64_t{2} << 20) << "the ledger counts the request, not the block";
+  a.release(p, size_t{2} << 20, MemCategory::activation);
+  EXPECT_EQ(a.snapshot().cached, cached);
+}
+
+// On a GPU the cache goes back to CUDA (cudaFree, which waits for the whole
+// device) only while no communication is in flight there: with a hold, an
+// allocation no cached block can serve fails naming the oldest holder
+// instead of risking a wait on an op that waits on this rank. Host memory
+// goes back to malloc regardless (free waits on nothing).
+TEST(TrackedAllocatorDeathTest, ADeviceCacheStaysWhileCommunicationIsInFlight) {
+  const MemorySource source{CountingSource::allocate, CountingSource::release};
+  const auto fill_cache = [](TrackedAllocator& a) {
+    std::vector<std::pair<void*, size_t>> blocks;
+    for (size_t mib = 1; mib <= 3; ++mib) blocks.emplace_back(a.allocate(mib << 20, MemCategory::activation), mib << 20);
+    for (auto& [p, bytes] : blocks) a.release(p, bytes, MemCategory::activation);
+  };
+  {
+    CountingSource::reset(int64_t{8} << 20);
+    TrackedAllocator a(Device::cuda(0), source);
+    fill_cache(a);
+    auto* grads = static_cast<std::byte*>(a.allocate(4096, MemCategory::grad));
+    (void)a.hold(grads, 4096, "group pp recv seq 12");
+    (void)a.hold(grads, 4096, "group dp all_gather seq 40");
+    EXPECT_EXIT(a.allocate(size_t{7} << 20, MemCategory::activation), ::testing::ExitedWithCode(kExitInternal),
+                "cuda:0 allocation of 7340032 bytes \\(activation\\) failed with 4096 bytes live and 6291456 cached "
+                "in smaller blocks, which cannot go back to CUDA while communication is in flight on 2 held "
+                "range\\(s\\), the oldest group pp recv seq 12");
+  }
+  for (const Device device : {Device::cuda(0), Device::cpu()}) {
+    SCOPED_TRACE(to_string(device));
+    CountingSource::reset(int64_t{8} << 20);
+    TrackedAllocator a(device, source);
+    fill_cache(a);
+    auto* grads = static_cast<std::byte*>(a.allocate(4096, MemCategory::grad));
+    const int64_t hold = a.hold(grads, 4096, "group dp all_gather seq 40");
+    if (device.is_host()) {
+      // malloc's free waits on nothing: the hold does not keep the cache.
+    } else {
+      a.unhold(hold);  // the op completed
+    }
+    void* big = a.allocate(size_t{7} << 20, MemCategory::activation);
+    ASSERT_NE(big, nullptr);
+    EXPECT_EQ(CountingSource::releases, 3) << "the cached blocks went back to the source";
+    a.release(big, size_t{7} << 20, MemCategory::activation);
+    if (device.is_host()) a.unhold(hold);
+    a.release(grads, 4096, MemCategory::grad);
+  }
+}
+
 // Holds (the communicators' in-flight check): a buffer overlapping a held
 // range cannot be released while the hold lasts, whichever end overlaps;
 // buffers beside it, zero-byte holds and released holds stop nothing, and
