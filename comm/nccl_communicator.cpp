@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -69,28 +70,46 @@ ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::max ? ncclMax : ncclSu
 
 // Once a thread has begun aborting a communicator (which frees it), no
 // thread may call NCCL again: each one that would parks until the process
-// is gone (abort_job's own rule for a second failing thread). Without it the
-// main thread's next poll (ncclCommGetAsyncError in a wait) could read a
-// freed communicator and turn exit status 5 into a segfault.
+// is gone (abort_job's own rule for a second failing thread). Every NCCL
+// call runs inside an NcclCallScope, which holds nccl_calls() shared, and
+// ncclCommAbort holds it alone: a flag checked before the call is not
+// enough, as a thread past the check could still read the communicator the
+// abort frees (the main thread's poll in a wait, ncclCommGetAsyncError),
+// turning exit status 5 into a segfault.
 std::atomic<bool> nccl_aborting{false};
+std::shared_mutex& nccl_calls() {
+  static std::shared_mutex m;
+  return m;
+}
 [[noreturn]] void park_forever() {
   for (;;) ::pause();
 }
-void park_if_nccl_aborting() {
-  if (nccl_aborting.load()) park_forever();
-}
+class NcclCallScope {
+ public:
+  NcclCallScope() : lock_(nccl_calls()) {
+    if (nccl_aborting.load()) {
+      lock_.unlock();
+      park_forever();
+    }
+  }
+
+ private:
+  std::shared_lock<std::shared_mutex> lock_;
+};
 
 // ncclCommAbort on the way out of a failed job, given at most two seconds.
 // It frees the communicator's device memory, and cudaFree waits for every
 // kernel on the device: a kernel of another communicator spinning on the
 // same dead peer, or a compute stream stuck in front of the op, would keep
-// it, and the job, from ever ending. The process exits right after, which
-// ends its kernels anyway; the abort only lets NCCL stop its own first.
+// it, and the job, from ever ending; so would a thread stuck inside an NCCL
+// call, which keeps its scope. The process exits right after, which ends
+// its kernels anyway; the abort only lets NCCL stop its own first.
 void abort_nccl_comm_bounded(ncclComm_t comm) {
   if (nccl_aborting.exchange(true)) park_forever();  // another thread aborts the job
   auto done = std::make_shared<std::promise<void>>();
   std::future<void> aborted = done->get_future();
   std::thread([comm, done] {
+    std::unique_lock<std::shared_mutex> alone(nccl_calls());  // no call is inside the communicator
     ncclCommAbort(comm);
     done->set_value();
   }).detach();
@@ -189,9 +208,13 @@ class Watchdog {
         }
         // A failed peer or network shows first as NCCL's asynchronous
         // error (thread-safe to poll from here, as ncclCommAbort is).
-        park_if_nccl_aborting();
-        if (ncclResult_t async = ncclSuccess;
-            ncclCommGetAsyncError(it->comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+        ncclResult_t async = ncclSuccess;
+        bool polled = false;
+        {
+          const NcclCallScope scope;  // ends before an abort below, which needs the calls alone
+          polled = ncclCommGetAsyncError(it->comm, &async) == ncclSuccess;
+        }
+        if (polled && async != ncclSuccess && async != ncclInProgress) {
           char msg[768];
           std::snprintf(msg, sizeof msg,
                         "[rank %d] NCCL error (watchdog): group %s op %s seq %lld bytes %lld: %s (%s)",
@@ -281,8 +304,10 @@ class NcclPending final : public detail::PendingOp {
     if (rc == cudaSuccess) return true;
     ORIGAMI_CHECK(rc == cudaErrorNotReady, "group ", group, " ", op_name(op), ": ", cudaGetErrorString(rc));
     ncclResult_t async = ncclSuccess;
-    park_if_nccl_aborting();
-    ORIGAMI_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+    {
+      const NcclCallScope scope;
+      ORIGAMI_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+    }
     ORIGAMI_CHECK(async == ncclSuccess || async == ncclInProgress, "group ", group, " ", op_name(op), " seq ", seq,
                   ": NCCL reports ", ncclGetErrorString(async));
     return false;
@@ -337,6 +362,7 @@ class NcclCommunicator final : public Communicator {
       for (auto& [peer, ch] : *channels) cudaStreamSynchronize(ch.stream);
     cudaStreamSynchronize(stream_);
     Watchdog::detach(this);  // before the comms its entries name go
+    const NcclCallScope scope;
     for (auto* channels : {&to_, &from_})
       for (auto& [peer, ch] : *channels) {
         ncclCommDestroy(ch.comm);
@@ -379,7 +405,7 @@ class NcclCommunicator final : public Communicator {
     return why;
   }
   std::unique_ptr<detail::PendingOp> start(const Call& c) override {
-    park_if_nccl_aborting();  // the communicators may be freed
+    const NcclCallScope scope;  // the communicators may be being freed
     // A send to or a receive from a ring neighbour goes on its channel.
     const Channel* ch = nullptr;
     if (c.op == CommOp::send || c.op == CommOp::recv) {
