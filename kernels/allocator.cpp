@@ -82,16 +82,16 @@ void* TrackedAllocator::allocate(size_t bytes, MemCategory category) {
       // pipeline receive posted ahead waits for the peer, which waits for the
       // activation this rank has yet to send): with device communication in
       // flight the cache stays, and the allocation fails naming it.
-      ORIGAMI_CHECK(device_.is_host() || holds_.empty(), to_string(device_), " allocation of ", bytes, " bytes (",
-                    to_string(category), ") failed with ", ledger_.current_total, " bytes live and ", ledger_.cached,
-                    " cached in smaller blocks, which cannot go back to CUDA while communication is in flight on ",
-                    holds_.size(), " held range(s), the oldest ", holds_.begin()->second.holder,
-                    " (cudaFree would wait for it, and it may wait for this rank)");
+      if (!device_.is_host() && !holds_.empty())
+        fail_out_of_memory_locked(
+            bytes, category,
+            detail::concat(" in smaller blocks, which cannot go back to CUDA while communication is in flight on ",
+                           holds_.size(), " held range(s), the oldest ", holds_.begin()->second.holder,
+                           " (cudaFree would wait for it, and it may wait for this rank)"));
       release_cached_locked();
       ptr = source_.allocate(block, device_.index);
     }
-    ORIGAMI_CHECK(ptr != nullptr, to_string(device_), " allocation of ", bytes, " bytes (", to_string(category),
-                  ") failed with ", ledger_.current_total, " bytes live and ", ledger_.cached, " cached");
+    if (ptr == nullptr) fail_out_of_memory_locked(bytes, category, "");
     if (cached) blocks_.emplace(ptr, block);
   }
   int c = static_cast<int>(category);
@@ -100,6 +100,23 @@ void* TrackedAllocator::allocate(size_t bytes, MemCategory category) {
   if (ledger_.current[c] > ledger_.peak[c]) ledger_.peak[c] = ledger_.current[c];
   if (ledger_.current_total > ledger_.peak_total) ledger_.peak_total = ledger_.current_total;
   return ptr;
+}
+
+// Running out of memory is the settings' doing, not a bug: the job ends at
+// once (a rank's unwinding could wait on its peers' collectives) with the
+// user-error status and the rank's ledger.
+void TrackedAllocator::fail_out_of_memory_locked(size_t bytes, MemCategory category, const std::string& cache_note) {
+  std::string live;
+  for (int c = 0; c < kNumMemCategories; ++c)
+    live += detail::concat(c ? ", " : "", to_string(static_cast<MemCategory>(c)), " ", ledger_.current[c]);
+  abort_job(kExitUserError,
+            detail::concat("error [rank ", world_rank_for_diagnostics(), "]: out of memory on ", to_string(device_),
+                           ": an allocation of ", bytes, " bytes (", to_string(category), ") failed with ",
+                           ledger_.current_total, " bytes live (", live, ") and ", ledger_.cached, " cached",
+                           cache_note,
+                           "; the run needs less memory per rank: a smaller training.micro_batch, "
+                           "training.recompute, a higher parallel.zero_stage or more ranks (origami plan "
+                           "estimates each layout's peak)"));
 }
 
 void TrackedAllocator::release(void* ptr, size_t bytes, MemCategory category) {

@@ -21,9 +21,11 @@
 // holds the request serves it, whatever it wastes; failing that, the cache
 // goes back to the source and the allocation is tried once more — except on
 // a GPU while communication is in flight there (holds, below), where
-// cudaFree would wait for ops that may wait for this rank, and the
-// allocation fails instead, naming an op. Cached bytes are reported apart
-// from the ledger, which counts live tensors (requested bytes) only.
+// cudaFree would wait for ops that may wait for this rank. An allocation
+// that still fails ends the job as out of memory (exit kExitUserError: the
+// settings must change) with the rank's ledger and, when the cache stayed,
+// the oldest op in flight. Cached bytes are reported apart from the
+// ledger, which counts live tensors (requested bytes) only.
 // Holds: a range of memory an operation in flight still reads or writes
 // (every device communication op until the host sees it complete or hands it
 // to the compute stream; host ops under the communicators' in-flight check,
@@ -101,6 +103,7 @@ class TrackedAllocator {
   mutable std::mutex mu_;
   LedgerSnapshot ledger_;
   void release_cached_locked();
+  [[noreturn]] void fail_out_of_memory_locked(size_t bytes, MemCategory category, const std::string& cache_note);
   std::multimap<size_t, void*> cache_;         // block bytes -> free block
   std::unordered_map<void*, size_t> blocks_;  // live cached-size block -> its bytes
   struct Held {

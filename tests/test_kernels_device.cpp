@@ -305,9 +305,10 @@ TEST(TrackedAllocator, ARefusedAllocationTakesALargerCachedBlockBeforeReleasingA
 
 // On a GPU the cache goes back to CUDA (cudaFree, which waits for the whole
 // device) only while no communication is in flight there: with a hold, an
-// allocation no cached block can serve fails naming the oldest holder
-// instead of risking a wait on an op that waits on this rank. Host memory
-// goes back to malloc regardless (free waits on nothing).
+// allocation no cached block can serve ends the job as out of memory
+// (exit 2) naming the oldest holder, instead of risking a wait on an op
+// that waits on this rank. Host memory goes back to malloc regardless
+// (free waits on nothing).
 TEST(TrackedAllocatorDeathTest, ADeviceCacheStaysWhileCommunicationIsInFlight) {
   const MemorySource source{CountingSource::allocate, CountingSource::release};
   const auto fill_cache = [](TrackedAllocator& a) {
@@ -322,9 +323,10 @@ TEST(TrackedAllocatorDeathTest, ADeviceCacheStaysWhileCommunicationIsInFlight) {
     auto* grads = static_cast<std::byte*>(a.allocate(4096, MemCategory::grad));
     (void)a.hold(grads, 4096, "group pp recv seq 12");
     (void)a.hold(grads, 4096, "group dp all_gather seq 40");
-    EXPECT_EXIT(a.allocate(size_t{7} << 20, MemCategory::activation), ::testing::ExitedWithCode(kExitInternal),
-                "cuda:0 allocation of 7340032 bytes \\(activation\\) failed with 4096 bytes live and 6291456 cached "
-                "in smaller blocks, which cannot go back to CUDA while communication is in flight on 2 held "
+    EXPECT_EXIT(a.allocate(size_t{7} << 20, MemCategory::activation), ::testing::ExitedWithCode(kExitUserError),
+                "out of memory on cuda:0: an allocation of 7340032 bytes \\(activation\\) failed with 4096 bytes "
+                "live \\(param 0, grad 4096, optim 0, activation 0, comm 0, workspace 0\\) and 6291456 cached in "
+                "smaller blocks, which cannot go back to CUDA while communication is in flight on 2 held "
                 "range\\(s\\), the oldest group pp recv seq 12");
   }
   for (const Device device : {Device::cuda(0), Device::cpu()}) {
@@ -345,6 +347,26 @@ TEST(TrackedAllocatorDeathTest, ADeviceCacheStaysWhileCommunicationIsInFlight) {
     a.release(big, size_t{7} << 20, MemCategory::activation);
     if (device.is_host()) a.unhold(hold);
     a.release(grads, 4096, MemCategory::grad);
+  }
+}
+
+// Out of memory with nothing cached to give back is the settings' doing:
+// the job ends at once with exit 2, the rank's ledger by category and what
+// to change, on the host as on a GPU.
+TEST(TrackedAllocatorDeathTest, OutOfMemoryEndsTheJobWithTheLedgerAndWhatToChange) {
+  for (const Device device : {Device::cuda(0), Device::cpu()}) {
+    SCOPED_TRACE(to_string(device));
+    CountingSource::reset(int64_t{8} << 20);
+    TrackedAllocator a(device, MemorySource{CountingSource::allocate, CountingSource::release});
+    void* params = a.allocate(size_t{3} << 20, MemCategory::param);
+    void* moments = a.allocate(size_t{4} << 20, MemCategory::optim);
+    EXPECT_EXIT(a.allocate(size_t{2} << 20, MemCategory::activation), ::testing::ExitedWithCode(kExitUserError),
+                "out of memory on " + to_string(device) +
+                    ": an allocation of 2097152 bytes \\(activation\\) failed with 7340032 bytes live \\(param "
+                    "3145728, grad 0, optim 4194304, activation 0, comm 0, workspace 0\\) and 0 cached; the run "
+                    "needs less memory per rank: a smaller training.micro_batch");
+    a.release(params, size_t{3} << 20, MemCategory::param);
+    a.release(moments, size_t{4} << 20, MemCategory::optim);
   }
 }
 
