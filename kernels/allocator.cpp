@@ -81,7 +81,7 @@ void* TrackedAllocator::allocate(size_t bytes, MemCategory category) {
       // included, and an op in flight may wait on this rank's next moves (a
       // pipeline receive posted ahead waits for the peer, which waits for the
       // activation this rank has yet to send): with device communication in
-      // flight the cache stays, and the allocation fails naming it.
+      // flight the cache stays, and the job ends out of memory naming an op.
       if (!device_.is_host() && !holds_.empty())
         fail_out_of_memory_locked(
             bytes, category,
