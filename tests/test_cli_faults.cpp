@@ -152,11 +152,14 @@ TEST_F(CliFaults, DivergedTrainingStopsBeforeTheUpdateWithStatus3) {
 // space, `ulimit -v`, against ~1.1 GB of training state, which the start-up
 // estimate against the machine's memory lets through): status 2 at the
 // failing allocation, with the rank's ledger by category and what to
-// change, not an internal error.
+// change, not an internal error. One thread and two malloc arenas, so
+// that a many-core machine's per-thread address space (64 MB an arena)
+// cannot fail the start instead.
 TEST_F(CliFaults, RunningOutOfMemoryIsStatus2WithTheLedger) {
-  const auto r = run("bash -c 'ulimit -v 1200000 && exec " + kBinary + " train " + path("moe.toml") +
-                     " --set model.hidden_size=1024 --set model.ffn_hidden_size=4096 --set moe.ffn_hidden_size=4096 "
-                     "--set export.dir='");
+  const auto r = run("bash -c 'ulimit -v 1200000 && MALLOC_ARENA_MAX=2 exec " + kBinary + " train " +
+                     path("moe.toml") +
+                     " --set runtime.threads=1 --set model.hidden_size=1024 --set model.ffn_hidden_size=4096 "
+                     "--set moe.ffn_hidden_size=4096 --set export.dir='");
   expect_outcome("out of memory: ~1.1 GB of state in a 1.2 GB address space", r, 2,
                  {"error [rank 0]: out of memory on cpu: an allocation of ", " bytes live (param ", ", optim ",
                   "the run needs less memory per rank: a smaller training.micro_batch"});
