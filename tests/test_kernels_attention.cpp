@@ -5,7 +5,7 @@
 // differences of the forward, bitwise independence from the thread count,
 // and a rate report against sgemm; on CUDA (skipped without a device) the
 // same finite-difference check of the fp32 kernels and bitwise run-to-run
-// reproducibility.
+// reproducibility; on both, a row that sees no key beside an infinite value.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -22,6 +23,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/device.h"
+#include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "test_context.h"
 
@@ -217,6 +219,51 @@ TEST(AttentionCuda, ResultsAreBitwiseReproducible) {
   EXPECT_EQ(one.dq, two.dq);
   EXPECT_EQ(one.dk, two.dk);
   EXPECT_EQ(one.dv, two.dv);
+}
+
+// A query row that sees no key (its position before every key's, as in a
+// context-parallel chunk) gets o = 0 and lse = -inf, even when a key the
+// other rows of its tile see holds an infinite V (0 * inf would be NaN):
+// on the CPU, and from the bf16 tensor-core kernel on CUDA.
+Problem unseen_row_problem() {
+  Problem p = make_problem(1, 2, 1, 64, iota(0, 64), iota(1, 65), 9);  // query 0 precedes every key
+  p.v.f32()[5] = std::numeric_limits<float>::infinity();                   // key 0 (position 1), kv head 0
+  return p;
+}
+void expect_unseen_row_zero(const AttentionDims& d, const std::vector<double>& o, const std::vector<double>& lse) {
+  for (int64_t h = 0; h < d.num_heads; ++h) {
+    SCOPED_TRACE("head " + std::to_string(h));
+    EXPECT_EQ(lse[h * d.q_len], -std::numeric_limits<double>::infinity());
+    for (int64_t e = 0; e < d.head_dim; ++e) EXPECT_EQ(o[h * d.head_dim + e], 0.0) << "element " << e;  // [0, h, e]
+  }
+  EXPECT_FALSE(std::isfinite(o[d.num_heads * d.head_dim + 5])) << "row 1 sees the infinite value";
+}
+
+TEST(Attention, ARowThatSeesNoKeyIsZeroBesideANonFiniteValue) {
+  const Problem p = unseen_row_problem();
+  const Result r = run_kernel(p, false);
+  expect_unseen_row_zero(p.d, r.o, r.lse);
+}
+
+TEST(AttentionCuda, ARowThatSeesNoKeyIsZeroBesideANonFiniteValue) {
+  if (const std::string why = no_cuda_reason(); !why.empty()) GTEST_SKIP() << why;
+  const ExecContext& c = cuda_context();
+  const Problem p = unseen_row_problem();
+  const AttentionDims& d = p.d;
+  auto to_bf16 = [&](const Tensor& host) {  // bf16 and head_dim 64: the tensor-core kernel
+    Tensor x = on(c, host), y = Tensor::empty(host.shape(), DType::bf16, MemCategory::activation, c.device());
+    cast(c, x, y);
+    return y;
+  };
+  const Tensor q = to_bf16(p.q), k = to_bf16(p.k), v = to_bf16(p.v);
+  const Tensor qp = on(c, ints(p.qpos)), kp = on(c, ints(p.kvpos));
+  Tensor o = Tensor::empty(p.q.shape(), DType::bf16, MemCategory::activation, c.device());
+  Tensor lse = Tensor::empty({d.batch, d.num_heads, d.q_len}, DType::f32, MemCategory::activation, c.device());
+  Tensor wf = c.workspace(attention_forward_workspace_bytes(c, d));
+  attention_forward(c, d, q, k, v, qp, kp, p.scale, o, lse, wf);
+  Tensor o_f32 = Tensor::empty(p.q.shape(), DType::f32, MemCategory::activation, c.device());
+  cast(c, o, o_f32);
+  expect_unseen_row_zero(d, flat_from(c, o_f32), flat_from(c, lse));
 }
 
 // Not a pass/fail gate (the build machine is shared): prints the attention

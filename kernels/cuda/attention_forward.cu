@@ -359,10 +359,12 @@ template <int D> __global__ void __launch_bounds__(kMThreads) fwd_mma_kernel(Fwd
       sn |= __shfl_xor_sync(0xffffffffu, sn, 2);
       const float inv = sn ? (lt > 0.0f ? 1.0f / lt : NAN) : 0.0f;
       const int row = warp * 32 + mt * 16 + g + 8 * hf;
+      // A row that sees no key writes 0, as the SIMT kernel and the CPU do,
+      // not o * 0 (NaN when its tile met a non-finite V that other rows see).
 #pragma unroll
       for (int dt = 0; dt < kDt; ++dt)
         *reinterpret_cast<uint32_t*>(Qt.at(row, dt * 8) + 2 * t) =
-            pack_bf16(o[mt][dt][2 * hf] * inv, o[mt][dt][2 * hf + 1] * inv);
+            sn ? pack_bf16(o[mt][dt][2 * hf] * inv, o[mt][dt][2 * hf + 1] * inv) : pack_bf16(0.0f, 0.0f);
       if (t == 0 && i0 + row < a.Sq)
         a.lse[(b * a.Hq + h) * a.Sq + i0 + row] =
             sn ? (lt > 0.0f ? (m[mt][hf] + log2f(lt)) * kLn2 : NAN) : -INFINITY;
