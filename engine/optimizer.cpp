@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <vector>
 
 #include "kernels/adamw.h"
 #include "kernels/elementwise.h"
@@ -83,31 +84,38 @@ StepStats AdamW::update(const ExecContext& ctx, ParamStore& params, double grad_
   s.beta2 = static_cast<float>(opt_.beta2);
   s.eps = static_cast<float>(opt_.eps);
   s.step = step_;
+  // One fused call per unit (kernels/adamw.h): the clip, the update and the
+  // bf16 working copy, over the unit's owned range in runs of one weight decay.
+  std::vector<AdamWSegment> segments;
   for (ParamUnit& u : params.units()) {
     auto [lo, hi] = owned(u);
-    Tensor g_all = owned_grad(u);
-    if (st.clipped) scale_inplace(ctx, g_all, clip);
-    // Slices of the owned range, relative to `lo` (shards) or absolute (whole buffers).
-    const int64_t pbase = u.shard.params ? lo : 0, mbase = u.shard.optim ? lo : 0;
-    const Tensor& pbuf = u.shard.params ? u.param_shard : u.param;
-    for (size_t i = 0; i < u.params.size(); ++i) {
-      const int64_t a = std::max(lo, u.params[i].offset), b = std::min(hi, u.params[i].offset + u.params[i].numel());
+    const int64_t n = hi - lo;
+    if (n <= 0) continue;
+    segments.clear();
+    for (const ParamInfo& p : u.params) {  // contiguous in order (params.h), so the runs tile [lo, hi)
+      const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel());
       if (a >= b) continue;
-      s.weight_decay = u.params[i].weight_decay() ? static_cast<float>(opt_.weight_decay) : 0.0f;
-      Tensor p = pbuf.flat_view(a - pbase, b - a, {b - a});
-      Tensor g = g_all.flat_view(a - lo, b - a, {b - a});
-      Tensor m = u.exp_avg.flat_view(a - mbase, b - a, {b - a});
-      Tensor v = u.exp_avg_sq.flat_view(a - mbase, b - a, {b - a});
-      if (!u.master.defined()) {  // fp32: the params are the master weights
-        adamw_update(ctx, p, g, m, v, s);
-        continue;
-      }
-      // bf16: the fp32 master takes the step (from the bf16 gradient,
-      // widened exactly), the working copy is the master rounded.
-      Tensor master = u.master.flat_view(a - mbase, b - a, {b - a});
-      adamw_update(ctx, master, g, m, v, s);
-      cast(ctx, master, p);
+      const float wd = p.weight_decay() ? static_cast<float>(opt_.weight_decay) : 0.0f;
+      if (!segments.empty() && segments.back().weight_decay == wd)
+        segments.back().numel += b - a;
+      else
+        segments.push_back({a - lo, b - a, wd});
     }
+    // The owned range of each buffer: shards hold it from 0, whole buffers at lo.
+    const int64_t pbase = u.shard.params ? lo : 0, mbase = u.shard.optim ? lo : 0;
+    Tensor p = (u.shard.params ? u.param_shard : u.param).flat_view(lo - pbase, n, {n});
+    Tensor g = owned_grad(u);
+    Tensor m = u.exp_avg.flat_view(lo - mbase, n, {n});
+    Tensor v = u.exp_avg_sq.flat_view(lo - mbase, n, {n});
+    if (!u.master.defined()) {  // fp32: the params are the master weights
+      Tensor none;
+      adamw_update_fused(ctx, p, g, m, v, none, segments, clip, s);
+      continue;
+    }
+    // bf16: the fp32 master takes the step (from the bf16 gradient, widened
+    // exactly), the working copy is the master rounded.
+    Tensor master = u.master.flat_view(lo - mbase, n, {n});
+    adamw_update_fused(ctx, master, g, m, v, p, segments, clip, s);
   }
   return st;
 }

@@ -483,6 +483,42 @@ void adamw_update(const ExecContext& ctx, Tensor& param, const Tensor& grad, Ten
   return cpu::adamw_update(ctx, param, h.in(grad), exp_avg, exp_avg_sq, s);
 }
 
+void adamw_update_fused(const ExecContext& ctx, Tensor& master, Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                        Tensor& param, std::span<const AdamWSegment> segments, float grad_scale, const AdamWStep& s) {
+  const int64_t n = master.defined() ? master.numel() : 0;
+  const Tensor* moments[] = {&master, &exp_avg, &exp_avg_sq};
+  for (const Tensor* t : moments)
+    ORIGAMI_CHECK(t->defined() && t->dtype() == DType::f32 && t->numel() == n,
+                  "adamw_update_fused: master, exp_avg and exp_avg_sq must be f32 with ", n, " elements; got ",
+                  t->defined() ? shape_string(t->shape()) + " " + std::string(to_string(t->dtype())) : "undefined");
+  ORIGAMI_CHECK(grad.defined() && (grad.dtype() == DType::f32 || grad.dtype() == DType::bf16) && grad.numel() == n,
+                "adamw_update_fused: grad must be f32 or bf16 with ", n, " elements");
+  ORIGAMI_CHECK(!param.defined() || (param.dtype() == DType::bf16 && param.numel() == n),
+                "adamw_update_fused: param is the bf16 working copy (", n, " elements) or undefined");
+  int64_t next = 0;
+  for (const AdamWSegment& seg : segments) {
+    ORIGAMI_CHECK(seg.begin == next && seg.numel >= 0, "adamw_update_fused: segments must tile [0, ", n,
+                  ") in order; one is [", seg.begin, ", +", seg.numel, ") after ", next);
+    next += seg.numel;
+  }
+  ORIGAMI_CHECK(next == n, "adamw_update_fused: the segments cover [0, ", next, ") of [0, ", n, ")");
+  ORIGAMI_CHECK(s.step >= 1, "adamw step is 1-based, got ", s.step);
+  if (on_cuda(ctx, "adamw_update_fused",
+              {{"master", &master}, {"grad", &grad}, {"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}, {"param", &param}}))
+    return ORIGAMI_ON_CUDA(adamw_update_fused)(ctx, master, grad, exp_avg, exp_avg_sq, param, segments, grad_scale, s);
+  const CpuThreads threads(ctx);
+  if (grad.dtype() == DType::bf16 && grad_scale != 1.0f) {
+    // Scaled in bf16 first, as scale_inplace rounds it: the widened copy
+    // would carry the unrounded product into the update.
+    HostBf16 h(ctx, "adamw_update_fused");
+    cpu::scale_inplace(ctx, h.out(grad), grad_scale);
+    grad_scale = 1.0f;
+  }
+  HostBf16 h(ctx, "adamw_update_fused");
+  return cpu::adamw_update_fused(ctx, master, h.out(grad), exp_avg, exp_avg_sq, h.out(param), segments, grad_scale,
+                                 s);
+}
+
 void init_normal(const ExecContext& ctx, Tensor& out, uint64_t seed, std::string_view name, int64_t global_offset,
                  float std) {
   if (on_cuda(ctx, "init_normal", {{"out", &out}}))

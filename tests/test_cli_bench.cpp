@@ -71,7 +71,7 @@ TEST(CliBench, KernelsReportsEveryOpAgainstTheCeilings) {
         "grouped_gemm/coarse.fwd", "grouped_gemm/coarse.grouped", "attention_forward", "attention_backward",
         "rmsnorm_forward", "rmsnorm_backward", "rope_forward", "rope_backward",
         "swiglu_forward", "swiglu_backward", "embedding_forward", "embedding_backward", "cross_entropy_forward",
-        "cross_entropy_backward", "adamw_update", "moe_routing_permute"})
+        "cross_entropy_backward", "adamw_update", "adamw_unit", "adamw_unit.calls", "moe_routing_permute"})
     EXPECT_EQ(keys.count(key), 1u) << key;
   for (const auto& op : j["ops"])
     if (op["key"] == "moe_routing_permute") {

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/adamw.h"
 #include "kernels/allocator.h"
 #include "kernels/context.h"
 #include "kernels/device.h"
@@ -46,6 +47,74 @@ Tensor random_host(Shape shape, uint32_t seed, MemCategory cat = MemCategory::ac
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   return a.numel() == b.numel() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+// adamw_update_fused against the calls it fuses (kernels/adamw.h), made one
+// by one on the same context: every output bit for bit. 40 runs, so two
+// launches on CUDA (32 runs each at most), of 0 to 9000 elements (past the
+// kernel's 8192-element chunks), most starting off a 16-byte boundary,
+// weight decay alternating; the fp32 recipe (f32 grad, no working copy), the
+// bf16 one (bf16 grad and working copy) and a bf16 grad alone; the clip's
+// scale and none.
+void expect_fused_adamw_is_the_calls_one_by_one(const ExecContext& ctx) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int64_t> length(1, 300);
+  std::vector<AdamWSegment> runs;
+  int64_t n = 0;
+  for (int i = 0; i < 40; ++i) {
+    const int64_t len = i == 3 ? 9000 : i == 7 ? 0 : length(rng);
+    runs.push_back({n, len, i % 2 ? 0.1f : 0.0f});
+    n += len;
+  }
+  AdamWStep step;
+  step.lr = 1e-2f;
+  step.step = 4;
+  const Tensor master0 = random_host({n}, 11), grad0 = random_host({n}, 12), m0 = random_host({n}, 13);
+  Tensor v0 = random_host({n}, 14);
+  for (int64_t i = 0; i < n; ++i) v0.f32()[i] *= v0.f32()[i];  // a second moment: >= 0
+  const ExecContext host = ExecContext::cpu(1);
+  struct Recipe {
+    DType grad;
+    bool copy;
+  };
+  for (const Recipe r : {Recipe{DType::f32, false}, Recipe{DType::bf16, true}, Recipe{DType::bf16, false}})
+    for (const float scale : {1.0f, 0.37f}) {
+      SCOPED_TRACE(std::string("grad ") + std::string(to_string(r.grad)) + (r.copy ? ", working copy" : "") +
+                   ", scale " + std::to_string(scale));
+      Tensor grad_host = Tensor::empty({n}, r.grad, MemCategory::grad);
+      cast(host, grad0, grad_host);
+      struct State {
+        Tensor master, grad, m, v, param;
+      };
+      const auto fresh = [&] {
+        State st{ctx.to(master0, ctx.device()), ctx.to(grad_host, ctx.device()), ctx.to(m0, ctx.device()),
+                 ctx.to(v0, ctx.device()), {}};
+        if (r.copy) st.param = ctx.empty({n}, DType::bf16, MemCategory::param);
+        return st;
+      };
+      State fused = fresh(), calls = fresh();
+      adamw_update_fused(ctx, fused.master, fused.grad, fused.m, fused.v, fused.param, runs, scale, step);
+      if (scale != 1.0f) scale_inplace(ctx, calls.grad, scale);
+      for (const AdamWSegment& run : runs) {
+        const auto part = [&](const Tensor& t) { return t.flat_view(run.begin, run.numel, {run.numel}); };
+        Tensor p = part(calls.master), g = part(calls.grad), m = part(calls.m), v = part(calls.v);
+        AdamWStep s = step;
+        s.weight_decay = run.weight_decay;
+        adamw_update(ctx, p, g, m, v, s);
+        if (!r.copy) continue;
+        Tensor out = part(calls.param);
+        cast(ctx, p, out);
+      }
+      const auto on_host = [&](const Tensor& t) { return ctx.to(t, Device::cpu()); };
+      EXPECT_TRUE(same_bits(on_host(fused.master), on_host(calls.master))) << "master";
+      EXPECT_TRUE(same_bits(on_host(fused.grad), on_host(calls.grad))) << "grad";
+      EXPECT_TRUE(same_bits(on_host(fused.m), on_host(calls.m))) << "exp_avg";
+      EXPECT_TRUE(same_bits(on_host(fused.v), on_host(calls.v))) << "exp_avg_sq";
+      if (r.copy) {
+        EXPECT_TRUE(same_bits(on_host(fused.param), on_host(calls.param))) << "working copy";
+      }
+      EXPECT_FALSE(same_bits(on_host(fused.master), master0)) << "the step moved nothing";
+    }
 }
 
 // Why the CUDA half cannot run here, or "" when it can.
@@ -520,6 +589,20 @@ TEST(ExecContextDeathTest, CopyRefusesMismatchedElementsNamingBoth) {
   EXPECT_EXIT(ctx.copy(b, a), ::testing::ExitedWithCode(kExitInternal), "copy of \\[4, 3\\] f32 into \\[4, 3\\] i32");
 }
 
+TEST(AdamWFused, IsTheCallsItFusesBitForBitOnTheHost) {
+  expect_fused_adamw_is_the_calls_one_by_one(ExecContext::cpu(2));
+}
+
+TEST(AdamWFusedDeathTest, RunsThatDoNotTileTheUnitAreAnInternalError) {
+  const ExecContext ctx = ExecContext::cpu(1);
+  Tensor p = random_host({10}, 1), g = random_host({10}, 2), m = random_host({10}, 3), v = random_host({10}, 4), none;
+  const std::vector<AdamWSegment> gap{{0, 4, 0.0f}, {5, 5, 0.1f}}, short_of{{0, 9, 0.0f}};
+  EXPECT_EXIT(adamw_update_fused(ctx, p, g, m, v, none, gap, 1.0f, AdamWStep{}),
+              ::testing::ExitedWithCode(kExitInternal), "segments must tile \\[0, 10\\) in order; one is \\[5, \\+5\\) after 4");
+  EXPECT_EXIT(adamw_update_fused(ctx, p, g, m, v, none, short_of, 1.0f, AdamWStep{}),
+              ::testing::ExitedWithCode(kExitInternal), "the segments cover \\[0, 9\\) of \\[0, 10\\)");
+}
+
 // ---- CUDA (device present) -------------------------------------------------
 
 class CudaDevice : public ::testing::Test {
@@ -736,6 +819,10 @@ TEST_F(CudaDevice, GroupedGemmSchedulesEachGiveTheHostsProducts) {
       expect_within(dw, want, terms, n_of, M * K, how, "weight gradient");
     }
   }
+}
+
+TEST_F(CudaDevice, FusedAdamWIsTheCallsItFusesBitForBit) {
+  expect_fused_adamw_is_the_calls_one_by_one(ExecContext::cuda(0));
 }
 
 using CudaDeviceDeathTest = CudaDevice;

@@ -15,6 +15,7 @@
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
 #include "kernels/grouped_gemm.h"
@@ -287,6 +288,45 @@ void bench_loss_optimizer(const ExecContext& ctx, Runner& r, const ShapeSet& s, 
     c.outputs = {p};
     return c;
   });
+  // A unit's whole step as the engine makes it (engine/optimizer.cpp): the
+  // gradient scaled in place by the clip, AdamW on the f32 master in two
+  // runs of different weight decay, and with bf16 data the working copy
+  // written. Bytes: grad read + written, master, m, v read + written, the
+  // copy written. `.calls` times the calls it fuses (scale_inplace, then
+  // per run adamw_update and cast), which move more than those bytes (the
+  // gradient and the master read once more each): over the same bytes its
+  // GB/s is lower by what fusing saves. The clip scale is near 1, so
+  // repeated calls never shrink the gradient into denormals.
+  for (const bool fused : {true, false})
+    r.bench(fused ? "adamw_unit" : "adamw_unit.calls", [&, fused] {
+      const int64_t n = s.adamw_params;
+      const bool bf16 = dt == DType::bf16;
+      Tensor master = random(ctx, {n}, DType::f32, "master"), g = random(ctx, {n}, dt, "g", 1e-3f);
+      Tensor m = filled(ctx, {n}, DType::f32, 0.0f), v = filled(ctx, {n}, DType::f32, 0.0f);
+      Tensor copy = bf16 ? output(ctx, {n}, DType::bf16) : Tensor();
+      const std::vector<AdamWSegment> runs{{0, n / 2, 0.1f}, {n / 2, n - n / 2, 0.0f}};
+      Case c{fused ? "adamw_update_fused" : "scale_inplace+adamw_update+cast", std::to_string(n), dts};
+      c.bytes = (2.0 * e + 24.0 + (bf16 ? 2.0 : 0.0)) * static_cast<double>(n);
+      const AdamWStep step{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1};
+      constexpr float kClip = 0.999f;
+      c.run = [&ctx, master, g, m, v, copy, runs, step, fused]() mutable {
+        if (fused) return adamw_update_fused(ctx, master, g, m, v, copy, runs, kClip, step);
+        scale_inplace(ctx, g, kClip);
+        for (const AdamWSegment& run : runs) {
+          const auto part = [&](const Tensor& t) { return t.flat_view(run.begin, run.numel, {run.numel}); };
+          Tensor pr = part(master), gr = part(g), mr = part(m), vr = part(v);
+          AdamWStep st = step;
+          st.weight_decay = run.weight_decay;
+          adamw_update(ctx, pr, gr, mr, vr, st);
+          if (!copy.defined()) continue;
+          Tensor out = part(copy);
+          cast(ctx, pr, out);
+        }
+      };
+      c.outputs = {master};
+      if (bf16) c.outputs.push_back(copy);
+      return c;
+    });
 }
 
 // The MoE routing path of one layer (see the header): bytes = logits read,

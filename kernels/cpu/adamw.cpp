@@ -3,6 +3,8 @@
 //   p *= 1 − lr·wd;  m.lerp_(g, 1−β1);  v = β2·v + (1−β2)·g²;
 //   p −= (lr / bc1) · m / (sqrt(v) / sqrt(bc2) + eps)
 // Bias corrections are computed in double, as Python does, then rounded.
+// adamw_update_fused is those calls one after another (its contract is to
+// equal them bit for bit, which the CUDA kernel meets in one pass).
 #include <cmath>
 
 #include "kernels/cpu/ops.h"
@@ -36,6 +38,24 @@ void adamw_update(const ExecContext& ctx, Tensor& param, const Tensor& grad, Ten
     m[i] = mi;
     v[i] = vi;
     p[i] = p[i] * decay - step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
+  }
+}
+
+// f32 only: the dispatch widens a bf16 grad and param (and scales a bf16
+// grad in bf16 first, so the rounding of scale_inplace is kept).
+void adamw_update_fused(const ExecContext& ctx, Tensor& master, Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                        Tensor& param, std::span<const AdamWSegment> segments, float grad_scale, const AdamWStep& s) {
+  if (grad_scale != 1.0f) cpu::scale_inplace(ctx, grad, grad_scale);
+  AdamWStep step = s;
+  for (const AdamWSegment& seg : segments) {
+    if (seg.numel == 0) continue;
+    const auto part = [&](const Tensor& t) { return t.flat_view(seg.begin, seg.numel, {seg.numel}); };
+    Tensor p = part(master), g = part(grad), m = part(exp_avg), v = part(exp_avg_sq);
+    step.weight_decay = seg.weight_decay;
+    cpu::adamw_update(ctx, p, g, m, v, step);
+    if (!param.defined()) continue;
+    Tensor out = part(param);
+    cpu::cast(ctx, p, out);
   }
 }
 

@@ -158,16 +158,7 @@ template <bool Square> double reduce(const ExecContext& ctx, const Tensor& x, co
 
 // ---- cast
 
-// The CPU's bf16 rounding (kernels/cpu/elementwise.cpp), bit for bit: a NaN
-// becomes 0x7FFF whatever its sign and payload, as the CPU and
-// __float2bfloat16_rn give (keeping sign and payload bits, as (u >> 16) | 0x40
-// did, turned the default NaN 0x7FC00000 into 0x7FC0, a negative one into 0xFFC0).
-__device__ __forceinline__ uint32_t bf16_bits(float f) {
-  const uint32_t u = __float_as_uint(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFFu;
-  return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-}
-
+// bf16_bits (kernels/cuda/pack.cuh): the CPU's rounding, bit for bit.
 __global__ void f32_to_bf16_kernel(const float* __restrict__ src, bf16* __restrict__ dst, int64_t n, bool packed) {
   const int64_t i0 = thread_index(), stride = thread_stride();
   auto* out = reinterpret_cast<uint16_t*>(dst);

@@ -23,6 +23,16 @@ __device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
          (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
 }
 
+// The CPU's bf16 rounding (kernels/cpu/elementwise.cpp), bit for bit, as
+// `cast` makes it: a NaN becomes 0x7FFF whatever its sign and payload, as the
+// CPU and __float2bfloat16_rn give (keeping sign and payload bits, as (u >> 16) | 0x40
+// did, turned the default NaN 0x7FC00000 into 0x7FC0, a negative one into 0xFFC0).
+__device__ __forceinline__ uint32_t bf16_bits(float f) {
+  const uint32_t u = __float_as_uint(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFFu;
+  return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+}
+
 __device__ __forceinline__ void load_pack(const float* p, float (&v)[kPack]) {
   const float4 a = reinterpret_cast<const float4*>(p)[0];
   const float4 b = reinterpret_cast<const float4*>(p)[1];
@@ -73,6 +83,21 @@ template <class T> __device__ __forceinline__ void store_upto(T* p, int count, b
 #pragma unroll
   for (int k = 0; k < kPack; ++k)
     if (k < count) p[k] = from_f32<T>(v[k]);
+}
+
+// v[0, count) at p rounded as bf16_bits (the `cast` kernel's rounding).
+__device__ __forceinline__ void store_bf16_bits_upto(bf16* p, int count, bool packed, const float (&v)[kPack]) {
+  auto* out = reinterpret_cast<uint16_t*>(p);
+  if (packed && count == kPack) {
+    uint32_t w[kPack / 2];
+#pragma unroll
+    for (int k = 0; k < kPack / 2; ++k) w[k] = bf16_bits(v[2 * k]) | (bf16_bits(v[2 * k + 1]) << 16);
+    *reinterpret_cast<uint4*>(out) = make_uint4(w[0], w[1], w[2], w[3]);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kPack; ++k)
+    if (k < count) out[k] = static_cast<uint16_t>(bf16_bits(v[k]));
 }
 
 // One grid-stride thread's first index and stride, in int64 (sizes pass 2^31).

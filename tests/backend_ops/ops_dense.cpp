@@ -7,6 +7,7 @@
 
 #include "backend_ops/harness.h"
 #include "kernels/adamw.h"
+#include "kernels/bf16.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/init.h"
@@ -526,6 +527,36 @@ OpEntry embedding_backward_entry() {
 
 // ---------------------------------------------------------------- adamw
 
+// torch.optim.AdamW (foreach=False) in double, element i with weight decay
+// wd(i); the per-element scales of the bounds below.
+template <class Wd>
+void adamw_reference(const AdamWStep& s, const std::vector<double>& p0, const std::vector<double>& gr,
+                     const std::vector<double>& m0, const std::vector<double>& v0, Wd wd, Ref& P, Ref& M, Ref& V) {
+  const double b1 = s.beta1, b2 = s.beta2, lr = s.lr, eps = s.eps;
+  const double bc1 = 1 - std::pow(b1, double(s.step)), bc2 = 1 - std::pow(b2, double(s.step));
+  for (size_t i = 0; i < p0.size(); ++i) {
+    const double m = b1 * m0[i] + (1 - b1) * gr[i], v = b2 * v0[i] + (1 - b2) * gr[i] * gr[i];
+    const double p = p0[i] * (1 - lr * wd(i)) - lr / bc1 * m / (std::sqrt(v) / std::sqrt(bc2) + eps);
+    M.value.push_back(m);
+    M.scale.push_back(std::abs(b1 * m0[i]) + std::abs((1 - b1) * gr[i]));
+    V.value.push_back(v);
+    V.scale.push_back(std::abs(b2 * v0[i]) + std::abs((1 - b2) * gr[i] * gr[i]));
+    P.value.push_back(p);
+    P.scale.push_back(std::abs(p - p0[i]) + 4e-3 * std::abs(p0[i]));
+  }
+}
+
+// The step (O(lr)) is small next to |p|: the bound is 1e-4 of the step plus
+// 4e-7 of |p| (fp32 rounding of p(1 − lr·wd) and of the update).
+const Tol kAdamWParamTol{1e-4, 0, "1e-4 of the step + a few ulp of |p| (scale |Δ| + 4e-3·|p|)"};
+const Tol kAdamWMomentTol{4e-7, 0, "two rounded products and a sum: a few ulp of |β·m| + |(1−β)·g|"};
+
+Tensor second_moment(int64_t n, std::mt19937& g) {
+  Tensor v = randn({n}, g, 0.1f);
+  for (int64_t i = 0; i < n; ++i) v.f32()[i] *= v.f32()[i];  // >= 0
+  return v;
+}
+
 OpEntry adamw_entry() {
   return {"adamw_update", [](std::mt19937& g) {
             std::vector<Problem> ps;
@@ -535,40 +566,101 @@ OpEntry adamw_entry() {
               s.weight_decay = 0.1f;
               s.step = step;
               Problem p("n " + std::to_string(n) + ", step " + std::to_string(step));
-              Tensor v = randn({n}, g, 0.1f);
-              for (int64_t i = 0; i < n; ++i) v.f32()[i] *= v.f32()[i];  // a second moment: >= 0
-              // The step (O(lr)) is small next to |p|: the bound is 1e-4 of the step
-              // plus 4e-7 of |p| (fp32 rounding of p(1 − lr·wd) and of the update).
-              const Tol param_tol{1e-4, 0, "1e-4 of the step + a few ulp of |p| (scale |Δ| + 4e-3·|p|)"};
-              p.inout("param", randn({n}, g), param_tol);
+              p.inout("param", randn({n}, g), kAdamWParamTol);
               p.in("grad", randn({n}, g, 0.5f));
-              const Tol moments{4e-7, 0, "two rounded products and a sum: a few ulp of |β·m| + |(1−β)·g|"};
-              p.inout("exp_avg", randn({n}, g, 0.1f), moments).inout("exp_avg_sq", v, moments);
+              p.inout("exp_avg", randn({n}, g, 0.1f), kAdamWMomentTol)
+                  .inout("exp_avg_sq", second_moment(n, g), kAdamWMomentTol);
               p.call = [s](const ExecContext& ctx, Bound& t) {
                 adamw_update(ctx, t.at("param"), t.at("grad"), t.at("exp_avg"), t.at("exp_avg_sq"), s);
               };
-              // torch.optim.AdamW (foreach=False), in double.
               p.reference = [s](const Bound& in, Refs& want) {
-                const std::vector<double> p0 = values(in.at("param")), gr = values(in.at("grad")),
-                                          m0 = values(in.at("exp_avg")), v0 = values(in.at("exp_avg_sq"));
-                const double b1 = s.beta1, b2 = s.beta2, lr = s.lr, wd = s.weight_decay, eps = s.eps;
-                const double bc1 = 1 - std::pow(b1, double(s.step)), bc2 = 1 - std::pow(b2, double(s.step));
-                Ref &P = want["param"], &M = want["exp_avg"], &V = want["exp_avg_sq"];
-                for (size_t i = 0; i < p0.size(); ++i) {
-                  const double m = b1 * m0[i] + (1 - b1) * gr[i], v = b2 * v0[i] + (1 - b2) * gr[i] * gr[i];
-                  const double p = p0[i] * (1 - lr * wd) - lr / bc1 * m / (std::sqrt(v) / std::sqrt(bc2) + eps);
-                  M.value.push_back(m);
-                  M.scale.push_back(std::abs(b1 * m0[i]) + std::abs((1 - b1) * gr[i]));
-                  V.value.push_back(v);
-                  V.scale.push_back(std::abs(b2 * v0[i]) + std::abs((1 - b2) * gr[i] * gr[i]));
-                  P.value.push_back(p);
-                  P.scale.push_back(std::abs(p - p0[i]) + 4e-3 * std::abs(p0[i]));
-                }
+                adamw_reference(s, values(in.at("param")), values(in.at("grad")), values(in.at("exp_avg")),
+                                values(in.at("exp_avg_sq")), [&](size_t) { return double(s.weight_decay); },
+                                want["param"], want["exp_avg"], want["exp_avg_sq"]);
               };
               // A bf16 grad (CUDA only), widened exactly: the fp32 state's bounds stand.
-              Problem b = bf16_variant(p, {"param", "exp_avg", "exp_avg_sq"}, moments, {{"param", param_tol}});
+              Problem b = bf16_variant(p, {"param", "exp_avg", "exp_avg_sq"}, kAdamWMomentTol,
+                                       {{"param", kAdamWParamTol}});
               ps.push_back(std::move(p));
               ps.push_back(std::move(b));
+            }
+            return ps;
+          }};
+}
+
+// One unit's step: the clip scale applied to the gradient in place, runs of
+// different weight decay (a 1-element run, one that starts off a 16-byte
+// boundary, an empty one), and in bf16 the working copy written as the
+// master rounded.
+OpEntry adamw_fused_entry() {
+  return {"adamw_update_fused", [](std::mt19937& g) {
+            std::vector<Problem> ps;
+            struct Case {
+              std::vector<AdamWSegment> segments;
+              float grad_scale;
+              int64_t step;
+            };
+            const std::vector<Case> cases = {
+                {{{0, 1, 0.0f}, {1, 690, 0.1f}, {691, 0, 0.0f}, {691, 312, 0.0f}}, 0.37f, 3},
+                {{{0, 1003, 0.1f}}, 1.0f, 1},
+                {{{0, 5, 0.0f}, {5, 12, 0.1f}}, 0.5f, 1000}};
+            for (const Case& c : cases) {
+              const int64_t n = c.segments.back().begin + c.segments.back().numel;
+              AdamWStep s;
+              s.lr = 1e-2f;
+              s.step = c.step;
+              const auto label = "n " + std::to_string(n) + " in " + std::to_string(c.segments.size()) +
+                                 " runs, scale " + std::to_string(c.grad_scale) + ", step " + std::to_string(c.step);
+              // The base carries the bf16 working copy as an f32 out for
+              // bf16_variant to turn into bf16; only the variant runs with it.
+              Problem p(label);
+              p.inout("master", randn({n}, g), kAdamWParamTol);
+              const Tol grad_tol = c.grad_scale == 1.0f ? Tol{0, 0, "scale 1: untouched"}
+                                                        : Tol{6e-8, 0, "one f32 product, rounded once"};
+              p.inout("grad", randn({n}, g, 0.5f), grad_tol);
+              p.inout("exp_avg", randn({n}, g, 0.1f), kAdamWMomentTol)
+                  .inout("exp_avg_sq", second_moment(n, g), kAdamWMomentTol);
+              Problem with_copy = p;
+              with_copy.out("param", {n}, DType::f32, {});
+              const auto call = [c, s](const ExecContext& ctx, Bound& t) {
+                Tensor none;
+                const auto it = t.find("param");
+                adamw_update_fused(ctx, t.at("master"), t.at("grad"), t.at("exp_avg"), t.at("exp_avg_sq"),
+                                   it == t.end() ? none : it->second, c.segments, c.grad_scale, s);
+              };
+              // A bf16 gradient is read as scale_inplace leaves it: the
+              // product rounded to bf16.
+              const auto reference = [c, s](const Bound& in, Refs& want) {
+                std::vector<double> gr = values(in.at("grad"));
+                const bool bf16 = in.at("grad").dtype() == DType::bf16;
+                for (double& x : gr) {
+                  if (c.grad_scale == 1.0f) continue;
+                  const float scaled = static_cast<float>(x * c.grad_scale);
+                  x = bf16 ? bf16_value(bf16_bits(scaled)) : double(scaled);
+                }
+                Ref& G = want["grad"];
+                G.value = gr;
+                for (double x : gr) G.scale.push_back(std::abs(x));
+                std::vector<double> wd(gr.size());
+                for (const AdamWSegment& r : c.segments)
+                  for (int64_t i = r.begin; i < r.begin + r.numel; ++i) wd[i] = r.weight_decay;
+                adamw_reference(s, values(in.at("master")), gr, values(in.at("exp_avg")), values(in.at("exp_avg_sq")),
+                                [&](size_t i) { return wd[i]; }, want["master"], want["exp_avg"], want["exp_avg_sq"]);
+                if (!in.count("param")) return;
+                const Ref& M = want["master"];
+                Ref& P = want["param"];
+                P.value = M.value;
+                for (size_t i = 0; i < M.value.size(); ++i) P.scale.push_back(std::abs(M.value[i]) + M.scale[i]);
+              };
+              p.call = with_copy.call = call;
+              p.reference = with_copy.reference = reference;
+              ps.push_back(std::move(p));
+              // bf16 grad and working copy; master and moments stay f32.
+              ps.push_back(bf16_variant(with_copy, {"master", "exp_avg", "exp_avg_sq"}, kAdamWMomentTol,
+                                        {{"master", kAdamWParamTol},
+                                         {"grad", c.grad_scale == 1.0f ? Tol{0, 0, "scale 1: untouched"}
+                                                                       : Tol{4e-3, 0, "rounded to bf16 once: 2^-9"}},
+                                         {"param", Tol{4e-3, 0, "the master rounded to bf16 once: 2^-9 of |p|, + its own bound"}}}));
             }
             return ps;
           }};
@@ -690,6 +782,7 @@ std::vector<OpEntry> dense_ops() {
           embedding_forward_entry(),
           embedding_backward_entry(),
           adamw_entry(),
+          adamw_fused_entry(),
           init_normal_entry(),
           init_constant_entry()};
 }
