@@ -38,7 +38,7 @@ Tensor owned_grad(const ParamUnit& u) {
 double AdamW::grad_norm(const ExecContext& ctx, const ParamStore& params, const GradNormGroups& groups) const {
   // Σ g² of the dense and the expert parameters, summed on the device in
   // parameter order and read once (a read per parameter would be a stream
-  // sync each on a GPU); the same fp64 adds in the same order as on the host.
+  // sync each on a GPU); the same sums, added in the same order, as on the host.
   Tensor sq_2 = ctx.zeros({2}, DType::f64, MemCategory::workspace);
   Tensor sq_of[2] = {sq_2.slice(0, 1), sq_2.slice(1, 1)};  // dense, expert
   bool sharded[2] = {false, false};
@@ -47,11 +47,29 @@ double AdamW::grad_norm(const ExecContext& ctx, const ParamStore& params, const 
     sharded[u.expert] = sharded[u.expert] || u.shard.optim;
     auto [lo, hi] = owned(u);
     const Tensor g = owned_grad(u);
+    // One sum per run of adjacent counted parameters (a whole unit unless
+    // tp-replicated ones are skipped): a DeepSeek-like expert unit holds
+    // 192 parameters, and a sum per parameter was two launches each.
+    int64_t run_lo = -1, run_hi = -1;  // [run_lo, run_hi): the run so far, none at -1
+    const auto flush = [&] {
+      const int64_t n = run_hi - run_lo;
+      if (n > 0) sum_squares_add(ctx, g.flat_view(run_lo - lo, n, {n}), sq_of[u.expert]);
+      run_lo = run_hi = -1;
+    };
     for (const ParamInfo& p : u.params) {
       const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel());
-      if (a >= b || (skip_replicated && p.tp_replicated)) continue;
-      sum_squares_add(ctx, g.flat_view(a - lo, b - a, {b - a}), sq_of[u.expert]);
+      if (a >= b) continue;
+      if (skip_replicated && p.tp_replicated) {
+        flush();
+        continue;
+      }
+      if (run_hi != a) {
+        flush();
+        run_lo = a;
+      }
+      run_hi = b;
     }
+    flush();
   }
   const Tensor sq_host = ctx.to(sq_2, Device::cpu());
   const double* sq_read = sq_host.data<double>();

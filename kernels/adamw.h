@@ -43,7 +43,8 @@ struct AdamWSegment {
 // GPU config a visible share of a training step), with one launch per unit
 // instead of up to three per parameter.
 // segments tile [0, n) in order; master, exp_avg, exp_avg_sq f32 [n]; grad
-// f32 or bf16 [n]; param bf16 [n] or undefined.
+// f32 or bf16 [n]; param undefined, or bf16 [n] beside a bf16 grad (the
+// bf16 recipe: one data dtype per call).
 void adamw_update_fused(const ExecContext& ctx, Tensor& master, Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                         Tensor& param, std::span<const AdamWSegment> segments, float grad_scale, const AdamWStep& s);
 

@@ -493,8 +493,10 @@ void adamw_update_fused(const ExecContext& ctx, Tensor& master, Tensor& grad, Te
                   t->defined() ? shape_string(t->shape()) + " " + std::string(to_string(t->dtype())) : "undefined");
   ORIGAMI_CHECK(grad.defined() && (grad.dtype() == DType::f32 || grad.dtype() == DType::bf16) && grad.numel() == n,
                 "adamw_update_fused: grad must be f32 or bf16 with ", n, " elements");
-  ORIGAMI_CHECK(!param.defined() || (param.dtype() == DType::bf16 && param.numel() == n),
-                "adamw_update_fused: param is the bf16 working copy (", n, " elements) or undefined");
+  ORIGAMI_CHECK(!param.defined() || (param.dtype() == DType::bf16 && grad.dtype() == DType::bf16 && param.numel() == n),
+                "adamw_update_fused: param is undefined or the bf16 working copy (", n,
+                " elements) beside a bf16 grad; got ", param.defined() ? to_string(param.dtype()) : "undefined", " [",
+                param.defined() ? param.numel() : 0, "] beside a ", to_string(grad.dtype()), " grad");
   int64_t next = 0;
   for (const AdamWSegment& seg : segments) {
     ORIGAMI_CHECK(seg.begin == next && seg.numel >= 0, "adamw_update_fused: segments must tile [0, ", n,

@@ -52,7 +52,8 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 // adamw_update_fused against the calls it fuses (kernels/adamw.h), made one
 // by one on the same context: every output bit for bit. 40 runs, so two
 // launches on CUDA (32 runs each at most), of 0 to 9000 elements (past the
-// kernel's 8192-element chunks), most starting off a 16-byte boundary,
+// kernel's 8192-element chunks: the first run aligned, so its vector path
+// crosses one; the fourth most likely not), most starting off a 16-byte boundary,
 // weight decay alternating; the fp32 recipe (f32 grad, no working copy), the
 // bf16 one (bf16 grad and working copy) and a bf16 grad alone; the clip's
 // scale and none.
@@ -62,7 +63,7 @@ void expect_fused_adamw_is_the_calls_one_by_one(const ExecContext& ctx) {
   std::vector<AdamWSegment> runs;
   int64_t n = 0;
   for (int i = 0; i < 40; ++i) {
-    const int64_t len = i == 3 ? 9000 : i == 7 ? 0 : length(rng);
+    const int64_t len = i == 0 || i == 3 ? 9000 : i == 7 ? 0 : length(rng);
     runs.push_back({n, len, i % 2 ? 0.1f : 0.0f});
     n += len;
   }
@@ -593,7 +594,7 @@ TEST(AdamWFused, IsTheCallsItFusesBitForBitOnTheHost) {
   expect_fused_adamw_is_the_calls_one_by_one(ExecContext::cpu(2));
 }
 
-TEST(AdamWFusedDeathTest, RunsThatDoNotTileTheUnitAreAnInternalError) {
+TEST(AdamWFusedDeathTest, RunsThatDoNotTileTheUnitOrAMixedRecipeAreAnInternalError) {
   const ExecContext ctx = ExecContext::cpu(1);
   Tensor p = random_host({10}, 1), g = random_host({10}, 2), m = random_host({10}, 3), v = random_host({10}, 4), none;
   const std::vector<AdamWSegment> gap{{0, 4, 0.0f}, {5, 5, 0.1f}}, short_of{{0, 9, 0.0f}};
@@ -601,6 +602,10 @@ TEST(AdamWFusedDeathTest, RunsThatDoNotTileTheUnitAreAnInternalError) {
               ::testing::ExitedWithCode(kExitInternal), "segments must tile \\[0, 10\\) in order; one is \\[5, \\+5\\) after 4");
   EXPECT_EXIT(adamw_update_fused(ctx, p, g, m, v, none, short_of, 1.0f, AdamWStep{}),
               ::testing::ExitedWithCode(kExitInternal), "the segments cover \\[0, 9\\) of \\[0, 10\\)");
+  Tensor copy = Tensor::empty({10}, DType::bf16, MemCategory::param);  // beside an f32 grad
+  const std::vector<AdamWSegment> whole{{0, 10, 0.1f}};
+  EXPECT_EXIT(adamw_update_fused(ctx, p, g, m, v, copy, whole, 1.0f, AdamWStep{}),
+              ::testing::ExitedWithCode(kExitInternal), "got bf16 \\[10\\] beside a f32 grad");
 }
 
 // ---- CUDA (device present) -------------------------------------------------
