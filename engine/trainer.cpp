@@ -335,6 +335,13 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
     if (r.rank == 0) r.metrics.emplace(cfg.logging.dir, r.step, canonical_text(cfg));
     else r.metrics.emplace(std::string(), r.step);
   });
+  // What start-up freed (the GEMM peak's operands, the parameters' fp32
+  // init scratch, a checkpoint's read buffers: gigabytes on a GPU config)
+  // goes back to its source: a step asks for other sizes, and those blocks
+  // would sit cached beside a config that fills the device, or be handed
+  // out, slack and all, to a request the device refused.
+  TrackedAllocator::of(r.ctx->device()).release_cached();
+  if (!r.ctx->device().is_host()) TrackedAllocator::host().release_cached();
   r.print_banner();
   r.start = Clock::now();
 }
