@@ -1,18 +1,22 @@
 // Checks shared by the end-to-end tests of `origami train` (GoogleTest
 // assertions over cli_util.h): a checkpoint's consolidated state as bytes,
-// and a run's measured bytes against `origami plan`'s.
+// an export against its checkpoint, and a run's measured bytes against
+// `origami plan`'s.
 #pragma once
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 
 #include "cli_util.h"
+#include "engine/safetensors.h"
+#include "kernels/bf16.h"
 
 namespace origami::testing {
 
@@ -32,26 +36,85 @@ inline std::pair<std::string, std::string> consolidated(const std::string& step,
   return {read_file(out + "/model.safetensors"), read_file(out + "/optimizer.safetensors")};
 }
 
-// A checkpoint moved: `train(tag, sets)` runs 3 steps saving at step 3
-// under `from` (tag "saved"), then loads that checkpoint under `to` and
-// saves it again at once (tag "moved"; no step runs). The consolidated
-// parameters and moments of the two are bitwise equal. Checkpoints go to
-// <scratch>/<tag>-ckpt, exports to <scratch>/<tag>-export.
-inline void expect_move_keeps_the_state(const std::function<CommandResult(const std::string&, const std::string&)>& train,
-                                        const std::string& scratch, const std::string& saved, const std::string& from,
-                                        const std::string& moved, const std::string& to) {
-  const std::string save = " --set training.steps=3 --set checkpoint.interval=3";
-  const std::string saved_step = step_dir(scratch + "/" + saved + "-ckpt", 3);
-  auto r = train(saved, save + " " + from + " --set checkpoint.dir=" + scratch + "/" + saved + "-ckpt");
-  ASSERT_EQ(r.status, 0) << r.output;
-  r = train(moved, save + " " + to + " --set checkpoint.load=" + saved_step + " --set checkpoint.dir=" + scratch + "/" +
-                       moved + "-ckpt");
-  ASSERT_EQ(r.status, 0) << r.output;
-  const auto want = consolidated(saved_step, scratch + "/" + saved + "-export");
-  const auto got = consolidated(step_dir(scratch + "/" + moved + "-ckpt", 3), scratch + "/" + moved + "-export");
-  ASSERT_FALSE(want.first.empty());
-  EXPECT_TRUE(got.first == want.first) << "consolidated parameters differ after the move";
-  EXPECT_TRUE(got.second == want.second) << "consolidated AdamW moments differ after the move";
+// A run's export (model.safetensors in export_dir, written after its last
+// save, or at once after a load that runs no step) holds exactly the
+// weights of the checkpoint consolidated into consolidated_dir: its fp32
+// master as is, or rounded to nearest even where the run is bf16 (the export
+// reads the bf16 working copy); the expert bias, fp32 in either recipe, as
+// is. A save that read the weights before the step's update landed, or a
+// load that left the working copy stale, differs here.
+inline void expect_export_holds_the_checkpoint_weights(const std::string& export_dir,
+                                                       const std::string& consolidated_dir, bool bf16) {
+  const SafetensorsFile got(export_dir + "/model.safetensors"), want(consolidated_dir + "/model.safetensors");
+  EXPECT_EQ(got.entries().size(), want.entries().size());
+  int64_t rounded = 0;  // elements the bf16 rounding changed: without any the check proves nothing
+  for (const auto& [name, w] : want.entries()) {
+    const SafetensorsFile::Entry& g = got.entry(name);
+    ASSERT_EQ(g.shape, w.shape) << name;
+    ASSERT_EQ(g.end - g.begin, w.end - w.begin) << name;
+    const bool exact = !bf16 || name.ends_with(".expert_bias");
+    const int64_t n = (w.end - w.begin) / 4;
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      float master = 0, exported = 0;
+      std::memcpy(&master, want.data(w) + 4 * i, 4);
+      std::memcpy(&exported, got.data(g) + 4 * i, 4);
+      const float expected = exact ? master : bf16_value(bf16_bits(master));
+      rounded += expected != master;
+      bad += std::memcmp(&exported, &expected, 4) != 0;
+    }
+    EXPECT_EQ(bad, 0) << name << ": " << bad << " of " << n << " exported elements differ from the checkpoint's"
+                      << (exact ? "" : " rounded to bf16");
+  }
+  if (bf16) {
+    EXPECT_GT(rounded, 0) << "the master weights are bf16 values already";
+  }
+}
+
+// A checkpoint moved each way between a one-rank run under `one_sets` (the
+// GPU's, say) and a multi-rank one under `many_sets` (CPU ranks, ZeRO-3:
+// sharded, resharded on load): each side saves after 3 steps, the other
+// loads that and saves again at once (no step runs), and the consolidated
+// fp32 parameters and AdamW moments of the two are bitwise equal
+// (`origami export --optimizer` of each). Every run also exports, so each
+// export must hold its checkpoint's weights
+// (expect_export_holds_the_checkpoint_weights). `train(tag, sets)` runs
+// one side; tags "<one|many>-<saved|loaded>"; checkpoints and exports under
+// <scratch>/<tag>-ckpt, -hf, -export.
+inline void expect_moves_keep_the_state(const std::function<CommandResult(const std::string&, const std::string&)>& one,
+                                        const std::string& one_sets, bool one_bf16,
+                                        const std::function<CommandResult(const std::string&, const std::string&)>& many,
+                                        const std::string& many_sets, bool many_bf16, const std::string& scratch) {
+  struct Side {
+    const std::function<CommandResult(const std::string&, const std::string&)>& train;
+    std::string name, sets;
+    bool bf16;
+  };
+  const Side sides[] = {{one, "one", one_sets, one_bf16}, {many, "many", many_sets, many_bf16}};
+  for (int from = 0; from < 2; ++from) {
+    const Side &src = sides[from], &dst = sides[1 - from];
+    SCOPED_TRACE(src.name + " -> " + dst.name);
+    const auto run = [&](const Side& side, const std::string& tag, const std::string& load) {
+      const std::string at = scratch + "/" + tag;
+      auto r = side.train(tag, side.sets + " --set training.steps=3 --set checkpoint.interval=3 --set checkpoint.dir=" +
+                                   at + "-ckpt --set export.dir=" + at + "-hf" + load);
+      EXPECT_EQ(r.status, 0) << r.output;
+      return r.status == 0;
+    };
+    const std::string saved = src.name + "-saved", loaded = dst.name + "-loaded";
+    const std::string saved_step = step_dir(scratch + "/" + saved + "-ckpt", 3);
+    if (!run(src, saved, "")) return;
+    if (!run(dst, loaded, " --set checkpoint.load=" + saved_step)) return;
+    const auto want = consolidated(saved_step, scratch + "/" + saved + "-export");
+    const auto got = consolidated(step_dir(scratch + "/" + loaded + "-ckpt", 3), scratch + "/" + loaded + "-export");
+    ASSERT_FALSE(want.first.empty());
+    EXPECT_TRUE(got.first == want.first) << "consolidated parameters differ after the move";
+    EXPECT_TRUE(got.second == want.second) << "consolidated AdamW moments differ after the move";
+    expect_export_holds_the_checkpoint_weights(scratch + "/" + saved + "-hf", scratch + "/" + saved + "-export",
+                                               src.bf16);
+    expect_export_holds_the_checkpoint_weights(scratch + "/" + loaded + "-hf", scratch + "/" + saved + "-export",
+                                               dst.bf16);
+  }
 }
 
 // A step's comm_bytes per group within 1% of the plan's figures for stage 0

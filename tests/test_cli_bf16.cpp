@@ -251,14 +251,18 @@ TEST_F(Bf16Train, ReshardingKeepsTheMasterWeightsBitwise) {
   }
 }
 
-TEST_F(Bf16Train, CheckpointsMoveBetweenPrecisionsBitExact) {
-  const auto train_one = [](const std::string& tag, const std::string& sets) { return train(tag, 1, 3, sets); };
-  for (const auto& [from, to] : {std::pair{"bf16", "fp32"}, std::pair{"fp32", "bf16"}}) {
-    SCOPED_TRACE(std::string(from) + " -> " + to);
-    testing::expect_move_keeps_the_state(train_one, dir_->str(), std::string("saved-in-") + from,
-                                         std::string("--set runtime.precision=") + from, std::string("loaded-in-") + to,
-                                         std::string("--set runtime.precision=") + to);
-  }
+// One bf16 rank and two fp32 ranks at ZeRO-3 (sharded, resharded on each
+// load), with the expert bias on: each loads the other's checkpoint to the
+// bit, and every run's export holds its weights (tests/cli_checks.h). The
+// same check runs with the bf16 side on a GPU (tests/test_cli_cuda.cpp).
+TEST_F(Bf16Train, CheckpointsMoveBetweenPrecisionsAndLayoutsBitExact) {
+  const auto on = [](int np) {
+    return [np](const std::string& tag, const std::string& sets) { return train(tag, np, 3, sets); };
+  };
+  testing::expect_moves_keep_the_state(on(1), "--set runtime.precision=bf16 --set moe.expert_bias=true", true, on(2),
+                                       "--set runtime.precision=fp32 --set moe.expert_bias=true "
+                                       "--set parallel.zero_stage=3",
+                                       false, dir_->str());
 }
 
 }  // namespace

@@ -14,10 +14,13 @@
 //     `origami plan`'s for runtime.device = "cuda" (whose recipe is bf16).
 //     The distance to the CPU's emulated bf16 run is printed: same rule per
 //     element, other summation order.
-//   - a checkpoint written by a bf16 GPU run loads on fp32 CPU ranks and one
-//     written there loads into a bf16 GPU run: loaded and saved again at
-//     once, the consolidated parameters (the fp32 master) and AdamW moments
-//     are bitwise those saved.
+//   - a checkpoint written by a bf16 GPU run loads on two fp32 CPU ranks at
+//     ZeRO-3 and one written there loads into a bf16 GPU run (expert bias
+//     on): loaded and saved again at once, the consolidated parameters (the
+//     fp32 master) and AdamW moments are bitwise those saved; every run's
+//     export holds its checkpoint's weights (rounded to bf16 on the GPU: the
+//     working copy rebuilt on load), as does the fp32 GPU run's after its
+//     20 steps (tests/cli_checks.h).
 //   - the start-up GEMM peak that MFU divides by (engine/device_peak.h), timed
 //     after the GPU's clocks have ramped up: two measurements in a row agree
 //     within 10% (a peak timed on a cold clock reads low and inflates MFU).
@@ -64,6 +67,13 @@ class CudaTrain : public ::testing::Test {
                        " --set data.path=" + (*dir_ / "fortunes") + " --set logging.dir=" + (*dir_ / tag) +
                        " --set export.dir= " + extra);
   }
+  // `np` CPU ranks of tiny-moe (runtime.device = "cpu"), logging into tag/.
+  static testing::CommandResult train_cpu_ranks(int np, const std::string& tag, const std::string& extra) {
+    return run_command(std::string(ORIGAMI_MPIEXEC) + " --allow-run-as-root --oversubscribe --bind-to none -np " +
+                       std::to_string(np) + " " + ORIGAMI_BINARY + " train " + ORIGAMI_SOURCE_DIR +
+                       "/configs/tiny-moe.toml --set data.path=" + (*dir_ / "fortunes") + " --set logging.dir=" +
+                       (*dir_ / tag) + " --set export.dir= --set runtime.device=cpu " + extra);
+  }
   static testing::ScratchDir* dir_;
 };
 
@@ -74,8 +84,14 @@ TEST_F(CudaTrain, Fp32StepsMatchTheCpuRun) {
   const std::string steps = " --set training.steps=20";
   auto r = train("cpu", steps + " --set runtime.device=cpu");
   ASSERT_EQ(r.status, 0) << r.output;
-  r = train("gpu", steps + " --set runtime.device=cuda --set runtime.precision=fp32");
+  // It also saves at its last step and exports: in fp32 the export is the
+  // checkpoint's weights to the bit (the GPU's fp32 save path).
+  const std::string ckpt = *dir_ / "gpu-fp32-ckpt";
+  r = train("gpu", steps + " --set runtime.device=cuda --set runtime.precision=fp32 --set checkpoint.interval=20" +
+                       " --set checkpoint.dir=" + ckpt + " --set export.dir=" + (*dir_ / "gpu-fp32-hf"));
   ASSERT_EQ(r.status, 0) << r.output;
+  testing::consolidated(testing::step_dir(ckpt, 20), *dir_ / "gpu-fp32-export");
+  testing::expect_export_holds_the_checkpoint_weights(*dir_ / "gpu-fp32-hf", *dir_ / "gpu-fp32-export", false);
   const auto cpu = read_jsonl(*dir_ / "cpu/metrics.jsonl"), gpu = read_jsonl(*dir_ / "gpu/metrics.jsonl");
   ASSERT_EQ(cpu.size(), 20u);
   ASSERT_EQ(gpu.size(), 20u);
@@ -139,13 +155,13 @@ TEST_F(CudaTrain, Bf16StepsTrackTheCpuFp32RunWithThePlannedBytes) {
 
 TEST_F(CudaTrain, CheckpointsMoveBetweenGpuAndCpuBitExact) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
-  // cuda: bf16 (its default), cpu: fp32.
-  for (const auto& [from, to] : {std::pair{"cuda", "cpu"}, std::pair{"cpu", "cuda"}}) {
-    SCOPED_TRACE(std::string(from) + " -> " + to);
-    testing::expect_move_keeps_the_state(train, dir_->str(), std::string("saved-on-") + from,
-                                         std::string("--set runtime.device=") + from, std::string("loaded-on-") + to,
-                                         std::string("--set runtime.device=") + to);
-  }
+  // The GPU in bf16 (its default), two CPU ranks in fp32 at ZeRO-3 (sharded,
+  // resharded on each load), the expert bias on both: tests/cli_checks.h.
+  const auto cpu_ranks = [](const std::string& tag, const std::string& sets) { return train_cpu_ranks(2, tag, sets); };
+  testing::expect_moves_keep_the_state(train, "--set runtime.device=cuda --set moe.expert_bias=true", true, cpu_ranks,
+                                       "--set runtime.precision=fp32 --set moe.expert_bias=true "
+                                       "--set parallel.zero_stage=3",
+                                       false, dir_->str());
 }
 
 // One rank more than the node has GPUs: local ranks map to cuda:(local rank
