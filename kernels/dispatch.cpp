@@ -493,7 +493,8 @@ void adamw_update_fused(const ExecContext& ctx, Tensor& master, Tensor& grad, Te
                   t->defined() ? shape_string(t->shape()) + " " + std::string(to_string(t->dtype())) : "undefined");
   ORIGAMI_CHECK(grad.defined() && (grad.dtype() == DType::f32 || grad.dtype() == DType::bf16) && grad.numel() == n,
                 "adamw_update_fused: grad must be f32 or bf16 with ", n, " elements");
-  ORIGAMI_CHECK(!param.defined() || (param.dtype() == DType::bf16 && grad.dtype() == DType::bf16 && param.numel() == n),
+  ORIGAMI_CHECK(
+      !param.defined() || (param.dtype() == DType::bf16 && grad.dtype() == DType::bf16 && param.numel() == n),
                 "adamw_update_fused: param is undefined or the bf16 working copy (", n,
                 " elements) beside a bf16 grad; got ", param.defined() ? to_string(param.dtype()) : "undefined", " [",
                 param.defined() ? param.numel() : 0, "] beside a ", to_string(grad.dtype()), " grad");
@@ -506,7 +507,11 @@ void adamw_update_fused(const ExecContext& ctx, Tensor& master, Tensor& grad, Te
   ORIGAMI_CHECK(next == n, "adamw_update_fused: the segments cover [0, ", next, ") of [0, ", n, ")");
   ORIGAMI_CHECK(s.step >= 1, "adamw step is 1-based, got ", s.step);
   if (on_cuda(ctx, "adamw_update_fused",
-              {{"master", &master}, {"grad", &grad}, {"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}, {"param", &param}}))
+              {{"master", &master},
+               {"grad", &grad},
+               {"exp_avg", &exp_avg},
+               {"exp_avg_sq", &exp_avg_sq},
+               {"param", &param}}))
     return ORIGAMI_ON_CUDA(adamw_update_fused)(ctx, master, grad, exp_avg, exp_avg_sq, param, segments, grad_scale, s);
   const CpuThreads threads(ctx);
   if (grad.dtype() == DType::bf16 && grad_scale != 1.0f) {

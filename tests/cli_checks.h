@@ -81,12 +81,12 @@ inline void expect_export_holds_the_checkpoint_weights(const std::string& export
 // (expect_export_holds_the_checkpoint_weights). `train(tag, sets)` runs
 // one side; tags "<one|many>-<saved|loaded>"; checkpoints and exports under
 // <scratch>/<tag>-ckpt, -hf, -export.
-inline void expect_moves_keep_the_state(const std::function<CommandResult(const std::string&, const std::string&)>& one,
-                                        const std::string& one_sets, bool one_bf16,
-                                        const std::function<CommandResult(const std::string&, const std::string&)>& many,
-                                        const std::string& many_sets, bool many_bf16, const std::string& scratch) {
+using TrainRun = std::function<CommandResult(const std::string& tag, const std::string& sets)>;
+inline void expect_moves_keep_the_state(const TrainRun& one, const std::string& one_sets, bool one_bf16,
+                                        const TrainRun& many, const std::string& many_sets, bool many_bf16,
+                                        const std::string& scratch) {
   struct Side {
-    const std::function<CommandResult(const std::string&, const std::string&)>& train;
+    const TrainRun& train;
     std::string name, sets;
     bool bf16;
   };

@@ -599,7 +599,8 @@ TEST(AdamWFusedDeathTest, RunsThatDoNotTileTheUnitOrAMixedRecipeAreAnInternalErr
   Tensor p = random_host({10}, 1), g = random_host({10}, 2), m = random_host({10}, 3), v = random_host({10}, 4), none;
   const std::vector<AdamWSegment> gap{{0, 4, 0.0f}, {5, 5, 0.1f}}, short_of{{0, 9, 0.0f}};
   EXPECT_EXIT(adamw_update_fused(ctx, p, g, m, v, none, gap, 1.0f, AdamWStep{}),
-              ::testing::ExitedWithCode(kExitInternal), "segments must tile \\[0, 10\\) in order; one is \\[5, \\+5\\) after 4");
+              ::testing::ExitedWithCode(kExitInternal),
+              "segments must tile \\[0, 10\\) in order; one is \\[5, \\+5\\) after 4");
   EXPECT_EXIT(adamw_update_fused(ctx, p, g, m, v, none, short_of, 1.0f, AdamWStep{}),
               ::testing::ExitedWithCode(kExitInternal), "the segments cover \\[0, 9\\) of \\[0, 10\\)");
   Tensor copy = Tensor::empty({10}, DType::bf16, MemCategory::param);  // beside an f32 grad

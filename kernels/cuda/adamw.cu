@@ -201,7 +201,8 @@ void adamw_update_fused(const ExecContext& ctx, Tensor& master, Tensor& grad, Te
       chunks += (seg.numel + kChunk - 1) / kChunk;
       t.decay[i] = decay_of(s.lr, seg.weight_decay);
       const int64_t b = seg.begin;
-      t.packed[i] = aligned16(p + b) && aligned16(g + b) && aligned16(m + b) && aligned16(v + b) && (!w || aligned16(w + b));
+      t.packed[i] =
+          aligned16(p + b) && aligned16(g + b) && aligned16(m + b) && aligned16(v + b) && (!w || aligned16(w + b));
     }
     launch();
   });

@@ -660,7 +660,8 @@ OpEntry adamw_fused_entry() {
                                         {{"master", kAdamWParamTol},
                                          {"grad", c.grad_scale == 1.0f ? Tol{0, 0, "scale 1: untouched"}
                                                                        : Tol{4e-3, 0, "rounded to bf16 once: 2^-9"}},
-                                         {"param", Tol{4e-3, 0, "the master rounded to bf16 once: 2^-9 of |p|, + its own bound"}}}));
+                                         {"param", Tol{4e-3, 0, "the master rounded to bf16 once: 2^-9 of |p|, "
+                                                                "+ its own bound"}}}));
             }
             return ps;
           }};
