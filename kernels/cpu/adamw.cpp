@@ -11,6 +11,24 @@
 
 namespace origami::cpu {
 
+namespace {
+
+// a·b + c rounded once where the target has FMA (the -march=native build:
+// the fused multiply-adds GCC formed in the scalar loop, which the CUDA
+// kernel mirrors, kernels/cuda/adamw.cu), twice elsewhere. Spelled out since
+// the loop vectorizes (this file builds without sqrtf's errno) and the
+// vectorized loop contracted fewer; -ffp-contract=off keeps GCC from fusing
+// anything else.
+template <class T> T mul_add(T a, T b, T c) {
+#if defined(__FMA__)
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+}  // namespace
+
 void adamw_update(const ExecContext& ctx, Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                   const AdamWStep& s) {
   ORIGAMI_CHECK(param.defined() && param.dtype() == DType::f32, "adamw param must be f32");
@@ -24,7 +42,7 @@ void adamw_update(const ExecContext& ctx, Tensor& param, const Tensor& grad, Ten
   const double bc2 = 1.0 - std::pow(static_cast<double>(s.beta2), static_cast<double>(s.step));
   const float step_size = static_cast<float>(static_cast<double>(s.lr) / bc1);
   const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float decay = static_cast<float>(1.0 - static_cast<double>(s.lr) * s.weight_decay);
+  const float decay = static_cast<float>(mul_add(-static_cast<double>(s.lr), static_cast<double>(s.weight_decay), 1.0));
   const float w1 = 1.0f - s.beta1, b2 = s.beta2, w2 = 1.0f - s.beta2, eps = s.eps;
   float* __restrict p = param.f32();
   const float* __restrict g = grad.f32();
@@ -33,11 +51,11 @@ void adamw_update(const ExecContext& ctx, Tensor& param, const Tensor& grad, Ten
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i];
-    const float mi = m[i] + w1 * (gi - m[i]);  // torch lerp with weight < 0.5
-    const float vi = v[i] * b2 + w2 * gi * gi;
+    const float mi = mul_add(w1, gi - m[i], m[i]);  // torch lerp with weight < 0.5
+    const float vi = mul_add(v[i], b2, w2 * gi * gi);
     m[i] = mi;
     v[i] = vi;
-    p[i] = p[i] * decay - step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
+    p[i] = mul_add(-(mi / (std::sqrt(vi) / bc2_sqrt + eps)), step_size, p[i] * decay);
   }
 }
 

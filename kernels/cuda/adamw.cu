@@ -4,15 +4,15 @@
 //
 // The CPU twin's formula and operation order: the scalars (bias corrections
 // in double, then rounded) are computed on the host by the same expressions,
-// and each element repeats the CPU's arithmetic with the FMAs GCC forms for
-// it at -O3 -march=native (checked in its assembly: the loop stays scalar
-// because of sqrtf's errno branch):
+// and each element repeats the CPU's arithmetic, whose fused multiply-adds
+// kernels/cpu/adamw.cpp writes out (std::fma where the build has FMA, as
+// -march=native on any recent x86-64):
 //   m' = fmaf(w1, g − m, m)                       m + w1·(g − m)
 //   v' = fmaf(v, β2, (w2·g)·g)                    v·β2 + w2·g·g
 //   p' = fmaf(−(m' / (sqrtf(v')/√bc2 + eps)), step_size, p·decay)
 // sqrtf and the divisions are IEEE (nvcc's default -prec-sqrt/-prec-div), so
-// f32 results are bitwise the CPU's wherever its compiler contracts the same
-// way; elsewhere they differ by an ulp or so.
+// f32 results are bitwise the CPU's when it has FMA; a CPU build without
+// rounds each of those twice, an ulp or so away.
 //
 // Grid-stride over 8-element packs when all four pointers are 16-byte
 // aligned, the leftover (or, unaligned, every) element by a scalar loop.
@@ -42,8 +42,8 @@ struct Scalars {
   float step_size, bc2_sqrt, decay, w1, b2, w2, eps;
 };
 
-// 1 − lr·wd as the CPU build computes it: contracted to one fma in double
-// (vfnmadd132sd at -march=native; nvcc's host pass has no -march to do that).
+// 1 − lr·wd as the CPU build computes it: one fma in double (its mul_add;
+// nvcc's host pass would not contract it).
 float decay_of(float lr, float weight_decay) {
   return static_cast<float>(std::fma(-static_cast<double>(lr), static_cast<double>(weight_decay), 1.0));
 }
