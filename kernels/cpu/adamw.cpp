@@ -13,14 +13,15 @@ namespace origami::cpu {
 
 namespace {
 
-// a·b + c rounded once where the target has FMA (the -march=native build:
+// a·b + c rounded once where the target has FMA instructions (GCC's
+// __FP_FAST_FMA: x86-64 at -march=native on any recent CPU, every aarch64;
 // the fused multiply-adds GCC formed in the scalar loop, which the CUDA
 // kernel mirrors, kernels/cuda/adamw.cu), twice elsewhere. Spelled out since
 // the loop vectorizes (this file builds without sqrtf's errno) and the
 // vectorized loop contracted fewer; -ffp-contract=off keeps GCC from fusing
 // anything else.
 template <class T> T mul_add(T a, T b, T c) {
-#if defined(__FMA__)
+#if defined(__FP_FAST_FMA) && defined(__FP_FAST_FMAF)
   return std::fma(a, b, c);
 #else
   return a * b + c;

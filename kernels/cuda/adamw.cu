@@ -5,8 +5,8 @@
 // The CPU twin's formula and operation order: the scalars (bias corrections
 // in double, then rounded) are computed on the host by the same expressions,
 // and each element repeats the CPU's arithmetic, whose fused multiply-adds
-// kernels/cpu/adamw.cpp writes out (std::fma where the build has FMA, as
-// -march=native on any recent x86-64):
+// kernels/cpu/adamw.cpp writes out (std::fma where the target has FMA
+// instructions: x86-64 at -march=native on any recent CPU, aarch64):
 //   m' = fmaf(w1, g − m, m)                       m + w1·(g − m)
 //   v' = fmaf(v, β2, (w2·g)·g)                    v·β2 + w2·g·g
 //   p' = fmaf(−(m' / (sqrtf(v')/√bc2 + eps)), step_size, p·decay)
