@@ -75,7 +75,9 @@ OpEntry scale_inplace_entry() {
 OpEntry reduction_entry(const char* name, bool squares) {
   return {name, [squares](std::mt19937& g) {
             std::vector<Problem> ps;
-            for (int64_t n : {1, 7, 4097, 30011}) {
+            // 5,000,007: past the 2M elements where the CUDA reduction's
+            // blocks take more than one chunk each.
+            for (int64_t n : {1, 7, 4097, 30011, 5000007}) {
               Problem p("n " + std::to_string(n));
               p.in("x", randn({n}, g, 3.0f));
               // Both sides sum fp32 values (squares exact in fp64) in fp64, in different orders.
@@ -149,7 +151,10 @@ OpEntry cast_entry() {
 OpEntry rmsnorm_forward_entry() {
   return {"rmsnorm_forward", [](std::mt19937& g) {
             std::vector<Problem> ps;
-            for (auto [T, D] : {std::pair<int64_t, int64_t>{13, 67}, {1, 1}, {4, 256}, {3, 1000}}) {
+            // Model widths too: 4096 (Mixtral), 12288 (past the CUDA kernel's
+            // 2048 columns per pass), and 9000 short rows.
+            for (auto [T, D] :
+                 {std::pair<int64_t, int64_t>{13, 67}, {1, 1}, {4, 256}, {3, 1000}, {40, 4096}, {20, 12288}, {9000, 64}}) {
               const float eps = 1e-5f;
               Problem p("T " + std::to_string(T) + ", D " + std::to_string(D));
               const Tol tol{2e-6, 0, "fp32 sum of D squares, then rsqrt and two products: a few ulp"};
@@ -180,11 +185,38 @@ OpEntry rmsnorm_forward_entry() {
 // dx = r·w⊙dy − r³/D · x · Σ_j w_j·dy_j·x_j per row (r = the saved rstd);
 // dw += Σ_t dy ⊙ x · r.
 // Under bf16 data, dw may be the f32 master gradient (CUDA only).
-const Tol kNormDwF32Tol{2e-6, 0, "fp32 sum over T rows of exact bf16 products, into an f32 dw"};
+// dw: an fp32 sum over T rows of one product each, added to dw (exact bf16
+// products into an f32 dw alike), against |dw| + Σ|products|, the scale the
+// references give per element. The worst case, (T + 1)·2^-24 of it, would
+// hide a lost row at T = 9000 (one row is ~1/T of the scale); the rounding
+// errors of random terms add like a random walk, so 4·sqrt(T + 1)·2^-24,
+// which is also at least the worst case up to T = 15.
+Tol norm_dw_tol(int64_t T) {
+  return {4.0 * std::sqrt(static_cast<double>(T + 1)) * 0x1p-24, 0,
+          "an fp32 sum of T + 1 random terms: 4·sqrt(T + 1)·2^-24 of |dw| + Σ|terms|"};
+}
+// dw's reference and its per-element scale: dw0 + Σ_t dy·x·rstd.
+Ref norm_dw_reference(const std::vector<double>& dy, const std::vector<double>& x, const std::vector<double>& r,
+                      std::vector<double> dw, int64_t T, int64_t D) {
+  Ref ref;
+  ref.scale.resize(dw.size());
+  for (int64_t i = 0; i < D; ++i) ref.scale[i] = std::abs(dw[i]);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < D; ++i) {
+      const double term = dy[t * D + i] * x[t * D + i] * r[t];
+      dw[i] += term;
+      ref.scale[i] += std::abs(term);
+    }
+  ref.value = std::move(dw);
+  return ref;
+}
 OpEntry rmsnorm_backward_entry() {
   return {"rmsnorm_backward", [](std::mt19937& g) {
             std::vector<Problem> ps;
-            for (auto [T, D] : {std::pair<int64_t, int64_t>{13, 67}, {1, 1}, {64, 48}}) {
+            // Model widths (4096; 12288, past 8192 where the CUDA backward
+            // splits) and 9000 tokens (chunks of more than 16 rows).
+            for (auto [T, D] :
+                 {std::pair<int64_t, int64_t>{13, 67}, {1, 1}, {64, 48}, {40, 4096}, {20, 12288}, {9000, 64}}) {
               Problem p("T " + std::to_string(T) + ", D " + std::to_string(D));
               Tensor x = randn({T, D}, g, 2.0f);
               std::vector<double> rstd(T);
@@ -197,7 +229,7 @@ OpEntry rmsnorm_backward_entry() {
               p.in("rstd_T", from_doubles(rstd, {T}));
               p.out("dx_TD", {T, D}, DType::f32,
                     {1e-5, 0, "fp32 dot of D terms, then a difference of two terms (scale: their magnitudes)"});
-              p.inout("dw_D", randn({D}, g), {2e-6, 0, "fp32 sum over T rows of one product each, added to dw"});
+              p.inout("dw_D", randn({D}, g), norm_dw_tol(T));
               p.call = [=](const ExecContext& ctx, Bound& t) {
                 Tensor ws = poisoned_workspace(ctx, rmsnorm_backward_workspace_bytes(ctx, T, D));
                 rmsnorm_backward(ctx, t.at("dy_TD"), t.at("x_TD"), t.at("w_D"), t.at("rstd_T"), t.at("dx_TD"),
@@ -206,7 +238,7 @@ OpEntry rmsnorm_backward_entry() {
               p.reference = [=](const Bound& in, Refs& want) {
                 const std::vector<double> dy = values(in.at("dy_TD")), xv = values(in.at("x_TD")),
                                           w = values(in.at("w_D")), r = values(in.at("rstd_T"));
-                std::vector<double> dx(T * D), dx_scale(T * D), dw = values(in.at("dw_D"));
+                std::vector<double> dx(T * D), dx_scale(T * D);
                 for (int64_t t = 0; t < T; ++t) {
                   double dot = 0.0, dot_abs = 0.0;
                   for (int64_t i = 0; i < D; ++i) {
@@ -218,16 +250,15 @@ OpEntry rmsnorm_backward_entry() {
                     dx[t * D + i] = r[t] * w[i] * dy[t * D + i] - c * xv[t * D + i] * dot;
                     // At D = 1 the two terms cancel to O(eps): measure against them.
                     dx_scale[t * D + i] = std::abs(r[t] * w[i] * dy[t * D + i]) + c * std::abs(xv[t * D + i]) * dot_abs;
-                    dw[i] += dy[t * D + i] * xv[t * D + i] * r[t];
                   }
                 }
                 want["dx_TD"] = {dx, dx_scale};
-                want["dw_D"].value = dw;
+                want["dw_D"] = norm_dw_reference(dy, xv, r, values(in.at("dw_D")), T, D);
               };
               // bf16 dy, x, w, dx and dw (CUDA only), then with an f32 dw (the master gradient).
               const Tol bf16_out{5e-3, 0, "rounded once to bf16 (2^-8 of |dx| <= its scale, of |dw|) after fp32 math"};
               Problem b = bf16_variant(p, {"rstd_T"}, bf16_out);
-              Problem bw = bf16_variant(p, {"rstd_T", "dw_D"}, bf16_out, {{"dw_D", kNormDwF32Tol}});
+              Problem bw = bf16_variant(p, {"rstd_T", "dw_D"}, bf16_out, {{"dw_D", norm_dw_tol(T)}});
               bw.label += " (dw f32)";
               ps.push_back(std::move(p));
               ps.push_back(std::move(b));
@@ -243,7 +274,10 @@ enum class NormHalf { input, weight };
 OpEntry rmsnorm_backward_half_entry(const char* name, NormHalf half) {
   return {name, [half](std::mt19937& g) {
             std::vector<Problem> ps;
-            for (auto [T, D] : {std::pair<int64_t, int64_t>{13, 67}, {1, 1}, {64, 48}}) {
+            // Model widths (4096; 12288, past 8192 where the CUDA backward
+            // splits) and 9000 tokens (chunks of more than 16 rows).
+            for (auto [T, D] :
+                 {std::pair<int64_t, int64_t>{13, 67}, {1, 1}, {64, 48}, {40, 4096}, {20, 12288}, {9000, 64}}) {
               Problem p("T " + std::to_string(T) + ", D " + std::to_string(D));
               Tensor x = randn({T, D}, g, 2.0f);
               std::vector<double> rstd(T);
@@ -259,7 +293,7 @@ OpEntry rmsnorm_backward_half_entry(const char* name, NormHalf half) {
                 p.out("dx_TD", {T, D}, DType::f32,
                       {1e-5, 0, "fp32 dot of D terms, then a difference of two terms (scale: their magnitudes)"});
               else
-                p.inout("dw_D", randn({D}, g), {2e-6, 0, "fp32 sum over T rows of one product each, added to dw"});
+                p.inout("dw_D", randn({D}, g), norm_dw_tol(T));
               p.call = [=](const ExecContext& ctx, Bound& t) {
                 if (half == NormHalf::input) {
                   rmsnorm_backward_input(ctx, t.at("dy_TD"), t.at("x_TD"), t.at("w_D"), t.at("rstd_T"), t.at("dx_TD"));
@@ -272,10 +306,7 @@ OpEntry rmsnorm_backward_half_entry(const char* name, NormHalf half) {
                 const std::vector<double> dy = values(in.at("dy_TD")), xv = values(in.at("x_TD")),
                                           r = values(in.at("rstd_T"));
                 if (half == NormHalf::weight) {
-                  std::vector<double> dw = values(in.at("dw_D"));
-                  for (int64_t t = 0; t < T; ++t)
-                    for (int64_t i = 0; i < D; ++i) dw[i] += dy[t * D + i] * xv[t * D + i] * r[t];
-                  want["dw_D"].value = dw;
+                  want["dw_D"] = norm_dw_reference(dy, xv, r, values(in.at("dw_D")), T, D);
                   return;
                 }
                 const std::vector<double> w = values(in.at("w_D"));
@@ -299,7 +330,7 @@ OpEntry rmsnorm_backward_half_entry(const char* name, NormHalf half) {
                   p, {"rstd_T"},
                   {5e-3, 0, "rounded once to bf16 (2^-8 of |dx| <= its scale, of |dw|) after fp32 math"}));
               if (half == NormHalf::weight) {
-                ps.push_back(bf16_variant(p, {"rstd_T", "dw_D"}, {}, {{"dw_D", kNormDwF32Tol}}));
+                ps.push_back(bf16_variant(p, {"rstd_T", "dw_D"}, {}, {{"dw_D", norm_dw_tol(T)}}));
                 ps.back().label += " (dw f32)";
               }
               ps.push_back(std::move(p));

@@ -46,13 +46,18 @@ Routing random_routing(std::string name, int64_t T, int64_t K, int64_t E, bool w
 }
 
 // A hand-made one (token 4's expert-1 slot dropped, 4 rows per expert), two
-// random ones with and without drops, and a single slot.
+// random ones with and without drops, a single slot, and two with many
+// slots per token.
 std::vector<Routing> routing_cases(std::mt19937& g) {
   Routing small{"T 5, K 2, E 3, one drop", 5, 2, 3, {0, 1, 1, 2, 0, 2, 1, 0, 2, 1}, {1, 1, 1, 1, 1, 1, 1, 1, 1, 0},
                 {4, 4, 4}};
   return {small, random_routing("T 50, K 2, E 5, drops, padding", 50, 2, 5, true, 3, g),
           random_routing("T 40, K 3, E 7, no kept_TK", 40, 3, 7, false, 2, g),
-          random_routing("T 1, K 1, E 1", 1, 1, 1, false, 0, g)};
+          random_routing("T 1, K 1, E 1", 1, 1, 1, false, 0, g),
+          // Fine-grained top-6 and top-8 (DeepSeek-like): the CUDA kernels sum
+          // a token's slots in groups of four past K = 3.
+          random_routing("T 30, K 6, E 64, drops", 30, 6, 64, true, 1, g),
+          random_routing("T 20, K 8, E 16, no kept_TK", 20, 8, 16, false, 0, g)};
 }
 
 Tensor expert_tensor(const Routing& r) { return i32s(r.expert, {r.T, r.K}); }
@@ -122,7 +127,11 @@ OpEntry topk_forward_entry() {
                                       {50, 16, {MoeScore::sigmoid, 4, 4, 2, true, 1.5f}, true, true},
                                       {50, 32, {MoeScore::softmax, 6, 8, 3, true, 1.5f}, true, false},
                                       {50, 5, {MoeScore::sigmoid, 5, 1, 1, false, 1.5f}, true, true},
-                                      {1, 1, {MoeScore::softmax, 1, 1, 1, false, 1.0f}, false, true}};
+                                      {1, 1, {MoeScore::softmax, 1, 1, 1, false, 1.0f}, false, true},
+                                      // Past a warp's 32 lanes: DeepSeek-V2-Lite's 64 top-6 and V3's
+                                      // 256 in 8 groups, top-4 groups, top-8.
+                                      {40, 64, {MoeScore::sigmoid, 6, 1, 1, true, 2.5f}, true, true},
+                                      {20, 256, {MoeScore::sigmoid, 8, 8, 4, true, 2.5f}, true, false}};
             for (const TopkCase& c : cases) {
               const int64_t T = c.T, E = c.E, K = c.p.top_k;
               Problem p(topk_label(c));
@@ -209,6 +218,9 @@ OpEntry topk_backward_entry() {
             cases.push_back({{12, 8, {MoeScore::softmax, 2, 1, 1, false, 1.0f}, false, false}, 12, false, true, 0.0f});
             cases.push_back({{12, 8, {MoeScore::sigmoid, 2, 1, 1, true, 1.0f}, false, false}, 4, true, false, 0.07f});
             cases.push_back({{1, 2, {MoeScore::sigmoid, 1, 1, 1, false, 1.0f}, false, false}, 1, true, true, 0.1f});
+            // Past a warp's 32 lanes (64 experts, top-6 and top-8).
+            cases.push_back({{12, 64, {MoeScore::sigmoid, 6, 1, 1, true, 2.5f}, false, false}, 4, true, true, 0.07f});
+            cases.push_back({{12, 64, {MoeScore::softmax, 8, 4, 2, false, 1.0f}, false, false}, 6, true, true, 0.07f});
             for (const Case& k : cases) {
               const int64_t T = k.c.T, E = k.c.E, K = k.c.p.top_k;
               const MoeTopkParams params = k.c.p;
@@ -383,13 +395,14 @@ OpEntry permutation_maps_entry() {
 
 // ---------------------------------------------------------------- row gathers and scatters
 
-// (routing case, D): widths off the vector width, and one on it (D = 64:
-// the CUDA kernels' 16-byte packs).
+// (routing case, D): widths off the vector width, one on it (D = 64: the
+// CUDA kernels' 16-byte packs), and with K = 6 and 8 one past a warp's pass
+// of packs (D = 1040 > 256) and one on the packs.
 struct RowCase {
   size_t routing;
   int64_t D;
 };
-const RowCase kRowCases[] = {{0, 7}, {1, 33}, {2, 5}, {3, 1}, {1, 64}};
+const RowCase kRowCases[] = {{0, 7}, {1, 33}, {2, 5}, {3, 1}, {1, 64}, {4, 1040}, {5, 72}};
 
 OpEntry permute_rows_entry() {
   return {"moe_permute_rows", [](std::mt19937& g) {
