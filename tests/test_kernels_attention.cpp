@@ -182,43 +182,76 @@ std::vector<double> flat_from(const ExecContext& c, const Tensor& t) {
   return flat(t.to(Device::cpu()));
 }
 
-Result run_cuda(const Problem& p, bool backward) {
+// The problem on cuda:0 with data of dtype dt (bf16 with head_dim 64 or
+// 128: the tensor-core kernels; lse stays f32); results widened to f32.
+Result run_cuda(const Problem& p, bool backward, DType dt = DType::f32) {
   const ExecContext& c = cuda_context();
   const AttentionDims& d = p.d;
-  auto dev_empty = [&](Shape s) {
-    return Tensor::empty(std::move(s), DType::f32, MemCategory::activation, c.device());
+  auto dev_empty = [&](Shape s, DType type) {
+    return Tensor::empty(std::move(s), type, MemCategory::activation, c.device());
   };
-  const Tensor q = on(c, p.q), k = on(c, p.k), v = on(c, p.v), dO = on(c, p.dO);
+  auto dev_in = [&](const Tensor& host) {
+    Tensor x = on(c, host);
+    if (dt == DType::f32) return x;
+    Tensor y = dev_empty(host.shape(), dt);
+    cast(c, x, y);
+    return y;
+  };
+  auto out = [&](const Tensor& t) {
+    if (t.dtype() == DType::f32) return flat_from(c, t);
+    Tensor wide = dev_empty(t.shape(), DType::f32);
+    cast(c, t, wide);
+    return flat_from(c, wide);
+  };
+  const Tensor q = dev_in(p.q), k = dev_in(p.k), v = dev_in(p.v), dO = dev_in(p.dO);
   const Tensor qp = on(c, ints(p.qpos)), kp = on(c, ints(p.kvpos));
-  Tensor o = dev_empty(p.q.shape()), lse = dev_empty({d.batch, d.num_heads, d.q_len});
+  Tensor o = dev_empty(p.q.shape(), dt), lse = dev_empty({d.batch, d.num_heads, d.q_len}, DType::f32);
   Tensor wf = c.workspace(attention_forward_workspace_bytes(c, d));
   attention_forward(c, d, q, k, v, qp, kp, p.scale, o, lse, wf);
-  Result r{flat_from(c, o), flat_from(c, lse), {}, {}, {}};
+  Result r{out(o), out(lse), {}, {}, {}};
   if (!backward) return r;
-  Tensor dq = dev_empty(p.q.shape()), dk = dev_empty(p.k.shape()), dv = dev_empty(p.v.shape());
+  Tensor dq = dev_empty(p.q.shape(), dt), dk = dev_empty(p.k.shape(), dt), dv = dev_empty(p.v.shape(), dt);
   Tensor wb = c.workspace(attention_backward_workspace_bytes(c, d));
   attention_backward(c, d, q, k, v, o, lse, dO, qp, kp, p.scale, dq, dk, dv, wb);
-  r.dq = flat_from(c, dq);
-  r.dk = flat_from(c, dk);
-  r.dv = flat_from(c, dv);
+  r.dq = out(dq);
+  r.dk = out(dk);
+  r.dv = out(dv);
   return r;
 }
 
 TEST(AttentionCuda, BackwardMatchesFiniteDifferencesOfForward) {
   if (const std::string why = no_cuda_reason(); !why.empty()) GTEST_SKIP() << why;
-  expect_backward_matches_finite_differences(run_cuda);  // the SIMT kernels: fp32, hd 16, two 32-key tiles
+  // The SIMT kernels: fp32, hd 16, two 32-key tiles.
+  expect_backward_matches_finite_differences([](const Problem& p, bool b) { return run_cuda(p, b); });
+}
+
+void expect_same_results(const Result& one, const Result& two) {
+  EXPECT_EQ(one.o, two.o);
+  EXPECT_EQ(one.lse, two.lse);
+  EXPECT_EQ(one.dq, two.dq);
+  EXPECT_EQ(one.dk, two.dk);
+  EXPECT_EQ(one.dv, two.dv);
 }
 
 TEST(AttentionCuda, ResultsAreBitwiseReproducible) {
   if (const std::string why = no_cuda_reason(); !why.empty()) GTEST_SKIP() << why;
   auto pos = iota(0, 200);
   Problem p = make_problem(2, 4, 2, 64, pos, pos, 8);
-  const Result one = run_cuda(p, true), two = run_cuda(p, true);
-  EXPECT_EQ(one.o, two.o);
-  EXPECT_EQ(one.lse, two.lse);
-  EXPECT_EQ(one.dq, two.dq);
-  EXPECT_EQ(one.dk, two.dk);
-  EXPECT_EQ(one.dv, two.dv);
+  expect_same_results(run_cuda(p, true), run_cuda(p, true));
+}
+
+// The bf16 tensor-core kernels (head_dim 64 and 128, the shipped configs'
+// 128 among them), GQA, several query and key tiles: run to run, bit for bit.
+TEST(AttentionCuda, Bf16TensorCoreResultsAreBitwiseReproducible) {
+  if (const std::string why = no_cuda_reason(); !why.empty()) GTEST_SKIP() << why;
+  auto pos = iota(0, 300);
+  for (const int64_t hd : {64, 128}) {
+    SCOPED_TRACE("head_dim " + std::to_string(hd));
+    Problem p = make_problem(2, 8, 2, hd, pos, pos, 11);
+    const Result one = run_cuda(p, true, DType::bf16), two = run_cuda(p, true, DType::bf16);
+    expect_same_results(one, two);
+    EXPECT_TRUE(std::all_of(one.dk.begin(), one.dk.end(), [](double x) { return std::isfinite(x); }));
+  }
 }
 
 // A query row that sees no key (its position before every key's, as in a
