@@ -50,6 +50,12 @@ void check_moe_topk_params(const MoeTopkParams& p, int64_t num_experts);
 //   the lower expert index;
 //   weight_TK = s at those experts, normalized if p.normalize, times p.scaling.
 // lse_T (f32 [T], optional: undefined skips it) = logsumexp_e z_te (z-loss).
+// Non-finite logits (a diverged run): a NaN value of v is never eligible, nor
+// is a group with fewer than top_k / group_topk values that are not NaN.
+// A token with fewer than top_k eligible experts takes the eligible ones in
+// order, then the lowest experts not yet taken, and NaN weights: every index
+// stays valid downstream and the loss reports the divergence. Any NaN or
+// +inf logit makes the token's softmax scores and lse NaN.
 void moe_topk_forward(const ExecContext& ctx, const Tensor& logits_TE, const Tensor& bias_E, const MoeTopkParams& p,
                       Tensor& scores_TE, Tensor& expert_TK, Tensor& weight_TK, Tensor& lse_T);
 

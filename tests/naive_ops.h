@@ -72,14 +72,19 @@ struct NaiveTopk {
 
 // moe_topk_forward from its definition (kernels/moe_ops.h), with ties to the
 // lower index by stable sorting; `fixed_experts` [T, K] holds the selection
-// fixed (what the backward differentiates).
+// fixed (what the backward differentiates). Non-finite logits as the
+// definition says: NaN propagates through the double arithmetic, NaN values
+// rank last and are never eligible.
 inline NaiveTopk naive_topk(const std::vector<double>& z, int64_t E, const MoeTopkParams& p,
                             const std::vector<double>& bias, const std::vector<int>* fixed_experts = nullptr) {
   const int64_t T = int64_t(z.size()) / E, K = p.top_k;
+  constexpr double kMasked = -1e300;  // a group not kept
+  const auto eligible = [](double v) { return !std::isnan(v) && v > -1e299; };
   NaiveTopk r;
   for (int64_t t = 0; t < T; ++t) {
     const double* zt = &z[t * E];
-    const double mx = *std::max_element(zt, zt + E);
+    double mx = -INFINITY;  // NaN skipped here reaches every score through the sum
+    for (int64_t e = 0; e < E; ++e) mx = zt[e] > mx ? zt[e] : mx;
     double se = 0;
     for (int64_t e = 0; e < E; ++e) se += std::exp(zt[e] - mx);
     r.lse.push_back(mx + std::log(se));
@@ -89,10 +94,12 @@ inline NaiveTopk naive_topk(const std::vector<double>& z, int64_t E, const MoeTo
       r.scores.push_back(s);
       v[e] = s + (bias.empty() ? 0.0 : bias[e]);
     }
+    // Descending, NaN last (a strict weak order), ties in index order.
     auto rank = [](const std::vector<double>& x) {
       std::vector<int> idx(x.size());
       std::iota(idx.begin(), idx.end(), 0);
-      std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return x[a] > x[b]; });
+      std::stable_sort(idx.begin(), idx.end(),
+                       [&](int a, int b) { return x[a] > x[b] || (!std::isnan(x[a]) && std::isnan(x[b])); });
       return idx;
     };
     double margin = 1e9;
@@ -100,19 +107,33 @@ inline NaiveTopk naive_topk(const std::vector<double>& z, int64_t E, const MoeTo
       const int64_t G = p.num_groups, Eg = E / G, m = K / p.group_topk;
       std::vector<double> gs(G);
       for (int64_t g = 0; g < G; ++g) {
-        std::vector<double> in(v.begin() + g * Eg, v.begin() + (g + 1) * Eg);
+        std::vector<double> in;
+        for (int64_t e = g * Eg; e < (g + 1) * Eg; ++e)
+          if (!std::isnan(v[e])) in.push_back(v[e]);
         std::sort(in.rbegin(), in.rend());
-        gs[g] = std::accumulate(in.begin(), in.begin() + m, 0.0);
+        gs[g] = int64_t(in.size()) < m ? -INFINITY : std::accumulate(in.begin(), in.begin() + m, 0.0);
       }
       const std::vector<int> gr = rank(gs);
-      if (p.group_topk < G) margin = gs[gr[p.group_topk - 1]] - gs[gr[p.group_topk]];
-      for (int64_t i = p.group_topk; i < G; ++i)
-        std::fill(v.begin() + gr[i] * Eg, v.begin() + (gr[i] + 1) * Eg, -1e300);
+      if (p.group_topk < G && gs[gr[p.group_topk]] > -INFINITY)
+        margin = gs[gr[p.group_topk - 1]] - gs[gr[p.group_topk]];
+      for (int64_t i = 0; i < G; ++i)
+        if (i >= p.group_topk || !(gs[gr[i]] > -INFINITY))
+          std::fill(v.begin() + gr[i] * Eg, v.begin() + (gr[i] + 1) * Eg, kMasked);
     }
     std::vector<int> er = rank(v);
+    int64_t found = 0;
+    while (found < K && eligible(v[er[found]])) ++found;
     for (int64_t i = 0; i < K && i + 1 < E; ++i)
-      if (v[er[i + 1]] > -1e299) margin = std::min(margin, v[er[i]] - v[er[i + 1]]);
+      if (eligible(v[er[i + 1]])) margin = std::min(margin, v[er[i]] - v[er[i + 1]]);
     r.margin.push_back(margin);
+    if (found < K && !fixed_experts) {  // the eligible ones, then the lowest experts not taken; NaN weights
+      std::vector<int> pick(er.begin(), er.begin() + found);
+      for (int e = 0; int64_t(pick.size()) < K; ++e)
+        if (std::find(pick.begin(), pick.end(), e) == pick.end()) pick.push_back(e);
+      r.experts.insert(r.experts.end(), pick.begin(), pick.end());
+      r.weights.insert(r.weights.end(), K, std::nan(""));
+      continue;
+    }
     if (fixed_experts) std::copy(fixed_experts->begin() + t * K, fixed_experts->begin() + (t + 1) * K, er.begin());
     double sum = 0;
     for (int64_t j = 0; j < K; ++j) sum += r.scores[t * E + er[j]];

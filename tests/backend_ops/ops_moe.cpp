@@ -6,7 +6,9 @@
 // maps built by the naive permutation below.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
+#include <tuple>
 
 #include "backend_ops/harness.h"
 #include "kernels/moe_ops.h"
@@ -110,6 +112,8 @@ struct TopkCase {
   int64_t T, E;
   MoeTopkParams p;
   bool bias, lse;
+  // Logits set to NaN or ±inf, {token, expert, value}: a diverged run's router.
+  std::vector<std::tuple<int64_t, int64_t, float>> nonfinite = {};
 };
 
 std::string topk_label(const TopkCase& c) {
@@ -117,7 +121,29 @@ std::string topk_label(const TopkCase& c) {
          ", groups " + std::to_string(c.p.num_groups) + "/" + std::to_string(c.p.group_topk) +
          (c.p.score_function == MoeScore::softmax ? ", softmax" : ", sigmoid") +
          (c.p.normalize_topk ? ", normalized" : "") +
-         (c.bias ? ", bias" : "") + (c.lse ? ", lse" : "");
+         (c.bias ? ", bias" : "") + (c.lse ? ", lse" : "") + (c.nonfinite.empty() ? "" : ", non-finite logits");
+}
+
+// Token by token, the non-finite cases (kernels/moe_ops.h's rule): softmax,
+// top-2 of 8: a NaN logit, all NaN, +inf (each: every score NaN, experts
+// 0 and 1, NaN weights), -inf (score 0, a normal selection). Sigmoid, 16
+// experts in 4 groups of 4, top-2 groups, top-4: one NaN (skipped), a group
+// all NaN (not eligible), three groups with 3 NaN each (fewer than 2 values:
+// only group 0 is eligible, its 4 experts are the selection), the same with
+// a NaN in group 0 too (3 eligible experts, then expert 4; NaN weights), and
+// ±inf (scores 1 and ~0).
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN(), kInf = std::numeric_limits<float>::infinity();
+std::vector<std::tuple<int64_t, int64_t, float>> softmax_nonfinite() {
+  std::vector<std::tuple<int64_t, int64_t, float>> v{{1, 3, kNaN}, {3, 5, kInf}, {4, 0, -kInf}};
+  for (int64_t e = 0; e < 8; ++e) v.emplace_back(2, e, kNaN);
+  return v;
+}
+std::vector<std::tuple<int64_t, int64_t, float>> sigmoid_nonfinite() {
+  std::vector<std::tuple<int64_t, int64_t, float>> v{{1, 2, kNaN}, {4, 0, kNaN}, {5, 7, kInf}, {5, 9, -kInf}};
+  for (int64_t e = 0; e < 4; ++e) v.emplace_back(2, e, kNaN);
+  for (int64_t t : {3, 4})
+    for (int64_t e : {4, 5, 6, 8, 9, 10, 12, 13, 14}) v.emplace_back(t, e, kNaN);
+  return v;
 }
 
 OpEntry topk_forward_entry() {
@@ -131,11 +157,15 @@ OpEntry topk_forward_entry() {
                                       // Past a warp's 32 lanes: DeepSeek-V2-Lite's 64 top-6 and V3's
                                       // 256 in 8 groups, top-4 groups, top-8.
                                       {40, 64, {MoeScore::sigmoid, 6, 1, 1, true, 2.5f}, true, true},
-                                      {20, 256, {MoeScore::sigmoid, 8, 8, 4, true, 2.5f}, true, false}};
+                                      {20, 256, {MoeScore::sigmoid, 8, 8, 4, true, 2.5f}, true, false},
+                                      {5, 8, {MoeScore::softmax, 2, 1, 1, false, 1.0f}, false, true, softmax_nonfinite()},
+                                      {6, 16, {MoeScore::sigmoid, 4, 4, 2, true, 1.0f}, true, true, sigmoid_nonfinite()}};
             for (const TopkCase& c : cases) {
               const int64_t T = c.T, E = c.E, K = c.p.top_k;
               Problem p(topk_label(c));
-              p.in("logits_TE", randn({T, E}, g, 2.0f));
+              Tensor logits = randn({T, E}, g, 2.0f);
+              for (const auto& [t, e, v] : c.nonfinite) logits.f32()[t * E + e] = v;
+              p.in("logits_TE", logits);
               if (c.bias) p.in("bias_E", randn({E}, g, 0.1f));
               // exp_fast and fp32 sums: < 1e-6 relative, per element.
               p.out("scores_TE", {T, E}, DType::f32, {2e-6, 1e-12, "exp_fast and an fp32 sum (scale |s|)"});
