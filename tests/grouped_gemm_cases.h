@@ -22,6 +22,16 @@ struct GroupedGemmCase {
   Segments segs;
 };
 
+// More problems than one cuBLAS grouped call takes (2048, kernels/cuda/blas.h):
+// 2100 groups of one to three rows each, K and M multiples of 8 so bf16
+// rows stay 16-byte aligned and the grouped call (not the per-problem
+// fallback) runs, in two chunks, for the forward, data and weight gradients.
+inline GroupedGemmCase many_groups_case() {
+  GroupedGemmCase c{"2100 groups, one segment each", 2100, 8, 16, {}};
+  for (int64_t g = 0; g < c.G; ++g) c.segs.push_back({g, 1 + g % 3});
+  return c;
+}
+
 // Shapes small enough for the naive loop; segments chosen for the rules.
 inline std::vector<GroupedGemmCase> grouped_gemm_cases() {
   return {
@@ -33,6 +43,9 @@ inline std::vector<GroupedGemmCase> grouped_gemm_cases() {
       {"one group, one segment", 1, 33, 31, {{0, 1500}}},
       {"N = 0, no segments", 3, 8, 6, {}},
       {"N = 0, empty segments", 3, 8, 6, {{0, 0}, {2, 0}}},
+      // Y = beta · Y (the forward); an empty dW and dX.
+      {"K = 0", 3, 0, 5, {{0, 4}, {2, 3}, {1, 0}}},
+      many_groups_case(),
   };
 }
 

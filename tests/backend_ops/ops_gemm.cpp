@@ -156,9 +156,10 @@ OpEntry grouped_gemm_entry() {
                   p.call = [=](const ExecContext& ctx, Bound& t) {
                     grouped_gemm(ctx, t.at("X"), t.at("W"), trans_w, segs, t.at("Y"), beta);
                   };
-                  p.reference = [=](const Bound& in, Refs& want) {
+                  p.reference = [=, fwd = fwd](const Bound& in, Refs& want) {
                     const std::vector<double> Y0 = beta == 0.0f ? std::vector<double>() : values(in.at("Y"));
                     want["Y"] = naive_rows(as_f32(in.at("X")), as_f32(in.at("W")), trans_w, segs, Y0, beta);
+                    want["Y"].may_be_zero = beta == 0.0f && (fwd ? c.K : c.M) == 0;  // no products, overwritten
                   };
                   // bf16 X and W (CUDA only): Y in bf16 (the grouped cuBLAS call), and Y in f32
                   // (per-segment cuBLASLt).
