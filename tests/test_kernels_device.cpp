@@ -32,6 +32,7 @@
 #include <fstream>
 #include <thread>
 
+#include "kernels/cuda/blas.h"
 #include "kernels/cuda/cublas_library.h"
 #endif
 
@@ -949,6 +950,61 @@ TEST_F(CudaDevice, GroupedGemmSchedulesEachGiveTheHostsProducts) {
 TEST_F(CudaDevice, GroupedGemmEveryScheduleAndDtypeGivesTheHostsProductsOnEveryCase) {
   expect_grouped_gemm_schedules_give_the_hosts_products(ExecContext::cuda(0));
 }
+
+#ifdef ORIGAMI_WITH_CUDA
+// The cuBLASLt plan cache starts over at kMaxLtPlans (kernels/cuda/blas.h)
+// while matmuls of the plans it drops may still be queued (descriptors are
+// read when a call is enqueued): [1, k]·[k, 8] for k = 1 .. kMaxLtPlans + 300,
+// each a plan of its own, queued without a sync, each into its own output
+// row; then k = 1 .. 300 again, on rebuilt plans. The cache holds 300 plans
+// after the first pass (it started over once, at the right size) and 600
+// after the second. Every row against prefix sums in double: row k is
+// Σ_{i<k} a_i·b[i, :], within 2·(k+1)·2^-24·Σ|terms| (two fp32 sums of k
+// products in any orders).
+TEST_F(CudaDevice, GemmPlanCacheStartsOverPastItsCapacityAndQueuedProductsStayRight) {
+  const ExecContext ctx = ExecContext::cuda(0);
+  constexpr int64_t kN = 8, kKs = static_cast<int64_t>(cuda::kMaxLtPlans) + 300, kAgain = 300;
+  const Tensor a = random_host({kKs}, 41), b = random_host({kKs * kN}, 42);
+  const Tensor a_dev = a.to(Device::cuda(0)), b_dev = b.to(Device::cuda(0));
+  Tensor c_dev = Tensor::empty({kKs + kAgain, kN}, DType::f32, MemCategory::activation, Device::cuda(0));
+  const auto& plans = cuda::state_of(ctx).plans;
+  ASSERT_EQ(plans.size(), 0u) << "a fresh context holds no plans";
+  for (int64_t row = 0; row < kKs + kAgain; ++row) {
+    const int64_t k = row < kKs ? row + 1 : row - kKs + 1;
+    const Tensor ak = a_dev.flat_view(0, k, {1, k}), bk = b_dev.flat_view(0, k * kN, {k, kN});
+    Tensor ck = c_dev.flat_view(row * kN, kN, {1, kN});
+    gemm(ctx, ak, Trans::no, bk, Trans::no, ck);
+    if (row == kKs - 1) {
+      EXPECT_EQ(plans.size(), 300u) << "the cache did not start over once at its capacity";
+    }
+  }
+  EXPECT_EQ(plans.size(), 600u);
+  const Tensor c = ctx.to(c_dev, Device::cpu());
+  const double u = std::ldexp(1.0, -24);
+  std::vector<double> want(kN, 0.0), terms(kN, 0.0);
+  std::vector<std::vector<double>> want_of(kKs + 1), terms_of(kKs + 1);  // by k
+  for (int64_t k = 1; k <= kKs; ++k) {
+    for (int64_t j = 0; j < kN; ++j) {
+      const double t = double(a.f32()[k - 1]) * b.f32()[(k - 1) * kN + j];
+      want[j] += t;
+      terms[j] += std::abs(t);
+    }
+    want_of[k] = want;
+    terms_of[k] = terms;
+  }
+  int64_t bad = 0;
+  for (int64_t row = 0; row < kKs + kAgain; ++row) {
+    const int64_t k = row < kKs ? row + 1 : row - kKs + 1;
+    for (int64_t j = 0; j < kN; ++j) {
+      const double bound = 2.0 * static_cast<double>(k + 1) * u * terms_of[k][j];
+      if (!(std::abs(c.f32()[row * kN + j] - want_of[k][j]) <= bound) && bad++ < 5)
+        ADD_FAILURE() << "row " << row << " (k " << k << "), column " << j << ": " << c.f32()[row * kN + j]
+                      << " vs " << want_of[k][j] << ", bound " << bound;
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+#endif
 
 TEST_F(CudaDevice, FusedAdamWIsTheCallsItFusesBitForBit) {
   expect_fused_adamw_is_the_calls_one_by_one(ExecContext::cuda(0));

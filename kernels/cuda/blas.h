@@ -1,6 +1,7 @@
 // The CUDA half of ExecContext's state (created and destroyed by
 // kernels/cuda/context.cpp) and the cuBLASLt helpers that gemm.cu and
-// grouped_gemm.cu share. Included by kernels/cuda sources only.
+// grouped_gemm.cu share. Included by kernels/cuda sources, and by
+// tests/test_kernels_device.cpp, which reads the plan cache's size.
 //
 // A context owns, once, for its lifetime:
 //  - its stream, and a cuBLAS and a cuBLASLt handle used on it;
@@ -39,6 +40,15 @@ inline constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;  // cuBLAS's rec
 // Problems one grouped cuBLAS call covers (the pointer arrays' length); a call
 // with more runs in several (kernels/cuda/grouped_gemm.cu).
 inline constexpr int kMaxGroupedProblems = 2048;
+
+// Plans kept per context before the cache starts over (~1 KB of host memory
+// each): the dense shapes of a step are a handful; the grouped GEMM's
+// single matmuls (coarse experts' products, and the per-problem fallback)
+// add one per distinct row count and product. Mixtral-sized experts see
+// row counts over a range some hundreds wide in each of their nine
+// products (three per projection), a few thousand plans, which must fit
+// without a restart for the cache to reach its steady state.
+inline constexpr size_t kMaxLtPlans = 16384;
 
 // A cuBLASLt matmul in cuBLAS's column-major terms (row-major callers swap
 // operands: Cᵀ = op(B)ᵀ·op(A)ᵀ): D = C = alpha·op_a(a)·op_b(b) + beta·C, with

@@ -31,15 +31,6 @@ namespace origami::cuda {
 
 namespace {
 
-// Plans kept per context before the cache starts over (~1 KB of host memory
-// each): the dense shapes of a step are a handful; the grouped GEMM's
-// single matmuls (coarse experts' products, and the per-problem fallback)
-// add one per distinct row count and product. Mixtral-sized experts see
-// row counts over a range some hundreds wide in each of their nine
-// products (three per projection), a few thousand plans, which must fit
-// without a restart for the cache to reach its steady state.
-constexpr size_t kMaxPlans = 16384;
-
 cudaDataType_t cuda_type(DType dt) { return dt == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
 
 // The largest power of two dividing the address, at most 256 (what
@@ -143,7 +134,7 @@ void lt_matmul(ExecContext::CudaState& s, const LtMatmul& mm) {
   std::lock_guard lock(s.plans_mu);
   auto it = s.plans.find(key);
   if (it == s.plans.end()) {
-    if (s.plans.size() >= kMaxPlans) {
+    if (s.plans.size() >= kMaxLtPlans) {
       // Descriptors are host objects read during cublasLtMatmul only, so
       // matmuls still queued on the stream do not need them.
       for (auto& [k, plan] : s.plans) destroy_plan(plan);
