@@ -24,6 +24,8 @@
 //   - the start-up GEMM peak that MFU divides by (engine/device_peak.h), timed
 //     after the GPU's clocks have ramped up: two measurements in a row agree
 //     within 10% (a peak timed on a cold clock reads low and inflates MFU).
+//   - a diverged run (infinite initial weights, NaN through every kernel
+//     of the step; a learning rate of 1e30) exits 3 as on the CPU.
 //   - one rank more than the node's GPUs (two ranks on one GPU) is refused
 //     before any step, exit 2, naming the ranks, the GPU's UUID and
 //     runtime.device; each rank's GPU is cuda:(local rank mod devices).
@@ -162,6 +164,32 @@ TEST_F(CudaTrain, CheckpointsMoveBetweenGpuAndCpuBitExact) {
                                        "--set runtime.precision=fp32 --set moe.expert_bias=true "
                                        "--set parallel.zero_stage=3",
                                        false, dir_->str());
+}
+
+// A diverged GPU run ends as a CPU run does (tests/test_cli_faults.cpp):
+// exit 3 naming the step, the losses and the setting to change, before the
+// optimizer applies the step, with no device fault on the way. init_std =
+// 1e38 gives infinite weights, so NaN flows from the first norm through
+// the router's top-k on NaN logits (valid experts, NaN weights:
+// kernels/moe_ops.h), the dispatch, the grouped GEMMs and the backward;
+// lr = 1e30 breaks the second step. Both precisions.
+TEST_F(CudaTrain, DivergenceEndsWithStatus3AsOnTheCpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
+  const auto expect_diverged = [](const testing::CommandResult& r, std::initializer_list<const char*> needles) {
+    EXPECT_EQ(r.status, 3) << r.output;
+    for (const char* needle : needles)
+      EXPECT_NE(r.output.find(needle), std::string::npos) << "missing '" << needle << "' in:\n" << r.output;
+    for (const char* fault : {"check failed", "internal error", "cudaError", "Assertion", "Segmentation", "signal"})
+      EXPECT_EQ(r.output.find(fault), std::string::npos) << "'" << fault << "' in:\n" << r.output;
+  };
+  for (const std::string precision : {"bf16", "fp32"}) {
+    SCOPED_TRACE(precision);
+    const std::string base = " --set training.steps=4 --set runtime.device=cuda --set runtime.precision=" + precision;
+    expect_diverged(train("diverged-init-" + precision, base + " --set model.init_std=1e38"),
+                    {"training diverged at step 1 of 4", "lm loss nan", "model.init_std = 1e+38"});
+    expect_diverged(train("diverged-lr-" + precision, base + " --set optimizer.lr=1e30"),
+                    {"training diverged at step 2 of 4", "grad norm is not finite", "optimizer.lr = 1e+30"});
+  }
 }
 
 // One rank more than the node has GPUs: local ranks map to cuda:(local rank

@@ -133,6 +133,12 @@ TEST_F(CliFaults, DivergedTrainingStopsBeforeTheUpdateWithStatus3) {
   r = train("--set model.init_std=1e30");
   expect_outcome("diverged: model.init_std = 1e30, 1 rank", r, 3,
                  {"training diverged at step 1", "not finite", "model.init_std = 1e+30", "untouched"});
+  // Infinite weights: NaN from the first norm on, through the router's
+  // top-k (valid experts, NaN weights: kernels/moe_ops.h) and every kernel
+  // of the step after it, the losses NaN.
+  r = train("--set model.init_std=1e38");
+  expect_outcome("diverged: model.init_std = 1e38, 1 rank", r, 3,
+                 {"training diverged at step 1", "lm loss nan", "model.init_std = 1e+38"});
   r = train("--set optimizer.lr=1e30", 2);
   expect_outcome("diverged: optimizer.lr = 1e30, 2 ranks", r, 3,
                  {"error: training diverged at step 2 of 4", "optimizer.lr = 1e+30"});
