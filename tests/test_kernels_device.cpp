@@ -5,8 +5,10 @@
 // either moves every bit or it is wrong.
 #include <gtest/gtest.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -18,11 +20,13 @@
 #include "kernels/adamw.h"
 #include "kernels/allocator.h"
 #include "kernels/context.h"
+#include "kernels/cross_entropy.h"
 #include "kernels/device.h"
 #include "kernels/dispatch.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/grouped_gemm.h"
+#include "kernels/moe_ops.h"
 #include "kernels/tensor.h"
 #include "grouped_gemm_cases.h"
 #ifdef ORIGAMI_WITH_CUDA
@@ -1042,6 +1046,56 @@ TEST_F(CudaDeviceDeathTest, MixedDevicesAreRefusedBeforeAnyBackendRuns) {
   Tensor c = Tensor::empty({4, 4}, DType::f32, MemCategory::activation);
   EXPECT_EXIT(gemm(ctx, host, Trans::no, dev, Trans::no, c), ::testing::ExitedWithCode(kExitInternal),
               "gemm: the context runs on cpu but B is on cuda:0");
+}
+
+// A device-side check stops the job as the host's checks do: the kernel
+// reports (the CPU check's text, by the device's printf, or a device
+// assertion naming the rule) and traps, the next CUDA call of the job fails
+// at its CUDA_CHECK, and the process exits with the internal-error status.
+// The child starts afresh (threadsafe style: a CUDA context does not survive
+// fork) and sends its stdout, where device printf lands, to stderr,
+// unbuffered, so the kernel's report is part of what the death test reads.
+void route_stdout_to_stderr() {
+  std::fflush(stdout);
+  ::dup2(STDERR_FILENO, STDOUT_FILENO);
+  std::setvbuf(stdout, nullptr, _IONBF, 0);
+}
+
+TEST_F(CudaDeviceDeathTest, ACrossEntropyTargetOutOfRangeStopsTheJobNamingIt) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto bad_target = [] {
+    route_stdout_to_stderr();
+    const ExecContext ctx = ExecContext::cuda(0);
+    const Tensor logits = random_host({4, 8}, 51).to(Device::cuda(0));
+    Tensor targets_host = Tensor::empty({4}, DType::i32, MemCategory::activation);
+    for (int32_t t = 0; t < 4; ++t) targets_host.i32()[t] = t == 3 ? 8 : t;  // token 3's is V
+    const Tensor targets = targets_host.to(Device::cuda(0));
+    Tensor loss = ctx.empty({4}, DType::f32, MemCategory::activation);
+    Tensor lse = ctx.empty({4}, DType::f32, MemCategory::activation);
+    cross_entropy_forward(ctx, logits, targets, loss, lse);
+    ctx.synchronize();
+  };
+  EXPECT_EXIT(bad_target(), ::testing::ExitedWithCode(kExitInternal),
+              "cross-entropy target 8 of token 3 is outside \\[0, 8\\)");
+  EXPECT_EXIT(bad_target(), ::testing::ExitedWithCode(kExitInternal), "check failed: .*cudaError");
+}
+
+TEST_F(CudaDeviceDeathTest, AnExpertIndexOutOfRangeStopsTheJobNamingTheRule) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto bad_expert = [] {
+    route_stdout_to_stderr();
+    const ExecContext ctx = ExecContext::cuda(0);
+    Tensor expert_host = Tensor::empty({3, 2}, DType::i32, MemCategory::activation);
+    const int32_t experts[] = {0, 1, 2, 3, 1, 4};  // 4 experts: the last slot names expert 4
+    std::copy(std::begin(experts), std::end(experts), expert_host.i32());
+    const Tensor expert_TK = expert_host.to(Device::cuda(0));
+    Tensor count_E = ctx.empty({4}, DType::i64, MemCategory::activation);
+    moe_expert_histogram(ctx, expert_TK, Tensor(), 4, count_E);
+    ctx.synchronize();
+  };
+  EXPECT_EXIT(bad_expert(), ::testing::ExitedWithCode(kExitInternal),
+              "moe_expert_histogram: expert index outside \\[0, num_experts\\)");
+  EXPECT_EXIT(bad_expert(), ::testing::ExitedWithCode(kExitInternal), "check failed: .*cudaError");
 }
 
 #ifdef ORIGAMI_WITH_CUDA
