@@ -91,7 +91,7 @@ rm -f "$results/ctest_cuda.xml" "$results/bench_kernels.json" "$results/bench_to
 # The binaries whose tests carry the CTest label cuda (tests/CMakeLists.txt).
 # A labelled test in a binary not built here would be missing from ctest -L
 # cuda without a word, so the build step warns about any such binary.
-cuda_targets=(test_kernels_backend_ops test_kernels_device test_kernels_attention test_comm_nccl test_cli_cuda)
+cuda_targets=(test_kernels_backend_ops test_kernels_device test_kernels_cuda_ops test_kernels_attention test_comm_nccl test_cli_cuda)
 
 multiarch=x86_64-linux-gnu
 L=$prefix/usr/lib/$multiarch
