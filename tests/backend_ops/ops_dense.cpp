@@ -370,8 +370,13 @@ OpEntry rope_entry(const char* name, double sign) {
             std::vector<int32_t> random_pos(5);
             for (int32_t& v : random_pos) v = any_pos(g);
             // Positions non-contiguous (context-parallel chunks) and large (long context).
+            // B 3 at S 600: past the CUDA grid's batch groups (ceil(1024 / S) = 2), so
+            // its blocks loop over batches, as a micro-batch of 2+ long sequences does.
+            std::vector<int32_t> long_pos(600);
+            for (int32_t i = 0; i < 600; ++i) long_pos[i] = 3 * i + 1;
             for (const Shape4& c : {Shape4{2, 6, 3, 64, {5, 17, 1000, 3, 70000, 123}, 10000.0f},
-                                    Shape4{1, 1, 1, 2, {7}, 10000.0f}, Shape4{1, 5, 2, 10, random_pos, 500000.0f}}) {
+                                    Shape4{1, 1, 1, 2, {7}, 10000.0f}, Shape4{1, 5, 2, 10, random_pos, 500000.0f},
+                                    Shape4{3, 600, 2, 64, long_pos, 10000.0f}}) {
               Problem p("B " + std::to_string(c.B) + ", S " + std::to_string(c.S) + ", H " + std::to_string(c.H) +
                         ", hd " + std::to_string(c.hd));
               p.inout("x_BSHd", randn({c.B, c.S, c.H, c.hd}, g),
