@@ -1,7 +1,7 @@
 // Checks shared by the end-to-end tests of `origami train` (GoogleTest
 // assertions over cli_util.h): a checkpoint's consolidated state as bytes,
-// an export against its checkpoint, and a run's measured bytes against
-// `origami plan`'s.
+// an export against its checkpoint, a run's steps against another's, and a
+// run's measured bytes against `origami plan`'s.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -10,9 +10,11 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cli_util.h"
 #include "engine/safetensors.h"
@@ -25,6 +27,23 @@ inline std::string step_dir(const std::string& checkpoint_dir, int step) {
   char name[32];
   std::snprintf(name, sizeof name, "/step-%08d", step);
   return checkpoint_dir + name;
+}
+
+// The records of `run` for steps [first, last] are bitwise those of `base`
+// (lm loss, aux loss, grad norm, the samples read).
+inline void expect_same_steps(const std::vector<nlohmann::json>& base, const std::vector<nlohmann::json>& run, int first,
+                              int last) {
+  std::map<int64_t, const nlohmann::json*> by_step;
+  for (const auto& r : run) by_step[r.at("step").get<int64_t>()] = &r;
+  for (int s = first; s <= last; ++s) {
+    ASSERT_TRUE(by_step.count(s)) << "no record of step " << s;
+    const nlohmann::json& a = base.at(static_cast<size_t>(s - 1));
+    const nlohmann::json& b = *by_step[s];
+    ASSERT_EQ(a.at("step"), s);
+    for (const char* key : {"lm_loss", "aux_loss", "grad_norm", "lr"})
+      EXPECT_EQ(a.at(key).get<double>(), b.at(key).get<double>()) << key << " at step " << s;
+    EXPECT_EQ(a.at("samples"), b.at("samples")) << "samples at step " << s;
+  }
 }
 
 // A checkpoint's consolidated parameters and AdamW moments, as the bytes of

@@ -26,11 +26,14 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "cli_checks.h"
 #include "cli_util.h"
 #include "engine/safetensors.h"
 
 namespace origami {
 namespace {
+
+using testing::expect_same_steps;
 
 using testing::read_jsonl;
 using testing::run_command;
@@ -45,23 +48,6 @@ std::string launcher(int np) {
   return np == 1 ? std::string()
                  : std::string("ORIGAMI_HOST_STAND_IN=1 ") + ORIGAMI_MPIEXEC +
                        " --allow-run-as-root --oversubscribe --bind-to none -np " + std::to_string(np) + " ";
-}
-
-// The records of `run` for steps [first, last] are bitwise those of `base`
-// (lm loss, aux loss, grad norm, the samples read).
-void expect_same_steps(const std::vector<nlohmann::json>& base, const std::vector<nlohmann::json>& run, int first,
-                       int last) {
-  std::map<int64_t, const nlohmann::json*> by_step;
-  for (const auto& r : run) by_step[r.at("step").get<int64_t>()] = &r;
-  for (int s = first; s <= last; ++s) {
-    ASSERT_TRUE(by_step.count(s)) << "no record of step " << s;
-    const nlohmann::json& a = base.at(static_cast<size_t>(s - 1));
-    const nlohmann::json& b = *by_step[s];
-    ASSERT_EQ(a.at("step"), s);
-    for (const char* key : {"lm_loss", "aux_loss", "grad_norm", "lr"})
-      EXPECT_EQ(a.at(key).get<double>(), b.at(key).get<double>()) << key << " at step " << s;
-    EXPECT_EQ(a.at("samples"), b.at("samples")) << "samples at step " << s;
-  }
 }
 
 class Checkpoint : public ::testing::Test {
