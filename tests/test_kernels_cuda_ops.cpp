@@ -112,10 +112,12 @@ void expect_fused_adamw_is_the_calls_one_by_one(const ExecContext& ctx) {
 // with a bf16 or an f32 output, the fp32 master gradient) over every case
 // of tests/grouped_gemm_cases.h, beta 0.5 (accumulating; groups no segment
 // names only scaled): against the host's fp32 products of the same values
-// (bf16 inputs widened exactly). On CUDA this reaches what the op harness
-// (automatic schedule) does not: the grouped call for every case (empty
-// segments, repeated groups, 2100 problems in two chunks), the per-problem
-// cuBLASLt path in bf16, K = 0. Bound per element, with Σ = Σ|products| +
+// (bf16 inputs widened exactly). On CUDA this adds to the op harness (the
+// automatic schedule, which runs these small products in the grouped call,
+// or per problem for bf16 with an f32 output, which cuBLAS's grouped call
+// does not take) the per-problem cuBLASLt path for every case and dtype
+// pair (empty segments, repeated groups, 2100 problems, K = 0); the test
+// below has products that fill the device and run alone. Bound per element, with Σ = Σ|products| +
 // |beta·old| (the host's own products of |inputs|): 2·(n+1)·2^-24·Σ for two
 // fp32 sums of n terms in any orders, plus r·2^-8·Σ for a bf16 output
 // rounded r times (once; the weight gradient once per segment of its group).

@@ -130,7 +130,8 @@ std::string topk_label(const TopkCase& c) {
 // experts in 4 groups of 4, top-2 groups, top-4: one NaN (skipped), a group
 // all NaN (not eligible), three groups with 3 NaN each (fewer than 2 values:
 // only group 0 is eligible, its 4 experts are the selection), the same with
-// a NaN in group 0 too (3 eligible experts, then expert 4; NaN weights), and
+// expert 0 NaN too (experts 1-3 eligible, then expert 0, the lowest not
+// taken; NaN weights), and
 // ±inf (scores 1 and ~0).
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN(), kInf = std::numeric_limits<float>::infinity();
 std::vector<std::tuple<int64_t, int64_t, float>> softmax_nonfinite() {
