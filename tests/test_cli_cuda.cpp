@@ -33,6 +33,7 @@
 //     fp32 as on the CPU (1e-4).
 //   - a diverged run (infinite initial weights, NaN through every kernel
 //     of the step; a learning rate of 1e30) exits 3 as on the CPU.
+//   - a model past the GPU's memory is refused before training (exit 2).
 //   - one rank more than the node's GPUs (two ranks on one GPU) is refused
 //     before any step, exit 2, naming the ranks, the GPU's UUID and
 //     runtime.device; each rank's GPU is cuda:(local rank mod devices).
@@ -350,6 +351,21 @@ TEST_F(CudaTrain, TwoRanksOnOneGpuAreRefusedNamingThem) {
   on_cuda.runtime.device = RuntimeDevice::cuda;
   for (int local = 0; local < np; ++local)
     EXPECT_EQ(resolve_placement(on_cuda, local, np).device, Device::cuda(local % devices));
+}
+
+// A model that cannot fit the GPU is refused before anything is allocated
+// (engine/config_rules.cpp's lower bound against the device's memory, not
+// the host's): the Mixtral-like config at 60 layers, exit 2 naming cuda:0
+// and what to change.
+TEST_F(CudaTrain, AModelPastTheGpusMemoryIsRefusedBeforeTraining) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
+  const testing::CommandResult r = run_command(
+      std::string(ORIGAMI_BINARY) + " train " + ORIGAMI_SOURCE_DIR + "/configs/gpu-mixtral-h200.toml --set data.path=" +
+      (*dir_ / "fortunes") + " --set logging.dir=" + (*dir_ / "too-big") +
+      " --set export.dir= --set runtime.device=cuda --set model.num_layers=60");
+  EXPECT_EQ(r.status, 2) << r.output;
+  for (const char* needle : {"needs at least", "and its cuda:0 has", "check model.num_layers"})
+    EXPECT_NE(r.output.find(needle), std::string::npos) << "missing '" << needle << "' in:\n" << r.output;
 }
 
 TEST(DevicePeak, TwoGpuMeasurementsInARowAgree) {

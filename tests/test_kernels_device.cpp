@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/allocator.h"
+#include "kernels/check.h"
 #include "kernels/context.h"
 #include "kernels/device.h"
 #include "kernels/dispatch.h"
@@ -436,7 +437,48 @@ TEST_F(CudaDevice, ReadLaterWaitsForItsPointOfTheStreamNotForLaterWork) {
 }
 #endif
 
+// The device allocator on a GPU that runs out (kernels/allocator.cpp over
+// cudaMalloc; M is the device's memory): with 45% of M cached, CUDA refuses
+// a request for 60%, the cache goes back and the retry succeeds; with that
+// 60% block cached, CUDA refuses a request for 50% (which the cache does
+// not serve first: the block would waste more than an eighth) and the
+// cached block serves it, returning to the cache at its own size.
+TEST_F(CudaDevice, ARefusedDeviceAllocationReleasesTheCacheOrTakesALargerCachedBlock) {
+  TrackedAllocator& a = TrackedAllocator::of(Device::cuda(0));
+  a.release_cached();
+  const double M = static_cast<double>(cuda_device_memory(0));
+  const auto part = [&](double f) { return static_cast<size_t>(M * f) / 4096 * 4096; };
+  const size_t first = part(0.45), second = part(0.6), third = part(0.5);
+  void* p = a.allocate(first, MemCategory::activation);
+  a.release(p, first, MemCategory::activation);
+  ASSERT_GE(a.snapshot().cached, static_cast<int64_t>(first));
+  p = a.allocate(second, MemCategory::activation);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(a.snapshot().cached, 0) << "the cached 45% went back to CUDA for the 60% request";
+  a.release(p, second, MemCategory::activation);
+  const int64_t cached = a.snapshot().cached;
+  ASSERT_GE(cached, static_cast<int64_t>(second));
+  p = a.allocate(third, MemCategory::activation);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(a.snapshot().cached, 0) << "the cached 60% block served the refused 50% request";
+  a.release(p, third, MemCategory::activation);
+  EXPECT_EQ(a.snapshot().cached, cached) << "the block returned to the cache at its own size";
+  a.release_cached();
+}
+
 using CudaDeviceDeathTest = CudaDevice;
+
+// A device allocation past the GPU's memory, with nothing cached to give
+// back, ends the job at once with the user-error status (the settings' doing:
+// kernels/allocator.cpp), naming the device, the request and the ledger.
+TEST_F(CudaDeviceDeathTest, AnAllocationPastTheGpusMemoryEndsTheJobWithTheLedger) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the child starts afresh: a CUDA context does not survive fork
+  const size_t twice = 2 * cuda_device_memory(0);
+  EXPECT_EXIT((void)TrackedAllocator::of(Device::cuda(0)).allocate(twice, MemCategory::activation),
+              ::testing::ExitedWithCode(kExitUserError),
+              "out of memory on cuda:0: an allocation of " + std::to_string(twice) +
+                  " bytes \\(activation\\) failed with [0-9]+ bytes live");
+}
 
 TEST_F(CudaDeviceDeathTest, AContextCopiesOnlyItsOwnDeviceAndTheHost) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs a second device: every tensor here is on cuda:0 or the host";
