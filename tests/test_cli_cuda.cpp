@@ -27,6 +27,8 @@
 //   - a GPU run resumed from its checkpoint (saving in the background)
 //     continues bit for bit, and a second run (runtime.device = "auto")
 //     repeats the first bit for bit.
+//   - SIGTERM stops a GPU run at a step boundary with a checkpoint, and
+//     the resume is bit-exact.
 //   - `origami eval` on cuda:0 gives the CPU's loss (fp32 1e-4, bf16 2e-2).
 //   - capacity/padding, z-loss, sequence and global aux losses, a shared
 //     expert, a grouped sigmoid router and both recompute modes train in
@@ -46,6 +48,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -74,10 +77,13 @@ class CudaTrain : public ::testing::Test {
   static void TearDownTestSuite() { delete dir_; }
 
   // One rank of tiny-moe, logging into tag/.
+  static std::string train_command(const std::string& tag, const std::string& extra) {
+    return std::string(ORIGAMI_BINARY) + " train " + ORIGAMI_SOURCE_DIR + "/configs/tiny-moe.toml" +
+           " --set data.path=" + (*dir_ / "fortunes") + " --set logging.dir=" + (*dir_ / tag) + " --set export.dir= " +
+           extra;
+  }
   static testing::CommandResult train(const std::string& tag, const std::string& extra) {
-    return run_command(std::string(ORIGAMI_BINARY) + " train " + ORIGAMI_SOURCE_DIR + "/configs/tiny-moe.toml" +
-                       " --set data.path=" + (*dir_ / "fortunes") + " --set logging.dir=" + (*dir_ / tag) +
-                       " --set export.dir= " + extra);
+    return run_command(train_command(tag, extra));
   }
   // `np` CPU ranks of tiny-moe (runtime.device = "cpu"), logging into tag/.
   static testing::CommandResult train_cpu_ranks(int np, const std::string& tag, const std::string& extra) {
@@ -222,6 +228,36 @@ TEST_F(CudaTrain, ResumedGpuRunContinuesBitwiseAndRepeatsRunToRun) {
   const auto b = testing::consolidated(testing::step_dir(ck_resumed, 6), *dir_ / "rerun-resumed-export");
   EXPECT_TRUE(a.first == b.first) << "parameters at step 6 differ between the base and the resumed run";
   EXPECT_TRUE(a.second == b.second) << "AdamW moments at step 6 differ between the base and the resumed run";
+}
+
+// SIGTERM on the GPU (a scheduler's preemption): the step in flight
+// finishes, a checkpoint of it is written from the device, the run exits 0
+// without exporting, and resuming from `latest` continues bit for bit: the
+// 200 steps of the interrupted and resumed run are an uninterrupted run's.
+TEST_F(CudaTrain, SigtermCheckpointsFromTheGpuAndTheResumeIsBitExact) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
+  const std::string ck = *dir_ / "sigterm-ckpt", log = *dir_ / "sigterm/metrics.jsonl";
+  const std::string sets = " --set runtime.device=cuda --set training.steps=200 --set checkpoint.dir=" + ck;
+  // Signalled once three steps are logged.
+  auto r = run_command("bash -c \"" + train_command("sigterm", sets + " --set export.dir=" + (*dir_ / "sigterm-hf")) +
+                       " & p=\\$!; while [ \\$(cat " + log + " 2>/dev/null | wc -l) -lt 3 ]; do sleep 0.02; done; " +
+                       "kill -TERM \\$p; wait \\$p\"");
+  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_NE(r.output.find("stopped by SIGTERM after "), std::string::npos) << r.output;
+  const size_t stopped = read_jsonl(log).size();
+  ASSERT_GE(stopped, 3u);
+  ASSERT_LT(stopped, 200u) << "the signal came too late to test anything";
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08zu\n", stopped);
+  EXPECT_EQ(testing::read_file(ck + "/latest"), name) << "the checkpoint is of the last finished step";
+  EXPECT_FALSE(std::filesystem::exists(*dir_ / "sigterm-hf/model.safetensors")) << "a preempted run does not export";
+  r = train("sigterm", sets + " --set checkpoint.load=latest");
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = train("sigterm-whole", " --set runtime.device=cuda --set training.steps=200");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto resumed = read_jsonl(log);
+  EXPECT_EQ(resumed.size(), 200u) << "one record per step";
+  testing::expect_same_steps(read_jsonl(*dir_ / "sigterm-whole/metrics.jsonl"), resumed, 1, 200);
 }
 
 // `origami eval` on the GPU (the forward alone, weights loaded from an
