@@ -13,6 +13,7 @@
 
 #include "comm/groups.h"
 #include "comm/nccl_communicator.h"
+#include "kernels/bf16.h"
 #include "kernels/tensor.h"
 
 #if ORIGAMI_WITH_NCCL
@@ -112,12 +113,13 @@ void exercise(Communicator& c) {
     for (int m : c.members()) e += tag<double>(m, 3 * c.rank() + j);
     ASSERT_EQ(ro[j], e) << c.name();
   }
-  // all_to_all_v with uneven and zero counts (as in the MPI test).
+  // all_to_all_v with uneven counts, zero for some pairs (at two ranks and
+  // more) and never all zero (a one-rank group moves its own block).
   std::vector<int64_t> sc(n), rc(n);
   std::vector<int32_t> send;
   for (int p = 0; p < n; ++p) {
-    sc[p] = (me + 2 * c.members()[p]) % 3 * 2;
-    rc[p] = (c.members()[p] + 2 * me) % 3 * 2;
+    sc[p] = (me + 2 * c.members()[p] + 1) % 3 * 2;
+    rc[p] = (c.members()[p] + 2 * me + 1) % 3 * 2;
     for (int64_t j = 0; j < sc[p]; ++j) send.push_back(tag<int32_t>(me, 10 * p + j));
   }
   DeviceVec<int32_t> da(send),
@@ -127,6 +129,42 @@ void exercise(Communicator& c) {
   size_t off = 0;
   for (int p = 0; p < n; ++p)
     for (int64_t j = 0; j < rc[p]; ++j, ++off) ASSERT_EQ(got[off], tag<int32_t>(c.members()[p], 10 * c.rank() + j));
+  // all_gather_v and reduce_scatter_v: member p's block holds 2 + p % 3 elements.
+  std::vector<int64_t> counts(n);
+  for (int p = 0; p < n; ++p) counts[p] = 2 + c.members()[p] % 3;
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  std::vector<double> mine(static_cast<size_t>(counts[c.rank()]));
+  for (size_t j = 0; j < mine.size(); ++j) mine[j] = tag<double>(me, static_cast<int64_t>(j));
+  DeviceVec<double> dmine(mine), dall(std::vector<double>(static_cast<size_t>(total), -1));
+  c.all_gather_v(dmine.span(), dall.span(), counts);
+  const std::vector<double> all = dall.host();
+  off = 0;
+  for (int p = 0; p < n; ++p)
+    for (int64_t j = 0; j < counts[p]; ++j, ++off) ASSERT_EQ(all[off], tag<double>(c.members()[p], j)) << c.name();
+  std::vector<float> blocks(static_cast<size_t>(total));
+  off = 0;
+  for (int p = 0; p < n; ++p)
+    for (int64_t j = 0; j < counts[p]; ++j, ++off) blocks[off] = tag<float>(me, 10 * p + j);
+  DeviceVec<float> dblocks(blocks), dmy(std::vector<float>(static_cast<size_t>(counts[c.rank()]), -1));
+  c.reduce_scatter_v(dblocks.span(), dmy.span(), counts);
+  const std::vector<float> my = dmy.host();
+  for (int64_t j = 0; j < counts[c.rank()]; ++j) {
+    float e = 0;
+    for (int m : c.members()) e += tag<float>(m, 10 * c.rank() + j);
+    ASSERT_EQ(my[j], e) << c.name() << " element " << j;
+  }
+  // bf16 (ncclBfloat16) through the Tensor form: small integers, exact in
+  // bf16 and in their sum over the group.
+  Tensor h16 = Tensor::empty({16}, DType::bf16, MemCategory::comm);
+  for (int64_t i = 0; i < 16; ++i) static_cast<uint16_t*>(h16.raw())[i] = bf16_bits(static_cast<float>((me + 1) * 2 + i % 5));
+  Tensor d16 = h16.to(local_cuda_device());
+  c.all_reduce(d16);
+  const Tensor back16 = d16.to(Device::cpu());
+  for (int64_t i = 0; i < 16; ++i) {
+    float e = 0;
+    for (int m : c.members()) e += static_cast<float>((m + 1) * 2 + i % 5);
+    ASSERT_EQ(bf16_value(static_cast<const uint16_t*>(back16.raw())[i]), e) << c.name() << " bf16 element " << i;
+  }
   // broadcast from the last rank, async, overlapped with a barrier request on the same stream.
   std::vector<float> bc(5, -1.0f);
   if (c.rank() == n - 1)
@@ -137,7 +175,8 @@ void exercise(Communicator& c) {
   r.wait();
   const std::vector<float> b = dbc.host();
   for (int64_t i = 0; i < 5; ++i) ASSERT_EQ(b[i], tag<float>(c.members().back(), i)) << c.name();
-  EXPECT_EQ(c.stats(CommOp::all_gather).bytes, (n - 1) * 4 * 8);
+  // all_gather and all_gather_v: (n - 1) times the own block, 8-byte elements.
+  EXPECT_EQ(c.stats(CommOp::all_gather).bytes, (n - 1) * (4 + counts[c.rank()]) * 8);
 }
 
 // Groups over the world (every rank in one expert group) computing on this
