@@ -17,6 +17,7 @@
 #include "comm/layout.h"
 #include "engine/config_rules.h"
 #include "kernels/check.h"
+#include "kernels/moe_ops.h"
 #include "kernels/threads.h"
 
 namespace origami {
@@ -418,6 +419,13 @@ void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node)
   // The host's memory, shared by the node's ranks; or one rank's own GPU.
   const RunPlacement placement = resolve_placement(cfg, local_rank_on_this_node(), ranks_per_node);
   const bool on_gpu = !placement.device.is_host();
+  const moe::RouterOptions& ro = cfg.moe.router;
+  if (on_gpu && ro.num_experts > 0 && !moe_router_fits_cuda(ro.num_experts, ro.num_groups, ro.top_k))
+    ORIGAMI_USER_ERROR(cfg.origin("moe.num_experts"), ": moe.num_experts = ", ro.num_experts, " (num_groups ",
+                       ro.num_groups, ", top_k ", ro.top_k, ") on ", to_string(placement.device),
+                       ": the CUDA router keeps a token's scores in shared memory, which holds 2·num_experts + "
+                       "2·num_groups + top_k <= ", kMoeCudaRouterWords,
+                       " values (about 6,000 experts); use fewer experts, or runtime.device = \"cpu\"");
   const bool bf16 = placement.precision == Precision::bf16;
   // A lower bound of the worst rank's persistent state (§6, no padding, the
   // layout's splits and shards perfectly even): dense parameters split over

@@ -41,6 +41,16 @@ struct MoeTopkParams {
 // Checks E, k and the group parameters; fails with a message naming them.
 void check_moe_topk_params(const MoeTopkParams& p, int64_t num_experts);
 
+// The CUDA router keeps one token's scores, selection values, group scores
+// and picks in a warp's slice of a block's 48 KiB of shared memory
+// (kernels/cuda/moe_topk.cu): E experts in G groups with top-k K fit when
+// 2E + 2G + K words do (about 6,000 experts). Config validation refuses
+// the rest for CUDA runs, as a user error.
+inline constexpr int64_t kMoeCudaRouterWords = 48 * 1024 / 4;
+constexpr bool moe_router_fits_cuda(int64_t E, int64_t G, int64_t K) {
+  return 2 * E + 2 * G + K <= kMoeCudaRouterWords;
+}
+
 // Per token t of logits_TE [T, E]:
 //   scores_TE = softmax(z) or σ(z);
 //   selection value v = s + bias_E (bias undefined: 0). With num_groups > 1 a

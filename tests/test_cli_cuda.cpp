@@ -35,7 +35,8 @@
 //     fp32 as on the CPU (1e-4).
 //   - a diverged run (infinite initial weights, NaN through every kernel
 //     of the step; a learning rate of 1e30) exits 3 as on the CPU.
-//   - a model past the GPU's memory is refused before training (exit 2).
+//   - a model past the GPU's memory, or more experts than the CUDA router
+//     holds, is refused before training (exit 2).
 //   - one rank more than the node's GPUs (two ranks on one GPU) is refused
 //     before any step, exit 2, naming the ranks, the GPU's UUID and
 //     runtime.device; each rank's GPU is cuda:(local rank mod devices).
@@ -402,6 +403,18 @@ TEST_F(CudaTrain, AModelPastTheGpusMemoryIsRefusedBeforeTraining) {
   EXPECT_EQ(r.status, 2) << r.output;
   for (const char* needle : {"needs at least", "and its cuda:0 has", "check model.num_layers"})
     EXPECT_NE(r.output.find(needle), std::string::npos) << "missing '" << needle << "' in:\n" << r.output;
+}
+
+// More experts than the CUDA router's shared memory holds (kernels/moe_ops.h)
+// is the config's doing: refused before training, exit 2 naming the key
+// and the limit, not an internal error at the first step.
+TEST_F(CudaTrain, MoreExpertsThanTheCudaRouterHoldsAreRefusedBeforeTraining) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
+  const testing::CommandResult r = train("too-many-experts", " --set runtime.device=cuda --set moe.num_experts=7000");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("moe.num_experts = 7000 (num_groups 1, top_k 2) on cuda:0: the CUDA router keeps"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(DevicePeak, TwoGpuMeasurementsInARowAgree) {

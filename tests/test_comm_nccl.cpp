@@ -265,7 +265,9 @@ TEST(CommNccl, GroupsRouteHostTensorsOverMpiAndDeviceMemoryOverNccl) {
 // op waits for it: its inputs may still be being written there), the call
 // returns at once, and the sum is there once the stream has run. Before,
 // the host waited the whole second. A routed group takes its compute stream
-// from its NCCL communicator.
+// from its NCCL communicator. The compute stream's waits on device ops are
+// the exposed communication: near zero for that op, whose own time is
+// microseconds, and about half a second for one held that long itself.
 TEST(CommNccl, BlockingDeviceCollectivesWaitOnTheComputeStreamNotTheHost) {
 #if !ORIGAMI_WITH_NCCL
   GTEST_SKIP() << "this build has no NCCL backend (configured without CUDA)";
@@ -297,7 +299,24 @@ TEST(CommNccl, BlockingDeviceCollectivesWaitOnTheComputeStreamNotTheHost) {
   }
   EXPECT_EQ(c.stats(CommOp::all_reduce).device_calls, 1);
   c.settle_stream_waits();
+  // The op's own time was microseconds (it started once the stream let it):
+  // next to nothing exposed.
   EXPECT_GE(c.stats(CommOp::all_reduce).exposed_s, 0.0);
+  EXPECT_LT(c.stats(CommOp::all_reduce).exposed_s, 0.3);
+  // Now the op itself is held: the communicator's stream is a blocking one,
+  // so it queues behind a host function sleeping 0.5 s on the legacy
+  // stream, and the compute stream stands that long waiting for the sum:
+  // exposed communication (OpStats::exposed_s, the step line's figure).
+  const double before = c.stats(CommOp::all_reduce).exposed_s;
+  ASSERT_EQ(cudaLaunchHostFunc(
+                cudaStreamLegacy, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(500)); }, nullptr),
+            cudaSuccess);
+  c.all_reduce(dx);
+  ASSERT_EQ(cudaStreamSynchronize(compute), cudaSuccess);
+  c.settle_stream_waits();
+  const double exposed = c.stats(CommOp::all_reduce).exposed_s - before;
+  EXPECT_GT(exposed, 0.4) << "the compute stream's wait for a held op was not counted";
+  EXPECT_LT(exposed, 2.0);
   c.barrier();
   cudaStreamDestroy(compute);
 #endif

@@ -39,6 +39,7 @@ using moe::kNormEps;
 
 constexpr int kMaxWarpsPerBlock = 8;
 constexpr int64_t kSharedPerBlock = 48 * 1024;  // the default dynamic shared memory limit
+static_assert(kSharedPerBlock / 4 == kMoeCudaRouterWords, "kernels/moe_ops.h states this kernel's limit");
 
 // The CPU's exp_fast (kernels/cpu/simd.h) on the device: Cody–Waite range
 // reduction and a degree-5 polynomial. The clamps keep NaN (as std::min /
