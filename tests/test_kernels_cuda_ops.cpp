@@ -24,6 +24,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/grouped_gemm.h"
+#include "kernels/init.h"
 #include "kernels/moe_ops.h"
 #include "kernels/tensor.h"
 #ifdef ORIGAMI_WITH_CUDA
@@ -369,6 +370,82 @@ TEST_F(CudaDevice, GemmPlanCacheStartsOverPastItsCapacityAndQueuedProductsStayRi
   EXPECT_EQ(bad, 0);
 }
 #endif
+
+// Past 2^31 elements (a unit of a larger model than the shipped ones: the
+// Mixtral-like config's expert unit holds 1.4e9 elements, 5.6 GB), every
+// index and byte offset must be 64-bit and the grid-capped kernels loop
+// over many elements a thread. n = 2^31 + 1037 f32 elements (8.6 GB a
+// tensor, 35 GB at the peak, so the test has the GPU to itself: RUN_SERIAL
+// in tests/CMakeLists.txt); windows of 64 elements at the start, across
+// 2^31 and at the end are checked bit for bit: init_normal against the
+// host's generation of the same global elements; axpy, the bf16 cast and
+// the fused AdamW (one run, weight decay, the clip's scale, the bf16
+// working copy) against the same op on a 64-element device copy of the
+// window's inputs (each element's result depends on its inputs alone; the
+// 35 GB are the bf16 recipe's: an f32 master and moments, a bf16 gradient
+// and working copy); the fp64 sum of squares of 0.5s is n/4 exactly.
+TEST_F(CudaDevice, OpsPastTwoToThe31ElementsReachEveryElement) {
+  const ExecContext ctx = ExecContext::cuda(0), host = ExecContext::cpu(omp_get_max_threads());
+  const Device gpu = Device::cuda(0);
+  constexpr int64_t kW = 64, n = (int64_t{1} << 31) + 1037;
+  const int64_t starts[] = {0, (int64_t{1} << 31) - kW / 2, n - kW};
+  const auto big = [&](DType dt) { return Tensor::empty({n}, dt, MemCategory::param, gpu); };
+  const auto window = [&](const Tensor& t, int64_t at) { return t.flat_view(at, kW, {kW}); };
+  const auto bits_at = [&](const Tensor& t, int64_t at) { return ctx.to(window(t, at), Device::cpu()); };
+  const auto on_gpu = [&](const Tensor& t, int64_t at) { return ctx.to(window(t, at), gpu); };  // a device copy
+
+  Tensor x = big(DType::f32);
+  init_normal(ctx, x, 7, "past-2^31", 0, 1.0f);
+  for (const int64_t at : starts) {
+    Tensor want = Tensor::empty({kW}, DType::f32, MemCategory::param);
+    init_normal(host, want, 7, "past-2^31", at, 1.0f);
+    EXPECT_TRUE(same_bits(bits_at(x, at), want)) << "init_normal at " << at;
+  }
+  {
+    Tensor y = big(DType::f32), y16 = big(DType::bf16);
+    init_constant(ctx, y, 1.0f);
+    axpy(ctx, 0.5f, x, y);
+    cast(ctx, y, y16);
+    for (const int64_t at : starts) {
+      Tensor small_y = ctx.empty({kW}, DType::f32, MemCategory::param), small_16 = ctx.empty({kW}, DType::bf16, MemCategory::param);
+      init_constant(ctx, small_y, 1.0f);
+      axpy(ctx, 0.5f, on_gpu(x, at), small_y);
+      cast(ctx, small_y, small_16);
+      EXPECT_TRUE(same_bits(bits_at(y, at), ctx.to(small_y, Device::cpu()))) << "axpy at " << at;
+      EXPECT_TRUE(same_bits(bits_at(y16, at), ctx.to(small_16, Device::cpu()))) << "cast at " << at;
+    }
+    init_constant(ctx, y, 0.5f);
+    EXPECT_EQ(sum_squares(ctx, y), 0.25 * static_cast<double>(n));
+  }
+  // The bf16 recipe: a bf16 gradient beside the bf16 working copy.
+  Tensor grad = big(DType::bf16), m = big(DType::f32), v = big(DType::f32), param = big(DType::bf16);
+  init_normal(ctx, grad, 7, "past-2^31 grad", 0, 0.5f);
+  init_normal(ctx, m, 7, "past-2^31 m", 0, 0.1f);
+  init_constant(ctx, v, 0.01f);
+  struct Small {
+    Tensor master, grad, m, v, param;
+  };
+  std::vector<Small> before;
+  for (const int64_t at : starts)
+    before.push_back({on_gpu(x, at), on_gpu(grad, at), on_gpu(m, at), on_gpu(v, at),
+                      ctx.empty({kW}, DType::bf16, MemCategory::param)});
+  AdamWStep step;
+  step.lr = 1e-2f;
+  step.step = 3;
+  const std::vector<AdamWSegment> whole{{0, n, 0.1f}}, small{{0, kW, 0.1f}};
+  adamw_update_fused(ctx, x, grad, m, v, param, whole, 0.37f, step);
+  for (size_t w = 0; w < before.size(); ++w) {
+    Small& b = before[w];
+    adamw_update_fused(ctx, b.master, b.grad, b.m, b.v, b.param, small, 0.37f, step);
+    const int64_t at = starts[w];
+    const auto host_of = [&](const Tensor& t) { return ctx.to(t, Device::cpu()); };
+    EXPECT_TRUE(same_bits(bits_at(x, at), host_of(b.master))) << "AdamW master at " << at;
+    EXPECT_TRUE(same_bits(bits_at(grad, at), host_of(b.grad))) << "AdamW scaled grad at " << at;
+    EXPECT_TRUE(same_bits(bits_at(m, at), host_of(b.m))) << "AdamW exp_avg at " << at;
+    EXPECT_TRUE(same_bits(bits_at(v, at), host_of(b.v))) << "AdamW exp_avg_sq at " << at;
+    EXPECT_TRUE(same_bits(bits_at(param, at), host_of(b.param))) << "AdamW working copy at " << at;
+  }
+}
 
 TEST_F(CudaDevice, FusedAdamWIsTheCallsItFusesBitForBit) {
   expect_fused_adamw_is_the_calls_one_by_one(ExecContext::cuda(0));
