@@ -20,6 +20,7 @@
 #include "grouped_gemm_cases.h"
 #include "kernels/adamw.h"
 #include "kernels/context.h"
+#include "kernels/context_parallel.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -483,6 +484,26 @@ TEST_F(CudaDeviceDeathTest, ACrossEntropyTargetOutOfRangeStopsTheJobNamingIt) {
   EXPECT_EXIT(bad_target(), ::testing::ExitedWithCode(kExitInternal),
               "cross-entropy target 8 of token 3 is outside \\[0, 8\\)");
   EXPECT_EXIT(bad_target(), ::testing::ExitedWithCode(kExitInternal), "check failed: .*cudaError");
+}
+
+TEST_F(CudaDeviceDeathTest, AContextParallelPositionOutOfRangeStopsTheJobNamingIt) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto bad_position = [] {
+    route_stdout_to_stderr();
+    const ExecContext ctx = ExecContext::cuda(0);
+    Tensor tokens_host = Tensor::empty({2, 9}, DType::i32, MemCategory::activation);  // S = 8
+    for (int32_t i = 0; i < 18; ++i) tokens_host.i32()[i] = i;
+    Tensor pos_host = Tensor::empty({4}, DType::i32, MemCategory::activation);
+    const int32_t pos[] = {0, 7, 3, 8};  // row 3 names position 8, past S - 1
+    std::copy(std::begin(pos), std::end(pos), pos_host.i32());
+    const Tensor tokens = tokens_host.to(Device::cuda(0)), pos_S = pos_host.to(Device::cuda(0));
+    Tensor ids = ctx.empty({8}, DType::i32, MemCategory::activation), targets = ctx.empty({8}, DType::i32, MemCategory::activation);
+    cp_gather_tokens(ctx, tokens, pos_S, ids, targets);
+    ctx.synchronize();
+  };
+  EXPECT_EXIT(bad_position(), ::testing::ExitedWithCode(kExitInternal),
+              "cp_gather_tokens: position 8 at row 3 outside \\[0, 8\\)");
+  EXPECT_EXIT(bad_position(), ::testing::ExitedWithCode(kExitInternal), "check failed: .*cudaError");
 }
 
 TEST_F(CudaDeviceDeathTest, AnExpertIndexOutOfRangeStopsTheJobNamingTheRule) {
