@@ -89,6 +89,25 @@ TEST(CliBench, KernelsOnCudaWithoutADeviceIsAUserError) {
   EXPECT_NE(r.output.find("bench kernels --device cuda"), std::string::npos) << r.output;
 }
 
+// The host-engine benchmarks time the CPU engine: a config asking for CUDA
+// is refused (exit 2, naming where the setting came from and what measures
+// a GPU) rather than timed on the CPU under a GPU config's name.
+TEST(CliBench, HostEngineBenchmarksRefuseACudaConfig) {
+  const std::string src = ORIGAMI_SOURCE_DIR;
+  for (const std::string& cmd : {"step --config " + src + "/configs/bench-dense.toml",
+                                "moe-layer --config " + src + "/configs/bench-moe.toml",
+                                "checkpoint --config " + src + "/configs/tiny-moe.toml --dir /nonexistent"}) {
+    SCOPED_TRACE(cmd);
+    auto r = testing::run_command(std::string(ORIGAMI_BINARY) + " bench " + cmd + " --set runtime.device=cuda");
+    EXPECT_EQ(r.status, 2) << r.output;
+    const std::string name = cmd.substr(0, cmd.find(' '));
+    EXPECT_NE(r.output.find("--set runtime.device=cuda: runtime.device = \"cuda\": bench " + name +
+                            " times the CPU engine, not the GPU's"),
+              std::string::npos)
+        << r.output;
+  }
+}
+
 TEST(CliBench, UnknownBenchIsAUsageError) {
   auto r = testing::run_command(std::string(ORIGAMI_BINARY) + " bench nosuch");
   EXPECT_EQ(r.status, 2) << r.output;

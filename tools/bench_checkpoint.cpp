@@ -101,6 +101,7 @@ struct Args {
 
 void run(const Args& a) {
   Config cfg = load_config(a.config, a.overrides);
+  require_host_engine(cfg, "bench checkpoint");
   int world_size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   validate_for_world(cfg, world_size);

@@ -290,6 +290,7 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
   if (a.ep > 0) overrides.push_back("parallel.ep=" + std::to_string(a.ep));
   if (a.etp > 0) overrides.push_back("parallel.etp=" + std::to_string(a.etp));
   Config cfg = load_config(a.config, overrides);
+  require_host_engine(cfg, "bench moe-layer");
   {
     // Every rank benchmarks the same layer, or the exchange tables mean nothing.
     const auto everyone = comm::whole_mpi(MPI_COMM_WORLD, "everyone", comm::CommOptions{cfg.runtime.collective_timeout_s});

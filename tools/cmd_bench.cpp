@@ -86,6 +86,7 @@ double time_gemms(const ExecContext& ctx, const std::vector<GemmCase>& cases, in
 void run_bench_step(const std::string& config_path, const std::vector<std::string>& overrides, int steps,
                     int warmup, bool json) {
   Config cfg = load_config(config_path, overrides);
+  require_host_engine(cfg, "bench step");
   cfg.training.steps = std::max(cfg.training.steps, static_cast<int64_t>(steps + warmup));
   const int threads = cfg.runtime.threads > 0 ? static_cast<int>(cfg.runtime.threads) : default_threads_per_rank();
   set_num_threads(threads);

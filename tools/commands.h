@@ -3,7 +3,12 @@
 // input, which main() prints and turns into exit status 2.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <string_view>
 #include <vector>
+
+namespace origami {
+struct Config;
+}
 
 namespace origami::tools {
 
@@ -12,6 +17,10 @@ namespace origami::tools {
 CLI::Validator finite_positive();
 // The median of benchmark repeats (the upper middle of an even count).
 double median(std::vector<double> v);
+// The host-engine benchmarks (bench step, moe-layer, checkpoint) refuse a
+// config asking for CUDA, naming what measures a GPU, rather than timing
+// the CPU under a GPU config.
+void require_host_engine(const Config& cfg, std::string_view command);
 // This process's rank in the job and the job's size: MPI_COMM_WORLD's, or 0
 // and 1 for a host-only command run outside an MPI launcher, which never
 // starts MPI (tools/origami.cpp).

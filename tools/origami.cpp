@@ -34,6 +34,7 @@
 
 #include "comm/agreement.h"
 #include "comm/mpi_communicator.h"
+#include "engine/config.h"
 #include "kernels/check.h"
 #include "kernels/device.h"
 #include "tools/commands.h"
@@ -120,6 +121,13 @@ int job_size() {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+void require_host_engine(const Config& cfg, std::string_view command) {
+  if (cfg.runtime.device == RuntimeDevice::cuda)
+    ORIGAMI_USER_ERROR(cfg.origin("runtime.device"), ": runtime.device = \"cuda\": ", command,
+                       " times the CPU engine, not the GPU's; on a GPU, `origami train` reports tokens/s, TFLOP/s ",
+                       "and MFU each step, and `origami bench kernels --device cuda` times its ops");
 }
 
 CLI::Validator finite_positive() {
