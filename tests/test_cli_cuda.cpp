@@ -296,7 +296,8 @@ TEST_F(CudaTrain, EvalOnTheGpuGivesTheCpusLoss) {
 // 10 steps each, per-step LM, aux and z losses within 1e-4 relative and
 // grad norms within 1e-3 (the bar and reasons of Fp32StepsMatchTheCpuRun):
 // capacity with position drops and padding, z-loss, the per-sequence aux
-// loss, a shared expert, recomputed expert activations; then a sigmoid
+// loss, a shared expert, recomputed expert activations, weight gradients
+// deferred past the data gradients (zb-h1's split, at pp = 1); then a sigmoid
 // router with normalized, scaled weights, group-limited routing and the
 // global aux loss, with whole layers recomputed. Position drops, not
 // probability drops: which slots a capacity keeps then depends only on the
@@ -307,7 +308,7 @@ TEST_F(CudaTrain, MoeVariantsMatchTheCpuInFp32) {
       {"capacity",
        " --set moe.capacity_factor=1.0 --set moe.drop_policy=position --set moe.pad_to_capacity=true"
        " --set moe.z_loss_coeff=1e-3 --set moe.load_balancing=seq_aux_loss --set moe.shared_expert_hidden_size=64"
-       " --set training.recompute=moe"},
+       " --set training.recompute=moe --set parallel.pp_schedule=zb-h1"},
       {"grouped-sigmoid",
        " --set moe.score_function=sigmoid --set moe.normalize_topk=true --set moe.topk_scaling=2.5"
        " --set moe.num_groups=4 --set moe.group_topk=2 --set moe.load_balancing=global_aux_loss"
