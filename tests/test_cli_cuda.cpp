@@ -13,7 +13,8 @@
 //     tests/test_cli_bf16.cpp), and the device ledger's persistent bytes are
 //     `origami plan`'s for runtime.device = "cuda" (whose recipe is bf16).
 //     The distance to the CPU's emulated bf16 run is printed: same rule per
-//     element, other summation order.
+//     element, other summation order. The host's ledger holds no training
+//     state; every step reports MFU and no exposed communication (one rank).
 //   - a checkpoint written by a bf16 GPU run loads on two fp32 CPU ranks at
 //     ZeRO-3 and one written there loads into a bf16 GPU run (expert bias
 //     on): loaded and saved again at once, the consolidated parameters (the
@@ -166,9 +167,18 @@ TEST_F(CudaTrain, Bf16StepsTrackTheCpuFp32RunWithThePlannedBytes) {
   const nlohmann::json& planned = plan.at("ledger").at("stages").at(0);
   for (const auto& rec : gpu) {
     EXPECT_EQ(rec.at("mem").at("device").get<std::string>(), "cuda:0");
-    for (const char* key : {"param", "grad", "optim"})
+    for (const char* key : {"param", "grad", "optim"}) {
       EXPECT_EQ(rec.at("mem").at("persistent").at(key).get<int64_t>(), planned.at(key).get<int64_t>())
           << key << " bytes at step " << rec.at("step");
+      // The training state lives on the device: the host's ledger holds none of it.
+      EXPECT_EQ(rec.at("mem").at("host").at("persistent").at(key).get<int64_t>(), 0)
+          << key << " bytes on the host at step " << rec.at("step");
+    }
+    // The step line's GPU figures: MFU against the start-up peak, and exposed
+    // communication, none at all on one rank (no group has a second member).
+    EXPECT_GT(rec.at("mfu").get<double>(), 0.0) << "step " << rec.at("step");
+    EXPECT_GT(rec.at("peak_gflops").get<double>(), 10e3) << "step " << rec.at("step");
+    EXPECT_EQ(rec.at("comm_exposed_s").get<double>(), 0.0) << "step " << rec.at("step");
   }
 }
 
