@@ -1,6 +1,7 @@
 // Groups: one MPI_Comm_split per group kind (the same sequence on every rank,
 // as MPI requires), kept as the group's MPI communicator and, with a CUDA
-// compute device, also used to bootstrap the group's NCCL communicator.
+// compute device, also used to bootstrap the group's NCCL communicator
+// (groups of more than one rank, unless GroupsOptions asks for all).
 #include "comm/groups.h"
 
 #include <string>
@@ -26,7 +27,7 @@ Groups Groups::create(const Layout& layout, MPI_Comm world, const GroupsOptions&
 
   Groups g(layout, rank, options.compute_device);
   auto wrap = [&](std::unique_ptr<MpiCommunicator> mpi, bool ring_p2p = false) -> std::unique_ptr<Communicator> {
-    if (!mpi || !cuda) return mpi;
+    if (!mpi || !cuda || (mpi->size() == 1 && !options.nccl_for_groups_of_one)) return mpi;
     CommOptions o = options.comm;
     o.ring_p2p = ring_p2p;
     std::unique_ptr<Communicator> nccl = make_nccl_communicator(*mpi, o);  // bootstraps over the MPI group
@@ -51,6 +52,7 @@ Groups Groups::create(const Layout& layout, MPI_Comm world, Backend backend, Com
     if (!nccl_available())
       ORIGAMI_USER_ERROR("the NCCL backend was asked for, but this build has no NCCL (configure with CUDA)");
     o.compute_device = local_cuda_device();
+    o.nccl_for_groups_of_one = true;  // asked for by name
   }
   return create(layout, world, o);
 }

@@ -25,6 +25,12 @@ struct GroupsOptions {
   // (needs a build with NCCL; UserError otherwise).
   Device compute_device = Device::cpu();
   CommOptions comm;
+  // A group of one rank moves nothing between ranks, and the engine never
+  // calls one (multi_rank below): it gets its MPI communicator alone, not
+  // an NCCL one beside it (an NCCL init each, and device memory; at world 1
+  // all 16 groups are of one). The tests of NCCL's call paths on one GPU,
+  // and an explicit Backend::nccl, ask for them.
+  bool nccl_for_groups_of_one = false;
 };
 
 class Groups {

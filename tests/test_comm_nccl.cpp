@@ -190,6 +190,7 @@ Groups routed_groups(double timeout_s, cudaStream_t compute = nullptr) {
   go.compute_device = local_cuda_device();
   go.comm = CommOptions{timeout_s};
   go.comm.compute_stream = compute;
+  go.nccl_for_groups_of_one = true;  // one rank under CTest: every call path through NCCL all the same
   LayoutOptions o;
   o.ep = w;
   return Groups::create(Layout(w, o), MPI_COMM_WORLD, go);
