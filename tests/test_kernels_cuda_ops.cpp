@@ -467,61 +467,61 @@ void route_stdout_to_stderr() {
   std::setvbuf(stdout, nullptr, _IONBF, 0);
 }
 
-TEST_F(CudaDeviceDeathTest, ACrossEntropyTargetOutOfRangeStopsTheJobNamingIt) {
+// `launch(ctx)` queues a kernel whose device-side check fails; in a fresh
+// child the job must stop with exit 4, the kernel's `report` and then the
+// next CUDA call's check failure in its output.
+template <class Launch>
+void expect_device_check_stops_the_job(Launch launch, const std::string& report) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  const auto bad_target = [] {
+  const auto run = [&] {
     route_stdout_to_stderr();
     const ExecContext ctx = ExecContext::cuda(0);
-    const Tensor logits = random_host({4, 8}, 51).to(Device::cuda(0));
-    Tensor targets_host = Tensor::empty({4}, DType::i32, MemCategory::activation);
-    for (int32_t t = 0; t < 4; ++t) targets_host.i32()[t] = t == 3 ? 8 : t;  // token 3's is V
-    const Tensor targets = targets_host.to(Device::cuda(0));
-    Tensor loss = ctx.empty({4}, DType::f32, MemCategory::activation);
-    Tensor lse = ctx.empty({4}, DType::f32, MemCategory::activation);
-    cross_entropy_forward(ctx, logits, targets, loss, lse);
+    launch(ctx);
     ctx.synchronize();
   };
-  EXPECT_EXIT(bad_target(), ::testing::ExitedWithCode(kExitInternal),
-              "cross-entropy target 8 of token 3 is outside \\[0, 8\\)");
-  EXPECT_EXIT(bad_target(), ::testing::ExitedWithCode(kExitInternal), "check failed: .*cudaError");
+  EXPECT_EXIT(run(), ::testing::ExitedWithCode(kExitInternal), report);
+  EXPECT_EXIT(run(), ::testing::ExitedWithCode(kExitInternal), "check failed: .*cudaError");
+}
+
+// An i32 tensor on cuda:0 holding `values`.
+Tensor device_i32(std::initializer_list<int32_t> values, Shape shape) {
+  Tensor host = Tensor::empty(std::move(shape), DType::i32, MemCategory::activation);
+  std::copy(values.begin(), values.end(), host.i32());
+  return host.to(Device::cuda(0));
+}
+
+TEST_F(CudaDeviceDeathTest, ACrossEntropyTargetOutOfRangeStopsTheJobNamingIt) {
+  expect_device_check_stops_the_job(
+      [](const ExecContext& ctx) {
+        const Tensor logits = random_host({4, 8}, 51).to(Device::cuda(0));
+        const Tensor targets = device_i32({0, 1, 2, 8}, {4});  // token 3's is V
+        Tensor loss = ctx.empty({4}, DType::f32, MemCategory::activation);
+        Tensor lse = ctx.empty({4}, DType::f32, MemCategory::activation);
+        cross_entropy_forward(ctx, logits, targets, loss, lse);
+      },
+      "cross-entropy target 8 of token 3 is outside \\[0, 8\\)");
 }
 
 TEST_F(CudaDeviceDeathTest, AContextParallelPositionOutOfRangeStopsTheJobNamingIt) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  const auto bad_position = [] {
-    route_stdout_to_stderr();
-    const ExecContext ctx = ExecContext::cuda(0);
-    Tensor tokens_host = Tensor::empty({2, 9}, DType::i32, MemCategory::activation);  // S = 8
-    for (int32_t i = 0; i < 18; ++i) tokens_host.i32()[i] = i;
-    Tensor pos_host = Tensor::empty({4}, DType::i32, MemCategory::activation);
-    const int32_t pos[] = {0, 7, 3, 8};  // row 3 names position 8, past S - 1
-    std::copy(std::begin(pos), std::end(pos), pos_host.i32());
-    const Tensor tokens = tokens_host.to(Device::cuda(0)), pos_S = pos_host.to(Device::cuda(0));
-    Tensor ids = ctx.empty({8}, DType::i32, MemCategory::activation), targets = ctx.empty({8}, DType::i32, MemCategory::activation);
-    cp_gather_tokens(ctx, tokens, pos_S, ids, targets);
-    ctx.synchronize();
-  };
-  EXPECT_EXIT(bad_position(), ::testing::ExitedWithCode(kExitInternal),
-              "cp_gather_tokens: position 8 at row 3 outside \\[0, 8\\)");
-  EXPECT_EXIT(bad_position(), ::testing::ExitedWithCode(kExitInternal), "check failed: .*cudaError");
+  expect_device_check_stops_the_job(
+      [](const ExecContext& ctx) {
+        const Tensor tokens = device_i32({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}, {2, 9});
+        const Tensor pos_S = device_i32({0, 7, 3, 8}, {4});  // S = 8: row 3 names position 8, past S - 1
+        Tensor ids = ctx.empty({8}, DType::i32, MemCategory::activation);
+        Tensor targets = ctx.empty({8}, DType::i32, MemCategory::activation);
+        cp_gather_tokens(ctx, tokens, pos_S, ids, targets);
+      },
+      "cp_gather_tokens: position 8 at row 3 outside \\[0, 8\\)");
 }
 
 TEST_F(CudaDeviceDeathTest, AnExpertIndexOutOfRangeStopsTheJobNamingTheRule) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  const auto bad_expert = [] {
-    route_stdout_to_stderr();
-    const ExecContext ctx = ExecContext::cuda(0);
-    Tensor expert_host = Tensor::empty({3, 2}, DType::i32, MemCategory::activation);
-    const int32_t experts[] = {0, 1, 2, 3, 1, 4};  // 4 experts: the last slot names expert 4
-    std::copy(std::begin(experts), std::end(experts), expert_host.i32());
-    const Tensor expert_TK = expert_host.to(Device::cuda(0));
-    Tensor count_E = ctx.empty({4}, DType::i64, MemCategory::activation);
-    moe_expert_histogram(ctx, expert_TK, Tensor(), 4, count_E);
-    ctx.synchronize();
-  };
-  EXPECT_EXIT(bad_expert(), ::testing::ExitedWithCode(kExitInternal),
-              "moe_expert_histogram: expert index outside \\[0, num_experts\\)");
-  EXPECT_EXIT(bad_expert(), ::testing::ExitedWithCode(kExitInternal), "check failed: .*cudaError");
+  expect_device_check_stops_the_job(
+      [](const ExecContext& ctx) {
+        const Tensor expert_TK = device_i32({0, 1, 2, 3, 1, 4}, {3, 2});  // 4 experts: the last slot names 4
+        Tensor count_E = ctx.empty({4}, DType::i64, MemCategory::activation);
+        moe_expert_histogram(ctx, expert_TK, Tensor(), 4, count_E);
+      },
+      "moe_expert_histogram: expert index outside \\[0, num_experts\\)");
 }
 
 }  // namespace
