@@ -1,7 +1,7 @@
 // The CUDA half of ExecContext's state (created and destroyed by
 // kernels/cuda/context.cpp) and the cuBLASLt helpers that gemm.cu and
 // grouped_gemm.cu share. Included by kernels/cuda sources, and by
-// tests/test_kernels_device.cpp, which reads the plan cache's size.
+// tests/test_kernels_cuda_ops.cpp, which reads the plan cache's size.
 //
 // A context owns, once, for its lifetime:
 //  - its stream, and a cuBLAS and a cuBLASLt handle used on it;
