@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -134,6 +135,28 @@ inline void expect_moves_keep_the_state(const TrainRun& one, const std::string& 
     expect_export_holds_the_checkpoint_weights(scratch + "/" + loaded + "-hf", scratch + "/" + saved + "-export",
                                                dst.bf16);
   }
+}
+
+// `origami bench kernels --json`'s report on any device: finite, positive
+// ceilings, times and rates; each op's fraction of its ceiling is its rate
+// over that ceiling; no op read back wrong data; keys unique. The keys.
+inline std::set<std::string> expect_bench_kernels_report(const nlohmann::json& j) {
+  const double tflops = j["ceilings"]["gemm_tflops"].get<double>(), gbps = j["ceilings"]["copy_gbps"].get<double>();
+  EXPECT_TRUE(std::isfinite(tflops) && tflops > 0) << j["ceilings"];
+  EXPECT_TRUE(std::isfinite(gbps) && gbps > 0) << j["ceilings"];
+  EXPECT_EQ(j["wrong"], 0);
+  std::set<std::string> keys;
+  for (const auto& op : j.at("ops")) {
+    const std::string key = op.at("key");
+    EXPECT_TRUE(keys.insert(key).second) << key << " twice";
+    const bool compute = op.contains("tflops");
+    const double ms = op.at("ms").get<double>(), rate = op.at(compute ? "tflops" : "gbps").get<double>();
+    EXPECT_TRUE(std::isfinite(ms) && ms > 0) << op;
+    EXPECT_TRUE(std::isfinite(rate) && rate > 0) << op;
+    EXPECT_NEAR(op.at("fraction_of_ceiling").get<double>(), rate / (compute ? tflops : gbps), 1e-9 * rate) << op;
+    EXPECT_FALSE(op.contains("wrong")) << op;
+  }
+  return keys;
 }
 
 // A step's comm_bytes per group within 1% of the plan's figures for stage 0

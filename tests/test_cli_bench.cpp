@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "cli_checks.h"
 #include "cli_util.h"
 #include "kernels/device.h"
 
@@ -49,21 +50,7 @@ TEST(CliBench, KernelsReportsEveryOpAgainstTheCeilings) {
                                 " bench kernels --device cpu --shapes tiny --samples 3 --json");
   ASSERT_EQ(r.status, 0) << r.output;
   auto j = nlohmann::json::parse(r.output.substr(r.output.find('{')));
-  const double tflops = j["ceilings"]["gemm_tflops"].get<double>(), gbps = j["ceilings"]["copy_gbps"].get<double>();
-  EXPECT_TRUE(std::isfinite(tflops) && tflops > 0) << j["ceilings"];
-  EXPECT_TRUE(std::isfinite(gbps) && gbps > 0) << j["ceilings"];
-  EXPECT_EQ(j["wrong"], 0);
-  std::set<std::string> keys;
-  for (const auto& op : j.at("ops")) {
-    const std::string key = op.at("key");
-    EXPECT_TRUE(keys.insert(key).second) << key << " twice";
-    const bool compute = op.contains("tflops");
-    const double ms = op.at("ms").get<double>(), rate = op.at(compute ? "tflops" : "gbps").get<double>();
-    EXPECT_TRUE(std::isfinite(ms) && ms > 0) << op;
-    EXPECT_TRUE(std::isfinite(rate) && rate > 0) << op;
-    EXPECT_NEAR(op.at("fraction_of_ceiling").get<double>(), rate / (compute ? tflops : gbps), 1e-9 * rate) << op;
-    EXPECT_FALSE(op.contains("wrong")) << op;
-  }
+  const std::set<std::string> keys = testing::expect_bench_kernels_report(j);
   for (const char* key :
        {"gemm/q.fwd", "gemm/q.dgrad", "gemm/q.wgrad", "gemm/kv.fwd", "gemm/out.fwd", "gemm/mlp_up.fwd",
         "gemm/mlp_down.wgrad", "grouped_gemm/gate_up.fwd", "grouped_gemm/down.fwd", "grouped_gemm/down.dgrad",

@@ -36,6 +36,8 @@
 //     fp32 as on the CPU (1e-4).
 //   - a diverged run (infinite initial weights, NaN through every kernel
 //     of the step; a learning rate of 1e30) exits 3 as on the CPU.
+//   - `bench kernels --device cuda` at the tiny shapes, f32 and bf16, times
+//     every op the CPU times, with its data right.
 //   - a model past the GPU's memory, or more experts than the CUDA router
 //     holds, is refused before training (exit 2).
 //   - one rank more than the node's GPUs (two ranks on one GPU) is refused
@@ -51,6 +53,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -426,6 +429,25 @@ TEST_F(CudaTrain, MoreExpertsThanTheCudaRouterHoldsAreRefusedBeforeTraining) {
   EXPECT_NE(r.output.find("moe.num_experts = 7000 (num_groups 1, top_k 2) on cuda:0: the CUDA router keeps"),
             std::string::npos)
       << r.output;
+}
+
+// `origami bench kernels --device cuda` beyond gpu_check's run (bf16 at the
+// model's shapes): the tiny shapes in f32 and in bf16 time every op the CPU
+// times at those shapes, each op's data read back right, with consistent
+// figures (tests/cli_checks.h).
+TEST(CudaBench, KernelsAtTinyShapesInEitherDtypeTimeEveryOpTheCpuTimes) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
+  const auto report = [](const std::string& args) {
+    const testing::CommandResult r =
+        run_command(std::string(ORIGAMI_BINARY) + " bench kernels --shapes tiny --samples 3 --json " + args);
+    EXPECT_EQ(r.status, 0) << r.output;
+    return nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  };
+  const std::set<std::string> cpu = testing::expect_bench_kernels_report(report("--device cpu"));
+  for (const char* dtype : {"f32", "bf16"}) {
+    SCOPED_TRACE(dtype);
+    EXPECT_EQ(testing::expect_bench_kernels_report(report(std::string("--device cuda --dtype ") + dtype)), cpu);
+  }
 }
 
 TEST(DevicePeak, TwoGpuMeasurementsInARowAgree) {
