@@ -30,7 +30,8 @@
 //     repeats the first bit for bit.
 //   - SIGTERM stops a GPU run at a step boundary with a checkpoint, and
 //     the resume is bit-exact.
-//   - `origami eval` on cuda:0 gives the CPU's loss (fp32 1e-4, bf16 2e-2).
+//   - `origami eval` on cuda:0 gives the CPU's loss (fp32 1e-4, bf16 2e-2),
+//     and init_from_hf loads the same weights into a GPU run bit for bit.
 //   - capacity/padding, z-loss, sequence and global aux losses, a shared
 //     expert, a grouped sigmoid router and both recompute modes train in
 //     fp32 as on the CPU (1e-4).
@@ -281,6 +282,7 @@ TEST_F(CudaTrain, SigtermCheckpointsFromTheGpuAndTheResumeIsBitExact) {
 // CPU's mean loss within 1e-4 relative in fp32 (the same math in another
 // summation order, as the training comparison above) and within 2e-2 in
 // bf16 (the training bar; activations and GEMM operands rounded to bf16).
+// The same export then starts GPU runs (checkpoint.init_from_hf).
 TEST_F(CudaTrain, EvalOnTheGpuGivesTheCpusLoss) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
   const std::string weights = *dir_ / "eval-weights";
@@ -303,6 +305,18 @@ TEST_F(CudaTrain, EvalOnTheGpuGivesTheCpusLoss) {
   EXPECT_TRUE(std::isfinite(cpu) && cpu > 0) << cpu;
   EXPECT_LE(std::abs(fp32 - cpu), 1e-4 * cpu) << "fp32 eval on cuda:0 " << fp32 << " vs the CPU's " << cpu;
   EXPECT_LE(std::abs(bf16 - cpu), 2e-2 * cpu) << "bf16 eval on cuda:0 " << bf16 << " vs the CPU's " << cpu;
+  // checkpoint.init_from_hf on the GPU: the same weights loaded into device
+  // state and exported at once (no step) come back bit for bit in fp32, and
+  // rounded to bf16 (the working copy the export reads) in bf16.
+  for (const bool in_bf16 : {false, true}) {
+    SCOPED_TRACE(in_bf16 ? "bf16" : "fp32");
+    const std::string tag = in_bf16 ? "hf-init-bf16" : "hf-init-fp32", out = *dir_ / (tag + "-export");
+    r = train(tag, std::string(" --set training.steps=0 --set runtime.device=cuda --set runtime.precision=") +
+                       (in_bf16 ? "bf16" : "fp32") + " --set checkpoint.init_from_hf=" + weights +
+                       " --set export.dir=" + out);
+    ASSERT_EQ(r.status, 0) << r.output;
+    testing::expect_export_holds_the_checkpoint_weights(out, weights, in_bf16);
+  }
 }
 
 // The MoE layer's other paths trained on the GPU in fp32 against the CPU,
