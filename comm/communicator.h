@@ -128,6 +128,12 @@ struct CommOptions {
   // the MPI backend, so that code relying on tags to pair messages posted in
   // another order fails on the CPU. Set with check_in_flight on the stand-in.
   bool p2p_by_order = false;
+  // NCCL only, fault injection for tests: every op's asynchronous-error poll
+  // (the watchdog's, and a host wait's) reports this ncclResult_t in place
+  // of NCCL's own, as a failed peer or network would make it report: the
+  // failure paths a one-rank world cannot otherwise reach (PyTorch's
+  // ProcessGroupNCCL tests simulate errors the same way). 0: none.
+  int simulated_nccl_error = 0;
 };
 
 struct OpStats {

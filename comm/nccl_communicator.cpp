@@ -6,26 +6,16 @@
 #include "kernels/check.h"
 
 #if ORIGAMI_WITH_NCCL
-#include <cuda_runtime.h>
-#include <nccl.h>
-
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <cstdio>
 #include <cstdlib>
-#include <future>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
-#include <shared_mutex>
 #include <string>
-#include <thread>
 #include <vector>
+
+#include "comm/nccl_watchdog.h"
 #endif
 
 namespace origami::comm {
@@ -42,16 +32,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(const MpiCommunicator&, Com
 
 #else
 
-#define ORIGAMI_CUDA_CHECK(call)                                                          \
-  do {                                                                                    \
-    cudaError_t origami_cuda_rc_ = (call);                                                \
-    ORIGAMI_CHECK(origami_cuda_rc_ == cudaSuccess, cudaGetErrorString(origami_cuda_rc_)); \
-  } while (0)
-#define ORIGAMI_NCCL_CHECK(call)                                                          \
-  do {                                                                                    \
-    ncclResult_t origami_nccl_rc_ = (call);                                               \
-    ORIGAMI_CHECK(origami_nccl_rc_ == ncclSuccess, ncclGetErrorString(origami_nccl_rc_)); \
-  } while (0)
+using nccl::NcclCallScope;
+using nccl::Watchdog;
 
 namespace {
 
@@ -68,189 +50,6 @@ ncclDataType_t nccl_type(ElemType t) {
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::max ? ncclMax : ncclSum; }
 
-// Once a thread has begun aborting a communicator (which frees it), no
-// thread may call NCCL again: each one that would parks until the process
-// is gone (abort_job's own rule for a second failing thread). Every NCCL
-// call runs inside an NcclCallScope, which holds nccl_calls() shared, and
-// ncclCommAbort holds it alone: a flag checked before the call is not
-// enough, as a thread past the check could still read the communicator the
-// abort frees (the main thread's poll in a wait, ncclCommGetAsyncError),
-// turning exit status 5 into a segfault.
-std::atomic<bool> nccl_aborting{false};
-std::shared_mutex& nccl_calls() {
-  static std::shared_mutex m;
-  return m;
-}
-[[noreturn]] void park_forever() {
-  for (;;) ::pause();
-}
-class NcclCallScope {
- public:
-  NcclCallScope() : lock_(nccl_calls()) {
-    if (nccl_aborting.load()) {
-      lock_.unlock();
-      park_forever();
-    }
-  }
-
- private:
-  std::shared_lock<std::shared_mutex> lock_;
-};
-
-// ncclCommAbort on the way out of a failed job, given at most two seconds.
-// It frees the communicator's device memory, and cudaFree waits for every
-// kernel on the device: a kernel of another communicator spinning on the
-// same dead peer, or a compute stream stuck in front of the op, would keep
-// it, and the job, from ever ending; so would a thread stuck inside an NCCL
-// call, which keeps its scope. The process exits right after, which ends
-// its kernels anyway; the abort only lets NCCL stop its own first.
-void abort_nccl_comm_bounded(ncclComm_t comm) {
-  if (nccl_aborting.exchange(true)) park_forever();  // another thread aborts the job
-  auto done = std::make_shared<std::promise<void>>();
-  std::future<void> aborted = done->get_future();
-  std::thread([comm, done] {
-    std::unique_lock<std::shared_mutex> alone(nccl_calls());  // no call is inside the communicator
-    ncclCommAbort(comm);
-    done->set_value();
-  }).detach();
-  (void)aborted.wait_for(std::chrono::seconds(2));
-}
-
-// The watchdog (as PyTorch's ProcessGroupNCCL keeps one): a thread that
-// polls every NCCL op this process issued until its stream has passed it.
-// An op still unfinished timeout_s after it was issued, or whose
-// communicator reports an asynchronous error, aborts the job from that
-// thread, naming rank, group, op and sequence, after ncclCommAbort (given
-// two seconds, abort_nccl_comm_bounded), so a hang is bounded wherever the
-// main thread stands. A blocking wait has its
-// own bound (Request::wait), but an op handed to the compute stream
-// (Request::wait_on) would otherwise show only as a host synchronization
-// that never returns. Runs while any NCCL communicator exists.
-class Watchdog {
- public:
-  struct Entry {
-    cudaEvent_t done = nullptr;  // recorded after the op on its stream; the watchdog's own
-    int device = 0;              // the event's
-    std::chrono::steady_clock::time_point issued;
-    double timeout_s = 0;
-    ncclComm_t comm = nullptr;
-    const void* owner = nullptr;  // the NcclCommunicator
-    std::string group;
-    CommOp op = CommOp::barrier;
-    int64_t seq = 0, bytes = 0;
-  };
-  // The communicators' count keeps the thread: started with the first,
-  // stopped (joined) with the last.
-  static void attach() {
-    std::lock_guard<std::mutex> lock(instance_mutex());
-    if (users()++ == 0) instance() = std::make_unique<Watchdog>();
-  }
-  static void detach(const void* owner) {
-    std::lock_guard<std::mutex> lock(instance_mutex());
-    instance()->forget(owner);
-    if (--users() == 0) instance().reset();
-  }
-  static void watch(Entry e) {
-    std::lock_guard<std::mutex> lock(instance_mutex());
-    instance()->add(std::move(e));
-  }
-
-  Watchdog() : thread_([this] { run(); }) {}
-  ~Watchdog() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
-    for (Entry& e : entries_) cudaEventDestroy(e.done);
-  }
-
- private:
-  static std::mutex& instance_mutex() {
-    static std::mutex m;
-    return m;
-  }
-  static std::unique_ptr<Watchdog>& instance() {
-    static std::unique_ptr<Watchdog> w;
-    return w;
-  }
-  static int& users() {
-    static int n = 0;
-    return n;
-  }
-  void add(Entry e) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    entries_.push_back(std::move(e));
-  }
-  // The communicator's ops go before it destroys its comms (they are done:
-  // its destructor synchronized its streams first).
-  void forget(const void* owner) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::erase_if(entries_, [&](Entry& e) {
-      if (e.owner != owner) return false;
-      cudaEventDestroy(e.done);
-      return true;
-    });
-  }
-  void run() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (!stop_) {
-      wake_.wait_for(lock, std::chrono::milliseconds(100));
-      const auto now = std::chrono::steady_clock::now();
-      for (auto it = entries_.begin(); it != entries_.end();) {
-        if (int current = -1; cudaGetDevice(&current) != cudaSuccess || current != it->device) cudaSetDevice(it->device);
-        const cudaError_t rc = cudaEventQuery(it->done);
-        if (rc != cudaErrorNotReady) {  // done, or an error the main thread reports at its next CUDA call
-          cudaEventDestroy(it->done);
-          it = entries_.erase(it);
-          continue;
-        }
-        // A failed peer or network shows first as NCCL's asynchronous
-        // error (thread-safe to poll from here, as ncclCommAbort is).
-        ncclResult_t async = ncclSuccess;
-        bool polled = false;
-        {
-          const NcclCallScope scope;  // ends before an abort below, which needs the calls alone
-          polled = ncclCommGetAsyncError(it->comm, &async) == ncclSuccess;
-        }
-        if (polled && async != ncclSuccess && async != ncclInProgress) {
-          char msg[768];
-          std::snprintf(msg, sizeof msg,
-                        "[rank %d] NCCL error (watchdog): group %s op %s seq %lld bytes %lld: %s (%s)",
-                        world_rank_for_diagnostics(), it->group.c_str(), std::string(op_name(it->op)).c_str(),
-                        static_cast<long long>(it->seq), static_cast<long long>(it->bytes), ncclGetErrorString(async),
-                        ncclGetLastError(it->comm));
-          std::fprintf(stderr, "%s\n", msg);
-          std::fflush(stderr);
-          abort_nccl_comm_bounded(it->comm);
-          abort_job(kExitInternal, "");
-        }
-        const double waited = std::chrono::duration<double>(now - it->issued).count();
-        if (waited > it->timeout_s) {
-          char msg[512];
-          std::snprintf(msg, sizeof msg,
-                        "[rank %d] collective timeout (NCCL watchdog): group %s op %s seq %lld bytes %lld not done "
-                        "%.1f s after it was issued",
-                        world_rank_for_diagnostics(), it->group.c_str(), std::string(op_name(it->op)).c_str(),
-                        static_cast<long long>(it->seq), static_cast<long long>(it->bytes), waited);
-          std::fprintf(stderr, "%s\n", msg);  // first: an abort that stalls must not swallow it
-          std::fflush(stderr);
-          abort_nccl_comm_bounded(it->comm);
-          abort_job(kExitTimeout, "");
-        }
-        ++it;
-      }
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool stop_ = false;
-  std::vector<Entry> entries_;
-  std::thread thread_;  // last: starts once the members above exist
-};
-
 // A stream's wait on an NCCL op: timing events before and after it on that
 // stream; their interval is how long the stream stood there.
 struct StreamWait {
@@ -262,10 +61,11 @@ class NcclPending final : public detail::PendingOp {
  public:
   // Timing events: the op's run time on the stream bounds its exposed time
   // when the host waits for it (exposed_seconds).
-  NcclPending(ncclComm_t comm, cudaStream_t stream, std::vector<StreamWait>* waits, const void* owner)
-      : comm_(comm), waits_(waits), owner_(owner) {
-    ORIGAMI_CUDA_CHECK(cudaEventCreate(&started_));
-    ORIGAMI_CUDA_CHECK(cudaEventCreate(&event_));
+  NcclPending(ncclComm_t comm, ncclResult_t simulated, cudaStream_t stream, std::vector<StreamWait>* waits,
+              const void* owner)
+      : comm_(comm), simulated_(simulated), waits_(waits), owner_(owner) {
+    CUDA_CHECK(cudaEventCreate(&started_));
+    CUDA_CHECK(cudaEventCreate(&event_));
     stream_ = stream;
   }
   ~NcclPending() override {
@@ -273,16 +73,17 @@ class NcclPending final : public detail::PendingOp {
     cudaEventDestroy(event_);
   }
   // Around the op's kernels, after the stream's wait for its inputs.
-  void record_start() { ORIGAMI_CUDA_CHECK(cudaEventRecord(started_, stream_)); }
-  void record() { ORIGAMI_CUDA_CHECK(cudaEventRecord(event_, stream_)); }
+  void record_start() { CUDA_CHECK(cudaEventRecord(started_, stream_)); }
+  void record() { CUDA_CHECK(cudaEventRecord(event_, stream_)); }
   void launched() override {
     Watchdog::Entry e;
-    ORIGAMI_CUDA_CHECK(cudaGetDevice(&e.device));
-    ORIGAMI_CUDA_CHECK(cudaEventCreateWithFlags(&e.done, cudaEventDisableTiming));
-    ORIGAMI_CUDA_CHECK(cudaEventRecord(e.done, stream_));
+    CUDA_CHECK(cudaGetDevice(&e.device));
+    CUDA_CHECK(cudaEventCreateWithFlags(&e.done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(e.done, stream_));
     e.issued = std::chrono::steady_clock::now();
     e.timeout_s = timeout_s;
     e.comm = comm_;
+    e.simulated = simulated_;
     e.owner = owner_;
     e.group = group;
     e.op = op;
@@ -296,7 +97,7 @@ class NcclPending final : public detail::PendingOp {
   // stretch the host stood waiting.
   double exposed_seconds(double host_wait_s) override {
     float ms = 0;
-    ORIGAMI_CUDA_CHECK(cudaEventElapsedTime(&ms, started_, event_));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, started_, event_));
     return std::min(host_wait_s, ms / 1e3);
   }
   bool test() override {
@@ -304,33 +105,32 @@ class NcclPending final : public detail::PendingOp {
     if (rc == cudaSuccess) return true;
     ORIGAMI_CHECK(rc == cudaErrorNotReady, "group ", group, " ", op_name(op), ": ", cudaGetErrorString(rc));
     ncclResult_t async = ncclSuccess;
-    {
-      const NcclCallScope scope;
-      ORIGAMI_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
-    }
-    ORIGAMI_CHECK(async == ncclSuccess || async == ncclInProgress, "group ", group, " ", op_name(op), " seq ", seq,
-                  ": NCCL reports ", ncclGetErrorString(async));
+    ORIGAMI_CHECK(nccl::poll_async_error(comm_, simulated_, &async), "group ", group, " ", op_name(op),
+                  ": ncclCommGetAsyncError failed");
+    ORIGAMI_CHECK(!nccl::is_failure(async), "group ", group, " ", op_name(op), " seq ", seq, ": NCCL reports ",
+                  ncclGetErrorString(async));
     return false;
   }
   // Stops NCCL kernels that would otherwise spin forever on a missing peer.
-  void abort_backend() override { abort_nccl_comm_bounded(comm_); }
+  void abort_backend() override { nccl::abort_nccl_comm_bounded(comm_); }
   // The stream's later work waits on the op's event; the event may then be
   // destroyed (the wait captured it), so the request can go at once.
   bool enqueue_wait(void* stream) override {
     const auto s = static_cast<cudaStream_t>(stream);
     StreamWait w;
     w.sink = exposed_sink;
-    ORIGAMI_CUDA_CHECK(cudaEventCreate(&w.before));
-    ORIGAMI_CUDA_CHECK(cudaEventCreate(&w.after));
-    ORIGAMI_CUDA_CHECK(cudaEventRecord(w.before, s));
-    ORIGAMI_CUDA_CHECK(cudaStreamWaitEvent(s, event_, 0));
-    ORIGAMI_CUDA_CHECK(cudaEventRecord(w.after, s));
+    CUDA_CHECK(cudaEventCreate(&w.before));
+    CUDA_CHECK(cudaEventCreate(&w.after));
+    CUDA_CHECK(cudaEventRecord(w.before, s));
+    CUDA_CHECK(cudaStreamWaitEvent(s, event_, 0));
+    CUDA_CHECK(cudaEventRecord(w.after, s));
     waits_->push_back(w);
     return true;
   }
 
  private:
   ncclComm_t comm_;
+  ncclResult_t simulated_;          // CommOptions::simulated_nccl_error
   std::vector<StreamWait>* waits_;  // the communicator's, settled by settle_stream_waits
   const void* owner_;               // the communicator (the watchdog's key)
   cudaStream_t stream_ = nullptr;
@@ -343,17 +143,18 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(const MpiCommunicator& boot, CommOptions options)
       : Communicator(boot.name(), boot.members(), boot.rank(), options) {
     int device = 0;
-    ORIGAMI_CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaGetDevice(&device));
     device_ = Device{DeviceKind::cuda, device};
+    simulated_ = static_cast<ncclResult_t>(options.simulated_nccl_error);
     ncclUniqueId id{};
-    if (boot.rank() == 0) ORIGAMI_NCCL_CHECK(ncclGetUniqueId(&id));
+    if (boot.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, boot.handle()));
-    ORIGAMI_CUDA_CHECK(cudaStreamCreate(&stream_));  // blocking: orders after the legacy default stream
-    ORIGAMI_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(int32_t)));
-    ORIGAMI_CUDA_CHECK(cudaMemset(scratch_, 0, sizeof(int32_t)));  // the barrier's and channel warm-up's element
+    CUDA_CHECK(cudaStreamCreate(&stream_));  // blocking: orders after the legacy default stream
+    CUDA_CHECK(cudaMalloc(&scratch_, sizeof(int32_t)));
+    CUDA_CHECK(cudaMemset(scratch_, 0, sizeof(int32_t)));  // the barrier's and channel warm-up's element
     compute_ = static_cast<cudaStream_t>(options.compute_stream);
-    if (compute_) ORIGAMI_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
-    ORIGAMI_NCCL_CHECK(ncclCommInitRank(&comm_, size(), id, rank()));
+    if (compute_) CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
+    NCCL_CHECK(ncclCommInitRank(&comm_, size(), id, rank()));
     if (options.ring_p2p) open_ring_channels(boot);
     Watchdog::attach();
   }
@@ -386,9 +187,9 @@ class NcclCommunicator final : public Communicator {
         pending.push_back(w);
         continue;
       }
-      ORIGAMI_CUDA_CHECK(rc);
+      CUDA_CHECK(rc);
       float ms = 0;
-      ORIGAMI_CUDA_CHECK(cudaEventElapsedTime(&ms, w.before, w.after));
+      CUDA_CHECK(cudaEventElapsedTime(&ms, w.before, w.after));
       if (w.sink) *w.sink += ms / 1e3;
       cudaEventDestroy(w.before);
       cudaEventDestroy(w.after);
@@ -413,17 +214,17 @@ class NcclCommunicator final : public Communicator {
       if (const auto it = channels.find(c.peer); it != channels.end()) ch = &it->second;
     }
     cudaStream_t stream = ch ? ch->stream : stream_;
-    auto p = std::make_unique<NcclPending>(ch ? ch->comm : comm_, stream, &waits_, this);
+    auto p = std::make_unique<NcclPending>(ch ? ch->comm : comm_, simulated_, stream, &waits_, this);
     if (compute_) {  // the inputs were written by ops queued on the compute stream
-      ORIGAMI_CUDA_CHECK(cudaEventRecord(inputs_ready_, compute_));
-      ORIGAMI_CUDA_CHECK(cudaStreamWaitEvent(stream, inputs_ready_, 0));
+      CUDA_CHECK(cudaEventRecord(inputs_ready_, compute_));
+      CUDA_CHECK(cudaStreamWaitEvent(stream, inputs_ready_, 0));
     }
     p->record_start();
     if (ch) {  // a two-rank channel: the peer is its rank 1 - ours
       if (c.op == CommOp::send)
-        ORIGAMI_NCCL_CHECK(ncclSend(c.send, c.send_count, nccl_type(c.type), 1 - ch->rank, ch->comm, stream));
+        NCCL_CHECK(ncclSend(c.send, c.send_count, nccl_type(c.type), 1 - ch->rank, ch->comm, stream));
       else
-        ORIGAMI_NCCL_CHECK(ncclRecv(c.recv, c.recv_count, nccl_type(c.type), 1 - ch->rank, ch->comm, stream));
+        NCCL_CHECK(ncclRecv(c.recv, c.recv_count, nccl_type(c.type), 1 - ch->rank, ch->comm, stream));
       p->record();
       return p;
     }
@@ -431,63 +232,63 @@ class NcclCommunicator final : public Communicator {
     const size_t es = elem_size(c.type);
     switch (c.op) {
       case CommOp::all_reduce:
-        ORIGAMI_NCCL_CHECK(ncclAllReduce(c.recv, c.recv, c.recv_count, t, nccl_op(c.reduce), comm_, stream_));
+        NCCL_CHECK(ncclAllReduce(c.recv, c.recv, c.recv_count, t, nccl_op(c.reduce), comm_, stream_));
         break;
       case CommOp::all_gather:
         if (!c.recv_counts.empty()) {
           // all_gather_v: one broadcast per root into its slot, as one group call.
-          ORIGAMI_NCCL_CHECK(ncclGroupStart());
+          NCCL_CHECK(ncclGroupStart());
           size_t off = 0;
           for (int root = 0; root < size(); ++root) {
             const size_t n = static_cast<size_t>(c.recv_counts[root]);
             char* dst = static_cast<char*>(c.recv) + off * es;
-            if (n) ORIGAMI_NCCL_CHECK(ncclBroadcast(root == rank() ? c.send : dst, dst, n, t, root, comm_, stream_));
+            if (n) NCCL_CHECK(ncclBroadcast(root == rank() ? c.send : dst, dst, n, t, root, comm_, stream_));
             off += n;
           }
-          ORIGAMI_NCCL_CHECK(ncclGroupEnd());
+          NCCL_CHECK(ncclGroupEnd());
           break;
         }
-        ORIGAMI_NCCL_CHECK(ncclAllGather(c.send, c.recv, c.send_count, t, comm_, stream_));
+        NCCL_CHECK(ncclAllGather(c.send, c.recv, c.send_count, t, comm_, stream_));
         break;
       case CommOp::reduce_scatter:
         if (!c.send_counts.empty()) {
           // reduce_scatter_v: one reduce per root onto its recv, as one group call.
-          ORIGAMI_NCCL_CHECK(ncclGroupStart());
+          NCCL_CHECK(ncclGroupStart());
           size_t off = 0;
           for (int root = 0; root < size(); ++root) {
             const size_t n = static_cast<size_t>(c.send_counts[root]);
             if (n)
-              ORIGAMI_NCCL_CHECK(ncclReduce(static_cast<const char*>(c.send) + off * es, root == rank() ? c.recv : nullptr,
+              NCCL_CHECK(ncclReduce(static_cast<const char*>(c.send) + off * es, root == rank() ? c.recv : nullptr,
                                             n, t, nccl_op(c.reduce), root, comm_, stream_));
             off += n;
           }
-          ORIGAMI_NCCL_CHECK(ncclGroupEnd());
+          NCCL_CHECK(ncclGroupEnd());
           break;
         }
-        ORIGAMI_NCCL_CHECK(ncclReduceScatter(c.send, c.recv, c.recv_count, t, nccl_op(c.reduce), comm_, stream_));
+        NCCL_CHECK(ncclReduceScatter(c.send, c.recv, c.recv_count, t, nccl_op(c.reduce), comm_, stream_));
         break;
       case CommOp::all_to_all_v: {
         // Point-to-point pairs inside one group call; zero counts post nothing.
-        ORIGAMI_NCCL_CHECK(ncclGroupStart());
+        NCCL_CHECK(ncclGroupStart());
         size_t so = 0, ro = 0;
         for (int peer = 0; peer < size(); ++peer) {
           const size_t sn = static_cast<size_t>(c.send_counts[peer]), rn = static_cast<size_t>(c.recv_counts[peer]);
-          if (sn) ORIGAMI_NCCL_CHECK(ncclSend(static_cast<const char*>(c.send) + so * es, sn, t, peer, comm_, stream_));
-          if (rn) ORIGAMI_NCCL_CHECK(ncclRecv(static_cast<char*>(c.recv) + ro * es, rn, t, peer, comm_, stream_));
+          if (sn) NCCL_CHECK(ncclSend(static_cast<const char*>(c.send) + so * es, sn, t, peer, comm_, stream_));
+          if (rn) NCCL_CHECK(ncclRecv(static_cast<char*>(c.recv) + ro * es, rn, t, peer, comm_, stream_));
           so += sn;
           ro += rn;
         }
-        ORIGAMI_NCCL_CHECK(ncclGroupEnd());
+        NCCL_CHECK(ncclGroupEnd());
         break;
       }
-      case CommOp::send: ORIGAMI_NCCL_CHECK(ncclSend(c.send, c.send_count, t, c.peer, comm_, stream_)); break;
-      case CommOp::recv: ORIGAMI_NCCL_CHECK(ncclRecv(c.recv, c.recv_count, t, c.peer, comm_, stream_)); break;
+      case CommOp::send: NCCL_CHECK(ncclSend(c.send, c.send_count, t, c.peer, comm_, stream_)); break;
+      case CommOp::recv: NCCL_CHECK(ncclRecv(c.recv, c.recv_count, t, c.peer, comm_, stream_)); break;
       case CommOp::broadcast:
-        ORIGAMI_NCCL_CHECK(ncclBroadcast(c.recv, c.recv, c.recv_count, t, c.peer, comm_, stream_));
+        NCCL_CHECK(ncclBroadcast(c.recv, c.recv, c.recv_count, t, c.peer, comm_, stream_));
         break;
       case CommOp::barrier:
         // NCCL has no barrier; a one-element all-reduce synchronizes the group.
-        ORIGAMI_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_));
+        NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_));
         break;
     }
     p->record();
@@ -527,20 +328,20 @@ class NcclCommunicator final : public Communicator {
         ncclUniqueId id{};
         constexpr int kIdTag = 77;
         if (me == src) {
-          ORIGAMI_NCCL_CHECK(ncclGetUniqueId(&id));
+          NCCL_CHECK(ncclGetUniqueId(&id));
           MPI_CHECK(MPI_Send(&id, sizeof(id), MPI_BYTE, dst, kIdTag, boot.handle()));
         } else {
           MPI_CHECK(MPI_Recv(&id, sizeof(id), MPI_BYTE, src, kIdTag, boot.handle(), MPI_STATUS_IGNORE));
         }
         Channel ch;
         ch.rank = me == src ? 0 : 1;
-        ORIGAMI_CUDA_CHECK(cudaStreamCreate(&ch.stream));
-        ORIGAMI_NCCL_CHECK(ncclCommInitRank(&ch.comm, 2, id, ch.rank));
+        CUDA_CHECK(cudaStreamCreate(&ch.stream));
+        NCCL_CHECK(ncclCommInitRank(&ch.comm, 2, id, ch.rank));
         if (me == src)
-          ORIGAMI_NCCL_CHECK(ncclSend(scratch_, 1, ncclInt32, 1, ch.comm, ch.stream));
+          NCCL_CHECK(ncclSend(scratch_, 1, ncclInt32, 1, ch.comm, ch.stream));
         else
-          ORIGAMI_NCCL_CHECK(ncclRecv(scratch_, 1, ncclInt32, 0, ch.comm, ch.stream));
-        ORIGAMI_CUDA_CHECK(cudaStreamSynchronize(ch.stream));
+          NCCL_CHECK(ncclRecv(scratch_, 1, ncclInt32, 0, ch.comm, ch.stream));
+        CUDA_CHECK(cudaStreamSynchronize(ch.stream));
         (me == src ? to_ : from_)[me == src ? dst : src] = ch;
       }
     }
@@ -554,6 +355,7 @@ class NcclCommunicator final : public Communicator {
   std::vector<StreamWait> waits_;       // stream waits not yet settled
   void* scratch_ = nullptr;
   Device device_;
+  ncclResult_t simulated_ = ncclSuccess;  // CommOptions::simulated_nccl_error
 };
 
 }  // namespace
@@ -579,7 +381,7 @@ void use_cuda_device(Device d) {
   if (d.kind != DeviceKind::cuda || d.index < 0 || d.index >= count)
     ORIGAMI_USER_ERROR("compute device ", to_string(d), " is not a CUDA device this rank sees (", count,
                        " visible)");
-  ORIGAMI_CUDA_CHECK(cudaSetDevice(d.index));
+  CUDA_CHECK(cudaSetDevice(d.index));
 }
 
 Device memory_device(const void* p) {

@@ -12,12 +12,14 @@
 #include <thread>
 
 #include "comm/groups.h"
+#include "comm/mpi_communicator.h"
 #include "comm/nccl_communicator.h"
 #include "kernels/bf16.h"
 #include "kernels/tensor.h"
 
 #if ORIGAMI_WITH_NCCL
 #include <cuda_runtime.h>
+#include <nccl.h>
 #endif
 
 namespace origami::comm {
@@ -354,6 +356,65 @@ TEST(CommNcclDeathTest, TheWatchdogAbortsAnOpStuckBehindItsStream) {
               "collective timeout \\(NCCL watchdog\\): group ep op all_reduce seq [0-9]+ bytes [0-9]+ not done");
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0)
       << "the watchdog fired only when the stream let the op go";
+#endif
+}
+
+// NCCL's asynchronous error, where a failed peer or network shows first,
+// ends the job with exit status 4, naming group, op, sequence and NCCL's
+// error, at either of the places that poll it. A one-rank world cannot make
+// NCCL report one, so CommOptions::simulated_nccl_error (ncclRemoteError)
+// stands in for it; the op must still be unfinished for a poll to look (a
+// done op is done). First the watchdog's: an all-reduce handed to a stream
+// (wait_on, no host wait) that a host function holds 120 s; the main thread
+// stands in a stream synchronization. The watchdog aborts the communicator
+// and the job, well inside the 60 s the timeout alone would take (the bound
+// also leaves the child its start-up). Then a host wait's: the op held
+// behind the legacy stream, the host waiting for it (Request::wait). The
+// wait polls at once, the watchdog within 100 ms, so the wait's check
+// names it nearly always; either names the same facts.
+TEST(CommNcclDeathTest, AnAsynchronousNcclErrorEndsTheJobNamingTheOp) {
+#if !ORIGAMI_WITH_NCCL
+  GTEST_SKIP() << "this build has no NCCL backend (configured without CUDA)";
+#else
+  if (!have_device()) GTEST_SKIP() << "no CUDA device on this machine";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the child starts afresh: CUDA and MPI do not survive fork
+  // One NCCL communicator over the world, named ep, reporting the error.
+  const auto failing_group = [](cudaStream_t compute) {
+    ensure_mpi();
+    use_cuda_device(local_cuda_device());
+    CommOptions o{60};
+    o.compute_stream = compute;
+    o.simulated_nccl_error = ncclRemoteError;
+    return make_nccl_communicator(*whole_mpi(MPI_COMM_WORLD, "ep", o), o);
+  };
+  const auto hold = [](void*) { std::this_thread::sleep_for(std::chrono::seconds(120)); };
+  auto watchdog_sees = [&] {
+    cudaStream_t compute = nullptr;
+    if (cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) != cudaSuccess) std::exit(1);
+    std::unique_ptr<Communicator> c = failing_group(compute);
+    DeviceVec<float> dx(std::vector<float>(9, 1.0f));
+    cudaLaunchHostFunc(compute, hold, nullptr);
+    c->all_reduce_async(dx.span()).wait_on(compute);
+    cudaStreamSynchronize(compute);
+    std::exit(0);  // not reached
+  };
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EXIT(watchdog_sees(), ::testing::ExitedWithCode(kExitInternal),
+              "NCCL error \\(watchdog\\): group ep op all_reduce seq [0-9]+ bytes [0-9]+: remote process exited or "
+              "there was a network error \\(simulated");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0);
+  auto host_wait_sees = [&] {
+    std::unique_ptr<Communicator> c = failing_group(nullptr);
+    DeviceVec<float> dx(std::vector<float>(9, 1.0f));
+    cudaLaunchHostFunc(cudaStreamLegacy, hold, nullptr);
+    c->all_reduce_async(dx.span()).wait();
+    std::exit(0);  // not reached
+  };
+  t0 = std::chrono::steady_clock::now();
+  EXPECT_EXIT(host_wait_sees(), ::testing::ExitedWithCode(kExitInternal),
+              "(group ep all_reduce seq [0-9]+: NCCL reports|NCCL error \\(watchdog\\): group ep op all_reduce seq "
+              "[0-9]+ bytes [0-9]+:) remote process exited or there was a network error");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0);
 #endif
 }
 

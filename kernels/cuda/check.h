@@ -1,21 +1,13 @@
 // CUDA_CHECK / CUBLAS_CHECK: the CUDA members of the engine's one error
-// family (kernels/check.h): file:line, rank, the call and the runtime's own
-// error name and text, then the whole job aborts.
+// family (kernels/check.h): file:line, rank, the call and the library's own
+// error name and text, then the whole job aborts. CUDA_CHECK alone, without
+// cuBLAS, is kernels/cuda/cuda_check.h (comm/ uses it).
 #pragma once
 #include <cublas_v2.h>
-#include <cuda_runtime.h>
 
 #include "kernels/check.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cublas_library.h"
-
-#define CUDA_CHECK(call)                                                                                              \
-  do {                                                                                                                \
-    const cudaError_t origami_cuda_rc_ = (call);                                                                      \
-    if (origami_cuda_rc_ != cudaSuccess) [[unlikely]]                                                                 \
-      ::origami::fail_check(                                                                                          \
-          __FILE__, __LINE__, #call,                                                                                  \
-          ::origami::detail::concat(cudaGetErrorName(origami_cuda_rc_), ": ", cudaGetErrorString(origami_cuda_rc_))); \
-  } while (0)
 
 #define CUBLAS_CHECK(call)                                                                           \
   do {                                                                                               \

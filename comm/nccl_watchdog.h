@@ -1,0 +1,98 @@
+// The NCCL backend's safety net, shared by comm/nccl_communicator.cpp and
+// nothing else (built only with ORIGAMI_WITH_NCCL):
+//  - NcclCallScope: every NCCL call runs inside one; once a thread aborts a
+//    communicator (which frees it) no thread enters NCCL again, it parks
+//    until the process is gone (abort_job's own rule for a second failing
+//    thread).
+//  - abort_nccl_comm_bounded: ncclCommAbort on the way out of a failed job,
+//    given at most two seconds.
+//  - poll_async_error: NCCL's asynchronous error, where a failed peer or
+//    network shows first, or the one CommOptions::simulated_nccl_error
+//    stands in for (a one-rank world cannot provoke a real one).
+//  - Watchdog: a thread that polls every issued op until its stream has
+//    passed it, and ends the job naming rank, group, op and sequence on a
+//    timeout (exit kExitTimeout) or an asynchronous error (kExitInternal).
+#pragma once
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/nccl_check.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace origami::comm::nccl {
+
+// Holds the NCCL calls shared; an abort holds them alone. A flag checked
+// before the call would not do: a thread past the check could still read
+// the communicator the abort frees (the main thread's poll in a wait,
+// ncclCommGetAsyncError), turning exit status 5 into a segfault.
+class NcclCallScope {
+ public:
+  NcclCallScope();
+
+ private:
+  std::shared_lock<std::shared_mutex> lock_;
+};
+
+// ncclCommAbort from a helper thread holding the calls alone; the caller
+// waits at most two seconds for it. A second caller parks forever (the
+// first ends the job).
+void abort_nccl_comm_bounded(ncclComm_t comm);
+
+// True when the poll succeeded; *async is then NCCL's asynchronous error for
+// `comm`, or `simulated` in its place when that is not ncclSuccess. Takes
+// an NcclCallScope itself: call it outside one.
+bool poll_async_error(ncclComm_t comm, ncclResult_t simulated, ncclResult_t* async);
+
+// An asynchronous error that ends the job (ncclInProgress is a
+// nonblocking communicator's "not yet", not an error).
+inline bool is_failure(ncclResult_t async) { return async != ncclSuccess && async != ncclInProgress; }
+
+class Watchdog {
+ public:
+  struct Entry {
+    cudaEvent_t done = nullptr;  // recorded after the op on its stream; the watchdog's own
+    int device = 0;              // the event's
+    std::chrono::steady_clock::time_point issued;
+    double timeout_s = 0;
+    ncclComm_t comm = nullptr;
+    ncclResult_t simulated = ncclSuccess;  // CommOptions::simulated_nccl_error
+    const void* owner = nullptr;           // the NcclCommunicator
+    std::string group;
+    CommOp op = CommOp::barrier;
+    int64_t seq = 0, bytes = 0;
+  };
+  // The communicators' count keeps the thread: started with the first,
+  // stopped (joined) with the last.
+  static void attach();
+  // The owner's entries go (its ops are done: it synchronized its streams).
+  static void detach(const void* owner);
+  static void watch(Entry e);
+
+  Watchdog();
+  ~Watchdog();
+
+ private:
+  void add(Entry e);
+  void forget(const void* owner);
+  void run();
+  [[noreturn]] void fail(const Entry& e, const char* what, int exit_status);
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::vector<Entry> entries_;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+}  // namespace origami::comm::nccl
