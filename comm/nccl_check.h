@@ -2,6 +2,7 @@
 // (kernels/check.h): file:line, rank, the call, NCCL's error text and its
 // own account of the last error, then the whole job aborts.
 #pragma once
+#if ORIGAMI_WITH_NCCL
 #include <nccl.h>
 
 #include "kernels/check.h"
@@ -14,3 +15,5 @@
                             ::origami::detail::concat(ncclGetErrorString(origami_nccl_rc_), " (",          \
                                                       ncclGetLastError(nullptr), ")"));                    \
   } while (0)
+
+#endif  // ORIGAMI_WITH_NCCL

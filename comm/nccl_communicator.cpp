@@ -15,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "comm/nccl_check.h"
 #include "comm/nccl_watchdog.h"
+#include "kernels/cuda/cuda_check.h"
 #endif
 
 namespace origami::comm {
@@ -105,10 +107,9 @@ class NcclPending final : public detail::PendingOp {
     if (rc == cudaSuccess) return true;
     ORIGAMI_CHECK(rc == cudaErrorNotReady, "group ", group, " ", op_name(op), ": ", cudaGetErrorString(rc));
     ncclResult_t async = ncclSuccess;
-    ORIGAMI_CHECK(nccl::poll_async_error(comm_, simulated_, &async), "group ", group, " ", op_name(op),
-                  ": ncclCommGetAsyncError failed");
+    NCCL_CHECK(nccl::poll_async_error(comm_, simulated_, &async));
     ORIGAMI_CHECK(!nccl::is_failure(async), "group ", group, " ", op_name(op), " seq ", seq, ": NCCL reports ",
-                  ncclGetErrorString(async));
+                  ncclGetErrorString(async), simulated_ != ncclSuccess ? " (simulated: CommOptions::simulated_nccl_error)" : "");
     return false;
   }
   // Stops NCCL kernels that would otherwise spin forever on a missing peer.

@@ -63,11 +63,11 @@ void abort_nccl_comm_bounded(ncclComm_t comm) {
   (void)aborted.wait_for(std::chrono::seconds(2));
 }
 
-bool poll_async_error(ncclComm_t comm, ncclResult_t simulated, ncclResult_t* async) {
+ncclResult_t poll_async_error(ncclComm_t comm, ncclResult_t simulated, ncclResult_t* async) {
   const NcclCallScope scope;  // ends before an abort, which needs the calls alone
-  if (ncclCommGetAsyncError(comm, async) != ncclSuccess) return false;
-  if (simulated != ncclSuccess) *async = simulated;
-  return true;
+  const ncclResult_t rc = ncclCommGetAsyncError(comm, async);
+  if (rc == ncclSuccess && simulated != ncclSuccess) *async = simulated;
+  return rc;
 }
 
 void Watchdog::attach() {
@@ -136,7 +136,7 @@ void Watchdog::run() {
       // A failed peer or network shows first as NCCL's asynchronous error
       // (thread-safe to poll from here, as ncclCommAbort is).
       ncclResult_t async = ncclSuccess;
-      if (poll_async_error(it->comm, it->simulated, &async) && is_failure(async)) {
+      if (poll_async_error(it->comm, it->simulated, &async) == ncclSuccess && is_failure(async)) {
         const std::string why = origami::detail::concat(
             ": ", ncclGetErrorString(async), " (",
             it->simulated != ncclSuccess ? "simulated: CommOptions::simulated_nccl_error" : ncclGetLastError(it->comm),

@@ -13,6 +13,7 @@
 //    passed it, and ends the job naming rank, group, op and sequence on a
 //    timeout (exit kExitTimeout) or an asynchronous error (kExitInternal).
 #pragma once
+#if ORIGAMI_WITH_NCCL
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -27,8 +28,6 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/nccl_check.h"
-#include "kernels/cuda/cuda_check.h"
 
 namespace origami::comm::nccl {
 
@@ -49,10 +48,11 @@ class NcclCallScope {
 // first ends the job).
 void abort_nccl_comm_bounded(ncclComm_t comm);
 
-// True when the poll succeeded; *async is then NCCL's asynchronous error for
-// `comm`, or `simulated` in its place when that is not ncclSuccess. Takes
-// an NcclCallScope itself: call it outside one.
-bool poll_async_error(ncclComm_t comm, ncclResult_t simulated, ncclResult_t* async);
+// ncclCommGetAsyncError's own result; when that is ncclSuccess, *async is
+// NCCL's asynchronous error for `comm`, or `simulated` in its place when
+// that is not ncclSuccess. Takes an NcclCallScope itself: call it outside
+// one.
+ncclResult_t poll_async_error(ncclComm_t comm, ncclResult_t simulated, ncclResult_t* async);
 
 // An asynchronous error that ends the job (ncclInProgress is a
 // nonblocking communicator's "not yet", not an error).
@@ -96,3 +96,5 @@ class Watchdog {
 };
 
 }  // namespace origami::comm::nccl
+
+#endif  // ORIGAMI_WITH_NCCL

@@ -364,38 +364,44 @@ TEST(CommNcclDeathTest, TheWatchdogAbortsAnOpStuckBehindItsStream) {
 // error, at either of the places that poll it. A one-rank world cannot make
 // NCCL report one, so CommOptions::simulated_nccl_error (ncclRemoteError)
 // stands in for it; the op must still be unfinished for a poll to look (a
-// done op is done). First the watchdog's: an all-reduce handed to a stream
-// (wait_on, no host wait) that a host function holds 120 s; the main thread
-// stands in a stream synchronization. The watchdog aborts the communicator
-// and the job, well inside the 60 s the timeout alone would take (the bound
-// also leaves the child its start-up). Then a host wait's: the op held
-// behind the legacy stream, the host waiting for it (Request::wait). The
-// wait polls at once, the watchdog within 100 ms, so the wait's check
-// names it nearly always; either names the same facts.
+// done op is done), so each child holds the compute stream, which the op
+// waits on, with a host function sleeping 120 s. First the watchdog's poll:
+// the op handed to that stream (wait_on, no host wait), the main thread
+// standing in a stream synchronization; the watchdog aborts the
+// communicator and the job well inside the 60 s the timeout alone would
+// take (the bound also leaves the child its start-up). Then a host wait's
+// (Request::wait): it polls at once, the watchdog within 100 ms, so the
+// wait's check names the error nearly always; either names the same facts.
 TEST(CommNcclDeathTest, AnAsynchronousNcclErrorEndsTheJobNamingTheOp) {
 #if !ORIGAMI_WITH_NCCL
   GTEST_SKIP() << "this build has no NCCL backend (configured without CUDA)";
 #else
   if (!have_device()) GTEST_SKIP() << "no CUDA device on this machine";
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // the child starts afresh: CUDA and MPI do not survive fork
-  // One NCCL communicator over the world, named ep, reporting the error.
-  const auto failing_group = [](cudaStream_t compute) {
+  struct Failing {
+    cudaStream_t compute = nullptr;
+    std::unique_ptr<Communicator> group;  // over the world, named ep, ordered after `compute`
+  };
+  // MPI first (as Groups::create), then the device, the held stream and one
+  // NCCL communicator that reports the error.
+  const auto failing_group = [] {
     ensure_mpi();
     use_cuda_device(local_cuda_device());
+    Failing f;
+    if (cudaStreamCreateWithFlags(&f.compute, cudaStreamNonBlocking) != cudaSuccess) std::exit(1);
     CommOptions o{60};
-    o.compute_stream = compute;
+    o.compute_stream = f.compute;
     o.simulated_nccl_error = ncclRemoteError;
-    return make_nccl_communicator(*whole_mpi(MPI_COMM_WORLD, "ep", o), o);
+    f.group = make_nccl_communicator(*whole_mpi(MPI_COMM_WORLD, "ep", o), o);
+    cudaLaunchHostFunc(
+        f.compute, [](void*) { std::this_thread::sleep_for(std::chrono::seconds(120)); }, nullptr);
+    return f;
   };
-  const auto hold = [](void*) { std::this_thread::sleep_for(std::chrono::seconds(120)); };
   auto watchdog_sees = [&] {
-    cudaStream_t compute = nullptr;
-    if (cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) != cudaSuccess) std::exit(1);
-    std::unique_ptr<Communicator> c = failing_group(compute);
+    Failing f = failing_group();
     DeviceVec<float> dx(std::vector<float>(9, 1.0f));
-    cudaLaunchHostFunc(compute, hold, nullptr);
-    c->all_reduce_async(dx.span()).wait_on(compute);
-    cudaStreamSynchronize(compute);
+    f.group->all_reduce_async(dx.span()).wait_on(f.compute);
+    cudaStreamSynchronize(f.compute);
     std::exit(0);  // not reached
   };
   auto t0 = std::chrono::steady_clock::now();
@@ -404,16 +410,15 @@ TEST(CommNcclDeathTest, AnAsynchronousNcclErrorEndsTheJobNamingTheOp) {
               "there was a network error \\(simulated");
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0);
   auto host_wait_sees = [&] {
-    std::unique_ptr<Communicator> c = failing_group(nullptr);
+    Failing f = failing_group();
     DeviceVec<float> dx(std::vector<float>(9, 1.0f));
-    cudaLaunchHostFunc(cudaStreamLegacy, hold, nullptr);
-    c->all_reduce_async(dx.span()).wait();
+    f.group->all_reduce_async(dx.span()).wait();
     std::exit(0);  // not reached
   };
   t0 = std::chrono::steady_clock::now();
   EXPECT_EXIT(host_wait_sees(), ::testing::ExitedWithCode(kExitInternal),
               "(group ep all_reduce seq [0-9]+: NCCL reports|NCCL error \\(watchdog\\): group ep op all_reduce seq "
-              "[0-9]+ bytes [0-9]+:) remote process exited or there was a network error");
+              "[0-9]+ bytes [0-9]+:) remote process exited or there was a network error \\(simulated");
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0);
 #endif
 }
