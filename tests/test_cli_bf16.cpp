@@ -2,7 +2,7 @@
 // runtime.precision = "bf16" trains with bf16 parameters, gradients and
 // activations, and keeps fp32 master weights beside the AdamW moments. The
 // CPU's f32 kernels widen bf16 inputs and round what they write, which is
-// the CUDA kernels' per-element rule (kernels/dispatch.cpp, HostBf16). The
+// the CUDA kernels' per-element rule (HostBf16, kernels/dispatch_detail.h). The
 // cases:
 //   - 20 steps of configs/tiny-moe.toml on one rank give per-step LM losses
 //     within 2e-2 relative of the fp32 run and a falling curve. At least one

@@ -11,7 +11,7 @@
 //  - the communication is one all_gather forward and one reduce_scatter
 //    backward of the packed K, V, or under ring attention cp − 1 sends
 //    forward and 2·cp − 1 backward of the same block (the volumes
-//    engine/plan.cpp books);
+//    engine/plan_comm.cpp books);
 //  - ring attention against the single-rank module and against all_gather,
 //    and what each keeps and moves through the tracked allocator (the
 //    planner's KvMemory);

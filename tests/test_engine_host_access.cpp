@@ -38,7 +38,7 @@ const std::map<std::string, Allowed>& allowlist() {
       {"engine/optimizer.cpp", {1, "grad_norm: the step's two fp64 sums of squares, read once"}},
       {"engine/safetensors.cpp", {2, "file I/O of exported and loaded tensors"}},
       {"engine/export.cpp", {12, "HF export: gathered slices placed into whole tensors, weights read back"}},
-      {"engine/checkpoint.cpp", {1, "checkpoint and HF-init load: each rank's pieces copied from mapped files into a host copy of its state"}},
+      {"engine/checkpoint_read.cpp", {1, "checkpoint and HF-init load: each rank's pieces copied from mapped files into a host copy of its state"}},
       {"engine/checkpoint_hf.cpp", {2, "checkpoint export: one consolidated tensor at a time, file to file"}},
       // Tools, not the training path.
       {"tools/bench_moe.cpp", {4, "benchmark: exchange buffers and the bitwise comparison of two passes"}},

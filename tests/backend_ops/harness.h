@@ -69,7 +69,7 @@ struct Problem {
 
   // bf16 problems (bf16_variant): every backend against the fp64 reference
   // on the rounded inputs (the CPU kernels are f32: the CPU backend runs
-  // them on bf16 by widening and rounding, kernels/dispatch.cpp).
+  // them on bf16 by widening and rounding, kernels/dispatch_detail.h).
   bool bf16 = false;
 
   explicit Problem(std::string l) : label(std::move(l)) {}

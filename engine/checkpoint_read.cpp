@@ -1,0 +1,309 @@
+// Reading sharded checkpoints (see checkpoint.h): metadata.json checked key
+// by key, the files' digests, and each rank's held state filled from the
+// pieces that overlap it, whatever layout wrote them.
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "comm/agreement.h"
+#include "engine/checkpoint.h"
+#include "engine/checkpoint_format.h"
+#include "engine/files.h"
+
+namespace origami {
+
+namespace fs = std::filesystem;
+using namespace checkpoint_format;
+
+namespace {
+
+// metadata.json's fields, each checked: UserError naming the file and key.
+struct MetaReader {
+  std::string path;
+  [[noreturn]] void bad(const std::string& key, const std::string& rule) const {
+    ORIGAMI_USER_ERROR(path, ": ", key, ": ", rule, " (the checkpoint is damaged or not one Origami wrote)");
+  }
+  const nlohmann::ordered_json& at(const nlohmann::ordered_json& j, const std::string& key, const std::string& where) const {
+    if (!j.is_object() || !j.contains(key)) bad(where.empty() ? key : where + "." + key, "missing");
+    return j[key];
+  }
+  int64_t integer(const nlohmann::ordered_json& j, const std::string& key, const std::string& where = "") const {
+    const nlohmann::ordered_json& v = at(j, key, where);
+    if (!v.is_number_integer()) bad(where.empty() ? key : where + "." + key, "must be an integer, got " + shorten(v.dump(), 40));
+    return v.get<int64_t>();
+  }
+  std::string text(const nlohmann::ordered_json& j, const std::string& key, const std::string& where = "") const {
+    const nlohmann::ordered_json& v = at(j, key, where);
+    if (!v.is_string()) bad(where.empty() ? key : where + "." + key, "must be a string");
+    return v.get<std::string>();
+  }
+  std::vector<int64_t> ints(const nlohmann::ordered_json& j, const std::string& key, const std::string& where) const {
+    const nlohmann::ordered_json& v = at(j, key, where);
+    std::vector<int64_t> out;
+    if (!v.is_array()) bad(where + "." + key, "must be an array of integers");
+    for (const auto& x : v) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0) bad(where + "." + key, "must be an array of integers >= 0");
+      out.push_back(x.get<int64_t>());
+    }
+    return out;
+  }
+};
+
+SavedShard parse_shard(const MetaReader& m, const nlohmann::ordered_json& s, const std::string& where, const Shape& global,
+                       int64_t world) {
+  SavedShard out;
+  out.rank = static_cast<int>(m.integer(s, "rank", where));
+  const std::vector<int64_t> offsets = m.ints(s, "saved_offsets", where);
+  out.slice_shape = m.ints(s, "slice_shape", where);
+  const std::vector<int64_t> range = m.ints(s, "flat_range", where);
+  if (out.rank < 0 || out.rank >= world) m.bad(where + ".rank", "outside the saving world of " + std::to_string(world));
+  if (offsets.size() != global.size() || out.slice_shape.size() != global.size())
+    m.bad(where, "saved_offsets and slice_shape need one entry per dimension of " + shape_string(global));
+  for (size_t d = 0; d < global.size(); ++d) {
+    if (offsets[d] + out.slice_shape[d] > global[d]) m.bad(where, "the slice exceeds the global shape " + shape_string(global));
+    if (out.slice_shape[d] == global[d]) continue;
+    if (out.slice_dim >= 0) m.bad(where, "a slice splits at most one dimension");
+    out.slice_dim = static_cast<int64_t>(d);
+    out.slice_start = offsets[d];
+  }
+  if (range.size() != 2 || range[0] > range[1] || range[1] > shape_numel(out.slice_shape))
+    m.bad(where + ".flat_range", "must be [begin, end] within the slice's elements");
+  out.begin = range[0];
+  out.end = range[1];
+  return out;
+}
+
+SliceRange range_of(const SavedShard& s, const Shape& global) {
+  SliceRange r;
+  r.slice.held = true;
+  r.slice.shape = s.slice_shape;
+  if (s.slice_dim >= 0) r.slice.shard = ShardSpec{static_cast<int>(s.slice_dim), s.slice_start, global};
+  r.begin = s.begin;
+  r.end = s.end;
+  return r;
+}
+
+}  // namespace
+
+CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
+  CheckpointInfo info;
+  info.dir = step_dir;
+  const std::string path = step_dir + "/metadata.json";
+  if (!fs::exists(path))
+    ORIGAMI_USER_ERROR(path, ": missing (rule: a checkpoint is complete only once rank 0 wrote metadata.json, "
+                             "after every rank's files; this directory is an unfinished save or not a checkpoint)");
+  const InputFile in(path, "checkpoint metadata");
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(in.read_all(int64_t{1} << 31));
+  } catch (const nlohmann::ordered_json::exception& e) {
+    ORIGAMI_USER_ERROR(path, ": not valid JSON: ", e.what());
+  }
+  const MetaReader m{path};
+  if (m.text(j, "format") != kFormat) m.bad("format", std::string("must be \"") + kFormat + "\"");
+  if (m.integer(j, "version") != kFormatVersion)
+    m.bad("version", "this build reads version " + std::to_string(kFormatVersion));
+  info.step = m.integer(j, "step");
+  const nlohmann::ordered_json& lay = m.at(j, "layout", "");
+  info.world = m.integer(lay, "world", "layout");
+  info.tp = m.integer(lay, "tp", "layout");
+  info.cp = m.integer(lay, "cp", "layout");
+  info.pp = m.integer(lay, "pp", "layout");
+  info.ep = m.integer(lay, "ep", "layout");
+  info.etp = m.integer(lay, "etp", "layout");
+  info.dp = m.integer(lay, "dp", "layout");
+  info.edp = m.integer(lay, "edp", "layout");
+  info.zero_stage = m.integer(lay, "zero_stage", "layout");
+  info.order = m.text(lay, "order", "layout");
+  info.stage_layers = m.ints(lay, "stage_layers", "layout");
+  if (info.world < 1) m.bad("layout.world", "must be >= 1");
+  const nlohmann::ordered_json& model = m.at(j, "model", "");
+  if (!model.is_object()) m.bad("model", "must be an object");
+  for (const auto& [k, v] : model.items()) info.model[k] = m.integer(model, k, "model");
+  const nlohmann::ordered_json& train = m.at(j, "train", "");
+  info.train.step = m.integer(train, "step", "train");
+  const nlohmann::ordered_json& lr = m.at(train, "lr", "train");
+  if (!lr.is_number()) m.bad("train.lr", "must be a number");
+  info.train.lr = lr.get<double>();
+  info.train.consumed_samples = m.integer(train, "consumed_samples", "train");
+  info.train.windows_per_epoch = m.integer(train, "windows_per_epoch", "train");
+  info.train.seed = static_cast<uint64_t>(m.integer(train, "seed", "train"));
+  const nlohmann::ordered_json& shuffle = m.at(train, "shuffle", "train");
+  if (!shuffle.is_boolean()) m.bad("train.shuffle", "must be true or false");
+  info.train.shuffle = shuffle.get<bool>();
+  if (info.train.step != info.step) m.bad("train.step", "differs from step");
+  info.config = m.text(j, "config");
+  const nlohmann::ordered_json& files = m.at(j, "files", "");
+  if (!files.is_array()) m.bad("files", "must be an array");
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string where = "files[" + std::to_string(i) + "]";
+    SavedFile f;
+    f.name = m.text(files[i], "name", where);
+    f.rank = static_cast<int>(m.integer(files[i], "rank", where));
+    f.bytes = m.integer(files[i], "bytes", where);
+    const std::string hex = m.text(files[i], "xxh3", where);
+    if (hex.size() != 16 || hex.find_first_not_of("0123456789abcdef") != std::string::npos)
+      m.bad(where + ".xxh3", "must be 16 hex digits");
+    f.xxh3 = std::stoull(hex, nullptr, 16);
+    if (f.name.find('/') != std::string::npos) m.bad(where + ".name", "must be a file name in the directory");
+    info.files.push_back(std::move(f));
+  }
+  const nlohmann::ordered_json& tensors = m.at(j, "tensors", "");
+  if (!tensors.is_object()) m.bad("tensors", "must be an object");
+  for (const auto& [name, t] : tensors.items()) {
+    const std::string where = "tensors." + name;
+    SavedTensor st;
+    st.global_shape = m.ints(t, "shape", where);
+    st.state = t.contains("state") && t["state"].is_boolean() && t["state"].get<bool>();
+    const nlohmann::ordered_json& shards = m.at(t, "shards", where);
+    if (!shards.is_array()) m.bad(where + ".shards", "must be an array");
+    for (size_t i = 0; i < shards.size(); ++i)
+      st.shards.push_back(parse_shard(m, shards[i], where + ".shards[" + std::to_string(i) + "]", st.global_shape, info.world));
+    info.order_of_tensors.push_back(name);
+    info.tensors.emplace(name, std::move(st));
+  }
+  return info;
+}
+
+void verify_checkpoint_files(const CheckpointInfo& info, int rank, int ranks) {
+  for (size_t i = 0; i < info.files.size(); ++i) {
+    if (static_cast<int>(i % static_cast<size_t>(ranks)) != rank) continue;
+    const SavedFile& f = info.files[i];
+    const std::string path = info.dir + "/" + f.name;
+    if (!fs::exists(path))
+      ORIGAMI_USER_ERROR(path, ": missing (", info.dir, "/metadata.json lists it with ", f.bytes, " bytes)");
+    const MappedFile map(path, "checkpoint shard");
+    if (map.size() != f.bytes)
+      ORIGAMI_USER_ERROR(path, ": ", map.size(), " bytes, but ", info.dir, "/metadata.json records ", f.bytes,
+                         " (the file was truncated or replaced after the save)");
+    const uint64_t got = digest_of(map.data(), map.size());
+    if (got != f.xxh3)
+      ORIGAMI_USER_ERROR(path, ": XXH3 digest ", digest_hex(got), ", but ", info.dir, "/metadata.json records ",
+                         digest_hex(f.xxh3), " (the file's bytes changed after the save: a damaged disk or copy)");
+  }
+}
+
+CheckpointReader::CheckpointReader(const CheckpointInfo& info) : info_(info) {}
+CheckpointReader::~CheckpointReader() = default;
+
+const SafetensorsFile& CheckpointReader::file(int rank, bool optim) {
+  auto& slot = files_[{rank, optim}];
+  if (slot) return *slot;
+  const std::string name = rank_file(rank, optim);
+  const auto it = std::find_if(info_.files.begin(), info_.files.end(), [&](const SavedFile& f) { return f.name == name; });
+  if (it == info_.files.end()) ORIGAMI_USER_ERROR(info_.dir, "/metadata.json: files: no entry for ", name);
+  const std::string path = info_.dir + "/" + name;
+  if (!fs::exists(path)) ORIGAMI_USER_ERROR(path, ": missing (metadata.json lists it with ", it->bytes, " bytes)");
+  if (static_cast<int64_t>(fs::file_size(path)) != it->bytes)
+    ORIGAMI_USER_ERROR(path, ": ", fs::file_size(path), " bytes, but metadata.json records ", it->bytes,
+                       " (the file was truncated or replaced after the save)");
+  slot = std::make_unique<SafetensorsFile>(path);
+  return *slot;
+}
+
+void CheckpointReader::read(const std::string& name, const std::string& moment, const SliceRange& dst_range,
+                            float* dst) {
+  const std::string meta = info_.dir + "/metadata.json";
+  const auto it = info_.tensors.find(name);
+  if (it == info_.tensors.end())
+    ORIGAMI_USER_ERROR(meta, ": has no tensor '", name, "' (rule: the checkpoint holds every tensor of the configured model)");
+  const SavedTensor& t = it->second;
+  if (t.global_shape != dst_range.global_shape())
+    ORIGAMI_USER_ERROR(meta, ": tensor '", name, "' has shape ", shape_string(t.global_shape), ", the config needs ",
+                       shape_string(dst_range.global_shape()));
+  int64_t copied = 0;
+  for (const SavedShard& s : t.shards) {
+    const SafetensorsFile& f = file(s.rank, !moment.empty());
+    const std::string key = moment_key(name, moment);
+    const SafetensorsFile::Entry& e = f.entry(key);
+    if (e.end - e.begin != (s.end - s.begin) * static_cast<int64_t>(sizeof(float)))
+      ORIGAMI_USER_ERROR(f.path(), ": tensor '", key, "' holds ", (e.end - e.begin) / 4, " elements, metadata.json says ",
+                         s.end - s.begin);
+    copied += copy_overlap(range_of(s, t.global_shape), reinterpret_cast<const float*>(f.data(e)), dst_range, dst);
+  }
+  if (copied != dst_range.numel())
+    ORIGAMI_USER_ERROR(meta, ": the shards of '", name, "' cover ", copied, " of the ", dst_range.numel(),
+                       " elements this rank needs (rule: every element is saved exactly once)");
+}
+
+namespace {
+
+void check_model_shape(const CheckpointInfo& info, const Config& cfg) {
+  for (const auto& [key, value] : shape_keys(cfg)) {
+    const auto it = info.model.find(key);
+    if (it == info.model.end()) ORIGAMI_USER_ERROR(info.dir, "/metadata.json: model.", key, ": missing");
+    if (it->second != value)
+      ORIGAMI_USER_ERROR(info.dir, "/metadata.json: the checkpoint was saved with ", key, " = ", it->second, ", but ",
+                         cfg.origin(key), " configures ", key, " = ", value,
+                         " (rule: a checkpoint loads into the model shape it was saved from; the layout may change, "
+                         "the model may not)");
+  }
+}
+
+}  // namespace
+
+void fill_held_state(Model& model, const comm::Groups& groups, bool with_moments, const ReadFn& read) {
+  const UnitTable& table = model.units();
+  const std::map<std::string, size_t> index = unit_index(table);
+  // Elements [begin, end) of the rank's flat unit buffer, `dst` holding element `begin`.
+  // Device state (and a bf16 working copy) is read into a host f32 image of
+  // itself (so elements no piece covers keep their values), then copied
+  // back (rounded): the checkpoint's named host point.
+  auto read_into = [](Tensor dst, const std::function<void(float*)>& read_host) {
+    Tensor host = dst.on_host_f32();  // dst itself when it is an f32 tensor on plain cpu
+    read_host(host.f32());
+    if (dst.device() != Device::cpu() || dst.dtype() != DType::f32) dst.assign_f32(host);
+  };
+  // Elements [begin, end) of the rank's flat unit buffer `buf`, whose
+  // element 0 is unit element `first`.
+  auto fill = [&](const UnitSpec& spec, const LocalUnit& local, int64_t begin, int64_t end, const std::string& moment,
+                  const Tensor& buf, int64_t first) {
+    if (end <= begin) return;
+    read_into(buf.flat_view(begin - first, end - begin, {end - begin}), [&](float* dst) {
+      for (const UnitPiece& p : pieces_in(local, begin, end))
+        read(spec.tensors[p.tensor].name, moment, p.range, dst + (p.unit_offset - begin));
+    });
+  };
+  for (ParamUnit& pu : model.params().units()) {
+    const UnitSpec& spec = table.units()[index.at(pu.name)];
+    const LocalUnit local = table.local_unit(spec, groups.layout(), groups.coords());
+    const UnitShard& s = pu.shard;
+    // What the rank holds: the parameters whole unless ZeRO-3 shards them,
+    // the moments whole unless ZeRO 1-3 shard them.
+    // bf16 recipe: the fp32 master takes the saved values, the bf16 params
+    // the same values rounded (what the optimizer leaves after a step).
+    const int64_t owned_end = std::min(pu.numel, s.begin + s.size);
+    const int64_t mb = s.optim ? s.begin : 0, me = s.optim ? owned_end : pu.numel;
+    if (pu.master.defined()) fill(spec, local, mb, me, "", pu.master, mb);
+    if (s.params) fill(spec, local, s.begin, owned_end, "", pu.param_shard, s.begin);
+    else fill(spec, local, 0, pu.numel, "", pu.param, 0);
+    if (!with_moments) continue;
+    fill(spec, local, mb, me, "exp_avg", pu.exp_avg, mb);
+    fill(spec, local, mb, me, "exp_avg_sq", pu.exp_avg_sq, mb);
+  }
+  for (size_t l = 0; l < model.expert_bias().size(); ++l) {
+    const Tensor& bias = model.expert_bias()[l];
+    if (bias.defined())
+      read_into(bias, [&](float* dst) { read(expert_bias_name(static_cast<int64_t>(l)), "", whole_range(bias.shape()), dst); });
+  }
+}
+
+TrainState load_checkpoint(const std::string& step_dir, const Config& cfg, Model& model, const comm::Groups& groups,
+                           comm::Communicator& world) {
+  CheckpointInfo info;
+  comm::run_agreed(world, [&] {
+    info = read_checkpoint_info(step_dir);
+    check_model_shape(info, cfg);
+    verify_checkpoint_files(info, groups.world_rank(), world.size());
+  });
+  comm::run_agreed(world, [&] {
+    CheckpointReader reader(info);
+    fill_held_state(model, groups, /*with_moments=*/true,
+                    [&](const std::string& name, const std::string& moment, const SliceRange& range, float* dst) {
+                      reader.read(name, moment, range, dst);
+                    });
+  });
+  return info.train;
+}
+
+}  // namespace origami
