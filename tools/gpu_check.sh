@@ -26,7 +26,8 @@
 #   bench_kernels  origami bench kernels --device cuda --json
 #   bench_torch  tools/bench_kernels_torch.py (PyTorch at the same shapes)
 # and last a table: each step's status and time, the CUDA test counts, and
-# the kernels against PyTorch. A failed step prints its last 40 lines; steps
+# the kernels against PyTorch. The reports are tools/gpu_check_report.py's
+# (tested on the CPU: tests/test_cli_gpu_check.cpp). A failed step prints its last 40 lines; steps
 # after a failed build do not run. The order is the issue's: correctness,
 # then the training figures (MFU, the ratio to PyTorch), then the kernel
 # benchmarks that explain them. Every step has a time limit, and none runs
@@ -51,6 +52,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+report=$root/tools/gpu_check_report.py  # the steps' reports, in Python (tested on the CPU)
 
 usage() { echo "usage: tools/gpu_check.sh [--no-gpu-ok] [RESULTS_DIR]" >&2; exit 2; }
 no_gpu_ok=0
@@ -345,27 +347,8 @@ step_cuda_tests() {
   local rc=$?
   [ $rc -eq 124 ] && return 124
   # passed failed skipped total, from CTest's JUnit file
-  cuda_counts=$(python3 - "$results/ctest_cuda.xml" <<'EOF' 2>/dev/null
-import sys, xml.etree.ElementTree as ET
-cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
-n = {"passed": 0, "failed": 0, "skipped": 0}
-for c in cases:
-    s = c.get("status", "")
-    if s == "fail" or c.find("failure") is not None: n["failed"] += 1
-    elif s in ("notrun", "disabled") or c.find("skipped") is not None: n["skipped"] += 1
-    else: n["passed"] += 1
-print(n["passed"], n["failed"], n["skipped"], sum(n.values()))
-EOF
-)
-  cuda_figures=$(python3 - "$results/ctest_cuda.xml" <<'EOF' 2>/dev/null
-import sys, xml.etree.ElementTree as ET
-for c in ET.parse(sys.argv[1]).getroot().iter("testcase"):
-    out = c.find("system-out")
-    for line in (out.text or "").splitlines() if out is not None else []:
-        if line.startswith("[ measured ] "):
-            print(f"  {c.get('name')}: {line[len('[ measured ] '):]}")
-EOF
-)
+  cuda_counts=$(python3 "$report" ctest-counts "$results/ctest_cuda.xml" 2>/dev/null)
+  cuda_figures=$(python3 "$report" ctest-figures "$results/ctest_cuda.xml" 2>/dev/null)
   local passed failed skipped total
   read -r passed failed skipped total <<<"${cuda_counts:-? ? ? ?}"
   note[cuda_tests]="$passed passed, $failed failed, $skipped skipped (of $total)"
@@ -376,14 +359,7 @@ EOF
     return 1
   fi
   local unexpected
-  unexpected=$(python3 - "$results/ctest_cuda.xml" "${expected_skips[@]}" <<'EOF' 2>/dev/null
-import sys, xml.etree.ElementTree as ET
-allowed = set(sys.argv[2:])
-for c in ET.parse(sys.argv[1]).getroot().iter("testcase"):
-    if (c.get("status", "") in ("notrun", "disabled") or c.find("skipped") is not None) and c.get("name") not in allowed:
-        print(c.get("name"))
-EOF
-)
+  unexpected=$(python3 "$report" unexpected-skips "$results/ctest_cuda.xml" "${expected_skips[@]}" 2>/dev/null)
   if [ -n "$unexpected" ]; then
     note[cuda_tests]+="; skipped on a GPU machine: $(echo "$unexpected" | head -3 | tr '\n' ' ')"
     echo "cuda_tests: tests skipped with a GPU present (each should run here):" >&2
@@ -458,45 +434,7 @@ step_train_gpu() {
   for c in "$root"/configs/gpu-*.toml; do
     origami_gpu_train "$(basename "$c" .toml)" "$c" || rc=1
   done
-  out=$(GPU_NAME="$gpu" python3 - "$results/train_gpu.json" "$build" "$train_steps" "$root"/configs/gpu-*.toml <<'EOF'
-import json, os, sys
-out, build, steps, configs = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
-# MFU is against the GEMM peak measured at start-up (the issue's
-# definition); published figures (Megatron's ~47% for Mixtral 8x7B on
-# H100) are against the datasheet's dense bf16 peak, 989 TFLOP/s on H100
-# and H200 SXM, so that one is reported beside it where it is known: not for
-# the PCIe and NVL boards (lower clocks and power, lower datasheet peaks).
-gpu = os.environ.get("GPU_NAME", "")
-sxm = ("H100" in gpu or "H200" in gpu) and not any(v in gpu for v in ("PCIe", "NVL"))
-datasheet = 989.4e3 if sxm else 0  # GFLOP/s
-runs, notes = {}, []
-for c in configs:
-    name = os.path.basename(c)[:-5]
-    try:
-        with open(os.path.join(build, "train-" + name, "metrics.jsonl")) as f:
-            last = [json.loads(l) for l in f if l.strip()][-1]
-    except Exception:
-        notes.append(f"{name}: no metrics")
-        continue
-    # A run cut short (its time limit, a failure) leaves earlier steps'
-    # records, warm-up included: named as such, never taken for the result.
-    if last.get("step") != steps:
-        notes.append(f"{name}: stopped after step {last.get('step')} of {steps}")
-        continue
-    mem = last.get("mem", {}).get("total", 0)
-    sheet = ""
-    if datasheet:
-        last["mfu_datasheet"] = last["gflops"] / datasheet
-        sheet = f" ({100 * last['mfu_datasheet']:.1f}% of the 989 TFLOP/s datasheet)"
-    runs[name] = last
-    notes.append(f"{name}: {last['tokens_per_s']:.0f} tok/s, {last['gflops'] / 1e3:.1f} TFLOP/s, "
-                 f"MFU {100 * last.get('mfu', 0):.1f}% of the measured {last.get('peak_gflops', 0) / 1e3:.0f} "
-                 f"TFLOP/s{sheet}, peak {mem / 1e9:.1f} GB, comm exposed {last.get('comm_exposed_s', 0):.3f} s")
-with open(out, "w") as f:
-    json.dump(runs, f, indent=1)
-print("; ".join(notes))
-EOF
-)
+  out=$(GPU_NAME="$gpu" python3 "$report" train-gpu "$results/train_gpu.json" "$build" "$train_steps" "$root"/configs/gpu-*.toml)
   echo "$out"
   note[train_gpu]="bf16: $out"
   if [ -z "$gpu" ]; then no_gpu_verdict train_gpu; return; fi
@@ -531,47 +469,8 @@ step_train_torch() {
     fi
   done
   local out
-  out=$(python3 - "$results/train_torch.json" "$results/train_gpu.json" "$build" "$train_steps" "$root"/configs/gpu-*.toml <<'EOF'
-import json, os, sys
-out, ours_path, build, steps, configs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:]
-try:
-    with open(ours_path) as f:
-        ours = json.load(f)
-except Exception:
-    ours = {}
-runs, notes = {}, []
-for c in configs:
-    name = os.path.basename(c)[:-5]
-    try:
-        with open(os.path.join(build, "torch-" + name + ".json")) as f:
-            r = json.load(f)
-    except Exception:
-        notes.append(f"{name}: no result")
-        continue
-    runs[name] = r
-    if "skipped" in r or "error" in r:
-        notes.append(f"{name}: {r.get('skipped') or r.get('error')}"[:120])
-        continue
-    mine = ours.get(name, {}).get("tokens_per_s")
-    layers, oom = r.get("layers"), r.get("oom_layers")
-    fit = ""
-    if oom:  # origami again at the twin's layer count
-        fit = f" at {layers} layers (out of memory at {', '.join(map(str, oom))})"
-        try:
-            with open(os.path.join(build, f"train-{name}-L{layers}", "metrics.jsonl")) as f:
-                same = [json.loads(l) for l in f if l.strip()][-1]
-            mine = same["tokens_per_s"] if same.get("step") == steps else None
-            r["origami_same_layers"] = same
-        except Exception:
-            mine = None
-    r["origami_over_torch"] = mine / r["tokens_per_s"] if mine else None
-    ratio = f", origami/torch {mine / r['tokens_per_s']:.2f}x" if mine else ""
-    notes.append(f"{name}: torch {r['tokens_per_s']:.0f} tok/s{fit}, peak {r['peak_memory_bytes'] / 1e9:.1f} GB{ratio}")
-with open(out, "w") as f:
-    json.dump(runs, f, indent=1)
-print("; ".join(notes))
-EOF
-)
+  out=$(python3 "$report" train-torch "$results/train_torch.json" "$results/train_gpu.json" "$build" \
+          "$train_steps" "$root"/configs/gpu-*.toml)
   echo "$out"
   note[train_torch]="bf16: $out"
   if [ -z "$gpu" ]; then no_gpu_verdict train_torch; return; fi
@@ -618,94 +517,7 @@ run() {
 # (tools/bench_kernels.cpp names its lines so that bench_kernels_torch.py's
 # counterparts share the key). Tolerant of missing files and keys.
 kernel_table() {
-  python3 - "$results/bench_kernels.json" "$results/bench_torch.json" <<'EOF'
-import json, sys
-
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except Exception:
-        return None
-
-def entries(doc):
-    if isinstance(doc, list):
-        return [e for e in doc if isinstance(e, dict)]
-    if isinstance(doc, dict):
-        if isinstance(doc.get("ops"), list):
-            return entries(doc["ops"])
-        for v in doc.values():
-            if isinstance(v, list) and v and all(isinstance(e, dict) for e in v):
-                return v
-    return []
-
-def first(e, *keys):
-    for k in keys:
-        if isinstance(e, dict) and e.get(k) is not None:
-            return e[k]
-    return None
-
-def num(x):
-    return x if isinstance(x, (int, float)) and not isinstance(x, bool) else None
-
-def text(x):
-    return "" if x is None else x if isinstance(x, str) else json.dumps(x, separators=(",", ":"))
-
-def key(e):
-    return text(first(e, "key", "op", "name"))
-
-def f3(x):
-    return f"{x:.3f}" if num(x) is not None else "-"
-
-def rate(e):
-    t, g = num(first(e, "tflops")), num(first(e, "gbps"))
-    return f"{t:.3g} TF/s" if t is not None else f"{g:.3g} GB/s" if g is not None else "-"
-
-def target(e):
-    t, met = first(e, "target"), first(e, "meets_target")
-    if not isinstance(t, dict):
-        return ""
-    lo, hi = num(t.get("min")), num(t.get("max"))
-    bound = f">={lo:.0%}" if lo is not None else f"<={hi:.0%}" if hi is not None else "?"
-    of = "" if t.get("of") in (None, "ceiling") else "/" + text(t.get("of"))[:6]
-    return bound + of + (" ok" if met is True else " MISS" if met is False else "")
-
-ours, torch = load(sys.argv[1]), load(sys.argv[2])
-for name, doc in (("origami", ours), ("torch", torch)):
-    if not isinstance(doc, dict):
-        continue
-    c = doc.get("ceilings") if isinstance(doc.get("ceilings"), dict) else {}
-    gemm_tf = num(c.get("gemm_tflops")) or num(doc.get("ceiling_tflops"))
-    copy_gb = num(c.get("copy_gbps"))
-    facts = [text(first(doc, "device_name", "device")), text(first(doc, "dtype")),
-             f"ceiling {gemm_tf:.4g} TF/s" if gemm_tf else "", f"copy {copy_gb:.4g} GB/s" if copy_gb else "",
-             f"skipped: {text(doc['skipped'])}" if doc.get("skipped") else "",
-             f"WRONG DATA in {doc['wrong']} op(s)" if num(doc.get("wrong")) else ""]
-    print(f"{name}: " + "; ".join(f for f in facts if f))
-mine, theirs = entries(ours), entries(torch)
-if not mine and not theirs:
-    print("kernels: nothing measured")
-    sys.exit(0)
-by_key = {}
-for t in theirs:
-    by_key.setdefault(key(t), []).append(t)
-fmt = "{:<26} {:<20} {:>9} {:>11} {:>5} {:<17} {:>9} {:<11} {:>7}"
-print(fmt.format("key", "shape", "ms", "rate", "%ceil", "target", "torch ms", "torch impl", "ours/pt"))
-shown = set()
-for e in mine:
-    ms, frac = num(first(e, "ms")), num(first(e, "fraction_of_ceiling"))
-    for t in by_key.get(key(e), [None]):
-        shown.add(id(t))
-        tms = num(first(t, "ms"))
-        print(fmt.format(key(e)[:26], text(first(e, "shape"))[:20], f3(ms), rate(e),
-                         f"{100 * frac:.0f}" if frac is not None else "-", target(e)[:17], f3(tms),
-                         text(first(t, "impl"))[:11], f"{ms / tms:.2f}" if ms and tms else "-"))
-for t in theirs:
-    if id(t) not in shown:
-        print(fmt.format(key(t)[:26], text(first(t, "shape"))[:20], "-", "-", "-", "", f3(first(t, "ms")),
-                         text(first(t, "impl"))[:11], "-"))
-print("ours/pt: origami's time over PyTorch's (below 1: origami is faster)")
-EOF
+  python3 "$report" kernel-table "$results/bench_kernels.json" "$results/bench_torch.json"
 }
 
 write_summary() {
