@@ -337,8 +337,8 @@ void print_ledger(const plan::PlanInput& in, const LayoutPlan& p) {
   std::printf("  %-24s %12s\n", "total", human(st.total()).c_str());
 
   const int64_t T = in.training.micro_batch * in.training.seq_len / p.cp, t = T / p.tp;
-  std::printf("\nactivations saved per micro-batch (fp32; T = mb*s/cp = %lld tokens, t = T/tp = %lld per rank):\n",
-              static_cast<long long>(T), static_cast<long long>(t));
+  std::printf("\nactivations saved per micro-batch (%s; T = mb*s/cp = %lld tokens, t = T/tp = %lld per rank):\n",
+              std::string(plan::recipe_name(in.recipe)).c_str(), static_cast<long long>(T), static_cast<long long>(t));
   bool any_dense = false, any_moe = false;
   for (int64_t l = 0; l < in.model.num_layers; ++l) (in.moe.is_moe_layer(l) ? any_moe : any_dense) = true;
   if (any_dense)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The reports of tools/gpu_check.sh, one subcommand each, so that they run
-(and are tested: tests/test_tools_gpu_check.cpp) on a CPU machine too.
+(and are tested: tests/test_cli_gpu_check.cpp) on a CPU machine too.
 Standard library only: the GPU machine's python3 is not ours.
 
   ctest-counts XML                  "passed failed skipped total" of CTest's JUnit file
