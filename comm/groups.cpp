@@ -9,6 +9,7 @@
 #include "comm/mpi_communicator.h"
 #include "comm/nccl_communicator.h"
 #include "comm/routed_communicator.h"
+#include "comm/setup_deadline.h"
 #include "kernels/check.h"
 
 namespace origami::comm {
@@ -33,14 +34,26 @@ Groups Groups::create(const Layout& layout, MPI_Comm world, const GroupsOptions&
     std::unique_ptr<Communicator> nccl = make_nccl_communicator(*mpi, o);  // bootstraps over the MPI group
     return std::make_unique<RoutedCommunicator>(std::move(mpi), std::move(nccl));
   };
+  // Each group's splits and communicator creation wait for other ranks, with
+  // no timeout of their own: bounded like a collective.
+  const auto set_up = [&](const std::string& name) {
+    return SetupDeadline(options.comm.timeout_s,
+                         origami::detail::concat("group ", name,
+                                                 cuda ? " (MPI_Comm_split, then its NCCL communicator)" : " (MPI_Comm_split)"));
+  };
   std::vector<int> all(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) all[static_cast<size_t>(r)] = r;
-  g.world_ = wrap(split_mpi(world, RankGroups{all}, "world", options.comm));
+  {
+    const SetupDeadline deadline = set_up("world");
+    g.world_ = wrap(split_mpi(world, RankGroups{all}, "world", options.comm));
+  }
   for (GroupKind k : kAllGroupKinds) {
     // Kind names are unique across both views (etp, edp, ...), so a timeout
     // message's group name says which group hung.
-    g.comms_[static_cast<size_t>(k)] = wrap(split_mpi(world, layout.groups(k), std::string(group_name(k)), options.comm),
-                                            k == GroupKind::pp || k == GroupKind::cp);
+    const std::string name(group_name(k));
+    const SetupDeadline deadline = set_up(name);
+    g.comms_[static_cast<size_t>(k)] =
+        wrap(split_mpi(world, layout.groups(k), name, options.comm), k == GroupKind::pp || k == GroupKind::cp);
   }
   return g;
 }

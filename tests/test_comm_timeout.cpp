@@ -39,6 +39,12 @@ int run_child(const std::string& scenario, double timeout_s) {
     kind = GroupKind::ep;
     skipper = 3;
   }
+  if (scenario == "groups_setup" && rank == 1) {  // never joins the groups' set-up
+    std::this_thread::sleep_for(std::chrono::duration<double>(timeout_s + 60));
+    std::printf("[rank %d] still alive\n", rank);
+    MPI_Finalize();
+    return 0;
+  }
   Groups g = Groups::create(Layout(world, o), MPI_COMM_WORLD, Backend::mpi, CommOptions{timeout_s});
   Communicator& c = g[kind];
   const size_t n = static_cast<size_t>(c.size());
@@ -85,6 +91,20 @@ Outcome launch(const std::string& scenario, int np, double timeout_s) {
 }
 
 constexpr double kTimeout = 3.0;
+
+// A rank that never reaches the rank groups' set-up: the others stand in
+// MPI_Comm_split, which has no timeout of its own; the set-up's deadline
+// (collective_timeout_s) ends the job naming the group.
+TEST(CommTimeout, ARankMissingTheGroupsSetUpAbortsTheOthersNamingTheGroup) {
+  const Outcome o = launch("groups_setup", 3, kTimeout);
+  EXPECT_EQ(o.result.status, kExitTimeout) << o.result.output;
+  EXPECT_LT(o.seconds, kTimeout + 10) << o.result.output;
+  EXPECT_GE(o.seconds, kTimeout) << o.result.output;
+  EXPECT_TRUE(std::regex_search(o.result.output, std::regex(R"(\[rank (0|2)\] set-up timeout: group world )"
+                                                            R"(\(MPI_Comm_split\) not done 3\.\d s after it began)")))
+      << o.result.output;
+  EXPECT_EQ(o.result.output.find("still alive"), std::string::npos) << o.result.output;
+}
 
 TEST(CommTimeout, SkippedAllReduceAbortsEveryRankNamingTheCall) {
   const Outcome o = launch("dp_all_reduce", 3, kTimeout);

@@ -1,0 +1,33 @@
+// SetupDeadline (setup_deadline.h).
+#include "comm/setup_deadline.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "kernels/check.h"
+
+namespace origami::comm {
+
+SetupDeadline::SetupDeadline(double timeout_s, std::string what)
+    : timer_([this, timeout_s, what = std::move(what)] {
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (released_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return done_; })) return;
+        // The message goes out first: the abort must not swallow it.
+        std::fprintf(stderr,
+                     "[rank %d] set-up timeout: %s not done %.1f s after it began (runtime.collective_timeout_s): "
+                     "a member never joined, or cannot reach the others\n",
+                     world_rank_for_diagnostics(), what.c_str(), timeout_s);
+        std::fflush(stderr);
+        abort_job(kExitTimeout, "");
+      }) {}
+
+SetupDeadline::~SetupDeadline() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_ = true;
+  }
+  released_.notify_all();
+  timer_.join();
+}
+
+}  // namespace origami::comm
