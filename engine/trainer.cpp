@@ -1,4 +1,4 @@
-// Training loop and evaluation (see trainer.h).
+// Training loop (see trainer.h); evaluation is evaluate.cpp.
 #include "engine/trainer.h"
 
 #include <mpi.h>
@@ -27,6 +27,7 @@
 #include "engine/optimizer.h"
 #include "engine/pipeline.h"
 #include "engine/preflight.h"
+#include "engine/run_context.h"
 #include "engine/zero.h"
 #include "kernels/device.h"
 #include "kernels/threads.h"
@@ -46,26 +47,6 @@ int world_size() {
   int w = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &w);
   return w;
-}
-
-// The rank's execution context on the device runtime.device resolves to
-// (resolve_placement), with runtime.threads (or the per-rank default) OpenMP
-// threads for host work. ORIGAMI_HOST_STAND_IN=1 trains a CPU run on the
-// stand-in device cpu:1 (ExecContext::host_stand_in): the test that every
-// buffer of the training path is allocated on the context's device, that
-// host code touches none of their elements, and (make_groups) that the
-// communication keeps NCCL's rules.
-ExecContext make_context(const Config& cfg) {
-  const RuntimeConfig& rt = cfg.runtime;
-  const int threads = rt.threads > 0 ? static_cast<int>(rt.threads) : default_threads_per_rank();
-  set_num_threads(threads);
-  const RunPlacement placement = resolve_placement(cfg, local_rank_on_this_node(), ranks_on_this_node());
-  const char* stand_in = std::getenv("ORIGAMI_HOST_STAND_IN");
-  ExecContext ctx = !placement.device.is_host()               ? ExecContext::cuda(placement.device.index, threads)
-                    : stand_in && std::string(stand_in) == "1" ? ExecContext::host_stand_in(threads)
-                                                               : ExecContext::cpu(threads);
-  ctx.set_data_dtype(placement.precision == Precision::bf16 ? DType::bf16 : DType::f32);
-  return ctx;
 }
 
 // The ledger the mem record reports: the compute device's, and the host's
@@ -194,23 +175,6 @@ struct PendingFailure {
     if (status == 0) status = e.exit_status(), message = e.what();
   }
 };
-
-// Fills tokens_BS1 [mb, S+1] with the samples given by `index_of(i)`.
-template <class IndexFn>
-void load_micro_batch(const GptDataset& data, int64_t mb, int64_t seq_len, IndexFn index_of, Tensor& tokens_BS1) {
-  for (int64_t i = 0; i < mb; ++i) data.get(index_of(i), tokens_BS1.i32() + i * (seq_len + 1));
-}
-
-// The micro-batch's token windows on the compute device: written on the host
-// (the data loader's named host point), then copied once in the compute
-// stream's order.
-template <class IndexFn>
-Tensor device_micro_batch(const ExecContext& ctx, const GptDataset& data, int64_t mb, int64_t seq_len,
-                          IndexFn index_of) {
-  Tensor host = Tensor::empty({mb, seq_len + 1}, DType::i32, MemCategory::activation);
-  load_micro_batch(data, mb, seq_len, index_of, host);
-  return host.device() == ctx.device() ? host : ctx.to(host, ctx.device());
-}
 
 }  // namespace
 
@@ -604,37 +568,6 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts) {
   Trainer trainer(cfg, opts);
   while (trainer.steps_done() < cfg.training.steps && !trainer.stop_requested()) trainer.run_step();
   return trainer.finish();
-}
-
-EvalResult evaluate(const Config& cfg, const std::string& weights_dir, const std::string& data_prefix,
-                    int64_t samples) {
-  // Evaluation runs the whole model on each rank: the rules of a one-rank layout.
-  Config one = cfg;
-  one.parallel = ParallelConfig{};
-  validate_for_world(one, 1);
-  validate_for_machine(one, 1, ranks_on_this_node());
-  check_config_matches_export(cfg, weights_dir);
-  const ExecContext ctx = make_context(cfg);
-  Model model(ctx, cfg.model, cfg.training.seed, cfg.moe);
-  load_hf_weights(model, weights_dir);
-  IndexedDataset indexed = IndexedDataset::open(data_prefix, cfg.model.vocab_size);
-  GptDataset data(indexed, cfg.training.seq_len, /*shuffle=*/false, cfg.training.seed);
-  if (samples < 1 || samples > data.num_windows())
-    ORIGAMI_USER_ERROR("--samples ", samples, ": must be in [1, ", data.num_windows(), "], the windows of ",
-                       cfg.training.seq_len + 1, " tokens in ", data_prefix);
-  const int64_t S = cfg.training.seq_len, mb = cfg.training.micro_batch;
-  EvalResult r;
-  double loss_sum = 0;
-  for (int64_t start = 0; start < samples; start += mb) {
-    const int64_t n = std::min(mb, samples - start);
-    const Tensor tokens = device_micro_batch(ctx, data, n, S, [&](int64_t i) { return start + i; });
-    ModelSaved saved;
-    loss_sum += model.forward(tokens, saved);
-  }
-  r.samples = samples;
-  r.tokens = samples * S;
-  r.mean_loss = loss_sum / static_cast<double>(r.tokens);
-  return r;
 }
 
 }  // namespace origami

@@ -34,7 +34,7 @@ const std::map<std::string, Allowed>& allowlist() {
   static const std::map<std::string, Allowed> list = {
       // Named host points: data that lives on the host by nature.
       {"moe/permutation.cpp", {1, "counts_to_host: the per-expert counts the all-to-all and the metrics read"}},
-      {"engine/trainer.cpp", {1, "the data loader writes a micro-batch's token ids into its host batch"}},
+      {"engine/run_context.h", {1, "the data loader writes a micro-batch's token ids into its host batch"}},
       {"engine/optimizer.cpp", {1, "grad_norm: the step's two fp64 sums of squares, read once"}},
       {"engine/safetensors.cpp", {2, "file I/O of exported and loaded tensors"}},
       {"engine/export.cpp", {12, "HF export: gathered slices placed into whole tensors, weights read back"}},
