@@ -37,7 +37,7 @@ Groups Groups::create(const Layout& layout, MPI_Comm world, const GroupsOptions&
   // Each group's splits and communicator creation wait for other ranks, with
   // no timeout of their own: bounded like a collective.
   const auto set_up = [&](const std::string& name) {
-    return SetupDeadline(options.comm.timeout_s,
+    return SetupDeadline(options.setup_timeout_s,
                          origami::detail::concat("group ", name,
                                                  cuda ? " (MPI_Comm_split, then its NCCL communicator)" : " (MPI_Comm_split)"));
   };

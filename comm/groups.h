@@ -31,6 +31,12 @@ struct GroupsOptions {
   // all 16 groups are of one). The tests of NCCL's call paths on one GPU,
   // and an explicit Backend::nccl, ask for them.
   bool nccl_for_groups_of_one = false;
+  // The bound on each group's set-up (MPI_Comm_split, then its NCCL
+  // communicator: neither has a timeout of its own; comm/setup_deadline.h).
+  // Its own setting, not comm.timeout_s: tests bound ops at a second or
+  // two, and NCCL's first communicator creation in a process can take
+  // longer than that. The trainer passes runtime.collective_timeout_s.
+  double setup_timeout_s = 300.0;
 };
 
 class Groups {

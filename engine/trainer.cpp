@@ -71,7 +71,7 @@ comm::Layout make_layout(const Config& cfg, int world) {
 // communication needs.
 comm::Groups make_groups(const Config& cfg, const ExecContext& ctx, int world) {
   comm::GroupsOptions o;
-  o.comm.timeout_s = cfg.runtime.collective_timeout_s;
+  o.comm.timeout_s = o.setup_timeout_s = cfg.runtime.collective_timeout_s;
   const bool stand_in = ctx.device().is_host() && ctx.device() != Device::cpu();
   o.comm.check_in_flight = o.comm.p2p_by_order = stand_in;
   if (!ctx.device().is_host()) {

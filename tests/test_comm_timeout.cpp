@@ -45,7 +45,8 @@ int run_child(const std::string& scenario, double timeout_s) {
     MPI_Finalize();
     return 0;
   }
-  Groups g = Groups::create(Layout(world, o), MPI_COMM_WORLD, Backend::mpi, CommOptions{timeout_s});
+  Groups g = Groups::create(Layout(world, o), MPI_COMM_WORLD,
+                            GroupsOptions{.comm = CommOptions{timeout_s}, .setup_timeout_s = timeout_s});
   Communicator& c = g[kind];
   const size_t n = static_cast<size_t>(c.size());
   std::vector<float> v(std::max<size_t>(8, 2 * n), 1.0f), out(2 * n, 1.0f);
@@ -94,7 +95,8 @@ constexpr double kTimeout = 3.0;
 
 // A rank that never reaches the rank groups' set-up: the others stand in
 // MPI_Comm_split, which has no timeout of its own; the set-up's deadline
-// (collective_timeout_s) ends the job naming the group.
+// (GroupsOptions::setup_timeout_s; the trainer's is collective_timeout_s)
+// ends the job naming the group.
 TEST(CommTimeout, ARankMissingTheGroupsSetUpAbortsTheOthersNamingTheGroup) {
   const Outcome o = launch("groups_setup", 3, kTimeout);
   EXPECT_EQ(o.result.status, kExitTimeout) << o.result.output;
