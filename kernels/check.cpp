@@ -8,22 +8,52 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 namespace origami {
 
 namespace {
-// The one process-wide latch of the abort path (the only mutable global of
-// the engine, and deliberately so: it must be reachable from any thread of
-// any module, and it only ever goes from false to true).
+// The process-wide state of the abort path (the engine's only mutable
+// globals, and deliberately so: they must be reachable from any thread of any
+// module). g_aborting only ever goes from false to true; the others are set
+// once, by start_mpi on the main thread, before any other thread exists.
 std::atomic<bool> g_aborting{false};
-}  // namespace
+std::atomic<int> g_thread_level{-1};
+std::atomic<int> g_world_rank{-1};
+std::thread::id g_main_thread;
 
-int world_rank_for_diagnostics() {
+bool mpi_up() {
+  // Both may be called from any thread, before MPI_Init and after MPI_Finalize.
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (!initialized || finalized) return 0;
+  return initialized && !finalized;
+}
+}  // namespace
+
+static_assert(MPI_THREAD_MULTIPLE == 3, "start_mpi's default names MPI_THREAD_MULTIPLE by value (check.h has no mpi.h)");
+
+void start_mpi(int* argc, char*** argv, int required) {
+  int initialized = 0, provided = MPI_THREAD_SINGLE;
+  MPI_Initialized(&initialized);
+  if (initialized)
+    MPI_Query_thread(&provided);
+  else if (MPI_Init_thread(argc, argv, required, &provided) != MPI_SUCCESS)
+    std::_Exit(kExitInternal);  // MPI's own handler has reported it (errors are fatal by default)
   int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  g_main_thread = std::this_thread::get_id();
+  g_world_rank.store(rank);
+  g_thread_level.store(provided);
+}
+
+int mpi_thread_level() { return g_thread_level.load(); }
+
+int world_rank_for_diagnostics() {
+  const int cached = g_world_rank.load();
+  if (cached >= 0) return cached;
+  if (!mpi_up()) return 0;
+  int rank = 0;  // MPI started without start_mpi: only from the thread that started it
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   return rank;
 }
@@ -37,10 +67,12 @@ void abort_job(int exit_status, const std::string& message) {
     std::fprintf(stderr, "%s\n", message.c_str());
     std::fflush(stderr);
   }
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, exit_status);
+  // Level -1: MPI was started without start_mpi, which only tests' own mains
+  // outside the project's do; abort as MPI's default would.
+  const int level = g_thread_level.load();
+  const bool may_call_mpi =
+      level == -1 || level == MPI_THREAD_MULTIPLE || std::this_thread::get_id() == g_main_thread;
+  if (may_call_mpi && mpi_up()) MPI_Abort(MPI_COMM_WORLD, exit_status);
   std::_Exit(exit_status);
 }
 

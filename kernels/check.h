@@ -45,6 +45,20 @@ class JobError : public UserError {
   using UserError::UserError;
 };
 
+// Starts MPI for the process (origami and every MPI test), asking for
+// MPI_THREAD_MULTIPLE: threads other than the main one end the job and name
+// their rank (the NCCL watchdog, the groups' set-up deadline, a check failing
+// on an OpenMP or checkpoint-writer thread), and MPI allows that only at that
+// level. Records the level granted and the world rank, so the abort path
+// makes no MPI call but the abort itself, and makes none at all from another
+// thread when the library grants less (see abort_job). Where MPI is already
+// up, records the same from it. `required` is lower only in the test of the
+// fallback.
+void start_mpi(int* argc, char*** argv, int required = 3 /* MPI_THREAD_MULTIPLE */);
+
+// The thread level MPI granted (MPI_THREAD_*), -1 before start_mpi.
+int mpi_thread_level();
+
 // Rank of this process in MPI_COMM_WORLD, or 0 before MPI_Init / without MPI.
 int world_rank_for_diagnostics();
 
@@ -53,7 +67,10 @@ int world_rank_for_diagnostics();
 // Prints `message` (one line, as given; nothing when empty) and ends the whole job with
 // `exit_status`: MPI_Abort when MPI is up, else exit. Single-entry: a second
 // caller (another thread) blocks until the process is gone, so concurrent
-// failures never race inside MPI's error path.
+// failures never race inside MPI's error path. Off the main thread, when MPI
+// granted less than MPI_THREAD_MULTIPLE, the process exits without calling
+// MPI, and the launcher ends the other ranks (mpirun aborts a job one of
+// whose processes exits non-zero without finalizing).
 [[noreturn]] void abort_job(int exit_status, const std::string& message);
 
 // A user-supplied value for a message: as is when short, else its first and

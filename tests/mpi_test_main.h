@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <functional>
 
+#include "kernels/check.h"
 #include "kernels/threads.h"
 
 namespace origami::testing {
@@ -37,7 +38,7 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 // Runs every test with `threads` OpenMP threads per rank (0: cores / local
 // ranks); `before_finalize` frees what holds MPI communicators.
 inline int run_mpi_tests(int argc, char** argv, int threads = 0, const std::function<void()>& before_finalize = {}) {
-  MPI_Init(&argc, &argv);
+  start_mpi(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
   set_num_threads(threads > 0 ? threads : default_threads_per_rank());
   if (world_rank() != 0) {

@@ -27,7 +27,7 @@ Tensor filled(int64_t n, float first) {
 }
 
 int run_child(const std::string& scenario) {
-  MPI_Init(nullptr, nullptr);
+  origami::start_mpi(nullptr, nullptr);
   {
     Groups g = Groups::create(Layout(2, LayoutOptions{}), MPI_COMM_WORLD,
                               GroupsOptions{.comm = CommOptions{.timeout_s = 30, .check_in_flight = true}});

@@ -34,7 +34,7 @@ void ensure_mpi() {
   int init = 0;
   MPI_Initialized(&init);
   if (!init) {
-    MPI_Init(nullptr, nullptr);
+    origami::start_mpi(nullptr, nullptr);
     g_mpi_started = true;
   }
 }

@@ -21,7 +21,7 @@ namespace {
 // ---- child mode: runs under mpirun ------------------------------------------------------------------
 
 int run_child(const std::string& scenario) {
-  MPI_Init(nullptr, nullptr);
+  origami::start_mpi(nullptr, nullptr);
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   Groups g = Groups::create(Layout(world, LayoutOptions{}), MPI_COMM_WORLD, GroupsOptions{.comm = CommOptions{30}});

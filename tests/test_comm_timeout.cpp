@@ -26,7 +26,7 @@ namespace {
 // ---- child mode: runs under mpirun ------------------------------------------------------------------
 
 int run_child(const std::string& scenario, double timeout_s) {
-  MPI_Init(nullptr, nullptr);
+  origami::start_mpi(nullptr, nullptr);
   int rank = 0, world = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);

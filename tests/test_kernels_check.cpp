@@ -11,7 +11,9 @@
 
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "cli_util.h"
 #include "kernels/check.h"
@@ -23,7 +25,7 @@ namespace {
 constexpr int kCheckLine = __LINE__ + 10;
 
 TEST(CheckAbort, DISABLED_FailsOnEveryThreadOfAParallelRegion) {
-  MPI_Init(nullptr, nullptr);
+  origami::start_mpi(nullptr, nullptr);
   omp_set_dynamic(0);
 #pragma omp parallel num_threads(8)
   {
@@ -33,6 +35,30 @@ TEST(CheckAbort, DISABLED_FailsOnEveryThreadOfAParallelRegion) {
     ORIGAMI_CHECK(omp_get_thread_num() < 0, "thread ", omp_get_thread_num(), " of ", omp_get_num_threads());
   }
   MPI_Finalize();  // not reached
+}
+
+// A check failing on a thread of its own (as the NCCL watchdog's, the
+// set-up deadline's or the checkpoint writer's would), while the main thread
+// waits inside MPI. ORIGAMI_CHILD_THREAD_LEVEL is the level to ask for: at
+// MPI_THREAD_MULTIPLE the thread calls MPI_Abort; below it, the thread may
+// not call MPI and exits, and mpirun ends the job.
+constexpr int kThreadCheckLine = __LINE__ + 10;
+
+TEST(CheckAbort, DISABLED_FailsOnAThreadWhileTheMainThreadWaitsInMpi) {
+  const char* level_env = std::getenv("ORIGAMI_CHILD_THREAD_LEVEL");
+  ASSERT_NE(level_env, nullptr);
+  origami::start_mpi(nullptr, nullptr, std::atoi(level_env));
+  std::printf("[rank %d] thread level %d\n", world_rank_for_diagnostics(), mpi_thread_level());
+  std::fflush(stdout);
+  std::thread failing;
+  if (world_rank_for_diagnostics() == 0)
+    failing = std::thread([] { ORIGAMI_CHECK(mpi_thread_level() < 0, "level ", mpi_thread_level()); });
+  // Every main thread (rank 0's too) waits for a message nobody sends: only
+  // the failing thread's abort ends the job.
+  int never = 0;
+  MPI_Recv(&never, 1, MPI_INT, MPI_ANY_SOURCE, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  failing.join();  // not reached
+  MPI_Finalize();
 }
 
 int count(const std::string& text, const std::string& needle) {
@@ -66,6 +92,36 @@ TEST(CheckAbort, InternalCheckInAParallelRegionAbortsTheJobOnceAndCleanly) {
       ranks_reporting += r.output.find("test_kernels_check.cpp:" + std::to_string(kCheckLine) + " [rank " +
                                        std::to_string(rank) + "] check failed") != std::string::npos;
     EXPECT_EQ(ranks_reporting, reports) << "every report names its own rank, once:\n" << r.output;
+    for (const char* crash : {"Segmentation", "signal", "core dumped", "Aborted"})
+      EXPECT_EQ(r.output.find(crash), std::string::npos) << crash << " in:\n" << r.output;
+    EXPECT_LT(seconds, 20.0) << r.output;
+  }
+}
+
+TEST(CheckAbort, ACheckFailingOffTheMainThreadEndsTheJobAtEitherThreadLevel) {
+  // The MPI_Abort path needs MPI_THREAD_MULTIPLE; start_mpi asks for it, and
+  // Open MPI grants it. A library granting less gets the exit path instead,
+  // tested here by asking for MPI_THREAD_FUNNELED.
+  char self[PATH_MAX] = {};
+  ASSERT_GT(::readlink("/proc/self/exe", self, sizeof self - 1), 0);
+  for (int level : {MPI_THREAD_MULTIPLE, MPI_THREAD_FUNNELED}) {
+    SCOPED_TRACE("thread level " + std::to_string(level));
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto r = testing::run_command("ORIGAMI_CHILD_THREAD_LEVEL=" + std::to_string(level) + " " +
+                                        ORIGAMI_MPIEXEC + " --allow-run-as-root --oversubscribe --bind-to none -np 2 " +
+                                        self + " --gtest_also_run_disabled_tests " +
+                                        "--gtest_filter=CheckAbort.DISABLED_FailsOnAThread*");
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("[check abort off the main thread] level %d: exit %d in %.2f s\n", level, r.status, seconds);
+    for (int rank : {0, 1})  // the child ran at the level asked for, or it tests nothing
+      EXPECT_NE(r.output.find("[rank " + std::to_string(rank) + "] thread level " + std::to_string(level)),
+                std::string::npos)
+          << r.output;
+    EXPECT_EQ(r.status, kExitInternal) << r.output;
+    EXPECT_EQ(count(r.output, "check failed: mpi_thread_level() < 0: level " + std::to_string(level)), 1) << r.output;
+    EXPECT_NE(r.output.find("test_kernels_check.cpp:" + std::to_string(kThreadCheckLine) + " [rank 0] check failed"),
+              std::string::npos)
+        << r.output;
     for (const char* crash : {"Segmentation", "signal", "core dumped", "Aborted"})
       EXPECT_EQ(r.output.find(crash), std::string::npos) << crash << " in:\n" << r.output;
     EXPECT_LT(seconds, 20.0) << r.output;

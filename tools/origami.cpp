@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
   origami::choose_cuda_module_loading();  // before anything can start CUDA (MPI_Init may)
   const bool use_mpi = launched_by_mpi() || !host_only_command(argc, argv);
   if (!launched_by_mpi()) setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
-  if (use_mpi) MPI_Init(&argc, &argv);
+  if (use_mpi) origami::start_mpi(&argc, &argv);
   const int rank = origami::tools::job_rank();
   // The exit meeting's own communicator: its traffic never matches the
   // engine's collectives, whatever state a failing rank left them in. None
