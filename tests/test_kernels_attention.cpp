@@ -1,7 +1,7 @@
 // CPU tiled attention beyond a plain reference comparison (those, over GQA,
 // context-parallel chunks, masked tiles, shuffled positions and lengths off
 // the tile size, live in the op × backend harness,
-// tests/backend_ops/ops_loss_attention.cpp): the backward against finite
+// tests/backend_ops/ops_attention.cpp): the backward against finite
 // differences of the forward, bitwise independence from the thread count,
 // and a rate report against sgemm; on CUDA (skipped without a device) the
 // same finite-difference check of the fp32 kernels and bitwise run-to-run

@@ -39,8 +39,8 @@ bool verbose() { return std::getenv("ORIGAMI_HARNESS_VERBOSE") != nullptr; }
 const std::vector<OpEntry>& all_ops() {
   static const std::vector<OpEntry> ops = [] {
     std::vector<OpEntry> all;
-    for (auto part : {gemm_ops, dense_ops, update_init_ops, loss_attention_ops, moe_ops, moe_stats_ops,
-                      context_parallel_ops})
+    for (auto part : {gemm_ops, elementwise_ops, dense_ops, update_init_ops, loss_ops, attention_ops, moe_ops,
+                      moe_stats_ops, context_parallel_ops})
       for (OpEntry& e : part()) all.push_back(std::move(e));
     return all;
   }();

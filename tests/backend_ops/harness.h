@@ -6,8 +6,9 @@
 // reference, CUDA against the CPU result. Every argument sits between
 // sentinel regions; overwritten outputs start poisoned (NaN for floats), so
 // an element the op never writes shows; inputs must come back unchanged.
-// The table is split by concern: ops_gemm.cpp, ops_dense.cpp, ops_update_init.cpp,
-// ops_loss_attention.cpp, ops_moe.cpp, ops_moe_stats.cpp, ops_context_parallel.cpp.
+// The table is split by concern: ops_gemm.cpp, ops_elementwise.cpp, ops_dense.cpp,
+// ops_update_init.cpp, ops_loss.cpp, ops_attention.cpp, ops_moe.cpp, ops_moe_stats.cpp,
+// ops_context_parallel.cpp.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -93,9 +94,11 @@ struct OpEntry {
 
 // The table, by part (each in kernels/backend_ops.inc order).
 std::vector<OpEntry> gemm_ops();              // ops_gemm.cpp
+std::vector<OpEntry> elementwise_ops();       // ops_elementwise.cpp
 std::vector<OpEntry> dense_ops();             // ops_dense.cpp
 std::vector<OpEntry> update_init_ops();       // ops_update_init.cpp
-std::vector<OpEntry> loss_attention_ops();    // ops_loss_attention.cpp
+std::vector<OpEntry> loss_ops();              // ops_loss.cpp
+std::vector<OpEntry> attention_ops();         // ops_attention.cpp
 std::vector<OpEntry> moe_ops();               // ops_moe.cpp
 std::vector<OpEntry> moe_stats_ops();         // ops_moe_stats.cpp
 std::vector<OpEntry> context_parallel_ops();  // ops_context_parallel.cpp
