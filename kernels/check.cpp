@@ -67,8 +67,8 @@ void abort_job(int exit_status, const std::string& message) {
     std::fprintf(stderr, "%s\n", message.c_str());
     std::fflush(stderr);
   }
-  // Level -1: MPI was started without start_mpi, which only tests' own mains
-  // outside the project's do; abort as MPI's default would.
+  // Level -1: MPI was started by other code than start_mpi (none of
+  // Origami's mains): the level is unknown, so abort through MPI.
   const int level = g_thread_level.load();
   const bool may_call_mpi =
       level == -1 || level == MPI_THREAD_MULTIPLE || std::this_thread::get_id() == g_main_thread;
