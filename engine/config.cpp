@@ -476,6 +476,13 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return parse_config(in.read_all(int64_t{64} << 20), path, overrides);
 }
 
+std::string_view load_balancing_name(moe::LoadBalancing lb) {
+  for (const auto& [name, value] : enum_names(static_cast<const moe::LoadBalancing*>(nullptr)))
+    if (value == lb) return name;
+  ORIGAMI_CHECK(false, "load balancing ", static_cast<int>(lb), " has no name");
+  return {};
+}
+
 std::string canonical_text(const Config& cfg) {
   Config copy = cfg;  // schema() binds mutable pointers; this only reads them
   std::string out;

@@ -216,6 +216,9 @@ Config parse_config(const std::string& toml_text, const std::string& source,
 // compare to prove they run the same config, and what a run records.
 std::string canonical_text(const Config& cfg);
 
+// moe.load_balancing's value as the config spells it ("aux_loss", ...).
+std::string_view load_balancing_name(moe::LoadBalancing lb);
+
 // Validation that needs the machine: runtime.threads at most the logical
 // CPUs here, and a model whose training state could never fit in this
 // node's memory refused up front with the bytes it needs (a lower bound:

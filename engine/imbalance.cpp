@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <numeric>
 #include <sstream>
 
@@ -158,8 +159,17 @@ std::vector<LayerPlacement> advise_placement(const RunReport& run, int64_t ranks
     lp.layer = L.layer;
     lp.before = contiguous_placement(L.experts, ranks);
     if (run.shape.ep == ranks)
-      for (const auto& [layer, placed] : run.shape.placement)
-        if (layer == L.layer) lp.before = placed, lp.before_from_run = true;
+      for (const auto& [layer, placed] : run.shape.placement) {
+        if (layer != L.layer) continue;
+        int64_t placed_experts = 0;  // the config's rules made it a permutation of [0, its experts)
+        for (const std::vector<int64_t>& r : placed) placed_experts += static_cast<int64_t>(r.size());
+        if (placed_experts != L.experts)
+          ORIGAMI_USER_ERROR((std::filesystem::path(run.path).parent_path() / "config.toml").string(),
+                             ": moe.expert_placement.layers.", layer, " places ", placed_experts, " experts, but ",
+                             run.path, " records ", L.experts, " for layer ", layer,
+                             " (rule: the run's config and metrics belong to the same run)");
+        lp.before = placed, lp.before_from_run = true;
+      }
     lp.after = balanced_placement(L.kept, ranks);
     lp.before_max_over_mean = placement_max_over_mean(L.kept, lp.before);
     lp.after_max_over_mean = placement_max_over_mean(L.kept, lp.after);

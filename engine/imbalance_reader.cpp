@@ -17,6 +17,7 @@
 #include <numeric>
 #include <toml++/toml.h>
 
+#include "engine/config.h"
 #include "engine/imbalance.h"
 #include "kernels/check.h"
 
@@ -261,33 +262,22 @@ RunShape read_shape(const std::filesystem::path& dir) {
   RunShape s;
   const std::filesystem::path file = dir / "config.toml";
   if (!std::filesystem::exists(file)) return s;
-  toml::table t;
-  try {
-    t = toml::parse_file(file.string());
-  } catch (const toml::parse_error& e) {
-    ORIGAMI_USER_ERROR(file.string(), ": ", e.description());
-  }
+  // The config's own loader: every rule a run's config obeys holds here too
+  // (a file edited since the run gets the loader's messages, naming the file
+  // and key), and the placement comes out resolved.
+  const Config cfg = load_config(file.string());
   s.known = true;
-  s.hidden_size = t["model"]["hidden_size"].value_or(int64_t{0});
-  const int64_t ffn = t["model"]["ffn_hidden_size"].value_or(int64_t{0});
-  s.expert_ffn = t["moe"]["ffn_hidden_size"].value_or(ffn);
-  s.top_k = t["moe"]["top_k"].value_or(int64_t{0});
-  s.etp = t["parallel"]["etp"].value_or(int64_t{1});
-  s.ep = t["parallel"]["ep"].value_or(int64_t{1});
-  s.load_balancing = t["moe"]["load_balancing"].value_or(std::string());
-  s.expert_bias = t["moe"]["expert_bias"].value_or(false);
-  if (const toml::table* layers = t["moe"]["expert_placement"]["layers"].as_table()) {
-    for (const auto& [key, ranks] : *layers) {
-      std::vector<std::vector<int64_t>> placed;
-      if (const toml::array* arr = ranks.as_array())
-        for (const toml::node& r : *arr) {
-          placed.emplace_back();
-          if (const toml::array* experts = r.as_array())
-            for (const toml::node& e : *experts) placed.back().push_back(e.value_or(int64_t{-1}));
-        }
-      s.placement.emplace_back(std::stoll(std::string(key.str())), std::move(placed));
-    }
-    std::sort(s.placement.begin(), s.placement.end());
+  s.hidden_size = cfg.model.hidden_size;
+  s.expert_ffn = cfg.moe.expert_ffn(cfg.model.ffn_hidden_size);
+  s.top_k = cfg.moe.router.top_k;
+  s.etp = cfg.parallel.etp;
+  s.ep = cfg.parallel.ep;
+  s.load_balancing = std::string(load_balancing_name(cfg.moe.router.load_balancing));
+  s.expert_bias = cfg.moe.expert_bias;
+  for (const auto& [layer, placed] : cfg.moe.expert_placement.layers) {
+    std::vector<std::vector<int64_t>> ranks;
+    for (int64_t r = 0; r < placed.ep(); ++r) ranks.push_back(placed.local_experts(r));
+    s.placement.emplace_back(layer, std::move(ranks));
   }
   return s;
 }

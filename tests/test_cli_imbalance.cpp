@@ -98,7 +98,8 @@ uint64_t write_run(const std::string& dir, const Synthetic& s, uint64_t seed = f
   write_file(dir + "/config.toml",
              "[model]\nhidden_size = 64\nffn_hidden_size = 128\n[moe]\nnum_experts = " + std::to_string(s.experts) +
                  "\ntop_k = " + std::to_string(s.top_k) + "\nffn_hidden_size = 32\nload_balancing = \"aux_loss\"\n" +
-                 "[parallel]\nep = " + std::to_string(s.ep) + "\netp = 1\n");
+                 "[parallel]\nep = " + std::to_string(s.ep) + "\netp = 1\n" +
+                 "[data]\npath = \"corpus\"\n");  // as every run's: train needs data (the file is never read)
   return seed;
 }
 
@@ -305,6 +306,69 @@ TEST(Imbalance, PlacementIsNearTheBestPackingAndWritesTheConfigEntry) {
   const CommandResult bad = run_command(kBinary + " imbalance " + (dir / "run") + " --place --ep 3");
   EXPECT_EQ(bad.status, 2) << bad.output;
   EXPECT_NE(bad.output.find("--ep 3 does not divide layer 1's 8 experts"), std::string::npos) << bad.output;
+}
+
+// The run's own placement (its config.toml's moe.expert_placement) is the
+// "before" of the advice, read through the config's loader: an entry edited
+// into something the engine would refuse is refused here too, naming the
+// file and key, never read out of bounds.
+TEST(Imbalance, TheRunsPlacementIsTheBeforeAndObeysTheConfigsRules) {
+  ScratchDir dir("imbalance-run-placement");
+  Synthetic s;
+  s.experts = 8, s.skew = 1.2, s.steps = 12;
+  const uint64_t seed = write_run(dir / "run", s);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const std::string config = read_file(dir / "run/config.toml");
+  auto with_placement = [&](const std::string& layers) {
+    write_file(dir / "run/config.toml", config + "[moe.expert_placement]\nep = 4\n[moe.expert_placement.layers]\n" + layers);
+  };
+  with_placement("1 = [[7, 0], [1, 2], [3, 4], [5, 6]]\n");
+  const json got = run_json(dir / "run" + " --place --ep 4", 1);  // skewed: alerts
+  bool checked = false;
+  for (const json& lp : got["placement"]["layers"]) {
+    const bool run_placement = lp["layer"] == 1;
+    EXPECT_EQ(lp["before_from_run"].get<bool>(), run_placement) << lp.dump();
+    if (!run_placement) continue;
+    EXPECT_EQ(lp["before"], json::parse("[[0, 7], [1, 2], [3, 4], [5, 6]]")) << lp.dump();
+    std::vector<int64_t> kept;
+    for (const json& L : got["runs"][0]["layers"])
+      if (L["layer"] == 1) kept = L["kept_per_expert"].get<std::vector<int64_t>>();
+    ASSERT_EQ(kept.size(), 8u);
+    const double rank0 = static_cast<double>(kept[0] + kept[7]);
+    double mx = rank0, total = rank0;
+    for (int64_t e = 1; e < 7; e += 2) {
+      const double r = static_cast<double>(kept[e] + kept[e + 1]);
+      mx = std::max(mx, r), total += r;
+    }
+    EXPECT_NEAR(lp["before_max_over_mean"].get<double>(), mx / (total / 4), 1e-12);
+    checked = true;
+  }
+  EXPECT_TRUE(checked) << got.dump();
+
+  const std::string file = dir / "run/config.toml";
+  const std::pair<std::string, std::string> bad[] = {
+      {"1 = [[0, 1], [2, 3], [4, 5], [6, 100000000]]\n", "layers.1: EP rank 3 lists expert 100000000, outside 0..7"},
+      {"1 = [[-5, 1], [2, 3], [4, 5], [6, 7]]\n", "lists expert -5, outside 0..7"},
+      {"abc = [[0]]\n", "layers.abc: keys of the layers table are MoE layer indices"},
+      {"1 = [[0]]\n", "layers.1: lists 1 EP rank(s); must list exactly ep = 4"},
+      {"1 = [[\"a\", 1], [2, 3], [4, 5], [6, 7]]\n", "got a string at EP rank 0, index 0"},
+  };
+  for (const auto& [layers, needle] : bad) {
+    with_placement(layers);
+    const CommandResult r = run_command(kBinary + " imbalance " + (dir / "run") + " --place --ep 4");
+    EXPECT_EQ(r.status, 2) << layers << r.output;
+    EXPECT_NE(r.output.find(file + ": moe.expert_placement."), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << "wanted '" << needle << "' in\n" << r.output;
+  }
+  // A valid placement of another run's 16 experts against these 8.
+  std::string sixteen = config;
+  sixteen.replace(sixteen.find("num_experts = 8"), 15, "num_experts = 16");
+  write_file(file, sixteen + "[moe.expert_placement]\nep = 4\n[moe.expert_placement.layers]\n" +
+                       "1 = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]\n");
+  const CommandResult r = run_command(kBinary + " imbalance " + (dir / "run") + " --place --ep 4");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find(file + ": moe.expert_placement.layers.1 places 16 experts, but "), std::string::npos)
+      << r.output;
 }
 
 // The values of data-key="..." data-value="..." cells of one element's subtree.
