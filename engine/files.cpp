@@ -77,8 +77,23 @@ std::string InputFile::read_all(int64_t max_bytes) const {
 }
 
 OutputFile::OutputFile(std::string path, Mode mode) : path_(std::move(path)) {
-  f_ = std::fopen(path_.c_str(), mode == Mode::append ? "ab" : "wb");
-  if (!f_) fail("cannot open for writing", errno);
+  // O_NONBLOCK: opening a FIFO that no process reads fails at once (ENXIO)
+  // instead of waiting for a reader that may never come; a FIFO something
+  // reads (a pipe to a consumer) is a fine output.
+  const int fd = ::open(path_.c_str(),
+                        O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (mode == Mode::append ? O_APPEND : O_TRUNC), 0644);
+  if (fd < 0 && errno == ENXIO)
+    ORIGAMI_USER_ERROR(shown(path_), ": is a FIFO that no process reads (rule: an output is a regular file, a ",
+                       "device, or a FIFO something reads; writing would wait forever)");
+  if (fd < 0) fail("cannot open for writing", errno);
+  // Writes block as usual: into a pipe, they wait while its reader catches up.
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  f_ = ::fdopen(fd, mode == Mode::append ? "ab" : "wb");
+  if (!f_) {
+    const int err = errno;
+    ::close(fd);
+    fail("cannot open for writing", err);
+  }
 }
 
 OutputFile::~OutputFile() {

@@ -7,6 +7,8 @@
 // memory is fixed whatever the step count.
 #include <simdjson.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -18,6 +20,7 @@
 #include <toml++/toml.h>
 
 #include "engine/config.h"
+#include "engine/files.h"
 #include "engine/imbalance.h"
 #include "kernels/check.h"
 
@@ -283,7 +286,10 @@ RunShape read_shape(const std::filesystem::path& dir) {
 }
 
 RunReport RunReader::read() {
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path_.c_str(), "rb"), &std::fclose);
+  // InputFile refuses what is not a regular file (a FIFO would wait for a
+  // writer); the stream then reads from its own descriptor, at offset 0.
+  const InputFile in(path_, "metrics file");
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(::fdopen(::dup(in.fd()), "rb"), &std::fclose);
   if (!f) ORIGAMI_USER_ERROR(path_, ": cannot open: ", std::strerror(errno));
   od::parser parser;
   StepRecord rec;

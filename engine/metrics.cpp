@@ -161,7 +161,9 @@ MetricsWriter::MetricsWriter(const std::string& dir, int64_t resumed_step, const
     config.close();
   }
   const std::string path = dir + "/metrics.jsonl";
-  if (resumed_step > 0 && std::filesystem::exists(path)) {
+  // Only a regular file holds earlier records to keep (a FIFO to a consumer
+  // has none, and reading it would wait for a writer).
+  if (resumed_step > 0 && std::filesystem::is_regular_file(path)) {
     // Streamed line by line: the run's earlier records, up to the resumed step.
     const std::string kept = path + ".resume";
     {

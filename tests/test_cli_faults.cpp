@@ -290,6 +290,48 @@ TEST_F(CliFaults, FifosAndDirectoriesAreRefusedWithoutBlocking) {
   expect_outcome("data .idx is a character device", r, 2, {path("device.idx") + ": is a character device"});
 }
 
+// An output that is a FIFO nobody reads would block its writer forever (and
+// a blocked open never sees SIGTERM's graceful stop): refused at once. A FIFO
+// something reads is a fine output, a pipe to a consumer.
+TEST_F(CliFaults, OutputFifosWithoutAReaderAreRefusedAndOnesWithAReaderWork) {
+  const std::string rule = ": is a FIFO that no process reads";
+  for (const char* file : {"metrics.jsonl", "config.toml"}) {
+    const std::string dir = path(std::string("fifo-log-") + file);
+    fs::create_directories(dir);
+    ASSERT_EQ(::mkfifo((dir + "/" + file).c_str(), 0600), 0);
+    const Outcome r = train("--set logging.dir=" + dir);
+    expect_outcome(std::string("logging.dir's ") + file + " is a FIFO", r, 2, {dir + "/" + file + rule});
+  }
+  const std::string exported = path("fifo-export");
+  fs::create_directories(exported);
+  ASSERT_EQ(::mkfifo((exported + "/model.safetensors").c_str(), 0600), 0);
+  Outcome r = train("--set training.steps=0 --set export.dir=" + exported, 2);
+  expect_outcome("export model.safetensors is a FIFO, 2 ranks", r, 2,
+                 {"error [rank 0]: " + exported + "/model.safetensors" + rule});
+
+  const std::string piped = path("fifo-piped");
+  fs::create_directories(piped);
+  ASSERT_EQ(::mkfifo((piped + "/metrics.jsonl").c_str(), 0600), 0);
+  // fd 3 holds the FIFO open (read-write: no wait) so that it has a reader
+  // before origami opens it, however late cat starts; cat sees the end once
+  // fd 3 and origami have closed it.
+  const std::string fifo = piped + "/metrics.jsonl";
+  r = run("sh -c 'exec 3<>" + fifo + "; (exec 3<&-; cat " + fifo + " > " + path("piped-copy.jsonl") + ") & " +
+          kBinary + " train " + path("moe.toml") + " --set logging.dir=" + piped +
+          " 3<&-; status=$?; exec 3<&-; wait; exit $status'");
+  expect_outcome("metrics.jsonl a FIFO that cat reads", r, 0, {});
+  EXPECT_EQ(count(read_file(path("piped-copy.jsonl")), "{\"step\":"), 4) << read_file(path("piped-copy.jsonl"));
+
+  // The imbalance tool: its input and its HTML page.
+  r = run(kBinary + " imbalance " + piped);
+  expect_outcome("imbalance reads a FIFO", r, 2, {piped + "/metrics.jsonl: is a FIFO", "must be a regular file"});
+  const std::string logged = path("fifo-logged");
+  ASSERT_EQ(train("--set logging.dir=" + logged).status, 0);
+  ASSERT_EQ(::mkfifo(path("page.html").c_str(), 0600), 0);
+  r = run(kBinary + " imbalance " + logged + " --html " + path("page.html"));
+  expect_outcome("imbalance --html is a FIFO", r, 2, {path("page.html") + rule});
+}
+
 TEST_F(CliFaults, MalformedSafetensorsHeadersNameTheFileAndTensor) {
   const std::string head = "model.layers.1.block_sparse_moe.experts.0.w1.weight";
   const struct {
