@@ -372,7 +372,21 @@ std::optional<std::string> resolve_load(const CheckpointConfig& ck) {
   if (ck.load.empty()) return std::nullopt;
   if (ck.load == "latest") {
     const std::string latest = ck.dir + "/latest";
-    if (!fs::exists(latest)) return std::nullopt;  // nothing saved yet: a restart loop's first start
+    if (!fs::exists(latest)) {
+      // No `latest`: nothing saved yet (a restart loop's first start), or the
+      // first save's step directory was renamed into place and the job died
+      // before `latest` was written. A step directory exists only complete
+      // (a save renames it last), so the newest one is where to resume;
+      // starting afresh would prune it away.
+      std::optional<std::string> newest;
+      int64_t newest_step = -1;
+      std::error_code ec;
+      if (fs::is_directory(ck.dir, ec))
+        for (const auto& e : fs::directory_iterator(ck.dir))
+          if (const int64_t st = step_of(e.path().filename().string()); st > newest_step && e.is_directory())
+            newest_step = st, newest = e.path().string();
+      return newest;
+    }
     const InputFile in(latest, "checkpoint latest file");
     std::string name = in.read_all(4096);
     while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();

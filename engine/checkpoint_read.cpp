@@ -3,6 +3,8 @@
 // pieces that overlap it, whatever layout wrote them.
 #include <algorithm>
 #include <filesystem>
+#include <string>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "comm/agreement.h"
@@ -117,6 +119,16 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
   info.order = m.text(lay, "order", "layout");
   info.stage_layers = m.ints(lay, "stage_layers", "layout");
   if (info.world < 1) m.bad("layout.world", "must be >= 1");
+  const std::pair<const char*, int64_t> sizes[] = {{"tp", info.tp}, {"cp", info.cp},   {"pp", info.pp},  {"ep", info.ep},
+                                                   {"etp", info.etp}, {"dp", info.dp}, {"edp", info.edp}};
+  for (const auto& [key, size] : sizes)
+    if (size < 1 || size > info.world)
+      m.bad(std::string("layout.") + key, "must be in 1..layout.world (" + std::to_string(info.world) + "), got " +
+                                             std::to_string(size));
+  if (info.tp * info.cp * info.dp * info.pp != info.world || info.etp * info.ep * info.edp * info.pp != info.world)
+    m.bad("layout", "tp·cp·dp·pp and etp·ep·edp·pp must both equal world (" + std::to_string(info.world) + ")");
+  if (info.zero_stage < 0 || info.zero_stage > 3)
+    m.bad("layout.zero_stage", "must be in 0..3, got " + std::to_string(info.zero_stage));
   const nlohmann::ordered_json& model = m.at(j, "model", "");
   if (!model.is_object()) m.bad("model", "must be an object");
   for (const auto& [k, v] : model.items()) info.model[k] = m.integer(model, k, "model");
@@ -132,6 +144,14 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
   if (!shuffle.is_boolean()) m.bad("train.shuffle", "must be true or false");
   info.train.shuffle = shuffle.get<bool>();
   if (info.train.step != info.step) m.bad("train.step", "differs from step");
+  // Counts of steps and samples: a resumed run computes sample indices from
+  // them (consumed_samples + steps · global_batch), so far below 2^63.
+  constexpr int64_t kMaxCount = int64_t{1} << 53;
+  const std::pair<const char*, int64_t> counts[] = {{"step", info.step},
+                                                    {"train.consumed_samples", info.train.consumed_samples},
+                                                    {"train.windows_per_epoch", info.train.windows_per_epoch}};
+  for (const auto& [key, value] : counts)
+    if (value < 0 || value > kMaxCount) m.bad(key, "must be in 0..2^53, got " + std::to_string(value));
   info.config = m.text(j, "config");
   const nlohmann::ordered_json& files = m.at(j, "files", "");
   if (!files.is_array()) m.bad("files", "must be an array");

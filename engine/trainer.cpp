@@ -315,6 +315,14 @@ Trainer::~Trainer() = default;
 void Trainer::Run::resume() {
   const TrainState st = load_checkpoint(*resume_dir, cfg, *model, *groups, *everyone);
   const TrainingConfig& tc = cfg.training;
+  // Every rank read the same metadata, so all refuse alike. At exactly
+  // training.steps the run is complete (a finished job started again): no
+  // step, the summary says so.
+  if (st.step > tc.steps)
+    ORIGAMI_USER_ERROR(*resume_dir, ": the checkpoint is at step ", st.step, ", past training.steps = ", tc.steps,
+                       " (", cfg.origin("training.steps"), "; rule: a resumed run continues up to training.steps, ",
+                       "so it must be at least the checkpoint's step)");
+  summary.resumed_step = st.step;
   step = st.step;
   optimizer->restore_steps(st.step);
   sample_base = st.consumed_samples - st.step * tc.global_batch;

@@ -28,6 +28,7 @@ struct TrainSummary {
   std::string checkpoint;      // the last checkpoint this run wrote, if any
   double seconds = 0;
   int64_t params = 0;
+  int64_t resumed_step = -1;   // the checkpoint's step when the run resumed, else -1
 };
 
 // Collective over MPI_COMM_WORLD: every rank constructs, steps and finishes

@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "cli_checks.h"
@@ -146,6 +147,36 @@ TEST_F(Checkpoint, ResumeOnOneRankIsBitExact) {
   }
   for (const char* f : {"/model.safetensors", "/optimizer.safetensors"})
     EXPECT_TRUE(testing::read_file(*dir_ / "base-export" + f) == testing::read_file(*dir_ / "resumed-export" + f)) << f;
+}
+
+// checkpoint.load = "latest" without a `latest` file (the job died between
+// the first save's rename and its `latest`, or the file was removed): the
+// newest step directory, never a fresh start that would prune it away. A
+// checkpoint at training.steps is a finished run (no step, exit 0); one
+// past it does not fit the config (exit 2).
+TEST_F(Checkpoint, ResumingWithoutLatestAtTheEndAndPastIt) {
+  ASSERT_EQ(base().size(), 20u);
+  fs::copy(ck("base"), ck("no-latest"), fs::copy_options::recursive);
+  fs::remove(ck("no-latest") + "/latest");
+  fs::remove_all(step_dir("no-latest", 20));
+  fs::create_directories(step_dir("no-latest", 12) + ".tmp");  // an unfinished save is never a candidate
+  auto r = train("no-latest", 1, "--set training.steps=20 --set checkpoint.load=latest");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + step_dir("no-latest", 15) + " at step 15"), std::string::npos) << r.output;
+  const auto run = read_jsonl(*dir_ / "no-latest/metrics.jsonl");
+  ASSERT_EQ(run.size(), 5u);
+  expect_same_steps(base(), run, 16, 20);
+
+  r = train("finished", 1, "--set training.steps=20 --set checkpoint.load=" + step_dir("base", 20));
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("trained 0 steps: the checkpoint is at step 20 = training.steps"), std::string::npos)
+      << r.output;
+  r = train("past", 1, "--set training.steps=12 --set checkpoint.load=" + step_dir("base", 20));
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find(step_dir("base", 20) + ": the checkpoint is at step 20, past training.steps = 12 "
+                                                  "(--set training.steps=12; rule:"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST_F(Checkpoint, ResumeOfTheFoldedConfigAtNp8IsBitExactAndItsExportEqualsTheCheckpoints) {
@@ -300,6 +331,12 @@ TEST_F(Checkpoint, DamagedCheckpointsAreRefusedNamingTheFileOrKey) {
     fs::copy(src, d, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
     return d;
   };
+  auto edit_metadata = [](const std::string& d, const char* section, const char* key, int64_t value) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(testing::read_file(d + "/metadata.json"));
+    ASSERT_TRUE(j[section].contains(key)) << section << "." << key;
+    j[section][key] = value;
+    testing::write_file(d + "/metadata.json", j.dump(1));
+  };
   struct Case {
     std::string name, extra;
     std::function<void(const std::string&)> damage;
@@ -324,6 +361,16 @@ TEST_F(Checkpoint, DamagedCheckpointsAreRefusedNamingTheFileOrKey) {
        {"metadata.json: missing", "unfinished save or not a checkpoint"}},
       {"no-shard", "", [](const std::string& d) { fs::remove(d + "/rank-00000-model.safetensors"); },
        {"rank-00000-model.safetensors: missing"}},
+      // metadata.json's own values, out of their range (no digest covers them).
+      {"negative-samples", "", [&](const std::string& d) { edit_metadata(d, "train", "consumed_samples", -5); },
+       {"metadata.json: train.consumed_samples: must be in 0..2^53, got -5", "damaged"}},
+      {"huge-samples", "", [&](const std::string& d) {
+         edit_metadata(d, "train", "consumed_samples", std::numeric_limits<int64_t>::max());
+       }, {"train.consumed_samples: must be in 0..2^53, got 9223372036854775807"}},
+      {"zero-tp", "", [&](const std::string& d) { edit_metadata(d, "layout", "tp", 0); },
+       {"metadata.json: layout.tp: must be in 1..layout.world (1), got 0"}},
+      {"other-world", "", [&](const std::string& d) { edit_metadata(d, "layout", "world", 2); },
+       {"metadata.json: layout: tp·cp·dp·pp and etp·ep·edp·pp must both equal world (2)"}},
       {"other-model", " --set model.hidden_size=64", [](const std::string&) {},
        {"metadata.json: the checkpoint was saved with model.hidden_size = 128", "--set model.hidden_size=64",
         "configures model.hidden_size = 64", "the model may not"}},

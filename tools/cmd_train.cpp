@@ -37,7 +37,11 @@ void add_train_command(CLI::App& app) {
                   s.checkpoint.c_str(),
                   s.checkpoint.empty() ? "" : "; resume with --set checkpoint.load=latest");
     else if (!s.losses.empty())
-      std::printf("trained %zu steps in %.1f s, final lm loss %.4f\n", s.losses.size(), s.seconds, s.losses.back());
+      std::printf("trained %zu step%s in %.1f s, final lm loss %.4f\n", s.losses.size(), s.losses.size() == 1 ? "" : "s",
+                  s.seconds, s.losses.back());
+    else if (s.resumed_step >= 0)
+      std::printf("trained 0 steps: the checkpoint is at step %lld = training.steps, nothing left to train\n",
+                  static_cast<long long>(s.resumed_step));
   });
 }
 
