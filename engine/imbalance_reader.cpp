@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <toml++/toml.h>
@@ -98,8 +99,15 @@ std::vector<int64_t>& read_ints(od::array arr, std::vector<int64_t>& out) {
   return out;
 }
 
+// "step" and "layer" before their key is read: told apart from a negative value.
+constexpr int64_t kAbsent = std::numeric_limits<int64_t>::min();
+// A layer's counts in one record sum to at most this (a real step routes
+// ~2^30 tokens at the most), so sums over experts and steps stay far from
+// int64's range.
+constexpr int64_t kMaxLayerTokens = int64_t{1} << 40;
+
 void RunReader::parse_layer(od::object obj, int64_t line, LayerStep& ls) {
-  ls.layer = -1;
+  ls.layer = kAbsent;
   ls.routed.clear(), ls.kept.clear(), ls.ep.clear();
   for (auto field : obj) {
     const std::string_view key = field.unescaped_key().value();
@@ -108,21 +116,28 @@ void RunReader::parse_layer(od::object obj, int64_t line, LayerStep& ls) {
     else if (key == "kept_per_expert") read_ints(field.value().get_array().value(), ls.kept);
     else if (key == "tokens_per_ep_rank") read_ints(field.value().get_array().value(), ls.ep);
   }
-  if (ls.layer < 0) fail(line, "a moe entry without \"layer\"");
+  if (ls.layer == kAbsent) fail(line, "a moe entry without \"layer\"");
+  if (ls.layer < 0) fail(line, "a moe entry's \"layer\" is " + std::to_string(ls.layer) + " (rule: >= 0)");
   if (ls.routed.empty()) fail(line, "moe layer " + std::to_string(ls.layer) + " has no tokens_per_expert");
   if (ls.kept.empty()) ls.kept = ls.routed;  // dropless records may omit it
   if (ls.kept.size() != ls.routed.size())
     fail(line, "moe layer " + std::to_string(ls.layer) + ": kept_per_expert has " + std::to_string(ls.kept.size()) +
                    " entries, tokens_per_expert " + std::to_string(ls.routed.size()));
-  for (size_t e = 0; e < ls.routed.size(); ++e)
+  int64_t routed_sum = 0;
+  for (size_t e = 0; e < ls.routed.size(); ++e) {
     if (ls.routed[e] < 0 || ls.kept[e] < 0 || ls.kept[e] > ls.routed[e])
       fail(line, "moe layer " + std::to_string(ls.layer) + " expert " + std::to_string(e) + ": routed " +
                      std::to_string(ls.routed[e]) + ", kept " + std::to_string(ls.kept[e]) +
                      " (counts must be >= 0 and kept <= routed)");
+    if (ls.routed[e] > kMaxLayerTokens - routed_sum)
+      fail(line, "moe layer " + std::to_string(ls.layer) + ": tokens_per_expert sums past 2^40 at expert " +
+                     std::to_string(e) + " (rule: a step routes at most 2^40 tokens in a layer)");
+    routed_sum += ls.routed[e];
+  }
 }
 
 bool RunReader::parse(od::document& doc, int64_t line, StepRecord& rec) {
-  rec.step = -1;
+  rec.step = kAbsent;
   rec.tokens = 0;
   rec.step_time_s = rec.gflops = rec.aux_loss = rec.lm_loss = rec.ep_bytes = rec.ep_a2a_s = 0;
   rec.has_a2a = false;
@@ -327,7 +342,8 @@ RunReport RunReader::read() {
         if (!nl) break;  // the last line, still being written
         fail(line, std::string("malformed JSON: ") + e.what());
       }
-      if (rec.step < 0) fail(line, "a record without \"step\"");
+      if (rec.step == kAbsent) fail(line, "a record without \"step\"");
+      if (rec.step < 0) fail(line, "\"step\" is " + std::to_string(rec.step) + " (rule: >= 0)");
       if (rec.step <= last_seen_step_)
         fail(line, "step " + std::to_string(rec.step) + " after step " + std::to_string(last_seen_step_) +
                        " (steps must increase: two runs in one file?)");

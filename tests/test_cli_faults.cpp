@@ -445,6 +445,24 @@ TEST_F(CliFaults, CommandLineMistakesNameThemselves) {
     r = run(kBinary + " plan " + path("moe.toml") + " --world 2 " + flag);
     expect_outcome(std::string("plan ") + flag, r, 2, {std::string(flag).substr(0, std::string(flag).find(' '))});
   }
+  // Sizes and fractions past what the tool can hold or mean: named with
+  // their bounds, never an allocation failure (exit 4) or an OOM kill.
+  const std::pair<std::string, std::string> bounded[] = {
+      {"imbalance " + path("no-such-run") + " --collapse-share nan", "--collapse-share: must be a finite number in [0, 1]"},
+      {"bench comm --min-bytes 1K --max-bytes 2G", "--max-bytes <= 1G"},
+      {"bench imbalance --experts 4000000000", "--experts: Value 4000000000 not in range 1 to 4096"},
+      {"bench imbalance --size-mb 9223372036854775807", "--size-mb: Value 9223372036854775807 not in range"},
+      {"groups --world 8 --rank -1", "--rank: Value -1 not in range 0 to"},
+      {"bench kernels --only nosuchop --samples 1 --warmup 0", "--only nosuchop: no op's key starts with it"},
+  };
+  for (const auto& [args, needle] : bounded) {
+    r = run(kBinary + " " + args);
+    expect_outcome(args, r, 2, {needle});
+  }
+  for (const char* help : {"--help", "train --help", "imbalance --help"}) {
+    r = run("sh -c '" + kBinary + " " + help + " >/dev/full'");
+    expect_outcome(std::string(help) + " to /dev/full", r, 2, {"writing standard output failed"});
+  }
   // A huge value is quoted shortened, so the rule stays readable.
   r = train("--set data.path=" + std::string(5000, 'x'));
   expect_outcome("a 5000-character value", r, 2, {".idx (5004 characters): cannot open"});

@@ -229,6 +229,19 @@ TEST(Imbalance, BadInputExitsTwoNamingTheFileAndLine) {
   expect_error("backwards", lines[0] + "\n" + lines[2] + "\n" + lines[1] + "\n", "backwards" + file + ":3: step 2 after step 3");
   expect_error("nostep", lines[0] + "\n{\"lm_loss\":1}\n", "nostep" + file + ":2: a record without \"step\"");
   expect_error("trailing", lines[0] + " x\n", "trailing" + file + ":1: ");
+  auto replaced = [](std::string text, const std::string& from, const std::string& to) {
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return at == std::string::npos ? text : text.replace(at, from.size(), to);
+  };
+  expect_error("negstep", replaced(lines[0], "\"step\":1", "\"step\":-3") + "\n",
+               "negstep" + file + ":1: \"step\" is -3 (rule: >= 0)");
+  expect_error("neglayer", replaced(lines[0], "\"layer\":1", "\"layer\":-2") + "\n",
+               "neglayer" + file + ":1: a moe entry's \"layer\" is -2 (rule: >= 0)");
+  // 2^62 tokens twice: a sum past int64 if it were summed unchecked.
+  expect_error("overflow",
+               "{\"step\":1,\"moe\":[{\"layer\":1,\"tokens_per_expert\":[4611686018427387904,4611686018427387904]}]}\n",
+               "overflow" + file + ":1: moe layer 1: tokens_per_expert sums past 2^40 at expert 0");
   expect_error("missing", "", "missing" + file + ": no step records");
   const CommandResult steps = run_command(kBinary + " imbalance " + (dir / "good") + " --steps 9:x");
   EXPECT_EQ(steps.status, 2) << steps.output;

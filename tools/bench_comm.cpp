@@ -186,8 +186,12 @@ Timing time_op(OpBench& b, const BenchCommArgs& a, MPI_Comm world, Run&& run) {
 }
 
 void run_bench_comm(const BenchCommArgs& a) {
-  if (a.min_bytes < 1 || a.max_bytes < a.min_bytes)
-    ORIGAMI_USER_ERROR("bench comm: need 1 <= --min-bytes <= --max-bytes, got ", a.min_bytes, " and ", a.max_bytes);
+  // Each rank holds a few buffers of up to world · max-bytes (all-to-all,
+  // all-gather): 1 GiB per message keeps that within a node's memory.
+  constexpr int64_t kMaxMessage = int64_t{1} << 30;
+  if (a.min_bytes < 1 || a.max_bytes < a.min_bytes || a.max_bytes > kMaxMessage)
+    ORIGAMI_USER_ERROR("bench comm: need 1 <= --min-bytes <= --max-bytes <= 1G (", kMaxMessage, "), got ", a.min_bytes,
+                       " and ", a.max_bytes);
   std::unique_ptr<OpBench> b = make_op(a.op);
   int rank = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -191,11 +191,13 @@ void run_bench(const Args& a) {
 void add_bench_imbalance_command(CLI::App& bench) {
   auto args = std::make_shared<Args>();
   CLI::App* cmd = bench.add_subcommand("imbalance", "origami imbalance on a large synthetic metrics.jsonl beside wc -l");
-  cmd->add_option("--size-mb", args->size_mb, "File size to write (MB)")->check(CLI::PositiveNumber);
-  cmd->add_option("--layers", args->layers, "MoE layers per record")->check(CLI::PositiveNumber);
-  cmd->add_option("--experts", args->experts, "Experts per layer")->check(CLI::PositiveNumber);
-  cmd->add_option("--ep", args->ep, "EP ranks per record")->check(CLI::PositiveNumber);
-  cmd->add_option("--repeat", args->repeat, "Timed runs of each (median)")->check(CLI::PositiveNumber);
+  // Bounds: a record (layers · experts counts) stays tens of MB at most, and
+  // the file a terabyte.
+  cmd->add_option("--size-mb", args->size_mb, "File size to write (MB)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--layers", args->layers, "MoE layers per record")->check(CLI::Range(int64_t{1}, int64_t{1024}));
+  cmd->add_option("--experts", args->experts, "Experts per layer")->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  cmd->add_option("--ep", args->ep, "EP ranks per record")->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  cmd->add_option("--repeat", args->repeat, "Timed runs of each (median)")->check(CLI::Range(int64_t{1}, int64_t{1000}));
   cmd->add_option("--dir", args->dir, "Keep the file in this directory (default: a temporary one, removed)");
   cmd->add_flag("--json", args->json, "Print the figures as JSON");
   cmd->callback([args] { run_bench(*args); });

@@ -195,6 +195,7 @@ bool Runner::wanted(const std::string& key) const {
 }
 
 void Runner::bench(const std::string& key, const std::function<Case()>& make) {
+  keys.push_back(key);
   if (!wanted(key)) return;
   Result r;
   {
@@ -359,6 +360,19 @@ void run_bench_kernels(BenchOptions o) {
   bench_dense(ctx, r, s, dt);
   bench_loss_optimizer(ctx, r, s, dt);
   bench_routing(ctx, r, s, dt);
+
+  // A prefix that names no op is a typo, not an empty selection.
+  for (const std::vector<std::string>* list : {&o.only, &o.skip})
+    for (const std::string& p : *list)
+      if (std::none_of(r.keys.begin(), r.keys.end(), [&](const std::string& k) { return k.starts_with(p); })) {
+        std::string families;
+        for (const std::string& k : r.keys)
+          if (const std::string f = k.substr(0, k.find('.')); families.find(" " + f + ",") == std::string::npos)
+            families += " " + f + ",";
+        ORIGAMI_USER_ERROR("bench kernels ", list == &o.only ? "--only " : "--skip ", shorten(p),
+                           ": no op's key starts with it (keys start with:", families.substr(0, families.size() - 1),
+                           "; the table lists every key)");
+      }
 
   int64_t wrong = 0;
   for (const Result& x : r.results) wrong += !x.wrong.empty();

@@ -85,6 +85,7 @@ class Runner {
   const Result* find(const std::string& key) const;
 
   std::vector<Result> results;
+  std::vector<std::string> keys;  // every op's key, wanted or not: what --only and --skip can name
   std::function<void(const Result&)> on_result;
   double ceiling_tflops = 0, ceiling_gbps = 0, ceiling_gemm_ms = 0, ceiling_copy_ms = 0;
 

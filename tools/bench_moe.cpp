@@ -519,9 +519,10 @@ void add_bench_moe_layer_command(CLI::App& bench) {
   CLI::App* cmd = bench.add_subcommand("moe-layer", "One MoE layer forward+backward, with the split of its time");
   cmd->add_option("--config", args->config, "TOML config with MoE layers")->required();
   cmd->add_option("--set", args->overrides, "Override a config value: section.key=value");
-  cmd->add_option("--ep", args->ep, "Expert parallel size (overrides parallel.ep)")->check(CLI::PositiveNumber);
+  cmd->add_option("--ep", args->ep, "Expert parallel size (overrides parallel.ep)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--etp", args->etp, "Expert tensor parallel size (overrides parallel.etp)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--steps", args->steps, "Timed repeats (median reported)")->check(CLI::Range(1, 1000));
   cmd->add_option("--warmup", args->warmup, "Untimed warm-up repeats")->check(CLI::Range(0, 1000));
   cmd->add_flag("--json", args->json, "Print one JSON object");

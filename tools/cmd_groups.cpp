@@ -113,7 +113,7 @@ void add_groups_command(CLI::App& app) {
       cmd->add_option("--experts", args->layout.num_experts, "Number of experts (checked against --ep)")};
   for (CLI::Option* o : sizes) o->excludes(config);
   args->etp_flag = sizes[4];
-  cmd->add_option("--rank", args->rank, "Also print this rank's coordinates and groups")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--rank", args->rank, "Also print this rank's coordinates and groups")->check(CLI::Range(0, (1 << 20) - 1));
   cmd->add_flag("--json", args->json, "Print one JSON object: {\"dense\": {\"tp\": [[...]], ...}, \"expert\": {...}}");
   cmd->callback([args] { run_groups(*args); });
 }

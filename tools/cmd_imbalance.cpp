@@ -194,16 +194,16 @@ void add_imbalance_command(CLI::App& app, int& exit_status) {
   cmd->add_option("runs", args->runs, "Run directories (holding metrics.jsonl) or metrics.jsonl files")->required();
   cmd->add_option("--steps", args->steps, "Steps A:B (both included; A: or :B open-ended)");
   cmd->add_option("--window", args->window, "Trend window in steps (default: a tenth of the selection)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--ep", args->ep, "What-if EP size (contiguous experts); with --place, the EP size to place on")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--html", args->html, "Write a self-contained HTML report here");
   cmd->add_flag("--json", args->json, "Print the statistics as JSON instead of the terminal report");
   cmd->add_flag("--place", args->place, "Advise a balanced moe.expert_placement for --ep N ranks (first RUN)");
   cmd->add_option("--out", args->out, "With --place: write the placement TOML here (default: print it)");
   cmd->add_option("--collapse-share", args->collapse_share,
                   "Alert when one expert sees more than this share of a layer's tokens")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(finite_in(0.0, 1.0));
   cmd->add_option("--rise", args->rise, "Alert when the last window's imbalance exceeds the first's by this fraction")
       ->check(finite_positive());
   cmd->callback([args, &exit_status] { exit_status = run_imbalance(*args); });

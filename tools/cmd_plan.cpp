@@ -387,7 +387,7 @@ void print_comm(const LayoutPlan& p, const plan::Machine& mc) {
   std::printf("  %-9s %12s\n", "total", human(c.total()).c_str());
   std::printf(
       "\nstep estimate: %.3g FLOP; compute %.4g s (bubble %.1f%%) + comm %.4g s = %.4g s\n"
-      "  (%.3g FLOP/s per rank, %.0f GB/s intra-node, %.0f GB/s inter-node, %lld ranks per node, no overlap)\n",
+      "  (%.3g FLOP/s per rank, %.3g GB/s intra-node, %.3g GB/s inter-node, %lld ranks per node, no overlap)\n",
       p.flops, p.compute_s, 100 * p.bubble, p.comm_s, p.step_s, mc.flops_per_rank, mc.intra_gbs, mc.inter_gbs,
       static_cast<long long>(mc.ranks_per_node));
 }
@@ -508,10 +508,10 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--inter-gbs", a->machine.inter_gbs, "Inter-node bandwidth, GB/s per rank (default 25)")
       ->check(finite_positive());
   cmd->add_option("--ranks-per-node", a->machine.ranks_per_node, "Ranks per node (default 8)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--memory-gb", a->machine.memory_gb, "Per-rank memory limit, GB (default 80)")
       ->check(finite_positive());
-  cmd->add_option("--top", a->top, "Rows of the ranked layout table (default 10)")->check(CLI::PositiveNumber);
+  cmd->add_option("--top", a->top, "Rows of the ranked layout table (default 10)")->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--json", a->json, "Print everything as one JSON object");
   cmd->callback([a] { run_plan(*a); });
 }

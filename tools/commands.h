@@ -15,6 +15,8 @@ namespace origami::tools {
 // For floating-point options: a finite number > 0 (CLI11's PositiveNumber
 // lets "nan" through, since NaN <= 0 is false).
 CLI::Validator finite_positive();
+// For fractions: a finite number in [lo, hi] (CLI::Range lets "nan" through).
+CLI::Validator finite_in(double lo, double hi);
 // The median of benchmark repeats (the upper middle of an even count).
 double median(std::vector<double> v);
 // The host-engine benchmarks (bench step, moe-layer, checkpoint) refuse a

@@ -147,6 +147,24 @@ CLI::Validator finite_positive() {
       "FINITE > 0");
 }
 
+CLI::Validator finite_in(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        size_t used = 0;
+        double v = 0;
+        try {
+          v = std::stod(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used != text.size() || text.empty()) return "'" + shorten(text) + "' is not a number";
+        if (!std::isfinite(v) || v < lo || v > hi)
+          return detail::concat("must be a finite number in [", lo, ", ", hi, "], got ", shorten(text));
+        return "";
+      },
+      detail::concat("FINITE in [", lo, ", ", hi, "]"));
+}
+
 }  // namespace origami::tools
 
 int main(int argc, char** argv) {
@@ -190,6 +208,12 @@ int main(int argc, char** argv) {
     const int code = rank == 0 ? app.exit(e) : app.exit(e, quiet, quiet);
     status = code != 0 ? origami::kExitUserError : 0;
     agreed = true;
+    // --help and --version print to standard output: a full disk there is
+    // an error too. Only rank 0 printed, so only its status can say so.
+    if (rank == 0 && code == 0 && (std::fflush(stdout) != 0 || std::ferror(stdout))) {
+      std::fprintf(stderr, "error: writing standard output failed: %s\n", std::strerror(errno));
+      status = origami::kExitUserError;
+    }
   } catch (const origami::JobError& e) {
     if (rank == 0) std::fprintf(stderr, "%s\n", e.what());
     status = e.exit_status();
