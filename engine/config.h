@@ -224,8 +224,13 @@ std::string_view load_balancing_name(moe::LoadBalancing lb);
 // node's memory refused up front with the bytes it needs (a lower bound:
 // the §6 ledger of perfectly balanced shards for the layout of `world_size`
 // ranks, `ranks_per_node` of them sharing this node's memory).
-// On CUDA the bound is of one device's memory (one GPU per rank).
-void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node);
+// On CUDA the bound is of one device's memory (one GPU per rank). For
+// training (`trains`) with every activation kept (training.recompute =
+// "none"), then also the plan's state and held activations of the worst
+// pipeline stage (engine/plan.h: equal to the measured ledger), so a run
+// whose activations cannot fit is refused before it allocates them (on a
+// CPU, where Linux overcommits, it would otherwise meet the OOM killer).
+void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node, bool trains = true);
 
 // Where a rank trains and in which recipe, as this machine resolves
 // runtime.device and runtime.precision (never auto).

@@ -16,6 +16,7 @@
 
 #include "comm/layout.h"
 #include "engine/config_rules.h"
+#include "engine/plan.h"
 #include "kernels/check.h"
 #include "kernels/moe_ops.h"
 #include "kernels/threads.h"
@@ -410,7 +411,7 @@ RunPlacement resolve_placement(const Config& cfg, int local_rank, int ranks_per_
   return out;
 }
 
-void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node) {
+void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node, bool trains) {
   const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (cfg.runtime.threads > cpus)
     ORIGAMI_USER_ERROR(cfg.origin("runtime.threads"), ": runtime.threads = ", cfg.runtime.threads, ": must be <= ",
@@ -468,6 +469,28 @@ void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node)
                        "), and ", on_gpu ? concat("its ", to_string(placement.device), " has ") : concat(sharing, " rank(s) share this machine's "), fmt_bytes(memory),
                        " of memory; check model.num_layers, hidden_size, ffn_hidden_size, vocab_size, moe.num_experts ",
                        "and training.micro_batch, seq_len, or spread the model over more ranks");
+  if (!trains || t.recompute != Recompute::none || pages <= 0 || memory <= 0) return;
+  // The bound above passed, so the model is of a size this machine could
+  // build: the plan (what the trainer itself allocates, unit by unit) is
+  // affordable now. Its stage with the most state and held activations.
+  plan::PlanInput in = plan::plan_input(cfg);
+  in.recipe = bf16 ? plan::Recipe::bf16 : plan::Recipe::fp32;
+  const comm::Layout layout(world_size, comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, ro.num_experts});
+  const plan::LayoutPlan lp = plan::plan_layout(in, layout, plan::Machine{});
+  const plan::StageMemory* worst = nullptr;
+  for (const plan::StageMemory& st : lp.stages)
+    if (!worst || st.state.total() + st.activations > worst->state.total() + worst->activations) worst = &st;
+  if (!worst) return;
+  const long double need = static_cast<long double>(worst->state.total() + worst->activations);
+  if (need * sharing > memory)
+    ORIGAMI_USER_ERROR(cfg.source, ": training needs ", fmt_bytes(need), " per rank (pipeline stage ", worst->stage,
+                       ": training state ", fmt_bytes(static_cast<long double>(worst->state.total())),
+                       ", activations held for backward ", fmt_bytes(static_cast<long double>(worst->activations)),
+                       ", as `origami plan` counts them) on ", world_size, " rank(s), and ",
+                       on_gpu ? concat("its ", to_string(placement.device), " has ")
+                              : concat(sharing, " rank(s) share this machine's "),
+                       fmt_bytes(memory), " of memory; lower training.micro_batch or seq_len, set training.recompute ",
+                       "= \"full\" (activations recomputed in backward), or spread the model over more ranks");
 }
 
 std::string layout_problem(const ModelConfig& m, const MoeConfig& e, const TrainingConfig& t,

@@ -18,7 +18,7 @@ EvalResult evaluate(const Config& cfg, const std::string& weights_dir, const std
   Config one = cfg;
   one.parallel = ParallelConfig{};
   validate_for_world(one, 1);
-  validate_for_machine(one, 1, ranks_on_this_node());
+  validate_for_machine(one, 1, ranks_on_this_node(), /*trains=*/false);
   check_config_matches_export(cfg, weights_dir);
   const ExecContext ctx = make_context(cfg);
   Model model(ctx, cfg.model, cfg.training.seed, cfg.moe);

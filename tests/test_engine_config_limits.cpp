@@ -3,12 +3,16 @@
 // counts), fp32-representable floats, padded capacity rows, the machine's
 // threads and memory, and the canonical text ranks compare.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
 
 #include <string>
 #include <vector>
 
 #include "config_test_util.h"
 #include "engine/config.h"
+#include "engine/plan.h"
 #include "kernels/check.h"
 
 namespace origami {
@@ -118,6 +122,38 @@ TEST(Config, MachineLimits) {
   // A model that fits is accepted.
   c = parse_config(kMinimal, kFile, {"model.num_layers=100"});
   EXPECT_NO_THROW(validate_for_machine(c, 1, 1));
+}
+
+// Past the state's lower bound, training is held to the plan's count of the
+// worst stage's state and activations (equal to the measured ledger): ranks
+// sharing the node are set so that the plan's figure just fits, then just
+// does not. Recompute and evaluation keep only the lower bound (the plan
+// counts every activation kept for backward).
+TEST(Config, MachineLimitsCountThePlansActivations) {
+  const std::vector<std::string> big_batch = {"training.micro_batch=64", "training.global_batch=64"};
+  const Config c = parse_config(kMinimal, kFile, big_batch);
+  const plan::LayoutPlan lp =
+      plan::plan_layout(plan::plan_input(c), comm::Layout(1, comm::LayoutOptions{}), plan::Machine{});
+  ASSERT_EQ(lp.stages.size(), 1u);
+  const long double need = static_cast<long double>(lp.stages[0].state.total() + lp.stages[0].activations);
+  const long double memory = static_cast<long double>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);
+  ASSERT_GT(lp.stages[0].activations, 2 * lp.stages[0].state.total()) << "the case is about activations";
+  const int fits = static_cast<int>(memory / need);
+  ASSERT_GE(fits, 1);
+  std::printf("[machine limits] plan %.0Lf B per rank, %d ranks fit in %.3Lg B\n", need, fits, memory);
+  EXPECT_NO_THROW(validate_for_machine(c, 1, fits));
+  try {
+    validate_for_machine(c, 1, fits + 1);
+    ADD_FAILURE() << "accepted at " << fits + 1 << " ranks per node";
+  } catch (const UserError& e) {
+    for (const char* needle : {"training needs ", "activations held for backward", "as `origami plan` counts them",
+                               "training.recompute = \"full\""})
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << needle << " in " << e.what();
+  }
+  std::vector<std::string> recompute = big_batch;
+  recompute.push_back("training.recompute=full");
+  EXPECT_NO_THROW(validate_for_machine(parse_config(kMinimal, kFile, recompute), 1, fits + 1));
+  EXPECT_NO_THROW(validate_for_machine(c, 1, fits + 1, /*trains=*/false));
 }
 
 // The canonical text lists every key once with its resolved value, so two
