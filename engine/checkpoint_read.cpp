@@ -153,6 +153,18 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
   for (const auto& [key, value] : counts)
     if (value < 0 || value > kMaxCount) m.bad(key, "must be in 0..2^53, got " + std::to_string(value));
   info.config = m.text(j, "config");
+  {
+    // The config text is not covered by any digest: it must parse, and name
+    // the model shape recorded beside it (export writes config.json from it).
+    const Config saved = parse_config(info.config, path + " (config)");
+    for (const auto& [key, value] : shape_keys(saved)) {
+      const auto it = info.model.find(key);
+      if (it == info.model.end()) m.bad("model." + key, "missing");  // the JSON key is the config key
+      if (it->second != value)
+        m.bad("config", "its " + key + " = " + std::to_string(value) + " differs from the " + std::to_string(it->second) +
+                            " recorded under \"model\"");
+    }
+  }
   const nlohmann::ordered_json& files = m.at(j, "files", "");
   if (!files.is_array()) m.bad("files", "must be an array");
   for (size_t i = 0; i < files.size(); ++i) {
@@ -166,8 +178,14 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
       m.bad(where + ".xxh3", "must be 16 hex digits");
     f.xxh3 = std::stoull(hex, nullptr, 16);
     if (f.name.find('/') != std::string::npos) m.bad(where + ".name", "must be a file name in the directory");
+    if (f.rank < 0 || f.rank >= info.world)
+      m.bad(where + ".rank", "must be in 0..layout.world - 1 = " + std::to_string(info.world - 1) + ", got " +
+                                 std::to_string(f.rank));
+    for (const SavedFile& earlier : info.files)
+      if (earlier.name == f.name) m.bad(where + ".name", "\"" + shorten(f.name) + "\" is listed twice");
     info.files.push_back(std::move(f));
   }
+  if (info.files.empty()) m.bad("files", "lists no file (every save writes each rank's files)");
   const nlohmann::ordered_json& tensors = m.at(j, "tensors", "");
   if (!tensors.is_object()) m.bad("tensors", "must be an object");
   for (const auto& [name, t] : tensors.items()) {

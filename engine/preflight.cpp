@@ -41,13 +41,22 @@ std::string ranks_text(const std::vector<int>& ranks) {
 
 }  // namespace
 
-void check_same_run(comm::Communicator& world, const Config& cfg) {
-  if (world.size() == 1) return;
-  const std::string text = detail::concat("origami.version = \"", version(), "\"\n", canonical_text(cfg));
+bool same_on_every_rank(comm::Communicator& world, const std::string& text) {
+  if (world.size() == 1) return true;
   const int64_t h = digest(text);
   int64_t span[2] = {h, -h};
   world.all_reduce(std::span<int64_t>(span, 2), comm::ReduceOp::max);
-  if (span[0] == h && -span[1] == h) return;  // max == min == h everywhere
+  return span[0] == h && -span[1] == h;  // max == min == h everywhere
+}
+
+void check_same_run(comm::Communicator& world, const Config& cfg) {
+  check_same_lines(world, detail::concat("origami.version = \"", version(), "\"\n", canonical_text(cfg)),
+                   "the ranks of this job resolved different configs or run different binaries (rule: every rank "
+                   "runs the same origami build on the same config and --set overrides)");
+}
+
+void check_same_lines(comm::Communicator& world, const std::string& text, const std::string& rule) {
+  if (same_on_every_rank(world, text)) return;
 
   const int n = world.size();
   int64_t len = static_cast<int64_t>(text.size());
@@ -90,11 +99,7 @@ void check_same_run(comm::Communicator& world, const Config& cfg) {
     }
     report.pop_back();
   }
-  throw JobError(detail::concat("error: the ranks of this job resolved different configs or run different binaries "
-                                "(rule: every rank runs the same origami build on the same config and --set "
-                                "overrides); differing keys:",
-                                report),
-                 kExitUserError);
+  throw JobError(detail::concat("error: ", rule, "; differing keys:", report), kExitUserError);
 }
 
 std::string shared_gpu_rule(const std::vector<std::string>& gpu_by_node_rank,

@@ -19,6 +19,16 @@ namespace origami {
 // that differs with its value on each rank (status kExitUserError).
 void check_same_run(comm::Communicator& world, const Config& cfg);
 
+// Collective over `world`: whether every rank passed the same `text` (one
+// all_reduce of a 62-bit digest, min and max at once).
+bool same_on_every_rank(comm::Communicator& world, const std::string& text);
+
+// Collective over `world`, `text` being "key = value" lines: returns when
+// every rank passed the same; else throws a JobError on every rank, "error:
+// <rule>; differing keys:" and each key that differs with its value on each
+// rank (the texts travel only then).
+void check_same_lines(comm::Communicator& world, const std::string& text, const std::string& rule);
+
 // The rule broken when ranks of one node would train on one GPU, or "":
 // `gpu_by_node_rank[i]` is the UUID of the GPU the node's i-th rank trains
 // on, `world_rank_by_node_rank[i]` that rank's place in the job. UUIDs, not

@@ -331,11 +331,16 @@ TEST_F(Checkpoint, DamagedCheckpointsAreRefusedNamingTheFileOrKey) {
     fs::copy(src, d, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
     return d;
   };
-  auto edit_metadata = [](const std::string& d, const char* section, const char* key, int64_t value) {
+  auto edit_json = [](const std::string& d, const std::function<void(nlohmann::ordered_json&)>& edit) {
     nlohmann::ordered_json j = nlohmann::ordered_json::parse(testing::read_file(d + "/metadata.json"));
-    ASSERT_TRUE(j[section].contains(key)) << section << "." << key;
-    j[section][key] = value;
+    edit(j);
     testing::write_file(d + "/metadata.json", j.dump(1));
+  };
+  auto edit_metadata = [&](const std::string& d, const char* section, const char* key, int64_t value) {
+    edit_json(d, [&](nlohmann::ordered_json& j) {
+      ASSERT_TRUE(j[section].contains(key)) << section << "." << key;
+      j[section][key] = value;
+    });
   };
   struct Case {
     std::string name, extra;
@@ -371,6 +376,23 @@ TEST_F(Checkpoint, DamagedCheckpointsAreRefusedNamingTheFileOrKey) {
        {"metadata.json: layout.tp: must be in 1..layout.world (1), got 0"}},
       {"other-world", "", [&](const std::string& d) { edit_metadata(d, "layout", "world", 2); },
        {"metadata.json: layout: tp·cp·dp·pp and etp·ep·edp·pp must both equal world (2)"}},
+      {"config-text", "", [&](const std::string& d) {
+         edit_json(d, [](nlohmann::ordered_json& j) {
+           std::string text = j["config"];
+           const size_t at = text.find("model.hidden_size = 128");
+           ASSERT_NE(at, std::string::npos) << text;
+           j["config"] = text.replace(at, 23, "model.hidden_size = 64");
+         });
+       }, {"metadata.json: config: its model.hidden_size = 64 differs from the 128 recorded under \"model\""}},
+      {"config-garbage", "", [&](const std::string& d) {
+         edit_json(d, [](nlohmann::ordered_json& j) { j["config"] = "[model\nhidden_size = "; });
+       }, {"metadata.json (config)"}},
+      {"no-files", "", [&](const std::string& d) {
+         edit_json(d, [](nlohmann::ordered_json& j) { j["files"] = nlohmann::ordered_json::array(); });
+       }, {"metadata.json: files: lists no file"}},
+      {"file-twice", "", [&](const std::string& d) {
+         edit_json(d, [](nlohmann::ordered_json& j) { j["files"][1] = j["files"][0]; });
+       }, {"metadata.json: files[1].name: \"rank-00000-", "is listed twice"}},
       {"other-model", " --set model.hidden_size=64", [](const std::string&) {},
        {"metadata.json: the checkpoint was saved with model.hidden_size = 128", "--set model.hidden_size=64",
         "configures model.hidden_size = 64", "the model may not"}},

@@ -246,6 +246,12 @@ TEST_F(CliFaults, RanksWithDifferentConfigsAreRefusedNamingTheKeys) {
                  {"error: the ranks of this job resolved different configs", "optimizer.lr: 0.003 on rank 0; 0.001 on rank 1",
                   "training.seq_len: 16 on rank 0; 32 on rank 1"});
   EXPECT_EQ(r.output.find("model.hidden_size"), std::string::npos) << "only differing keys:\n" << r.output;
+  // Two subcommands in one job: refused at once, not after the exit meeting's 600 s.
+  r = run(kMpirun + " -np 1 " + cmd + " : -np 1 " + kBinary + " eval " + path("moe.toml") + " --weights " +
+          path("weights") + " --data " + path("data") + " --samples 4");
+  expect_outcome("MPMD: train on rank 0, eval on rank 1", r, 2,
+                 {"error: the ranks of this job run different subcommands",
+                  "subcommand: origami train on rank 0; origami eval on rank 1"});
 }
 
 TEST_F(CliFaults, WritesThatFailAreErrors) {

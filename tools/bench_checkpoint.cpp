@@ -105,6 +105,7 @@ void run(const Args& a) {
   int world_size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   validate_for_world(cfg, world_size);
+  validate_for_machine(cfg, world_size, ranks_on_this_node(), /*trains=*/false);  // it holds the state, no activations
   auto everyone = comm::whole_mpi(MPI_COMM_WORLD, "everyone", comm::CommOptions{cfg.runtime.collective_timeout_s});
   const ParallelConfig& p = cfg.parallel;
   const comm::Layout layout(world_size, comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order,

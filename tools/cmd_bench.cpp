@@ -88,6 +88,14 @@ void run_bench_step(const std::string& config_path, const std::vector<std::strin
   Config cfg = load_config(config_path, overrides);
   require_host_engine(cfg, "bench step");
   cfg.training.steps = std::max(cfg.training.steps, static_cast<int64_t>(steps + warmup));
+  {
+    // One rank's steps, whatever layout the config names (the model here is
+    // whole): the one-rank rules, and memory as `origami train` holds it to.
+    Config one = cfg;
+    one.parallel = ParallelConfig{};
+    validate_for_world(one, 1);
+    validate_for_machine(one, 1, ranks_on_this_node());
+  }
   const int threads = cfg.runtime.threads > 0 ? static_cast<int>(cfg.runtime.threads) : default_threads_per_rank();
   set_num_threads(threads);
   const ExecContext ctx = ExecContext::cpu(threads);

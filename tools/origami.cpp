@@ -35,6 +35,7 @@
 #include "comm/agreement.h"
 #include "comm/mpi_communicator.h"
 #include "engine/config.h"
+#include "engine/preflight.h"
 #include "kernels/check.h"
 #include "kernels/device.h"
 #include "tools/commands.h"
@@ -60,12 +61,13 @@ std::vector<std::string> subcommand_names(const CLI::App& app) {
 // A word where a subcommand belongs that is none names itself and the valid
 // ones (CLI11 would only say it was not expected): `origami frobnicate`,
 // `origami bench frobnicate`.
-void check_subcommand(const CLI::App& app, int argc, char** argv) {
+// Returns the subcommand's path ("origami bench comm").
+std::string check_subcommand(const CLI::App& app, int argc, char** argv) {
   const CLI::App* level = &app;
   std::string path = "origami";
   for (int i = 1; i < argc && argv[i][0] != '-'; ++i) {
     const std::vector<std::string> names = subcommand_names(*level);
-    if (names.empty()) return;  // past the subcommands: positional arguments
+    if (names.empty()) break;  // past the subcommands: positional arguments
     if (std::find(names.begin(), names.end(), argv[i]) == names.end()) {
       std::string list;
       for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
@@ -75,6 +77,17 @@ void check_subcommand(const CLI::App& app, int argc, char** argv) {
     level = level->get_subcommand(argv[i]);
     path += std::string(" ") + argv[i];
   }
+  return path;
+}
+
+// Every rank of a job runs the same subcommand: an MPMD launch of two
+// (`mpirun -np 1 origami train ... : -np 1 origami eval ...`) would leave
+// each waiting in collectives the other never calls, until the exit
+// meeting's long wait ran out.
+void check_same_subcommand(origami::comm::Communicator& world, const std::string& path) {
+  origami::check_same_lines(world, "subcommand = " + path + "\n",
+                            "the ranks of this job run different subcommands (rule: every rank runs the same one; an "
+                            "MPMD launch of different subcommands is not one job)");
 }
 
 // An MPI launcher's environment: OpenMPI's mpirun (and PMIx launchers such as
@@ -197,7 +210,8 @@ int main(int argc, char** argv) {
   std::string message;
   bool agreed = false;  // every rank already knows the outcome (a JobError, or the same command line)
   try {
-    check_subcommand(app, argc, argv);
+    const std::string path = check_subcommand(app, argc, argv);
+    if (exit_comm) check_same_subcommand(*exit_comm, path);
     app.parse(argc, argv);
     // Output that never reached its file is a failure too (stdout on a full disk).
     if (std::fflush(stdout) != 0 || std::ferror(stdout))
