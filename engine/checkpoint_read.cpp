@@ -3,6 +3,7 @@
 // pieces that overlap it, whatever layout wrote them.
 #include <algorithm>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <utility>
 #include <nlohmann/json.hpp>
@@ -10,6 +11,7 @@
 #include "comm/agreement.h"
 #include "engine/checkpoint.h"
 #include "engine/checkpoint_format.h"
+#include "engine/export.h"
 #include "engine/files.h"
 
 namespace origami {
@@ -153,18 +155,6 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
   for (const auto& [key, value] : counts)
     if (value < 0 || value > kMaxCount) m.bad(key, "must be in 0..2^53, got " + std::to_string(value));
   info.config = m.text(j, "config");
-  {
-    // The config text is not covered by any digest: it must parse, and name
-    // the model shape recorded beside it (export writes config.json from it).
-    const Config saved = parse_config(info.config, path + " (config)");
-    for (const auto& [key, value] : shape_keys(saved)) {
-      const auto it = info.model.find(key);
-      if (it == info.model.end()) m.bad("model." + key, "missing");  // the JSON key is the config key
-      if (it->second != value)
-        m.bad("config", "its " + key + " = " + std::to_string(value) + " differs from the " + std::to_string(it->second) +
-                            " recorded under \"model\"");
-    }
-  }
   const nlohmann::ordered_json& files = m.at(j, "files", "");
   if (!files.is_array()) m.bad("files", "must be an array");
   for (size_t i = 0; i < files.size(); ++i) {
@@ -181,11 +171,17 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
     if (f.rank < 0 || f.rank >= info.world)
       m.bad(where + ".rank", "must be in 0..layout.world - 1 = " + std::to_string(info.world - 1) + ", got " +
                                  std::to_string(f.rank));
+    if (f.name != rank_file(f.rank, false) && f.name != rank_file(f.rank, true))
+      m.bad(where + ".name", "\"" + shorten(f.name) + "\" is not one of rank " + std::to_string(f.rank) + "'s files (" +
+                                 rank_file(f.rank, false) + ", " + rank_file(f.rank, true) + ")");
     for (const SavedFile& earlier : info.files)
       if (earlier.name == f.name) m.bad(where + ".name", "\"" + shorten(f.name) + "\" is listed twice");
     info.files.push_back(std::move(f));
   }
-  if (info.files.empty()) m.bad("files", "lists no file (every save writes each rank's files)");
+  // Every rank writes its two files at every save: listed once each, all of them.
+  if (static_cast<int64_t>(info.files.size()) != 2 * info.world)
+    m.bad("files", "lists " + std::to_string(info.files.size()) + " files; a save of " + std::to_string(info.world) +
+                       " rank(s) writes " + std::to_string(2 * info.world) + " (each rank's model and optimizer file)");
   const nlohmann::ordered_json& tensors = m.at(j, "tensors", "");
   if (!tensors.is_object()) m.bad("tensors", "must be an object");
   for (const auto& [name, t] : tensors.items()) {
@@ -200,6 +196,25 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
     info.order_of_tensors.push_back(name);
     info.tensors.emplace(name, std::move(st));
   }
+  // Exactly the tensors of the model the config describes (export and
+  // loading look tensors up by the model's names: an extra one would be
+  // ignored silently).
+  // The config text is not covered by any digest either: it must parse, and
+  // name the model shape recorded beside it (export writes config.json from it).
+  const Config saved = parse_config(info.config, path + " (config)");
+  for (const auto& [key, value] : shape_keys(saved)) {
+    const auto it = info.model.find(key);  // the JSON key is the config key
+    if (it == info.model.end()) m.bad("model." + key, "missing");
+    if (it->second != value)
+      m.bad("config", "its " + key + " = " + std::to_string(value) + " differs from the " + std::to_string(it->second) +
+                          " recorded under \"model\"");
+  }
+  const std::vector<std::string> names = export_tensor_order(UnitTable(saved.model, saved.moe), saved.model, saved.moe);
+  const std::set<std::string> expected(names.begin(), names.end());
+  for (const std::string& name : info.order_of_tensors)
+    if (!expected.count(name)) m.bad("tensors." + name, "is not a tensor of the model its config describes");
+  for (const std::string& name : names)
+    if (!info.tensors.count(name)) m.bad("tensors", "has no '" + name + "', a tensor of the model its config describes");
   return info;
 }
 

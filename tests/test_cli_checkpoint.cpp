@@ -389,7 +389,13 @@ TEST_F(Checkpoint, DamagedCheckpointsAreRefusedNamingTheFileOrKey) {
        }, {"metadata.json (config)"}},
       {"no-files", "", [&](const std::string& d) {
          edit_json(d, [](nlohmann::ordered_json& j) { j["files"] = nlohmann::ordered_json::array(); });
-       }, {"metadata.json: files: lists no file"}},
+       }, {"metadata.json: files: lists 0 files; a save of 1 rank(s) writes 2"}},
+      {"file-renamed", "", [&](const std::string& d) {
+         edit_json(d, [](nlohmann::ordered_json& j) { j["files"][0]["name"] = "rank-00003-model.safetensors"; });
+       }, {"files[0].name: \"rank-00003-model.safetensors\" is not one of rank 0's files"}},
+      {"extra-tensor", "", [&](const std::string& d) {
+         edit_json(d, [](nlohmann::ordered_json& j) { j["tensors"]["model.bogus.weight"] = j["tensors"].begin().value(); });
+       }, {"metadata.json: tensors.model.bogus.weight: is not a tensor of the model its config describes"}},
       {"file-twice", "", [&](const std::string& d) {
          edit_json(d, [](nlohmann::ordered_json& j) { j["files"][1] = j["files"][0]; });
        }, {"metadata.json: files[1].name: \"rank-00000-", "is listed twice"}},
