@@ -460,6 +460,7 @@ TEST_F(CliFaults, CommandLineMistakesNameThemselves) {
       {"bench imbalance --size-mb 9223372036854775807", "--size-mb: Value 9223372036854775807 not in range"},
       {"groups --world 8 --rank -1", "--rank: Value -1 not in range 0 to"},
       {"bench kernels --only nosuchop --samples 1 --warmup 0", "--only nosuchop: no op's key starts with it"},
+      {"plan " + path("moe.toml") + " --world 1 --set model.num_layers=10000000", "the planner takes at most 4194304"},
   };
   for (const auto& [args, needle] : bounded) {
     r = run(kBinary + " " + args);

@@ -414,6 +414,17 @@ void print_ranked(const PlanArgs& a, const std::vector<LayoutPlan>& ranked) {
 
 void run_config(const PlanArgs& a, plan::Recipe recipe, const std::string& path, bool print) {
   const Config cfg = load_config(path, a.overrides);
+  // The planner tabulates every unit (each layer's attention, norms and
+  // router, each expert) for every layout it ranks; a model of millions of
+  // layers would take tens of GB to plan. Real ones have tens of thousands.
+  constexpr long double kMaxPlannedUnits = 1 << 22;
+  const long double units = static_cast<long double>(cfg.model.num_layers) *
+                            static_cast<long double>(cfg.moe.router.num_experts + 8);
+  if (units > kMaxPlannedUnits)
+    ORIGAMI_USER_ERROR(cfg.origin("model.num_layers"), ": model.num_layers = ", cfg.model.num_layers,
+                       " with moe.num_experts = ", cfg.moe.router.num_experts, " makes about ",
+                       static_cast<int64_t>(units), " units to plan; the planner takes at most 4194304 (rule: ",
+                       "num_layers × (num_experts + 8) <= 2^22)");
   plan::PlanInput in = plan::plan_input(cfg);
   if (!a.recipe.empty()) in.recipe = recipe;
   if (a.stage >= 0) in.zero_stage = a.stage;
