@@ -225,11 +225,11 @@ std::string_view load_balancing_name(moe::LoadBalancing lb);
 // the §6 ledger of perfectly balanced shards for the layout of `world_size`
 // ranks, `ranks_per_node` of them sharing this node's memory).
 // On CUDA the bound is of one device's memory (one GPU per rank). For
-// training (`trains`) with every activation kept (training.recompute =
-// "none"), then also the plan's state and held activations of the worst
-// pipeline stage (engine/plan.h: equal to the measured ledger), so a run
-// whose activations cannot fit is refused before it allocates them (on a
-// CPU, where Linux overcommits, it would otherwise meet the OOM killer).
+// training (`trains`), then also the plan's state and held activations of
+// the worst pipeline stage under training.recompute (engine/plan.h: equal to
+// the measured ledger), so a run whose activations cannot fit is refused
+// before it allocates them (on a CPU, where Linux overcommits, it would
+// otherwise meet the OOM killer).
 void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node, bool trains = true);
 
 // Where a rank trains and in which recipe, as this machine resolves

@@ -469,7 +469,7 @@ void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node,
                        "), and ", on_gpu ? concat("its ", to_string(placement.device), " has ") : concat(sharing, " rank(s) share this machine's "), fmt_bytes(memory),
                        " of memory; check model.num_layers, hidden_size, ffn_hidden_size, vocab_size, moe.num_experts ",
                        "and training.micro_batch, seq_len, or spread the model over more ranks");
-  if (!trains || t.recompute != Recompute::none || pages <= 0 || memory <= 0) return;
+  if (!trains || pages <= 0 || memory <= 0) return;
   // The bound above passed, so the model is of a size this machine could
   // build: the plan (what the trainer itself allocates, unit by unit) is
   // affordable now. Its stage with the most state and held activations.
@@ -489,8 +489,9 @@ void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node,
                        ", as `origami plan` counts them) on ", world_size, " rank(s), and ",
                        on_gpu ? concat("its ", to_string(placement.device), " has ")
                               : concat(sharing, " rank(s) share this machine's "),
-                       fmt_bytes(memory), " of memory; lower training.micro_batch or seq_len, set training.recompute ",
-                       "= \"full\" (activations recomputed in backward), or spread the model over more ranks");
+                       fmt_bytes(memory), " of memory; lower training.micro_batch or seq_len",
+                       t.recompute == Recompute::full ? "" : ", set training.recompute = \"full\" (activations rebuilt in backward)",
+                       ", or spread the model over more ranks");
 }
 
 std::string layout_problem(const ModelConfig& m, const MoeConfig& e, const TrainingConfig& t,

@@ -188,11 +188,18 @@ ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout
     // Permutation: row_token, row_slot i32 [R], row_of i32 [t, k].
     const int64_t perm = (2 * R + t * k) * kI32;
     // ExpertsSaved: x [M, D], gate, up, h [M, Fe/etp]; expert_out [R, D].
-    const int64_t experts = (M * D + 3 * M * Fe + R * D) * d;
+    // training.recompute = "moe" drops gate, up and h (backward rebuilds
+    // them from x), the shared expert's too.
+    const bool keep_swiglu = in.training.recompute != Recompute::moe;
+    const int64_t experts = (M * D + (keep_swiglu ? 3 * M * Fe : 0) + R * D) * d;
     // Shared expert (tensor-parallel): x [T, D] gathered (the router's x when tp = 1), gate, up, h [T, Fs/tp].
-    const int64_t shared = Fs > 0 ? ((tp > 1 ? T * D : 0) + 3 * T * Fs) * d : 0;
+    const int64_t shared = Fs > 0 ? ((tp > 1 ? T * D : 0) + (keep_swiglu ? 3 * T * Fs : 0)) * d : 0;
     a.moe_layer = 2 * norm + attention + router + perm + experts + shared;
   }
+  // training.recompute = "full": a layer keeps its input [t, D] alone; its
+  // backward rebuilds the rest, one layer at a time (inside the B op, so not
+  // held between ops).
+  if (in.training.recompute == Recompute::full) a.dense_layer = a.moe_layer = t * D * d;
   a.every_stage = (s / cp) * kI32;  // positions i32 [s/cp]
   a.first_stage = T * kI32;         // token ids i32 [T] (vocab-parallel lookup of the cp shard)
   // Final norm; LmHeadSaved: y [T, D] (tp-gathered), targets i32 [T], logits f32 [T, Vl], lse f32 [T].

@@ -130,7 +130,9 @@ std::vector<UnitPlan> plan_units(const PlanInput& in, const comm::Layout& layout
 std::vector<UnitPlan> plan_units(const PlanInput& in, const UnitTable& table, const comm::Layout& layout);
 
 // Saved-for-backward activation bytes of one micro-batch on one rank
-// (plan.cpp derives them tensor by tensor from the modules' Saved structs).
+// (plan.cpp derives them tensor by tensor from the modules' Saved structs),
+// under in.training.recompute: "moe" drops the experts' gate, up and h;
+// "full" keeps each layer's input [t, D] alone.
 struct ActivationBytes {
   int64_t dense_layer = 0;  // one dense layer
   int64_t moe_layer = 0;    // one MoE layer (expected rows under uniform routing)

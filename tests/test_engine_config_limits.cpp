@@ -127,8 +127,8 @@ TEST(Config, MachineLimits) {
 // Past the state's lower bound, training is held to the plan's count of the
 // worst stage's state and activations (equal to the measured ledger): ranks
 // sharing the node are set so that the plan's figure just fits, then just
-// does not. Recompute and evaluation keep only the lower bound (the plan
-// counts every activation kept for backward).
+// does not. With recompute = "full" a layer keeps only its input, so the same
+// batch fits; evaluation keeps no activations for backward.
 TEST(Config, MachineLimitsCountThePlansActivations) {
   const std::vector<std::string> big_batch = {"training.micro_batch=64", "training.global_batch=64"};
   const Config c = parse_config(kMinimal, kFile, big_batch);

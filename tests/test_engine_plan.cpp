@@ -123,11 +123,14 @@ TEST(Plan, PaddingRule) {
 TEST(Plan, ActivationsEqualTheMeasuredLedgerOfAForward) {
   std::vector<Config> configs = tiny_configs();
   configs.push_back(load("tiny-moe.toml", {"moe.capacity_factor=1.25", "moe.pad_to_capacity=true"}));
-  for (Config& cfg : configs) {
+  for (Config& cfg : configs)
+    for (const Recompute recompute : {Recompute::none, Recompute::moe, Recompute::full}) {
     cfg.training.micro_batch = 2;  // a small forward (the weights do not depend on it)
     cfg.training.seq_len = 64;
-    SCOPED_TRACE(cfg.source);
-    const Model& model = model_of(cfg);
+    cfg.training.recompute = recompute;
+    SCOPED_TRACE(cfg.source + " recompute " + std::to_string(static_cast<int>(recompute)));
+    Model& model = model_of(cfg);
+    model.set_recompute(recompute);
     const plan::ActivationBytes a = plan::activation_bytes(plan::plan_input(cfg), layout_of(cfg, 1));
     int64_t dense = 0, moe = 0;
     for (int64_t l = 0; l < cfg.model.num_layers; ++l) (cfg.moe.is_moe_layer(l) ? moe : dense) += 1;
@@ -143,6 +146,7 @@ TEST(Plan, ActivationsEqualTheMeasuredLedgerOfAForward) {
       EXPECT_EQ(TrackedAllocator::host().snapshot().current[act] - before, expected);
     }
     EXPECT_GT(expected, 0);
+    model.set_recompute(Recompute::none);
   }
 }
 
