@@ -27,6 +27,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -143,9 +144,12 @@ void require_host_engine(const Config& cfg, std::string_view command) {
                        "and MFU each step, and `origami bench kernels --device cuda` times its ops");
 }
 
-CLI::Validator finite_positive() {
+namespace {
+// A floating-point option's value, checked whole: "" when `text` is a finite
+// number that `ok` accepts, else the message (`rule` names what ok wants).
+CLI::Validator finite_validator(std::function<bool(double)> ok, std::string rule, std::string name) {
   return CLI::Validator(
-      [](std::string& text) -> std::string {
+      [ok = std::move(ok), rule = std::move(rule)](std::string& text) -> std::string {
         size_t used = 0;
         double v = 0;
         try {
@@ -154,28 +158,20 @@ CLI::Validator finite_positive() {
           used = 0;
         }
         if (used != text.size() || text.empty()) return "'" + shorten(text) + "' is not a number";
-        if (!std::isfinite(v) || v <= 0) return "must be a finite number > 0, got " + shorten(text);
+        if (!std::isfinite(v) || !ok(v)) return "must be a finite number " + rule + ", got " + shorten(text);
         return "";
       },
-      "FINITE > 0");
+      std::move(name));
+}
+}  // namespace
+
+CLI::Validator finite_positive() {
+  return finite_validator([](double v) { return v > 0; }, "> 0", "FINITE > 0");
 }
 
 CLI::Validator finite_in(double lo, double hi) {
-  return CLI::Validator(
-      [lo, hi](std::string& text) -> std::string {
-        size_t used = 0;
-        double v = 0;
-        try {
-          v = std::stod(text, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used != text.size() || text.empty()) return "'" + shorten(text) + "' is not a number";
-        if (!std::isfinite(v) || v < lo || v > hi)
-          return detail::concat("must be a finite number in [", lo, ", ", hi, "], got ", shorten(text));
-        return "";
-      },
-      detail::concat("FINITE in [", lo, ", ", hi, "]"));
+  const std::string range = detail::concat("in [", lo, ", ", hi, "]");
+  return finite_validator([lo, hi](double v) { return v >= lo && v <= hi; }, range, "FINITE " + range);
 }
 
 }  // namespace origami::tools
