@@ -80,8 +80,9 @@ OutputFile::OutputFile(std::string path, Mode mode) : path_(std::move(path)) {
   // O_NONBLOCK: opening a FIFO that no process reads fails at once (ENXIO)
   // instead of waiting for a reader that may never come; a FIFO something
   // reads (a pipe to a consumer) is a fine output.
-  const int fd = ::open(path_.c_str(),
-                        O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (mode == Mode::append ? O_APPEND : O_TRUNC), 0644);
+  // Mode 0666, as fopen's: the umask decides.
+  const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (mode == Mode::append ? O_APPEND : O_TRUNC);
+  const int fd = ::open(path_.c_str(), flags, 0666);
   if (fd < 0 && errno == ENXIO)
     ORIGAMI_USER_ERROR(shown(path_), ": is a FIFO that no process reads (rule: an output is a regular file, a ",
                        "device, or a FIFO something reads; writing would wait forever)");
