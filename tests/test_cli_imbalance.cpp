@@ -450,8 +450,9 @@ TEST(Imbalance, HtmlPageRendersInHeadlessChromiumWithTheJsonNumbers) {
   EXPECT_NE(dom.output.find("id=\"placement-table\""), std::string::npos);
   EXPECT_NE(dom.output.find("data-kind=\"dead_experts\""), std::string::npos);
 
-  // One screenshot, kept in the test's output directory.
-  const std::string shot = std::filesystem::absolute("imbalance-report.png").string();
+  // One screenshot, kept beside the test binary (never in the working directory, which may be the source tree).
+  const std::string shot =
+      (std::filesystem::canonical("/proc/self/exe").parent_path() / "imbalance-report.png").string();
   const CommandResult png = run_command(chromium + flags + "--hide-scrollbars --window-size=1400,1800 --screenshot=" + shot +
                                         " file://" + (dir / "r.html") + " 2>/dev/null");
   ASSERT_EQ(png.status, 0) << png.output;
