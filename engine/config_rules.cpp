@@ -472,20 +472,24 @@ void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node,
   if (!trains || pages <= 0 || memory <= 0) return;
   // The bound above passed, so the model is of a size this machine could
   // build: the plan (what the trainer itself allocates, unit by unit) is
-  // affordable now. Its stage with the most state and held activations.
+  // affordable now. Its stage with the most memory: training state, ZeRO
+  // working buffers, held activations and, under recompute "full", the
+  // layer a backward rebuilds.
   plan::PlanInput in = plan::plan_input(cfg);
   in.recipe = bf16 ? plan::Recipe::bf16 : plan::Recipe::fp32;
   const comm::Layout layout(world_size, comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, ro.num_experts});
   const plan::LayoutPlan lp = plan::plan_layout(in, layout, plan::Machine{});
   const plan::StageMemory* worst = nullptr;
   for (const plan::StageMemory& st : lp.stages)
-    if (!worst || st.state.total() + st.activations > worst->state.total() + worst->activations) worst = &st;
+    if (!worst || st.total() > worst->total()) worst = &st;
   if (!worst) return;
-  const long double need = static_cast<long double>(worst->state.total() + worst->activations);
+  const long double need = static_cast<long double>(worst->total());
+  auto bytes = [](int64_t b) { return fmt_bytes(static_cast<long double>(b)); };
   if (need * sharing > memory)
     ORIGAMI_USER_ERROR(cfg.source, ": training needs ", fmt_bytes(need), " per rank (pipeline stage ", worst->stage,
-                       ": training state ", fmt_bytes(static_cast<long double>(worst->state.total())),
-                       ", activations held for backward ", fmt_bytes(static_cast<long double>(worst->activations)),
+                       ": training state ", bytes(worst->state.total()), ", ZeRO working buffers ",
+                       bytes(worst->transient), ", activations held for backward ", bytes(worst->activations),
+                       worst->rebuild > 0 ? concat(", one layer rebuilt in backward ", bytes(worst->rebuild)) : "",
                        ", as `origami plan` counts them) on ", world_size, " rank(s), and ",
                        on_gpu ? concat("its ", to_string(placement.device), " has ")
                               : concat(sharing, " rank(s) share this machine's "),

@@ -198,8 +198,11 @@ ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout
   }
   // training.recompute = "full": a layer keeps its input [t, D] alone; its
   // backward rebuilds the rest, one layer at a time (inside the B op, so not
-  // held between ops).
-  if (in.training.recompute == Recompute::full) a.dense_layer = a.moe_layer = t * D * d;
+  // held between ops, but live beside what is).
+  if (in.training.recompute == Recompute::full) {
+    a.rebuild_dense_layer = a.dense_layer, a.rebuild_moe_layer = a.moe_layer;
+    a.dense_layer = a.moe_layer = t * D * d;
+  }
   a.every_stage = (s / cp) * kI32;  // positions i32 [s/cp]
   a.first_stage = T * kI32;         // token ids i32 [T] (vocab-parallel lookup of the cp shard)
   // Final norm; LmHeadSaved: y [T, D] (tp-gathered), targets i32 [T], logits f32 [T, Vl], lse f32 [T].
@@ -334,6 +337,8 @@ LayoutPlan plan_layout(const PlanInput& in, const UnitTable& table, const comm::
       st.num_layers += n;
       st.num_moe_layers += chunk_moe.back();
     }
+    st.rebuild = std::max(st.num_layers > st.num_moe_layers ? lp.act.rebuild_dense_layer : 0,
+                          st.num_moe_layers > 0 ? lp.act.rebuild_moe_layer : 0);
     st.first_layer = chunk_first.front();
     // ZeRO working buffers: stage 2 keeps a unit's whole gradient during its
     // backward (two with overlap_grad_reduce: the previous unit's, in flight,

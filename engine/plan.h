@@ -132,7 +132,8 @@ std::vector<UnitPlan> plan_units(const PlanInput& in, const UnitTable& table, co
 // Saved-for-backward activation bytes of one micro-batch on one rank
 // (plan.cpp derives them tensor by tensor from the modules' Saved structs),
 // under in.training.recompute: "moe" drops the experts' gate, up and h;
-// "full" keeps each layer's input [t, D] alone.
+// "full" keeps each layer's input [t, D] alone and rebuilds the rest in
+// backward (rebuild_*).
 struct ActivationBytes {
   int64_t dense_layer = 0;  // one dense layer
   int64_t moe_layer = 0;    // one MoE layer (expected rows under uniform routing)
@@ -140,6 +141,10 @@ struct ActivationBytes {
   int64_t last_stage = 0;   // + last stage: final norm, LM head, loss
   int64_t every_stage = 0;  // positions
   int64_t rows = 0;         // MoE rows this rank permutes (T_local·k dropless)
+  // training.recompute = "full": what a B op rebuilds for the layer it is
+  // in, the layer's saved set as "none" keeps it (live inside the op, one
+  // layer at a time, on top of the held activations); 0 in other modes.
+  int64_t rebuild_dense_layer = 0, rebuild_moe_layer = 0;
   // Split backward (zero-bubble schedules; engine/model.h WeightPass): what
   // one micro-batch's pending weight-gradient work keeps between its B pass
   // (which frees the saved activations above) and its W pass — the operands
@@ -198,7 +203,10 @@ struct StageMemory {
   // operands of those backwarded and not yet W'd (1F1B: in_flight × per
   // micro-batch). engine/pipeline.h's HeldActivations measures the same.
   int64_t activations = 0;
-  int64_t total() const { return state.total() + transient + activations; }
+  // training.recompute = "full": the largest layer of the stage rebuilt
+  // inside a B op (ActivationBytes::rebuild_*), above `activations`.
+  int64_t rebuild = 0;
+  int64_t total() const { return state.total() + transient + activations + rebuild; }
 };
 
 // One communication item of a step: `calls` calls of one op on one group.

@@ -150,6 +150,60 @@ TEST(Plan, ActivationsEqualTheMeasuredLedgerOfAForward) {
   }
 }
 
+// Under recompute "full" a backward rebuilds one layer at a time: its peak
+// activation ledger above the held activations is the plan's rebuilt layer
+// (the largest of the model's, as "none" keeps it) plus at most the working
+// set a backward without recompute has (one rank).
+TEST(Plan, RecomputeFullsRebuiltLayerIsWhatItsBackwardAddsToTheWorkingSet) {
+  for (Config cfg : tiny_configs()) {
+    cfg.training.micro_batch = 2;
+    cfg.training.seq_len = 64;
+    SCOPED_TRACE(cfg.source + (cfg.moe.shared_expert_hidden_size ? " + shared expert" : ""));
+    Model& model = model_of(cfg);
+    std::mt19937 rng(6);
+    const Tensor tokens =
+        testing::random_tokens(cfg.training.micro_batch, cfg.training.seq_len + 1, cfg.model.vocab_size, rng);
+    const auto act = static_cast<size_t>(MemCategory::activation);
+    // Held after the forward, and the backward's peak above it.
+    auto measure = [&](Recompute mode) -> std::pair<int64_t, int64_t> {
+      model.set_recompute(mode);
+      const int64_t before = TrackedAllocator::host().snapshot().current[act];
+      ModelSaved saved;
+      model.forward(tokens, saved);
+      const int64_t held = TrackedAllocator::host().snapshot().current[act] - before;
+      TrackedAllocator::host().reset_peaks();
+      StageGradIO io;
+      io.lm_grad_scale = 1.0f / 128;
+      model.backward(io, saved);
+      const int64_t above = TrackedAllocator::host().snapshot().peak[act] - before - held;
+      model.set_recompute(Recompute::none);
+      return {held, above};
+    };
+    const auto [held_none, working_none] = measure(Recompute::none);
+    const auto [held_full, working_full] = measure(Recompute::full);
+    cfg.training.recompute = Recompute::full;
+    const plan::LayoutPlan lp = plan::plan_layout(plan::plan_input(cfg), layout_of(cfg, 1), plan::Machine{});
+    ASSERT_EQ(lp.stages.size(), 1u);
+    const int64_t rebuild = lp.stages[0].rebuild;
+    EXPECT_EQ(rebuild, std::max(lp.act.rebuild_dense_layer, lp.act.rebuild_moe_layer));
+    EXPECT_EQ(lp.stages[0].activations, held_full);
+    EXPECT_GE(working_full, rebuild);
+    EXPECT_LE(working_full - rebuild, working_none);
+    EXPECT_GT(working_none, 0);
+    std::printf("recompute full: held %lld B, backward peak above it %lld B = rebuilt layer %lld + %lld "
+                "(without recompute: held %lld, above it %lld)\n",
+                static_cast<long long>(held_full), static_cast<long long>(working_full),
+                static_cast<long long>(rebuild), static_cast<long long>(working_full - rebuild),
+                static_cast<long long>(held_none), static_cast<long long>(working_none));
+    for (const Recompute other : {Recompute::none, Recompute::moe}) {
+      cfg.training.recompute = other;
+      const plan::LayoutPlan o = plan::plan_layout(plan::plan_input(cfg), layout_of(cfg, 1), plan::Machine{});
+      EXPECT_EQ(o.stages[0].rebuild, 0);
+      EXPECT_EQ(o.act.rebuild_dense_layer + o.act.rebuild_moe_layer, 0);
+    }
+  }
+}
+
 // A deferred backward (StageGradIO::defer) frees the saved activations and
 // keeps only what the pending weight gradients read: the activation ledger
 // then holds exactly the plan's weight_pending_* figure (one rank), in every

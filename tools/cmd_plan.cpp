@@ -203,6 +203,8 @@ ordered_json plan_json(const PlanArgs& a, const std::string& source, const plan:
   j["activations"] = {{"dense_layer", p.act.dense_layer}, {"moe_layer", p.act.moe_layer},
                       {"first_stage", p.act.first_stage}, {"last_stage", p.act.last_stage},
                       {"every_stage", p.act.every_stage}, {"moe_rows", p.act.rows},
+                      {"rebuild_dense_layer", p.act.rebuild_dense_layer},
+                      {"rebuild_moe_layer", p.act.rebuild_moe_layer},
                       {"weight_pending_dense_layer", p.act.weight_pending_dense_layer},
                       {"weight_pending_moe_layer", p.act.weight_pending_moe_layer},
                       {"weight_pending_first_stage", p.act.weight_pending_first_stage},
@@ -229,6 +231,7 @@ ordered_json plan_json(const PlanArgs& a, const std::string& source, const plan:
                                      {"in_flight", s.in_flight},
                                      {"pending_w", s.pending_w},
                                      {"activations", s.activations},
+                                     {"rebuild", s.rebuild},
                                      {"total", s.total()}});
   j["comm"] = {{"worst_stage", p.worst_comm_stage}, {"stages", ordered_json::array()}};
   for (const plan::StageComm& c : p.comm) {
@@ -334,6 +337,9 @@ void print_ledger(const plan::PlanInput& in, const LayoutPlan& p) {
               "activations", human(st.activations).c_str(), static_cast<long long>(st.in_flight),
               static_cast<long long>(st.num_layers - st.num_moe_layers), static_cast<long long>(st.num_moe_layers),
               st.pending_w > 0 ? " + pending W operands" : "");
+  if (st.rebuild > 0)
+    std::printf("  %-24s %12s (recompute full: the largest layer's activations, live inside its backward)\n",
+                "rebuilt in backward", human(st.rebuild).c_str());
   std::printf("  %-24s %12s\n", "total", human(st.total()).c_str());
 
   const int64_t T = in.training.micro_batch * in.training.seq_len / p.cp, t = T / p.tp;
