@@ -160,7 +160,7 @@ ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout
   const int64_t tp = layout.tp(), cp = layout.cp(), etp = layout.etp();
   const int64_t D = m.hidden_size, hd = m.head_dim(), Hq = m.num_heads / tp, Hkv = m.num_kv_heads / tp;
   const int64_t F = m.ffn_hidden_size / tp, E = e.router.num_experts, k = e.router.top_k;
-  const int64_t Fe = e.expert_ffn(m.ffn_hidden_size) / etp, Fs = e.shared_expert_hidden_size / tp;
+  const int64_t Fe = e.expert_ffn(m.ffn_hidden_size) / etp, Fs = e.shared_expert_hidden_size;
   const int64_t s = in.training.seq_len, T = in.training.micro_batch * s / cp, t = T / tp;
   const int64_t f = kF32, d = data_bytes(in.recipe);  // f: statistics (rstd, lse, logits); d: data
 
@@ -192,8 +192,9 @@ ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout
     // them from x), the shared expert's too.
     const bool keep_swiglu = in.training.recompute != Recompute::moe;
     const int64_t experts = (M * D + (keep_swiglu ? 3 * M * Fe : 0) + R * D) * d;
-    // Shared expert (tensor-parallel): x [T, D] gathered (the router's x when tp = 1), gate, up, h [T, Fs/tp].
-    const int64_t shared = Fs > 0 ? ((tp > 1 ? T * D : 0) + (keep_swiglu ? 3 * T * Fs : 0)) * d : 0;
+    // Shared expert: whole on the rank's own tokens at any tp (engine/units.cpp),
+    // its x the router's; gate, up, h [t, Fs].
+    const int64_t shared = keep_swiglu ? 3 * t * Fs * d : 0;
     a.moe_layer = 2 * norm + attention + router + perm + experts + shared;
   }
   // training.recompute = "full": a layer keeps its input [t, D] alone; its
@@ -236,8 +237,7 @@ ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout
     //   Shared expert: dy [t, D] (the layer's dh: kept only when there is
     //   one), h, dgate, dup [t, Fs]; its x is the router's m. It runs whole on
     //   the local tokens (engine/units.cpp), so at any tp: t rows, all Fs.
-    const int64_t Fs_whole = e.shared_expert_hidden_size;
-    const int64_t shared_w = Fs_whole > 0 ? (t * D + 3 * t * Fs_whole) * d : 0;
+    const int64_t shared_w = Fs > 0 ? (t * D + 3 * t * Fs) * d : 0;
     a.weight_pending_moe_layer = 2 * norm_w + attention_w + router_w + experts_w + shared_w;
   }
   // Embedding: ids i32 [T] and the gathered gradient [T, D] (all of it is W).

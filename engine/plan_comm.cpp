@@ -55,7 +55,7 @@ StageComm internal::stage_comm(const PlanInput& in, const comm::Layout& layout, 
   // and micro-batch 2 all-gathers + 2 reduce-scatters of (tp−1)·t·D·d.
   if (tp > 1) {
     const double ag = ring::all_gather(t * D, d, tp), rs = ring::reduce_scatter(t * D, d, tp);
-    const int64_t sublayers = L + Ldense + (e.shared_expert_hidden_size > 0 ? Lmoe : 0);
+    const int64_t sublayers = L + Ldense;  // attention and dense MLPs (the MoE layer's shared expert runs whole)
     add(GroupKind::tp, CommOp::all_gather, "sublayer input (fwd) + output grad (bwd)", 2 * mm * sublayers, ag);
     add(GroupKind::tp, CommOp::reduce_scatter, "sublayer output (fwd) + input grad (bwd)", 2 * mm * sublayers, rs);
     if (first) {  // vocab-parallel embedding: reduce-scatter of partial rows (fwd), all-gather of the grad (bwd)

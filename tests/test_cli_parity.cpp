@@ -298,7 +298,8 @@ TEST_F(Parity, RecomputeKeepsLossesAndLowersPeakActivations) {
 
 // The planner's per-group communication volume (origami plan --json) against
 // the bytes world rank 0 measured in its second step (JSONL comm_bytes),
-// within 1% per group, on the folded np-8 layout, on TP 2 × CP 4 under ring
+// within 1% per group, on the folded np-8 layout (with a shared expert, which
+// runs whole on each tp rank's tokens: no tp traffic), on TP 2 × CP 4 under ring
 // attention (whose cp bytes are exact: fixed-size sends) and on a pipelined one
 // (TP 2 × DP 2 × PP 2 with EP 2: rank 0 is stage 0's root, and its pp bytes
 // are the activations it sends plus the step's bookkeeping; ZeRO-3 units kept
@@ -309,7 +310,8 @@ TEST_F(Parity, RecomputeKeepsLossesAndLowersPeakActivations) {
 TEST_F(Parity, MeasuredCommBytesMatchThePlan) {
   const std::string capacity = " --set moe.capacity_factor=1.0 --set moe.pad_to_capacity=true";
   for (const auto& [tag, layout] :
-       {std::pair{"plan-folded8", "--set parallel.tp=2 --set parallel.cp=2 --set parallel.ep=4" + capacity},
+       {std::pair{"plan-folded8", "--set parallel.tp=2 --set parallel.cp=2 --set parallel.ep=4"
+                                  " --set moe.shared_expert_hidden_size=95" + capacity},
         std::pair{"plan-pp2", "--set parallel.tp=2 --set parallel.pp=2 --set parallel.ep=2 "
                               "--set parallel.reshard_after_forward=false" + capacity},
         // Ring attention over cp 4 (TP 2): cp − 1 K, V sends per layer and

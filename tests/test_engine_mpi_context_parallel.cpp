@@ -1,6 +1,7 @@
 // Context parallelism through the whole model against the planner (run under
 // `mpirun -np 4`), for both parallel.cp_comm methods, on configs/tiny-moe.toml
-// (one dense and three MoE layers) at CP 4, CP 2 × DP 2 and TP 2 × CP 2:
+// (one dense and three MoE layers) at CP 4, CP 2 × DP 2 and TP 2 × CP 2,
+// the last also with a shared expert:
 //  - the activation ledger after one micro-batch's forward equals
 //    plan::activation_bytes exactly on tp rank 0, the plan's worst rank (the
 //    saved K, V: cp-gathered with their positions under all_gather, the local
@@ -72,13 +73,17 @@ TEST(ContextParallelModel, ActivationsAndPeakAgainstThePlan) {
   ASSERT_EQ(world_size(), 4) << "run under mpirun -np 4";
   const Config base = tiny_moe();
   struct Layout {
-    int64_t tp, cp;
+    int64_t tp, cp, shared_expert = 0;
   };
-  for (const Layout l : {Layout{1, 4}, Layout{1, 2}, Layout{2, 2}}) {
+  // The shared expert runs whole on each tp rank's own tokens (no tp
+  // collective), its hidden size not a multiple of tp.
+  for (const Layout l : {Layout{1, 4}, Layout{1, 2}, Layout{2, 2}, Layout{2, 2, 95}}) {
     Config cfg = base;
     cfg.parallel.tp = cfg.parallel.etp = l.tp;
     cfg.parallel.cp = l.cp;
-    const std::string at = "tp " + std::to_string(l.tp) + " cp " + std::to_string(l.cp);
+    cfg.moe.shared_expert_hidden_size = l.shared_expert;
+    const std::string at = "tp " + std::to_string(l.tp) + " cp " + std::to_string(l.cp) +
+                           (l.shared_expert ? " shared expert " + std::to_string(l.shared_expert) : "");
     SCOPED_TRACE(at);
     ASSERT_EQ(layout_problem(cfg, world_size()), "");
     const comm::Layout layout(world_size(), comm::LayoutOptions{l.tp, l.cp, 1, 1, l.tp, cfg.parallel.order,
