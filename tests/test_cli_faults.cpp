@@ -239,7 +239,7 @@ TEST_F(CliFaults, AnErrorOnANonZeroRankReachesTheUserTaggedWithItsRank) {
                  {"error [rank 1]: data.idx: cannot open the indexed dataset file", "No such file"});
 }
 
-TEST_F(CliFaults, RanksWithDifferentConfigsAreRefusedNamingTheKeys) {
+TEST_F(CliFaults, RanksWithDifferentConfigsOrCommandLinesAreRefusedNamingTheDifference) {
   const std::string cmd = kBinary + " train " + path("moe.toml") + " --set parallel.ep=2";
   auto r = run(kMpirun + " -np 1 " + cmd + " : -np 1 " + cmd + " --set optimizer.lr=1e-3 --set training.seq_len=32");
   expect_outcome("MPMD: rank 1 with other --set values", r, 2,
@@ -252,6 +252,16 @@ TEST_F(CliFaults, RanksWithDifferentConfigsAreRefusedNamingTheKeys) {
   expect_outcome("MPMD: train on rank 0, eval on rank 1", r, 2,
                  {"error: the ranks of this job run different subcommands",
                   "subcommand: origami train on rank 0; origami eval on rank 1"});
+  // One subcommand, but rank 1's options do not parse: rank 0 does not start
+  // training and wait for it (it did, until the exit meeting's 600 s).
+  r = run(kMpirun + " -np 1 " + cmd + " : -np 1 " + cmd + " --no-such-option");
+  expect_outcome("MPMD: rank 1's options do not parse", r, 2,
+                 {"The following argument was not expected: --no-such-option",
+                  "error: the command line of 1 of 2 ranks (the first: rank 1, which printed why) did not parse"});
+  r = run(kMpirun + " -np 1 " + cmd + " --no-such-option : -np 1 " + cmd);
+  expect_outcome("MPMD: rank 0's options do not parse", r, 2,
+                 {"The following argument was not expected: --no-such-option"});
+  EXPECT_EQ(r.output.find("did not parse"), std::string::npos) << "rank 0 printed its own error:\n" << r.output;
 }
 
 TEST_F(CliFaults, WritesThatFailAreErrors) {

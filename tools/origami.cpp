@@ -91,6 +91,22 @@ void check_same_subcommand(origami::comm::Communicator& world, const std::string
                             "MPMD launch of different subcommands is not one job)");
 }
 
+// Collective over `world`: every rank tells whether its command line parsed.
+// Ranks of one job normally parse the same line, but an MPMD launch can give
+// them different options: without this, those that parsed would run the
+// command and wait for the others at its first collective.
+struct ParseOutcome {
+  int first_failed = -1;  // the lowest rank whose line did not parse; -1: none
+  int failed = 0;         // how many did not
+};
+ParseOutcome share_parse_outcome(origami::comm::Communicator& world, bool parsed) {
+  const int n = world.size(), rank = world.rank();
+  int64_t v[2] = {parsed ? 0 : n - rank, parsed ? 0 : 1};  // max of n − rank: the lowest failing rank
+  world.all_reduce(std::span<int64_t>(v, 1), origami::comm::ReduceOp::max);
+  world.all_reduce(std::span<int64_t>(v + 1, 1), origami::comm::ReduceOp::sum);
+  return {v[0] == 0 ? -1 : static_cast<int>(n - v[0]), static_cast<int>(v[1])};
+}
+
 // An MPI launcher's environment: OpenMPI's mpirun (and PMIx launchers such as
 // srun), or MPICH's hydra.
 bool launched_by_mpi() {
@@ -205,6 +221,19 @@ int main(int argc, char** argv) {
   int status = 0;
   std::string message;
   bool agreed = false;  // every rank already knows the outcome (a JobError, or the same command line)
+  // Before any subcommand's callback runs: the ranks whose lines parsed stop
+  // too when another's did not.
+  app.parse_complete_callback([&] {
+    if (!exit_comm) return;
+    const ParseOutcome o = share_parse_outcome(*exit_comm, /*parsed=*/true);
+    if (o.failed > 0)
+      throw origami::JobError(
+          origami::detail::concat("error: the command line of ", o.failed, " of ", exit_comm->size(),
+                                  " ranks (the first: rank ", o.first_failed,
+                                  ", which printed why) did not parse, and rank 0's did (rule: every rank of a job runs "
+                                  "the same command line)"),
+          origami::kExitUserError);
+  });
   try {
     const std::string path = check_subcommand(app, argc, argv);
     if (exit_comm) check_same_subcommand(*exit_comm, path);
@@ -213,14 +242,17 @@ int main(int argc, char** argv) {
     if (std::fflush(stdout) != 0 || std::ferror(stdout))
       ORIGAMI_USER_ERROR("writing standard output failed: ", std::strerror(errno));
   } catch (const CLI::ParseError& e) {
-    // Every rank parses the same command line: only rank 0 prints.
+    // Ranks normally parse the same command line: only the first whose line
+    // did not parse prints (rank 0, unless an MPMD launch gave ranks
+    // different options).
+    const int printer = exit_comm ? share_parse_outcome(*exit_comm, /*parsed=*/false).first_failed : rank;
     std::ostringstream quiet;
-    const int code = rank == 0 ? app.exit(e) : app.exit(e, quiet, quiet);
+    const int code = rank == printer ? app.exit(e) : app.exit(e, quiet, quiet);
     status = code != 0 ? origami::kExitUserError : 0;
     agreed = true;
     // --help and --version print to standard output: a full disk there is
-    // an error too. Only rank 0 printed, so only its status can say so.
-    if (rank == 0 && code == 0 && (std::fflush(stdout) != 0 || std::ferror(stdout))) {
+    // an error too. Only one rank printed, so only its status can say so.
+    if (rank == printer && code == 0 && (std::fflush(stdout) != 0 || std::ferror(stdout))) {
       std::fprintf(stderr, "error: writing standard output failed: %s\n", std::strerror(errno));
       status = origami::kExitUserError;
     }
