@@ -100,15 +100,23 @@ inline std::vector<nlohmann::json> read_jsonl(const std::string& path) {
 
 #ifdef ORIGAMI_BINARY
 // `origami preprocess` of Debian's fortunes corpus into <prefix>.bin/.idx;
-// status 1 with a message when the package is missing.
+// status 1 with a message when the package is missing. The corpus is
+// $ORIGAMI_FORTUNES_DIR when set (tools/gpu_check.sh: the bundle's copy, on
+// a machine without the package), else /usr/share/games/fortunes.
 inline CommandResult preprocess_fortunes(const std::string& prefix) {
+  const char* env = std::getenv("ORIGAMI_FORTUNES_DIR");
+  const std::string from = env && *env ? env : "/usr/share/games/fortunes";
   std::string inputs;
-  for (const auto& e : std::filesystem::directory_iterator("/usr/share/games/fortunes"))
-    if (e.is_regular_file() && e.path().extension() != ".dat" && e.path().extension() != ".u8") {
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator(from, ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec))
+    if (it->is_regular_file() && it->path().extension() != ".dat" && it->path().extension() != ".u8") {
       inputs += ' ';  // appended piecewise: GCC 12 warns (-Wrestrict) on " " + string here
-      inputs += e.path().string();
+      inputs += it->path().string();
     }
-  if (inputs.empty()) return {1, "the fortunes package is not installed (tools/setup.sh installs it)"};
+  if (inputs.empty())
+    return {1, "no fortune files in " + from + " (tools/setup.sh installs the fortunes package)" +
+                   (ec ? ": " + ec.message() : std::string())};
   return run_command(std::string(ORIGAMI_BINARY) + " preprocess --format fortune --output-prefix " + prefix +
                      " --input" + inputs);
 }

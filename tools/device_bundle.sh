@@ -7,7 +7,7 @@
 # g++, nvcc, CMake, ninja, python3 with PyTorch) with no apt and no internet.
 # Origami also needs OpenMPI, oneDNN, toml++, nlohmann-json, CLI11, simdjson,
 # xxhash, GoogleTest and pkg-config (CMakeLists.txt: find_package(PkgConfig)
-# for libxxhash). tools/gpu_check.sh unpacks these .debs into a private
+# for libxxhash), and its CLI tests Debian's fortunes as their corpus. tools/gpu_check.sh unpacks these .debs into a private
 # prefix there (dpkg-deb -x, never into /) and builds against it.
 #
 # What is taken: the build packages below (headers, CMake and pkg-config
@@ -57,6 +57,7 @@ build_packages=(
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
   libxxhash-dev libsimdjson-dev
   libgtest-dev libgmock-dev
+  fortunes-min fortunes                     # the CLI tests' corpus (tests/cli_util.h: ORIGAMI_FORTUNES_DIR); no Depends
 )
 BASE=(libc6 libgcc-s1 libstdc++6 gcc-12-base libgomp1 libatomic1 zlib1g libzstd1 liblzma5 libbz2-1.0
       libcrypt1 libtinfo6 libselinux1 libpcre2-8-0 libacl1 libattr1 libaudit1 libaudit-common libcap-ng0
@@ -194,4 +195,4 @@ total=0
 count=${#wanted[@]}
 mib=$(awk -v b=$total 'BEGIN{printf "%.1f", b/1048576}')
 echo "device_bundle: $count packages in $debs, $((total / 1024)) KiB ($mib MiB); manifest $bundle/MANIFEST"
-echo "device_bundle: on the GPU machine: run(command='bash tools/gpu_check.sh', carry=['.bundle'], timeout_s=540)"
+echo "device_bundle: on the GPU machine: run(command='bash tools/gpu_check.sh', carry=['.bundle'], kind='nvidia-h200', timeout_s=540)"

@@ -2,7 +2,7 @@
 # The one prepared GPU check (README "Developers"). Here, once:
 #   tools/device_bundle.sh                  (the Debian packages the GPU image lacks, into .bundle/)
 # then on the lent GPU machine, through the device tool:
-#   run(command='bash tools/gpu_check.sh', carry=['.bundle'], timeout_s=540)
+#   run(command='bash tools/gpu_check.sh', carry=['.bundle'], kind='nvidia-h200', timeout_s=540)
 #
 # Steps, each timed:
 #   tools        the machine's compilers (g++ for nvcc, nvcc, CMake, ninja), glibc >= 2.36
@@ -243,6 +243,9 @@ use_prefix() {
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=false
   export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_osc=^ucx OMPI_MCA_btl_vader_single_copy_mechanism=none
   export PKG_CONFIG_LIBDIR=$L/pkgconfig:$prefix/usr/share/pkgconfig PKG_CONFIG_SYSROOT_DIR=$prefix
+  # The CLI tests' corpus (tests/cli_util.h, preprocess_fortunes): the
+  # bundle's fortunes where the machine has no package of its own.
+  [ -f /usr/share/games/fortunes/fortunes ] || export ORIGAMI_FORTUNES_DIR=$prefix/usr/share/games/fortunes
 }
 
 step_configure() {
@@ -359,7 +362,11 @@ step_cuda_tests() {
     return 1
   fi
   local unexpected
-  unexpected=$(python3 "$report" unexpected-skips "$results/ctest_cuda.xml" "${expected_skips[@]}" 2>/dev/null)
+  if ! unexpected=$(python3 "$report" unexpected-skips "$results/ctest_cuda.xml" "${expected_skips[@]}" 2>&1); then
+    note[cuda_tests]+="; the skip check failed"
+    echo "cuda_tests: could not list the skipped tests: $unexpected" >&2
+    return 1
+  fi
   if [ -n "$unexpected" ]; then
     note[cuda_tests]+="; skipped on a GPU machine: $(echo "$unexpected" | head -3 | tr '\n' ' ')"
     echo "cuda_tests: tests skipped with a GPU present (each should run here):" >&2
