@@ -388,10 +388,15 @@ void use_cuda_device(Device d) {
 Device memory_device(const void* p) {
   if (!p) return Device::cpu();
   cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    (void)cudaGetLastError();  // an unknown pointer is host memory; clear the sticky-free error
+  const cudaError_t rc = cudaPointerGetAttributes(&a, p);
+  // Since CUDA 11 a plain host pointer succeeds (cudaMemoryTypeUnregistered).
+  // With no device or driver nothing can be device memory; any other error
+  // is a fault, not a hint that the buffer is the host's.
+  if (rc == cudaErrorNoDevice || rc == cudaErrorInsufficientDriver) {
+    (void)cudaGetLastError();
     return Device::cpu();
   }
+  CUDA_CHECK(rc);
   if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) return Device{DeviceKind::cuda, a.device};
   return Device::cpu();
 }

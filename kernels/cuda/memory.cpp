@@ -11,10 +11,12 @@ namespace {
 void* device_allocate(size_t bytes, int device_index) {
   CUDA_CHECK(cudaSetDevice(device_index));
   void* ptr = nullptr;
-  if (cudaMalloc(&ptr, bytes) != cudaSuccess) {
-    (void)cudaGetLastError();  // clear the sticky-free error so the report is ours
+  const cudaError_t rc = cudaMalloc(&ptr, bytes);
+  if (rc == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // clear it so the next call's report is its own
     return nullptr;
   }
+  CUDA_CHECK(rc);  // a fault (illegal address, ECC, a lost device) is no out-of-memory
   return ptr;
 }
 
