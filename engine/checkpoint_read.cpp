@@ -56,15 +56,17 @@ struct MetaReader {
 SavedShard parse_shard(const MetaReader& m, const nlohmann::ordered_json& s, const std::string& where, const Shape& global,
                        int64_t world) {
   SavedShard out;
-  out.rank = static_cast<int>(m.integer(s, "rank", where));
+  const int64_t rank = m.integer(s, "rank", where);
+  if (rank < 0 || rank >= world) m.bad(where + ".rank", "outside the saving world of " + std::to_string(world));
+  out.rank = static_cast<int>(rank);
   const std::vector<int64_t> offsets = m.ints(s, "saved_offsets", where);
   out.slice_shape = m.ints(s, "slice_shape", where);
   const std::vector<int64_t> range = m.ints(s, "flat_range", where);
-  if (out.rank < 0 || out.rank >= world) m.bad(where + ".rank", "outside the saving world of " + std::to_string(world));
   if (offsets.size() != global.size() || out.slice_shape.size() != global.size())
     m.bad(where, "saved_offsets and slice_shape need one entry per dimension of " + shape_string(global));
   for (size_t d = 0; d < global.size(); ++d) {
-    if (offsets[d] + out.slice_shape[d] > global[d]) m.bad(where, "the slice exceeds the global shape " + shape_string(global));
+    if (out.slice_shape[d] > global[d] || offsets[d] > global[d] - out.slice_shape[d])  // no overflow: all >= 0
+      m.bad(where, "the slice exceeds the global shape " + shape_string(global));
     if (out.slice_shape[d] == global[d]) continue;
     if (out.slice_dim >= 0) m.bad(where, "a slice splits at most one dimension");
     out.slice_dim = static_cast<int64_t>(d);
@@ -75,6 +77,48 @@ SavedShard parse_shard(const MetaReader& m, const nlohmann::ordered_json& s, con
   out.begin = range[0];
   out.end = range[1];
   return out;
+}
+
+// The shards of one tensor tile its global elements exactly once: each
+// shard's flat range, mapped into the global row-major order (pieces of
+// slice_shape[d]·inner contiguous elements when it slices dimension d), and
+// the pieces of all shards sorted, run from 0 to the tensor's size without
+// a gap or an overlap. (Reading counts each rank's copied elements; an
+// overlap beside a hole of the same size would pass that count.)
+void check_tiling(const MetaReader& m, const SavedTensor& t, const std::string& where) {
+  const int64_t numel = shape_numel(t.global_shape);  // below 2^53: checked before the shards were parsed
+  constexpr size_t kMaxPieces = size_t{1} << 24;  // a real model's tensors need far fewer
+  std::vector<std::pair<int64_t, int64_t>> pieces;  // [begin, end) in the global order
+  for (const SavedShard& s : t.shards) {
+    if (s.begin == s.end) continue;
+    if (s.slice_dim < 0) {
+      pieces.emplace_back(s.begin, s.end);
+      continue;
+    }
+    const size_t d = static_cast<size_t>(s.slice_dim);
+    int64_t inner = 1;
+    for (size_t i = d + 1; i < t.global_shape.size(); ++i) inner *= t.global_shape[i];
+    const int64_t run = s.slice_shape[d] * inner, row = t.global_shape[d] * inner;  // run > 0: s.end > s.begin
+    for (int64_t at = s.begin; at < s.end;) {
+      const int64_t outer = at / run, within = at % run, take = std::min(run - within, s.end - at);
+      const int64_t global_at = outer * row + s.slice_start * inner + within;
+      pieces.emplace_back(global_at, global_at + take);
+      if (pieces.size() > kMaxPieces) m.bad(where + ".shards", "split into more than 2^24 pieces");
+      at += take;
+    }
+  }
+  std::sort(pieces.begin(), pieces.end());
+  const std::string rule = " (rule: the shards hold every element exactly once)";
+  int64_t next = 0;
+  for (const auto& [begin, end] : pieces) {
+    if (begin < next) m.bad(where + ".shards", "hold element " + std::to_string(begin) + " twice" + rule);
+    if (begin > next)
+      m.bad(where + ".shards", "hold none of elements " + std::to_string(next) + ".." + std::to_string(begin - 1) + rule);
+    next = end;
+  }
+  if (next != numel)
+    m.bad(where + ".shards", "cover " + std::to_string(next) + " of the " + std::to_string(numel) +
+                                 " elements (rule: the shards hold every element exactly once)");
 }
 
 SliceRange range_of(const SavedShard& s, const Shape& global) {
@@ -161,16 +205,17 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
     const std::string where = "files[" + std::to_string(i) + "]";
     SavedFile f;
     f.name = m.text(files[i], "name", where);
-    f.rank = static_cast<int>(m.integer(files[i], "rank", where));
+    const int64_t rank = m.integer(files[i], "rank", where);
     f.bytes = m.integer(files[i], "bytes", where);
     const std::string hex = m.text(files[i], "xxh3", where);
     if (hex.size() != 16 || hex.find_first_not_of("0123456789abcdef") != std::string::npos)
       m.bad(where + ".xxh3", "must be 16 hex digits");
     f.xxh3 = std::stoull(hex, nullptr, 16);
     if (f.name.find('/') != std::string::npos) m.bad(where + ".name", "must be a file name in the directory");
-    if (f.rank < 0 || f.rank >= info.world)
+    if (rank < 0 || rank >= info.world)
       m.bad(where + ".rank", "must be in 0..layout.world - 1 = " + std::to_string(info.world - 1) + ", got " +
-                                 std::to_string(f.rank));
+                                 std::to_string(rank));
+    f.rank = static_cast<int>(rank);
     if (f.name != rank_file(f.rank, false) && f.name != rank_file(f.rank, true))
       m.bad(where + ".name", "\"" + shorten(f.name) + "\" is not one of rank " + std::to_string(f.rank) + "'s files (" +
                                  rank_file(f.rank, false) + ", " + rank_file(f.rank, true) + ")");
@@ -188,11 +233,16 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
     const std::string where = "tensors." + name;
     SavedTensor st;
     st.global_shape = m.ints(t, "shape", where);
+    int64_t numel = 1;
+    for (int64_t n : st.global_shape)
+      if (!checked_mul(numel, n, &numel) || numel > (int64_t{1} << 53))
+        m.bad(where + ".shape", "has more than 2^53 elements: " + shape_string(st.global_shape));
     st.state = t.contains("state") && t["state"].is_boolean() && t["state"].get<bool>();
     const nlohmann::ordered_json& shards = m.at(t, "shards", where);
     if (!shards.is_array()) m.bad(where + ".shards", "must be an array");
     for (size_t i = 0; i < shards.size(); ++i)
       st.shards.push_back(parse_shard(m, shards[i], where + ".shards[" + std::to_string(i) + "]", st.global_shape, info.world));
+    check_tiling(m, st, where);
     info.order_of_tensors.push_back(name);
     info.tensors.emplace(name, std::move(st));
   }

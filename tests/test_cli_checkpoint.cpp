@@ -402,6 +402,29 @@ TEST_F(Checkpoint, DamagedCheckpointsAreRefusedNamingTheFileOrKey) {
       {"file-twice", "", [&](const std::string& d) {
          edit_json(d, [](nlohmann::ordered_json& j) { j["files"][1] = j["files"][0]; });
        }, {"metadata.json: files[1].name: \"rank-00000-", "is listed twice"}},
+      // Shards: a rank past 2^32 (not rank 0 after narrowing), an offset
+      // whose sum with the slice overflows, and two shards of the first
+      // tensor that overlap by 5 elements beside a hole of 5 (the element
+      // count each rank reads would still add up).
+      {"rank-2^32", "", [&](const std::string& d) {
+         edit_json(d, [](nlohmann::ordered_json& j) { j["tensors"].begin().value()["shards"][0]["rank"] = int64_t{1} << 32; });
+       }, {".shards[0].rank: outside the saving world of 1"}},
+      {"offset-overflow", "", [&](const std::string& d) {
+         edit_json(d, [](nlohmann::ordered_json& j) {
+           j["tensors"].begin().value()["shards"][0]["saved_offsets"][0] = std::numeric_limits<int64_t>::max();
+         });
+       }, {".shards[0]: the slice exceeds the global shape"}},
+      {"overlap-and-hole", "", [&](const std::string& d) {
+         edit_json(d, [](nlohmann::ordered_json& j) {
+           nlohmann::ordered_json& shards = j["tensors"].begin().value()["shards"];
+           const int64_t n = shards[0]["flat_range"][1];
+           nlohmann::ordered_json second = shards[0];
+           shards[0]["flat_range"] = {0, n / 2};
+           second["flat_range"] = {n / 2 - 5, n - 5};
+           shards.push_back(second);
+         });
+       }, {"metadata.json: tensors.model.embed_tokens.weight.shards: hold element ", " twice (rule: the shards hold "
+           "every element exactly once)"}},
       {"other-model", " --set model.hidden_size=64", [](const std::string&) {},
        {"metadata.json: the checkpoint was saved with model.hidden_size = 128", "--set model.hidden_size=64",
         "configures model.hidden_size = 64", "the model may not"}},
