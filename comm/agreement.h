@@ -9,6 +9,7 @@
 // in the same order (like any collective); the result is identical on every
 // member; a group where nobody failed costs one all_reduce of one integer.
 #pragma once
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,7 +47,8 @@ int failure_status(const std::vector<RankFailure>& failures);
 void agree(Communicator& group, int status, const std::string& message);
 
 // Runs `fn` on every member of `group`; a UserError on any member becomes a
-// JobError on every member (agree).
+// JobError on every member (agree), as does a filesystem_error (its paths
+// are the user's: checkpoint, logging and data directories).
 template <class Fn>
 void run_agreed(Communicator& group, Fn&& fn) {
   int status = 0;
@@ -57,6 +59,9 @@ void run_agreed(Communicator& group, Fn&& fn) {
     throw;  // already agreed by an inner meeting of the same ranks
   } catch (const UserError& e) {
     status = e.exit_status();
+    message = e.what();
+  } catch (const std::filesystem::filesystem_error& e) {
+    status = kExitUserError;
     message = e.what();
   }
   agree(group, status, message);

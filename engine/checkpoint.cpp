@@ -262,6 +262,11 @@ struct CheckpointWriter::Pending {
     } catch (const UserError& e) {
       status = e.exit_status();
       message = e.what();
+    } catch (const fs::filesystem_error& e) {
+      status = kExitUserError;
+      message = e.what();
+    } catch (const std::exception& e) {  // on the writer thread: ends the job here, not through std::terminate
+      abort_job(kExitInternal, detail::concat("[rank ", rank, "] internal error writing checkpoint ", tmp, ": ", e.what()));
     }
     written.store(true);
   }

@@ -4,6 +4,7 @@
 // rule it broke.
 #include "engine/config.h"
 
+#include <simdjson.h>
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -408,6 +409,14 @@ std::string trim(std::string_view s) {
 // Applies "section.key=value" onto the parsed table, before any checking, so an
 // override meets the same unknown-key, type and range rules as the file.
 void apply_override(toml::table& root, const std::string& ov, Origins& origins) {
+  // A TOML file is UTF-8 (toml++ refuses one that is not); so is an
+  // override, which the checkpoint's metadata.json and metrics carry as JSON.
+  if (!simdjson::validate_utf8(ov.data(), ov.size())) {
+    std::string shown;  // the bytes as the shell's $'...' writes them
+    for (const unsigned char c : shorten(ov))
+      shown += c >= 0x20 && c < 0x7f ? std::string(1, static_cast<char>(c)) : concat("\\x", "0123456789abcdef"[c >> 4], "0123456789abcdef"[c & 15]);
+    ORIGAMI_USER_ERROR("--set ", shown, ": not valid UTF-8 text (rule: config keys and values are UTF-8, as in a TOML file)");
+  }
   const std::string origin = "--set " + shorten(ov);
   const size_t eq = ov.find('=');
   const std::string lhs = trim(std::string_view(ov).substr(0, eq));

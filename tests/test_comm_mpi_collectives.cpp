@@ -11,9 +11,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <functional>
 #include <numeric>
 #include <thread>
 
+#include "comm/agreement.h"
 #include "comm/groups.h"
 #include "comm/mpi_communicator.h"
 #include "mpi_test_main.h"
@@ -454,6 +457,33 @@ TEST(CommMpi, MeasuredBytesEqualRingVolume) {
   });
 }
 
+// run_agreed: a user's error on the last rank alone (a UserError, or a
+// filesystem_error naming its path) becomes a JobError on every rank with
+// that rank's message and exit status 2; nothing thrown, nothing agreed.
+TEST(Agreement, AUserOrFilesystemErrorOnOneRankStopsEveryRank) {
+  const auto world = whole_mpi(MPI_COMM_WORLD, "agreement", kOptions);
+  const int last = world->size() - 1;
+  const std::string path = "/nonexistent/origami-agreement";
+  const std::vector<std::function<void()>> failures = {
+      [] { ORIGAMI_USER_ERROR("checkpoint.dir: a user's error"); },
+      [&] { std::filesystem::directory_iterator it(path); }};
+  for (size_t i = 0; i < failures.size(); ++i) {
+    SCOPED_TRACE(i == 0 ? "UserError" : "filesystem_error");
+    try {
+      run_agreed(*world, [&] {
+        if (world->rank() == last) failures[i]();
+      });
+      ADD_FAILURE() << "no error reached rank " << world->rank();
+    } catch (const JobError& e) {
+      EXPECT_EQ(e.exit_status(), kExitUserError);
+      const std::string want = i == 0 ? "checkpoint.dir: a user's error" : path;
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+      if (world->size() > 1)
+        EXPECT_NE(std::string(e.what()).find("[rank " + std::to_string(last) + "]"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NO_THROW(run_agreed(*world, [] {}));
+}
 
 }  // namespace
 }  // namespace origami::comm

@@ -418,6 +418,19 @@ TEST(Config, SetMalformed) {
   }
 }
 
+// Bytes that are not UTF-8 (a Latin-1 path, a stray byte): refused, as a
+// TOML file with them is; metadata.json and the metrics carry the values as JSON.
+TEST(Config, SetValuesMustBeUtf8) {
+  for (const auto& [ov, shown] : {std::pair{"data.path=caf\xe9", "data.path=caf\\xe9"},
+                                   std::pair{"logging.dir=\xff", "logging.dir=\\xff"},
+                                   std::pair{"data.path=\xc3", "data.path=\\xc3"}}) {
+    SCOPED_TRACE(shown);
+    expect_error(kMinimal, {std::string("--set ") + shown + ": not valid UTF-8 text", "rule: config keys and values are UTF-8"},
+                 {ov});
+  }
+  EXPECT_EQ(parse_config(kMinimal, kFile, {"data.path=caf\xc3\xa9"}).data.path, "caf\xc3\xa9");  // é
+}
+
 TEST(Config, SetUnknownKey) {
   expect_error(kMinimal, {"--set training.seqlen=64: unknown key 'training.seqlen'", "did you mean 'training.seq_len'"},
                {"training.seqlen=64"});
