@@ -373,28 +373,17 @@ void pack_tokens(std::span<const int32_t> tokens, int64_t doc, IndexDType dt, st
   }
 }
 
-void write_all(std::FILE* f, const void* data, size_t bytes, const std::string& path) {
-  if (bytes > 0 && std::fwrite(data, 1, bytes, f) != bytes) {
-    ORIGAMI_USER_ERROR(path, ": write of ", bytes, " bytes failed: ", std::strerror(errno));
-  }
-}
-
 }  // namespace
 
 IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, IndexDType dtype)
     : prefix_(std::move(prefix)), dtype_(dtype) {
   ORIGAMI_CHECK(is_token_dtype(dtype), "writer dtype must be u8, u16, i32 or i64, got ", to_string(dtype));
-  const std::string tmp = bin_path() + ".tmp";
-  bin_ = std::fopen(tmp.c_str(), "wb");
-  if (bin_ == nullptr) {
-    ORIGAMI_USER_ERROR(tmp, ": cannot create: ", std::strerror(errno),
-                       " (rule: the output prefix's directory must exist and be writable)");
-  }
+  bin_ = std::make_unique<OutputFile>(bin_path() + ".tmp", OutputFile::Mode::truncate);
 }
 
 IndexedDatasetWriter::~IndexedDatasetWriter() {
   if (finalized_) return;
-  if (bin_ != nullptr) std::fclose(bin_);
+  bin_.reset();
   std::remove((bin_path() + ".tmp").c_str());
   std::remove((idx_path() + ".tmp").c_str());
 }
@@ -413,7 +402,7 @@ void IndexedDatasetWriter::add_document(std::span<const int32_t> tokens) {
     case IndexDType::i64: pack_tokens<int64_t>(tokens, doc, dtype_, scratch_); break;
     default: ORIGAMI_CHECK(false, "unreachable");
   }
-  write_all(bin_, scratch_.data(), scratch_.size(), bin_path() + ".tmp");
+  bin_->write(scratch_.data(), scratch_.size());
   sizes_.push_back(static_cast<int32_t>(tokens.size()));
   pointers_.push_back(bin_bytes_);
   bin_bytes_ += static_cast<int64_t>(scratch_.size());
@@ -424,9 +413,8 @@ void IndexedDatasetWriter::finalize() {
   ORIGAMI_CHECK(!finalized_, "finalize called twice on ", prefix_);
   const std::string bin_tmp = bin_path() + ".tmp";
   const std::string idx_tmp = idx_path() + ".tmp";
-  const int rc = std::fclose(bin_);
-  bin_ = nullptr;
-  if (rc != 0) ORIGAMI_USER_ERROR(bin_tmp, ": close failed: ", std::strerror(errno));
+  bin_->sync();
+  bin_->close();
 
   const auto n = static_cast<uint64_t>(sizes_.size());
   std::vector<uint8_t> idx;
@@ -440,24 +428,17 @@ void IndexedDatasetWriter::finalize() {
   for (int64_t p : pointers_) append_pod(idx, p);
   for (uint64_t d = 0; d <= n; ++d) append_pod(idx, static_cast<int64_t>(d));
 
-  std::FILE* f = std::fopen(idx_tmp.c_str(), "wb");
-  if (f == nullptr) ORIGAMI_USER_ERROR(idx_tmp, ": cannot create: ", std::strerror(errno));
-  try {
-    write_all(f, idx.data(), idx.size(), idx_tmp);
-  } catch (...) {
-    std::fclose(f);
-    throw;
+  {
+    OutputFile f(idx_tmp, OutputFile::Mode::truncate);
+    f.write(idx.data(), idx.size());
+    f.sync();
+    f.close();
   }
-  if (std::fclose(f) != 0) ORIGAMI_USER_ERROR(idx_tmp, ": close failed: ", std::strerror(errno));
   // The two renames are not jointly atomic: .bin goes first, so a crash in
   // between leaves a new .bin beside the old .idx, which the reader's size and
   // token checks reject unless the two happen to agree in size.
-  if (std::rename(bin_tmp.c_str(), bin_path().c_str()) != 0) {
-    ORIGAMI_USER_ERROR(bin_path(), ": rename from ", bin_tmp, " failed: ", std::strerror(errno));
-  }
-  if (std::rename(idx_tmp.c_str(), idx_path().c_str()) != 0) {
-    ORIGAMI_USER_ERROR(idx_path(), ": rename from ", idx_tmp, " failed: ", std::strerror(errno));
-  }
+  rename_durably(bin_tmp, bin_path());
+  rename_durably(idx_tmp, idx_path());
   finalized_ = true;
 }
 

@@ -22,10 +22,13 @@
 #pragma once
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "engine/files.h"
 
 namespace origami {
 
@@ -92,9 +95,10 @@ class IndexedDataset {
 
 // Writes prefix.bin and prefix.idx. Each add_document() becomes one sequence
 // and doc_idx = 0, 1, ..., num_sequences. Output goes to prefix.{bin,idx}.tmp
-// and is renamed into place by finalize(), so a crash never leaves a
-// half-written pair that looks complete; without finalize() the temporaries
-// are removed.
+// and is renamed into place by finalize() once synced, so a crash never
+// leaves a half-written pair that looks complete (engine/files.h: every
+// write checked, renames durable); without finalize() the temporaries are
+// removed.
 class IndexedDatasetWriter {
  public:
   IndexedDatasetWriter(std::string prefix, IndexDType dtype);
@@ -114,7 +118,7 @@ class IndexedDatasetWriter {
  private:
   std::string prefix_;
   IndexDType dtype_;
-  std::FILE* bin_ = nullptr;
+  std::unique_ptr<OutputFile> bin_;  // prefix.bin.tmp, open until finalize()
   std::vector<int32_t> sizes_;
   std::vector<int64_t> pointers_;
   int64_t num_tokens_ = 0;

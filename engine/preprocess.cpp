@@ -28,6 +28,13 @@ std::ifstream open_input(const std::string& path) {
   return in;
 }
 
+// getline stops at EOF and at a read error alike: only badbit tells them apart.
+void check_read(const std::ifstream& in, const std::string& path, int64_t offset) {
+  if (in.bad())
+    ORIGAMI_USER_ERROR(path, ": byte offset ", offset, ": read failed: ", std::strerror(errno),
+                       " (rule: every input must be an existing, readable file)");
+}
+
 bool is_blank(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; });
 }
@@ -110,6 +117,7 @@ void read_jsonl(const std::string& path, Sink& sink) {
     offset += line_bytes;
     sink.advance(line_bytes);
   }
+  check_read(in, path, offset);
 }
 
 // fortune(6) format: an entry is the lines between separator lines "%"; it
@@ -122,6 +130,7 @@ void read_fortune(const std::string& path, Sink& sink) {
     if (!is_blank(entry)) sink.document(entry);
     entry.clear();
   };
+  int64_t offset = 0;
   while (std::getline(in, line)) {
     const int64_t line_bytes = static_cast<int64_t>(line.size()) + 1;
     if (line == "%" || line == "%\r") {
@@ -130,8 +139,10 @@ void read_fortune(const std::string& path, Sink& sink) {
       entry += line;
       entry += '\n';
     }
+    offset += line_bytes;
     sink.advance(line_bytes);
   }
+  check_read(in, path, offset);
   flush();
 }
 
