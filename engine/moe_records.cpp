@@ -1,7 +1,6 @@
-// A step's MoE statistics across ranks (see moe_records.h). The pipeline
-// spread packs every layer's vectors into one buffer per element type (two
-// collectives whatever the layer count); the per-layer sums stay per layer,
-// the order the loss bits were measured with.
+// A step's MoE statistics across ranks (see moe_records.h). Both reductions
+// pack every layer's vectors into one buffer per element type (two
+// collectives whatever the layer count); the sums stay per element.
 #include "engine/moe_records.h"
 
 #include <algorithm>
@@ -9,21 +8,48 @@
 
 namespace origami {
 
+namespace {
+
+// Every record's count vectors end to end, and its two losses, in record
+// order; and back.
+struct Packed {
+  std::vector<int64_t> counts;
+  std::vector<double> losses;
+};
+
+Packed pack(const std::vector<MoeLayerRecord>& records) {
+  Packed p;
+  for (const MoeLayerRecord& r : records) {
+    for (auto* v : {&r.routed_per_expert, &r.kept_per_expert, &r.tokens_per_ep_rank})
+      p.counts.insert(p.counts.end(), v->begin(), v->end());
+    p.losses.insert(p.losses.end(), {r.aux_loss, r.z_loss});
+  }
+  return p;
+}
+
+void unpack(const Packed& p, std::vector<MoeLayerRecord>& records) {
+  auto next = p.counts.begin();
+  auto li = p.losses.begin();
+  for (MoeLayerRecord& r : records) {
+    for (auto* v : {&r.routed_per_expert, &r.kept_per_expert, &r.tokens_per_ep_rank}) {
+      std::copy_n(next, v->size(), v->begin());
+      next += static_cast<std::ptrdiff_t>(v->size());
+    }
+    r.aux_loss = *li++;
+    r.z_loss = *li++;
+  }
+}
+
+}  // namespace
+
 void reduce_moe_records(std::vector<MoeLayerRecord>& records, const comm::Groups& g) {
   comm::Communicator* tokens = comm::multi_rank(g, comm::GroupKind::tp_dp_cp);
   comm::Communicator* batches = comm::multi_rank(g, comm::GroupKind::dp);
-  for (MoeLayerRecord& r : records) {
-    if (tokens) {
-      for (auto* v : {&r.routed_per_expert, &r.kept_per_expert, &r.tokens_per_ep_rank})
-        tokens->all_reduce(std::span<int64_t>(*v));
-    }
-    if (batches) {
-      double losses[2] = {r.aux_loss, r.z_loss};
-      batches->all_reduce(std::span<double>(losses, 2));
-      r.aux_loss = losses[0];
-      r.z_loss = losses[1];
-    }
-  }
+  if (records.empty() || (!tokens && !batches)) return;
+  Packed p = pack(records);
+  if (tokens) tokens->all_reduce(std::span<int64_t>(p.counts));
+  if (batches) batches->all_reduce(std::span<double>(p.losses));
+  unpack(p, records);
 }
 
 std::vector<MoeLayerRecord> whole_model_records(const std::vector<MoeLayerRecord>& own, const Config& cfg,
@@ -37,25 +63,10 @@ std::vector<MoeLayerRecord> whole_model_records(const std::vector<MoeLayerRecord
   for (const MoeLayerRecord& r : own)
     for (MoeLayerRecord& a : all)
       if (a.layer == r.layer) a = r;
-  std::vector<int64_t> counts;
-  std::vector<double> losses;
-  for (const MoeLayerRecord& r : all) {
-    for (auto* v : {&r.routed_per_expert, &r.kept_per_expert, &r.tokens_per_ep_rank})
-      counts.insert(counts.end(), v->begin(), v->end());
-    losses.insert(losses.end(), {r.aux_loss, r.z_loss});
-  }
-  pp->all_reduce(std::span<int64_t>(counts));
-  pp->all_reduce(std::span<double>(losses));
-  auto next = counts.begin();
-  auto li = losses.begin();
-  for (MoeLayerRecord& r : all) {
-    for (auto* v : {&r.routed_per_expert, &r.kept_per_expert, &r.tokens_per_ep_rank}) {
-      std::copy_n(next, v->size(), v->begin());
-      next += static_cast<std::ptrdiff_t>(v->size());
-    }
-    r.aux_loss = *li++;
-    r.z_loss = *li++;
-  }
+  Packed p = pack(all);
+  pp->all_reduce(std::span<int64_t>(p.counts));
+  pp->all_reduce(std::span<double>(p.losses));
+  unpack(p, all);
   return all;
 }
 

@@ -175,13 +175,13 @@ StageComm internal::stage_comm(const PlanInput& in, const comm::Layout& layout, 
   // (loss, grad-norm partial sums) send nothing from group rank 0.
   if (n_of(GroupKind::dp_cp) > 1)
     add(GroupKind::dp_cp, CommOp::all_reduce, "loss sum", 1, ring::all_reduce(1, kF64, 0, n_of(GroupKind::dp_cp)));
-  if (Lmoe > 0 && n_of(GroupKind::tp_dp_cp) > 1) {
-    const int n = n_of(GroupKind::tp_dp_cp);
-    add(GroupKind::tp_dp_cp, CommOp::all_reduce, "routing counts", Lmoe,
-        2.0 * ring::all_reduce(E, kI64, 0, n) + ring::all_reduce(ep, kI64, 0, n));
-  }
+  // The step's MoE records (engine/moe_records.cpp): every layer's counts
+  // packed into one all-reduce, its losses into another.
+  if (Lmoe > 0 && n_of(GroupKind::tp_dp_cp) > 1)
+    add(GroupKind::tp_dp_cp, CommOp::all_reduce, "routing counts", 1,
+        ring::all_reduce(Lmoe * (2 * E + ep), kI64, 0, n_of(GroupKind::tp_dp_cp)));
   if (Lmoe > 0 && n_of(GroupKind::dp) > 1)
-    add(GroupKind::dp, CommOp::all_reduce, "aux and z loss", Lmoe, ring::all_reduce(2, kF64, 0, n_of(GroupKind::dp)));
+    add(GroupKind::dp, CommOp::all_reduce, "aux and z loss", 1, ring::all_reduce(2 * Lmoe, kF64, 0, n_of(GroupKind::dp)));
   // Pipeline bookkeeping once per step: the loss from the last stage, the
   // grad norm's dense and expert partial sums, every MoE layer's statistics
   // (each stage adds its own layers', zeros for the rest), each stage's busy

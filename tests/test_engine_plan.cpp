@@ -276,10 +276,11 @@ TEST(Plan, CommOfAnExpertParallelLayoutByHand) {
   // quarter; 3m passes of (N−1)·shard·4. The loss all-reduce sends nothing from rank 0.
   const double shards = (32896 + 184576 + 3 * 50432 + 33024) / 4.0;
   EXPECT_EQ(group_bytes(p, 0, GroupKind::dp_cp), 3.0 * 2 * 3 * shards * 4);
-  // Bookkeeping: routing counts over tp-dp-cp (n = 4): 2 · all_reduce(8 × i64)
-  // (rank 0 owns 2) + all_reduce(2 × i64) (owns 1); aux/z over dp: all_reduce(2 × f64).
-  EXPECT_EQ(group_bytes(p, 0, GroupKind::tp_dp_cp), 3.0 * (2 * 2 * 6 * 8 + 2 * 1 * 8));
-  EXPECT_EQ(group_bytes(p, 0, GroupKind::dp), 3.0 * 2 * 1 * 8);
+  // Bookkeeping, every MoE layer's records packed: routing counts over
+  // tp-dp-cp (n = 4), one all_reduce of 3 layers × (8 + 8 + 2) = 54 i64 (rank
+  // 0 owns 14); aux/z over dp (n = 4), one all_reduce of 3 × 2 f64 (owns 2).
+  EXPECT_EQ(group_bytes(p, 0, GroupKind::tp_dp_cp), 2.0 * (54 - 14) * 8);
+  EXPECT_EQ(group_bytes(p, 0, GroupKind::dp), 2.0 * (6 - 2) * 8);
   EXPECT_EQ(group_bytes(p, 0, GroupKind::tp), 0.0);
   EXPECT_EQ(group_bytes(p, 0, GroupKind::pp), 0.0);
 }
