@@ -46,7 +46,7 @@ class Groups {
   // communicator's. A CUDA compute device becomes the current device.
   static Groups create(const Layout& layout, MPI_Comm world, const GroupsOptions& options);
   // The same with the compute device named by backend: mpi = cpu; nccl = this
-  // rank's local CUDA device (OMPI_COMM_WORLD_LOCAL_RANK mod devices).
+  // rank's local CUDA device (its index on its node mod devices).
   static Groups create(const Layout& layout, MPI_Comm world, Backend backend, CommOptions options);
 
   Groups(Groups&&) noexcept = default;

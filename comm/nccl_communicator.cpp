@@ -18,6 +18,7 @@
 #include "comm/nccl_check.h"
 #include "comm/nccl_watchdog.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/threads.h"
 #endif
 
 namespace origami::comm {
@@ -372,9 +373,7 @@ int visible_devices() {
 Device local_cuda_device() {
   const int count = visible_devices();
   if (count == 0) ORIGAMI_USER_ERROR("the NCCL backend needs a CUDA device, and this rank sees none");
-  const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-  const int local = env ? std::atoi(env) : 0;
-  return Device{DeviceKind::cuda, local % count};
+  return Device{DeviceKind::cuda, local_rank_on_this_node() % count};  // the rule of resolve_placement
 }
 
 void use_cuda_device(Device d) {

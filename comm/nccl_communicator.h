@@ -39,8 +39,8 @@ class MpiCommunicator;
 
 bool nccl_available();
 
-// cuda:(local rank mod device count), the local rank taken from
-// OMPI_COMM_WORLD_LOCAL_RANK. UserError when there is no device.
+// cuda:(local rank mod device count), the local rank this rank's index on
+// its node (kernels/threads.h). UserError when there is no device.
 Device local_cuda_device();
 // cudaSetDevice(d.index): NCCL communicators and their streams live on the
 // current device. UserError for a device this rank does not see.

@@ -164,7 +164,8 @@ struct LoggingConfig {
 
 // runtime.device: where the training path runs. auto = cuda when this build
 // has the CUDA backend and the machine a device, else cpu. One GPU per rank:
-// rank -> cuda:(local rank mod visible devices) (OMPI_COMM_WORLD_LOCAL_RANK).
+// rank -> cuda:(local rank mod visible devices), the local rank its index on
+// its node (kernels/threads.h).
 enum class RuntimeDevice { cpu, cuda, auto_ };
 // runtime.precision: fp32 everywhere (the CPU engine's recipe; on CUDA it
 // compares exactly with a CPU run), or bf16 weights, gradients and

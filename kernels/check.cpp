@@ -13,14 +13,15 @@
 namespace origami {
 
 namespace {
-// The process-wide state of the abort path (the engine's only mutable
-// globals, and deliberately so: they must be reachable from any thread of any
-// module). g_aborting only ever goes from false to true; the others are set
-// once, by start_mpi on the main thread, before any other thread exists.
+// The process-wide state of the abort path, global deliberately: it must be
+// reachable from any thread of any module. g_aborting only ever goes from
+// false to true; the others are set once, by start_mpi on the main thread,
+// before any other thread exists (as is this rank's place on its node).
 std::atomic<bool> g_aborting{false};
 std::atomic<int> g_thread_level{-1};
 std::atomic<int> g_world_rank{-1};
 std::thread::id g_main_thread;
+std::atomic<int> g_node_rank{-1}, g_node_size{-1};
 
 bool mpi_up() {
   // Both may be called from any thread, before MPI_Init and after MPI_Finalize.
@@ -42,9 +43,26 @@ void start_mpi(int* argc, char*** argv, int required) {
     std::_Exit(kExitInternal);  // MPI's own handler has reported it (errors are fatal by default)
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  // The ranks sharing this node's memory, from MPI itself: any launcher
+  // (mpirun, srun, hydra), not one launcher's environment variables.
+  MPI_Comm node = MPI_COMM_NULL;
+  int node_rank = 0, node_size = 1;
+  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+    MPI_Comm_rank(node, &node_rank);
+    MPI_Comm_size(node, &node_size);
+    MPI_Comm_free(&node);
+  }
   g_main_thread = std::this_thread::get_id();
   g_world_rank.store(rank);
   g_thread_level.store(provided);
+  g_node_rank.store(node_rank);
+  g_node_size.store(node_size);
+}
+
+std::optional<std::pair<int, int>> mpi_node_placement() {
+  const int rank = g_node_rank.load(), size = g_node_size.load();
+  if (rank < 0) return std::nullopt;
+  return std::pair{rank, size};
 }
 
 int mpi_thread_level() { return g_thread_level.load(); }

@@ -14,10 +14,12 @@
 //   (a bug), 5 a collective timed out (a rank stopped answering).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace origami {
 
@@ -58,6 +60,10 @@ void start_mpi(int* argc, char*** argv, int required = 3 /* MPI_THREAD_MULTIPLE 
 
 // The thread level MPI granted (MPI_THREAD_*), -1 before start_mpi.
 int mpi_thread_level();
+
+// This rank's index among the ranks of its node and their count (MPI's
+// MPI_COMM_TYPE_SHARED split at start_mpi); none before start_mpi.
+std::optional<std::pair<int, int>> mpi_node_placement();
 
 // Rank of this process in MPI_COMM_WORLD, or 0 before MPI_Init / without MPI.
 int world_rank_for_diagnostics();

@@ -17,12 +17,16 @@
 
 namespace origami {
 
+// MPI's own node split once MPI is up (check.h, start_mpi); before that
+// (or without MPI) Open MPI's variables, else one rank alone.
 int ranks_on_this_node() {
+  if (const auto placed = mpi_node_placement()) return placed->second;
   const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   return s ? std::max(1, std::atoi(s)) : 1;
 }
 
 int local_rank_on_this_node() {
+  if (const auto placed = mpi_node_placement()) return placed->first;
   const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
   return s ? std::max(0, std::atoi(s)) : 0;
 }

@@ -5,12 +5,12 @@
 
 namespace origami {
 
-// Cores of this node divided by the ranks on it (OMPI_COMM_WORLD_LOCAL_SIZE),
-// at least 1.
+// Cores of this node divided by the ranks on it, at least 1.
 int default_threads_per_rank();
-// Ranks of this job on this node (OMPI_COMM_WORLD_LOCAL_SIZE), at least 1.
+// Ranks of this job on this node, at least 1, and this rank's index among
+// them: MPI's shared-memory split once start_mpi ran (any launcher), else
+// Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE / _RANK, else 1 and 0.
 int ranks_on_this_node();
-// This rank's index among them (OMPI_COMM_WORLD_LOCAL_RANK; 0 outside mpirun).
 int local_rank_on_this_node();
 // Also gives the team's threads their signal stacks (below).
 void set_num_threads(int threads);

@@ -19,6 +19,7 @@
 #include "comm/agreement.h"
 #include "comm/groups.h"
 #include "comm/mpi_communicator.h"
+#include "kernels/threads.h"
 #include "mpi_test_main.h"
 
 namespace origami::comm {
@@ -455,6 +456,16 @@ TEST(CommMpi, MeasuredBytesEqualRingVolume) {
     EXPECT_EQ(c.total_bytes(),
               2 * others * 4 + (n - 1) * 3 * 8 + (n - 1) * 2 * 8 + sent * 4 + ((n > 1 && r != n - 1) ? 20 : 0));
   });
+}
+
+// Every rank of these tests runs on this one node: MPI's shared-memory split
+// (start_mpi) counts them, with no launcher variable to read (srun and
+// hydra set none of Open MPI's).
+TEST(NodePlacement, RanksOfThisNodeComeFromMpiNotTheLaunchersEnvironment) {
+  ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  ::unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  EXPECT_EQ(ranks_on_this_node(), world_size());
+  EXPECT_EQ(local_rank_on_this_node(), world_rank());
 }
 
 // run_agreed: a user's error on the last rank alone (a UserError, or a
