@@ -185,6 +185,9 @@ TEST_F(CudaTrain, Bf16StepsTrackTheCpuFp32RunWithThePlannedBytes) {
     // communication, none at all on one rank (no group has a second member).
     EXPECT_GT(rec.at("mfu").get<double>(), 0.0) << "step " << rec.at("step");
     EXPECT_GT(rec.at("peak_gflops").get<double>(), 10e3) << "step " << rec.at("step");
+    EXPECT_NEAR(rec.at("mfu").get<double>(), rec.at("gflops").get<double>() / rec.at("peak_gflops").get<double>(),
+                1e-12)
+        << "step " << rec.at("step");
     EXPECT_EQ(rec.at("comm_exposed_s").get<double>(), 0.0) << "step " << rec.at("step");
   }
 }
@@ -328,8 +331,9 @@ TEST_F(CudaTrain, EvalOnTheGpuGivesTheCpusLoss) {
 // capacity with position drops and padding, z-loss, the per-sequence aux
 // loss, a shared expert, recomputed expert activations, weight gradients
 // deferred past the data gradients (zb-h1's split, at pp = 1); then a sigmoid
-// router with normalized, scaled weights, group-limited routing and the
-// global aux loss, with whole layers recomputed. Position drops, not
+// router with normalized, scaled weights, group-limited routing, the global
+// aux loss and the aux-loss-free expert bias (updated from each step's
+// counts), with whole layers recomputed. Position drops, not
 // probability drops: which slots a capacity keeps then depends only on the
 // routing, not on near-ties between weights.
 TEST_F(CudaTrain, MoeVariantsMatchTheCpuInFp32) {
@@ -342,7 +346,7 @@ TEST_F(CudaTrain, MoeVariantsMatchTheCpuInFp32) {
       {"grouped-sigmoid",
        " --set moe.score_function=sigmoid --set moe.normalize_topk=true --set moe.topk_scaling=2.5"
        " --set moe.num_groups=4 --set moe.group_topk=2 --set moe.load_balancing=global_aux_loss"
-       " --set training.recompute=full"}};
+       " --set moe.expert_bias=true --set moe.bias_update_rate=1e-3 --set training.recompute=full"}};
   for (const auto& [name, variant] : variants) {
     SCOPED_TRACE(name);
     const std::string sets = std::string(" --set training.steps=10 --set runtime.precision=fp32") + variant;

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli_util.h"
 #include "config_test_util.h"
 #include "engine/config.h"
 #include "engine/preflight.h"
@@ -452,9 +453,8 @@ TEST(Config, SyntaxErrorHasLineAndColumn) {
 }
 
 TEST(Config, LoadConfigReadsAFileAndNamesIt) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "origami_test_engine_config";
-  std::filesystem::create_directories(dir);
-  const std::string path = (dir / "x.toml").string();
+  const testing::ScratchDir dir("config");  // removed however the test ends
+  const std::string path = dir / "x.toml";
   {
     std::ofstream(path) << kMinimal << "[training]\nseqlen = 3\n";
   }
@@ -471,7 +471,6 @@ TEST(Config, LoadConfigReadsAFileAndNamesIt) {
   EXPECT_EQ(c.source, path);
   EXPECT_EQ(c.training.seq_len, 5);
   EXPECT_EQ(c.data.path, "data/x");
-  std::filesystem::remove_all(dir);
 }
 
 TEST(Config, LoadConfigMissingFile) {

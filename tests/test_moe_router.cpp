@@ -109,6 +109,18 @@ Routing route(const RouterOptions& o, const Tensor& x, const Tensor& gate, const
 // Weights: fp32 logits (oneDNN) and exp_fast against fp64; ~1e-6 relative.
 constexpr double kWeightTol = 2e-5;
 
+// The CUDA router's shared-memory bound (kernels/moe_ops.h), which config
+// validation applies to CUDA runs: 2E + 2G + k words of 48 KiB, exactly at
+// the limit and one word over, with and without groups.
+TEST(MoeRouter, CudaRouterBoundIsExactAtItsLimit) {
+  EXPECT_EQ(kMoeCudaRouterWords, 12288);
+  EXPECT_TRUE(moe_router_fits_cuda(6142, 1, 2));   // 12284 + 2 + 2
+  EXPECT_FALSE(moe_router_fits_cuda(6142, 1, 3));  // one word over
+  EXPECT_TRUE(moe_router_fits_cuda(6016, 64, 128));   // 12032 + 128 + 128
+  EXPECT_FALSE(moe_router_fits_cuda(6016, 65, 128));  // + 2: over
+  EXPECT_TRUE(moe_router_fits_cuda(256, 8, 8));       // DeepSeek-V3's router, far inside
+}
+
 TEST(MoeRouter, TopkMatchesNaiveAcrossOptions) {
   std::mt19937 rng(11);
   const int64_t T = 64, D = 24;
