@@ -170,7 +170,10 @@ void check_writable_dir(const std::string& dir, std::string_view key) {
   if (ec) ORIGAMI_USER_ERROR(key, " = \"", shorten(dir), "\": cannot create the directory: ", ec.message());
   if (!std::filesystem::is_directory(dir, ec))
     ORIGAMI_USER_ERROR(key, " = \"", shorten(dir), "\": exists and is not a directory");
-  const std::string probe = dir + "/.origami-write-probe-" + std::to_string(::getpid());
+  // Host and pid: ranks on several nodes may probe one shared directory at once.
+  char host[256] = "host";
+  ::gethostname(host, sizeof host - 1);
+  const std::string probe = dir + "/.origami-write-probe-" + host + "-" + std::to_string(::getpid());
   try {
     OutputFile f(probe, OutputFile::Mode::truncate);
     f.write("probe\n");

@@ -249,6 +249,31 @@ Tensor Model::layer_forward(int64_t l, const Tensor& h_in, int64_t B, int64_t S,
   return z;  // the views in w die here, before the caller may free the units
 }
 
+namespace {
+// dh += dx. Deferred, the sum goes into dx's buffer instead (the same bits:
+// the one addition commutes), since pending weight-gradient calls may keep dh.
+void add_residual(const ExecContext& ctx, Tensor& dh, Tensor dx, bool deferred) {
+  if (!deferred) return add_inplace(ctx, dh, dx);
+  add_inplace(ctx, dx, dh);
+  dh = std::move(dx);
+}
+}  // namespace
+
+void Model::layer_backward(int64_t l, Tensor& dh, LayerSaved& ls, LayerWeights& g, WeightGradQueue* q,
+                           float aux_scale, bool deferred) const {
+  const ExecContext& ctx = *ctx_;
+  LayerWeights w = layer_views(l, /*grads=*/false);
+  Tensor dm = moe_cfg_.is_moe_layer(l)
+                  ? moe::moe_layer_backward(ctx, moe_opt_, w.moe, ls.moe, dh, aux_scale, g.moe, dispatchers_[l].get(), q)
+                  : dense::tp_mlp_backward(ctx, w.mlp, ls.mlp, dh, tp_, g.mlp, q);
+  add_residual(ctx, dh, dense::rmsnorm_module_backward(ctx, dm, w.mlp_norm, ls.mlp_norm, g.mlp_norm, q), deferred);
+  Tensor da = dense::tp_reduce_scatter_tokens(
+      dense::cp_attention_backward(ctx, local_attn_opt_, w.attn, ls.attn, dense::tp_all_gather_tokens(dh, tp_), cp_,
+                                   g.attn, q),
+      tp_);
+  add_residual(ctx, dh, dense::rmsnorm_module_backward(ctx, da, w.attn_norm, ls.attn_norm, g.attn_norm, q), deferred);
+}  // the views in w die here, before the caller may free the units
+
 Shape Model::boundary_shape(int64_t batch, int64_t seq_len) const {
   const int64_t cp = comm::group_size(cp_), tp = comm::group_size(tp_);
   return {batch * seq_len / cp / tp, cfg_.hidden_size};
@@ -338,13 +363,6 @@ void Model::backward(StageGradIO& io, ModelSaved& saved) {
   WeightPass* const pass = io.defer;
   ORIGAMI_CHECK(!pass || pass->empty(), "backward: the WeightPass given still holds another micro-batch's work");
   const WeightGrads when = pass ? WeightGrads::deferred : WeightGrads::fused;
-  // dh += dx. Deferred, the sum goes into dx's buffer instead (the same bits:
-  // the one addition commutes), since pending calls may keep dh.
-  auto add_residual = [&](Tensor& dh, Tensor dx) {
-    if (!pass) return add_inplace(ctx, dh, dx);
-    add_inplace(ctx, dx, dh);
-    dh = std::move(dx);
-  };
   Tensor dh;
   const int64_t chunk = saved.chunk;
   const LayerRange layers = stage_.chunks[static_cast<size_t>(chunk)];
@@ -381,21 +399,12 @@ void Model::backward(StageGradIO& io, ModelSaved& saved) {
       if (is_moe) units.insert(units.begin(), expert_unit_[l]);
       st = &pass->add(WeightPass::Kind::layer, l, std::move(units));
     }
-    LayerWeights w = layer_views(l, /*grads=*/false), fused_grads;
+    LayerWeights fused_grads;
     if (!st) fused_grads = layer_views(l, /*grads=*/true);
-    LayerWeights& g = st ? st->layer_grads : fused_grads;
-    WeightGradQueue* q = st ? &st->queue : nullptr;
-    Tensor dm = is_moe ? moe::moe_layer_backward(ctx, moe_opt_, w.moe, ls.moe, dh, aux_scale, g.moe,
-                                                 dispatchers_[l].get(), q)
-                       : dense::tp_mlp_backward(ctx, w.mlp, ls.mlp, dh, tp_, g.mlp, q);
-    add_residual(dh, dense::rmsnorm_module_backward(ctx, dm, w.mlp_norm, ls.mlp_norm, g.mlp_norm, q));
-    Tensor da = dense::tp_reduce_scatter_tokens(
-        dense::cp_attention_backward(ctx, local_attn_opt_, w.attn, ls.attn, dense::tp_all_gather_tokens(dh, tp_),
-                                     cp_, g.attn, q),
-        tp_);
-    add_residual(dh, dense::rmsnorm_module_backward(ctx, da, w.attn_norm, ls.attn_norm, g.attn_norm, q));
+    layer_backward(l, dh, ls, st ? st->layer_grads : fused_grads, st ? &st->queue : nullptr, aux_scale,
+                   pass != nullptr);
     ls = LayerSaved{};  // free this layer's activations as soon as they are consumed
-    w = fused_grads = LayerWeights{};
+    fused_grads = LayerWeights{};
     if (is_moe) hooks.after_backward(expert_unit_[l], when);
     hooks.after_backward(layer_unit_[l], when);
   }

@@ -260,6 +260,11 @@ class Model {
   // One decoder layer: h_in [T/tp, D] → output; fills ls and, for MoE layers, *record.
   Tensor layer_forward(int64_t l, const Tensor& h_in, int64_t batch, int64_t seq_len, const dense::CpPositions& pos_S,
                        LayerSaved& ls, MoeLayerRecord* record) const;
+  // Its backward: dh, the gradient at the layer's output, becomes the one at
+  // its input; weight gradients go into g, or onto q when deferred (then the
+  // residual sums go to fresh buffers: pending calls may keep dh).
+  void layer_backward(int64_t l, Tensor& dh, LayerSaved& ls, LayerWeights& g, WeightGradQueue* q, float aux_scale,
+                      bool deferred) const;
 
   const ExecContext* ctx_;
   ModelConfig cfg_;

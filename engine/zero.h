@@ -18,6 +18,17 @@
 // Per step and unit, stages 0-2 move 2·(N−1)/N of the unit's bytes per rank
 // and stage 3 (one micro-batch) 3·(N−1)/N: the 1.5× of the ZeRO paper.
 //
+// Precision of gradients: in the bf16 recipe they are bf16, the 2 bytes per
+// parameter of §6's budget (2 + 2 + 4 + 8). A micro-batch's weight GEMMs
+// add into them (beta = 1, fp32 inside the GEMM, rounded once per
+// micro-batch), and the dp-cp / edp reductions run on bf16 (a sum rounded
+// to bf16 at each hop of the ring); only the owned slice meets fp32, in the
+// AdamW update against the fp32 master. Megatron keeps an fp32 main_grad
+// instead (4 bytes, 18 per parameter at stage 0): more exact with many
+// micro-batches or a large group, at 2 more bytes per parameter than this
+// budget. The CUDA bf16 run is held to the fp32 CPU run within 2e-2
+// (tests/test_cli_cuda.cpp).
+//
 // Gradients of tp-replicated parameters (norms, router, shared expert) are
 // first summed over tp (each tp rank saw only its sequence shard): once per
 // step at stages 0-1, per unit and micro-batch at stages 2-3.
