@@ -203,12 +203,17 @@ int64_t step_of(const std::string& name) {
 }
 
 // Deletes all but the newest `keep` complete checkpoints of `dir`.
-void prune(const std::string& dir, int64_t keep) {
+// Keeps the newest `keep` complete checkpoints up to `saved`, the step just
+// written (and named by latest). Later steps are another trajectory's (a run
+// resumed from an earlier checkpoint): never counted, so the one just saved
+// is never the one removed, and left as they are.
+void prune(const std::string& dir, int64_t keep, int64_t saved) {
   if (keep <= 0) return;
   std::vector<std::pair<int64_t, fs::path>> complete;
   for (const auto& e : fs::directory_iterator(dir)) {
     const int64_t step = step_of(e.path().filename().string());
-    if (step >= 0 && e.is_directory() && fs::exists(e.path() / "metadata.json")) complete.emplace_back(step, e.path());
+    if (step >= 0 && step <= saved && e.is_directory() && fs::exists(e.path() / "metadata.json"))
+      complete.emplace_back(step, e.path());
   }
   std::sort(complete.begin(), complete.end());
   for (size_t i = 0; i + static_cast<size_t>(keep) < complete.size(); ++i) {
@@ -366,7 +371,7 @@ std::optional<CheckpointSaveStats> CheckpointWriter::wait(comm::Communicator& wo
       ORIGAMI_USER_ERROR(p->tmp, ": cannot rename to ", p->done, ": ", std::strerror(errno));
     write_text_durably(dir_ + "/latest.tmp", p->name + "\n");
     rename_durably(dir_ + "/latest.tmp", dir_ + "/latest");
-    prune(dir_, keep_);
+    prune(dir_, keep_, p->step);
   });
   stats.seconds = p->blocked_s;
   stats.written_s = std::chrono::duration<double>(Clock::now() - p->started).count();

@@ -182,6 +182,25 @@ TEST_F(Checkpoint, ResumingWithoutLatestAtTheEndAndPastIt) {
       << r.output;
 }
 
+// Rolled back: resumed from step 10 of a directory holding 10, 15 and 20,
+// saving every step with keep = 1. Pruning counts only the steps up to the
+// one just saved (it removed that one before, and `latest` then named
+// nothing); the abandoned run's 15 and 20 stay.
+TEST_F(Checkpoint, ARollbackKeepsWhatItSavesAndLeavesTheAbandonedSteps) {
+  ASSERT_EQ(base().size(), 20u);
+  fs::copy(ck("base"), ck("rollback"), fs::copy_options::recursive);
+  auto r = train("rollback", 1,
+                 "--set training.steps=12 --set checkpoint.interval=1 --set checkpoint.keep=1 --set checkpoint.load=" +
+                     step_dir("rollback", 10));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(testing::read_file(ck("rollback") + "/latest"), "step-00000012\n");
+  for (int step : {10, 11}) EXPECT_FALSE(fs::exists(step_dir("rollback", step))) << step;
+  for (int step : {12, 15, 20}) EXPECT_TRUE(fs::exists(step_dir("rollback", step) + "/metadata.json")) << step;
+  r = train("rollback", 1, "--set training.steps=12 --set checkpoint.load=latest");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("the checkpoint is at step 12 = training.steps"), std::string::npos) << r.output;
+}
+
 TEST_F(Checkpoint, ResumeOfTheFoldedConfigAtNp8IsBitExactAndItsExportEqualsTheCheckpoints) {
   // The shipped folded config (TP 2 × CP 2 × PP 2, EP 2 × EDP 2): a falling
   // loss, both stages' timings in every record, a checkpoint at 10 and 20.
