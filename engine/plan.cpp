@@ -264,13 +264,18 @@ KvMemory kv_memory(const PlanInput& in, const comm::Layout& layout) {
     k.wire_ring = k.transient_ring = (std::min<int64_t>(2, cp - 1) + 3) * U;
   }
   // Saved blocks held at once: the stage with the most attention layers ×
-  // micro-batches in flight (1F1B: min(pp − stage, m)).
-  const std::vector<int64_t> per_stage = stage_layers(in.model.num_layers, layout.pp(), in.pp_layers);
+  // micro-batches in flight (1F1B: min(pp − stage, m)). A pipeline rank's
+  // layers are those of its virtual stages (chunk c of rank s is virtual
+  // stage c·pp + s).
+  const int64_t pp = layout.pp(), v = in.virtual_stages;
+  const std::vector<int64_t> per_virtual = stage_layers(in.model.num_layers, pp * v, in.pp_layers);
   const int64_t m = in.training.global_batch / (in.training.micro_batch * layout.dp());
   int64_t held = 0, layers = 0;
-  for (int64_t st = 0; st < layout.pp(); ++st) {
-    held = std::max(held, per_stage[st] * std::min(layout.pp() - st, m));
-    layers = std::max(layers, per_stage[st]);
+  for (int64_t st = 0; st < pp; ++st) {
+    int64_t rank_layers = 0;
+    for (int64_t c = 0; c < v; ++c) rank_layers += per_virtual[static_cast<size_t>(c * pp + st)];
+    held = std::max(held, rank_layers * std::min(pp - st, m));
+    layers = std::max(layers, rank_layers);
   }
   k.peak_all_gather = held * k.saved_all_gather + k.transient_all_gather;
   k.peak_ring = held * k.saved_ring + k.transient_ring;

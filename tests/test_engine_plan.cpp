@@ -259,6 +259,32 @@ TEST(Plan, PendingWeightGradientsEqualTheMeasuredLedgerOfADeferredBackward) {
 
 double group_bytes(const plan::LayoutPlan& p, int64_t stage, GroupKind g) { return p.comm[stage].bytes(g); }
 
+// An explicit parallel.pp_layers that spells out the even split is the even
+// split, for 1F1B (pp counts) and the interleaved schedule (pp · v counts,
+// in virtual-stage order; it was refused as a list of pp counts).
+TEST(Plan, ExplicitStageLayersEqualToTheEvenSplitPlanTheSame) {
+  for (const auto& [sets, layers] :
+       {std::pair{std::vector<std::string>{"parallel.pp=2"}, "parallel.pp_layers=[2, 2]"},
+        std::pair{std::vector<std::string>{"parallel.pp=2", "parallel.pp_schedule=interleaved",
+                                           "parallel.virtual_stages=2", "training.global_batch=32"},
+                  "parallel.pp_layers=[1, 1, 1, 1]"}}) {
+    SCOPED_TRACE(layers);
+    std::vector<std::string> explicit_sets = sets;
+    explicit_sets.push_back(layers);
+    const Config even = load("tiny-moe.toml", sets), spelled = load("tiny-moe.toml", explicit_sets);
+    ASSERT_FALSE(spelled.parallel.pp_layers.empty());
+    const plan::LayoutPlan a = plan::plan_layout(plan::plan_input(even), layout_of(even, 2), plan::Machine{});
+    const plan::LayoutPlan b = plan::plan_layout(plan::plan_input(spelled), layout_of(spelled, 2), plan::Machine{});
+    ASSERT_EQ(a.stages.size(), b.stages.size());
+    for (size_t s = 0; s < a.stages.size(); ++s) {
+      EXPECT_EQ(a.stages[s].chunk_layers, b.stages[s].chunk_layers) << "stage " << s;
+      EXPECT_EQ(a.stages[s].total(), b.stages[s].total()) << "stage " << s;
+    }
+    EXPECT_EQ(a.kv.peak_all_gather, b.kv.peak_all_gather);
+    EXPECT_EQ(a.comm_bytes, b.comm_bytes);
+  }
+}
+
 // tiny-moe on 4 ranks, EP 2, ZeRO-3: DP 4, EDP 2, m = 16 / (2·4) = 2.
 TEST(Plan, CommOfAnExpertParallelLayoutByHand) {
   const Config cfg = load("tiny-moe.toml", {"parallel.ep=2"});
