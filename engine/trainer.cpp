@@ -239,9 +239,12 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
       r.data = std::make_unique<GptDataset>(*r.indexed, tc.seq_len, cfg.data.shuffle, tc.seed);
     }
     const CheckpointConfig& ck = cfg.checkpoint;
-    if (r.rank == 0 && ck.interval > 0) {
+    // A save killed midway, or one that filled the disk, is removed before
+    // the probe, which would otherwise find that disk full. With a dir and
+    // no interval a preempted run still saves there.
+    if (r.rank == 0 && !ck.dir.empty()) {
+      remove_partial_checkpoints(ck.dir);
       check_writable_dir(ck.dir, "checkpoint.dir");
-      remove_partial_checkpoints(ck.dir);  // a save killed midway
     }
     r.resume_dir = resolve_load(ck);
     if (r.rank == 0 && !cfg.exp.dir.empty()) check_writable_dir(cfg.exp.dir, "export.dir");

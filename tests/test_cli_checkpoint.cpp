@@ -201,6 +201,22 @@ TEST_F(Checkpoint, ARollbackKeepsWhatItSavesAndLeavesTheAbandonedSteps) {
   EXPECT_NE(r.output.find("the checkpoint is at step 12 = training.steps"), std::string::npos) << r.output;
 }
 
+// A save that failed (a full disk) leaves its .tmp; the next start removes
+// it before probing the directory (the probe would find that disk full),
+// also when only preemption saves there (interval 0).
+TEST_F(Checkpoint, APartialSaveIsRemovedAtStartWhateverTheInterval) {
+  ASSERT_EQ(base().size(), 20u);
+  fs::copy(ck("base"), ck("partial"), fs::copy_options::recursive);
+  const std::string partial = step_dir("partial", 17) + ".tmp";
+  fs::create_directories(partial);
+  testing::write_file(partial + "/rank-00000-optim.safetensors", std::string(4096, 'x'));
+  auto r = train("partial", 1,
+                 "--set training.steps=16 --set checkpoint.interval=0 --set checkpoint.load=" + step_dir("partial", 15));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_FALSE(fs::exists(partial)) << r.output;
+  EXPECT_TRUE(fs::exists(step_dir("partial", 15) + "/metadata.json"));
+}
+
 TEST_F(Checkpoint, ResumeOfTheFoldedConfigAtNp8IsBitExactAndItsExportEqualsTheCheckpoints) {
   // The shipped folded config (TP 2 × CP 2 × PP 2, EP 2 × EDP 2): a falling
   // loss, both stages' timings in every record, a checkpoint at 10 and 20.
