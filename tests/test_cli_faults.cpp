@@ -264,6 +264,24 @@ TEST_F(CliFaults, RanksWithDifferentConfigsOrCommandLinesAreRefusedNamingTheDiff
   EXPECT_EQ(r.output.find("did not parse"), std::string::npos) << "rank 0 printed its own error:\n" << r.output;
 }
 
+// The one-process commands under a launcher: several ranks are refused (each
+// would run the whole command alone and write the same outputs), and bench
+// imbalance at -np 1 finishes (its `origami imbalance` children inherited
+// the launcher's variables, failed to start MPI, and the bench hung).
+TEST_F(CliFaults, OneProcessCommandsUnderALauncher) {
+  for (const auto& [name, args] : {std::pair<std::string, std::string>{"imbalance", path("nowhere")},
+                                   {"bench kernels", "--json"},
+                                   {"bench imbalance", "--size-mb 1"},
+                                   {"bench step", "--config " + path("moe.toml")}}) {
+    auto r = run(kMpirun + " -np 2 " + kBinary + " " + name + " " + args);
+    expect_outcome("-np 2 origami " + name, r, 2,
+                   {"error: origami " + name + " runs as one process, and this job has 2 ranks"});
+  }
+  auto r = run(kMpirun + " -np 1 " + kBinary + " bench imbalance --size-mb 1 --layers 2 --experts 8 --repeat 1 --dir " +
+               path("bench-imbalance") + " --json");
+  expect_outcome("-np 1 origami bench imbalance", r, 0, {"\"imbalance_s\""});
+}
+
 TEST_F(CliFaults, WritesThatFailAreErrors) {
   fs::create_directories(path("full1"));
   fs::create_symlink("/dev/full", path("full1/metrics.jsonl"));

@@ -53,9 +53,17 @@ ChildRun run_child(const std::vector<std::string>& argv) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  // Not the launcher's variables: a child that inherits them takes itself
+  // for a rank of this job and fails to start MPI.
+  std::vector<char*> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string_view v(*e);
+    if (!v.starts_with("OMPI_") && !v.starts_with("PMIX_") && !v.starts_with("PMI_")) env.push_back(*e);
+  }
+  env.push_back(nullptr);
   const auto t0 = std::chrono::steady_clock::now();
   pid_t pid = 0;
-  const int err = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  const int err = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), env.data());
   posix_spawn_file_actions_destroy(&actions);
   if (err != 0) ORIGAMI_USER_ERROR("bench imbalance: cannot start ", argv[0], ": ", std::strerror(err));
   int status = 0;
@@ -200,7 +208,10 @@ void add_bench_imbalance_command(CLI::App& bench) {
   cmd->add_option("--repeat", args->repeat, "Timed runs of each (median)")->check(CLI::Range(int64_t{1}, int64_t{1000}));
   cmd->add_option("--dir", args->dir, "Keep the file in this directory (default: a temporary one, removed)");
   cmd->add_flag("--json", args->json, "Print the figures as JSON");
-  cmd->callback([args] { run_bench(*args); });
+  cmd->callback([args] {
+    require_one_process("bench imbalance");
+    run_bench(*args);
+  });
 }
 
 }  // namespace origami::tools

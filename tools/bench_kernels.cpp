@@ -417,7 +417,10 @@ void add_bench_kernels_command(CLI::App& bench) {
       ->delimiter(',');
   cmd->add_option("--skip", o->skip, "Leave out the ops whose key starts with one of these")->delimiter(',');
   cmd->add_flag("--json", o->json, "Print one JSON object");
-  cmd->callback([o] { run_bench_kernels(*o); });
+  cmd->callback([o] {
+    require_one_process("bench kernels");
+    run_bench_kernels(*o);
+  });
 }
 
 }  // namespace origami::tools

@@ -177,7 +177,10 @@ void add_bench_command(CLI::App& app) {
   step->add_option("--steps", args->steps, "Timed steps (median reported)")->check(CLI::Range(1, 1000));
   step->add_option("--warmup", args->warmup, "Untimed warm-up steps")->check(CLI::Range(0, 1000));
   step->add_flag("--json", args->json, "Print one JSON object");
-  step->callback([args] { run_bench_step(args->config, args->overrides, args->steps, args->warmup, args->json); });
+  step->callback([args] {
+    require_one_process("bench step");
+    run_bench_step(args->config, args->overrides, args->steps, args->warmup, args->json);
+  });
   add_bench_moe_layer_command(*bench);
   add_bench_checkpoint_command(*bench);
   add_bench_imbalance_command(*bench);

@@ -206,7 +206,10 @@ void add_imbalance_command(CLI::App& app, int& exit_status) {
       ->check(finite_in(0.0, 1.0));
   cmd->add_option("--rise", args->rise, "Alert when the last window's imbalance exceeds the first's by this fraction")
       ->check(finite_positive());
-  cmd->callback([args, &exit_status] { exit_status = run_imbalance(*args); });
+  cmd->callback([args, &exit_status] {
+    require_one_process("imbalance");
+    exit_status = run_imbalance(*args);
+  });
 }
 
 }  // namespace origami::tools

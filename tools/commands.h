@@ -28,6 +28,10 @@ void require_host_engine(const Config& cfg, std::string_view command);
 // starts MPI (tools/origami.cpp).
 int job_rank();
 int job_size();
+// Commands that measure or analyse in one process (bench step, kernels,
+// imbalance; imbalance) refuse a job of several ranks, in which each rank
+// would run the whole command alone and write the same outputs.
+void require_one_process(std::string_view command);
 
 void add_train_command(CLI::App& app);
 void add_eval_command(CLI::App& app);

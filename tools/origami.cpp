@@ -148,6 +148,12 @@ int job_size() {
   return size;
 }
 
+void require_one_process(std::string_view command) {
+  if (const int n = job_size(); n > 1)
+    ORIGAMI_USER_ERROR("origami ", command, " runs as one process, and this job has ", n,
+                       " ranks (rule: run it without mpirun, or with -np 1)");
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
