@@ -288,13 +288,19 @@ TEST_F(CliFaults, WritesThatFailAreErrors) {
   auto r = train("--set logging.dir=" + path("full1"));
   expect_outcome("metrics.jsonl on /dev/full", r, 2,
                  {path("full1/metrics.jsonl") + ": write failed: No space left on device"});
+  // An export that fails leaves the previous one whole: each file is written
+  // as <file>.tmp (here on /dev/full) and renamed over the old one at the end.
   for (const char* file : {"model.safetensors", "config.json"}) {
     const std::string dir = path(std::string("full-export-") + file);
-    fs::create_directories(dir);
-    fs::create_symlink("/dev/full", dir + "/" + file);
+    r = train("--set training.steps=0 --set export.dir=" + dir);
+    ASSERT_EQ(r.status, 0) << r.output;
+    const std::string before = testing::read_file(dir + "/model.safetensors") + testing::read_file(dir + "/config.json");
+    fs::create_symlink("/dev/full", dir + "/" + file + ".tmp");
     r = train("--set training.steps=0 --set export.dir=" + dir, 2);
     expect_outcome(std::string("export ") + file + " on /dev/full, 2 ranks", r, 2,
-                   {"error [rank 0]: " + dir + "/" + file, "No space left on device"});
+                   {"error [rank 0]: " + dir + "/" + file + ".tmp", "No space left on device"});
+    EXPECT_EQ(testing::read_file(dir + "/model.safetensors") + testing::read_file(dir + "/config.json"), before);
+    EXPECT_FALSE(fs::exists(fs::symlink_status(dir + "/" + file + ".tmp"))) << "the partial file stays behind";
   }
   // A full disk under standard output loses the step lines: an error too.
   r = run("sh -c '" + kBinary + " train " + path("moe.toml") + " >/dev/full'");
