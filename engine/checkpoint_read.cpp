@@ -137,6 +137,9 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
   CheckpointInfo info;
   info.dir = step_dir;
   const std::string path = step_dir + "/metadata.json";
+  if (std::error_code ec; !fs::is_directory(step_dir, ec))
+    ORIGAMI_USER_ERROR(step_dir, ": no such checkpoint directory",
+                       fs::exists(step_dir, ec) ? " (it is a file)" : "", " (rule: a step directory, step-NNNNNNNN)");
   if (!fs::exists(path))
     ORIGAMI_USER_ERROR(path, ": missing (rule: a checkpoint is complete only once rank 0 wrote metadata.json, "
                              "after every rank's files; this directory is an unfinished save or not a checkpoint)");

@@ -477,6 +477,10 @@ TEST_F(Checkpoint, DamagedCheckpointsAreRefusedNamingTheFileOrKey) {
   auto r = run_command(std::string(ORIGAMI_BINARY) + " checkpoint inspect --verify " + *dir_ / "damaged-flipped/step-00000010");
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_NE(r.output.find("XXH3 digest"), std::string::npos) << r.output;
+  // A path that is no directory is named so, not taken for an unfinished save.
+  r = run_command(std::string(ORIGAMI_BINARY) + " checkpoint inspect " + src + "-absent");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find(src + "-absent: no such checkpoint directory"), std::string::npos) << r.output;
   r = run_command(std::string(ORIGAMI_BINARY) + " checkpoint inspect --verify " + src);
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("every digest matches"), std::string::npos) << r.output;
