@@ -2,6 +2,7 @@
 #include "engine/files.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -164,6 +165,45 @@ void rename_durably(const std::string& from, const std::string& to) {
   sync_dir(parent.empty() ? std::string(".") : parent.string());
 }
 
+namespace {
+std::string host_name() {
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  return host;
+}
+}  // namespace
+
+DirectoryLock::DirectoryLock(const std::string& dir, std::string_view key) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) ORIGAMI_USER_ERROR(key, " = \"", shorten(dir), "\": cannot create the directory: ", ec.message());
+  const std::string path = dir + "/.origami.lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd_ < 0) ORIGAMI_USER_ERROR(shown(path), ": cannot open the run's lock file: ", std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char holder[512] = {};
+    const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+    std::string who(holder, n > 0 ? static_cast<size_t>(n) : 0);
+    while (!who.empty() && (who.back() == '\n' || who.back() == '\0')) who.pop_back();
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK)
+      ORIGAMI_USER_ERROR(key, " = \"", shorten(dir), "\": another origami run uses this directory (",
+                         who.empty() ? std::string("its lock file is ") + shown(path) : who,
+                         "; rule: one run per directory: give this run its own, or wait for that one to end)");
+    ORIGAMI_USER_ERROR(shown(path), ": cannot lock: ", std::strerror(err));
+  }
+  // Who holds it, for the message another run prints: a hint only, so a
+  // failure to write it (a full disk) is no reason to stop.
+  const std::string who = "pid " + std::to_string(::getpid()) + " on " + host_name() + "\n";
+  if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, who.data(), who.size(), 0);
+}
+
+DirectoryLock::~DirectoryLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the lock
+}
+
 void check_writable_dir(const std::string& dir, std::string_view key) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -171,9 +211,7 @@ void check_writable_dir(const std::string& dir, std::string_view key) {
   if (!std::filesystem::is_directory(dir, ec))
     ORIGAMI_USER_ERROR(key, " = \"", shorten(dir), "\": exists and is not a directory");
   // Host and pid: ranks on several nodes may probe one shared directory at once.
-  char host[256] = "host";
-  ::gethostname(host, sizeof host - 1);
-  const std::string probe = dir + "/.origami-write-probe-" + host + "-" + std::to_string(::getpid());
+  const std::string probe = dir + "/.origami-write-probe-" + host_name() + "-" + std::to_string(::getpid());
   try {
     OutputFile f(probe, OutputFile::Mode::truncate);
     f.write("probe\n");

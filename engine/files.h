@@ -98,6 +98,23 @@ void sync_dir(const std::string& dir);
 // target's directory. UserError naming both paths.
 void rename_durably(const std::string& from, const std::string& to);
 
+// An advisory lock on a run's output directory (flock of dir/.origami.lock,
+// created with the directory if need be), held while the object lives and
+// released by the kernel however the process ends: two runs never write one
+// directory at once (their checkpoints interleave, one's metrics are lost,
+// one prunes what the other loads). UserError naming `key`, the directory
+// and the holder's pid and host when another process holds it.
+class DirectoryLock {
+ public:
+  DirectoryLock(const std::string& dir, std::string_view key);
+  ~DirectoryLock();
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // Creates `dir` (and parents) if needed and creates, writes and removes a
 // probe file in it. UserError naming `key` (e.g. "logging.dir"), the
 // directory and the reason otherwise.

@@ -213,6 +213,7 @@ struct Trainer::Run {
   Clock::time_point start;
   StopSignals signals;
   std::optional<CheckpointWriter> writer;  // checkpoint.dir set
+  std::vector<std::unique_ptr<DirectoryLock>> locks;  // rank 0: logging.dir and checkpoint.dir, for the run
   int stop_signal = 0;  // agreed over every rank after each step
   std::string last_checkpoint;
 
@@ -239,6 +240,14 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
       r.data = std::make_unique<GptDataset>(*r.indexed, tc.seq_len, cfg.data.shuffle, tc.seed);
     }
     const CheckpointConfig& ck = cfg.checkpoint;
+    // One run per output directory, before anything in them is removed or
+    // written (files.h, DirectoryLock).
+    if (r.rank == 0) {
+      if (!cfg.logging.dir.empty()) r.locks.push_back(std::make_unique<DirectoryLock>(cfg.logging.dir, "logging.dir"));
+      std::error_code ec;
+      if (!ck.dir.empty() && !(r.locks.size() == 1 && std::filesystem::equivalent(ck.dir, cfg.logging.dir, ec)))
+        r.locks.push_back(std::make_unique<DirectoryLock>(ck.dir, "checkpoint.dir"));
+    }
     // A save killed midway, or one that filled the disk, is removed before
     // the probe, which would otherwise find that disk full. With a dir and
     // no interval a preempted run still saves there.

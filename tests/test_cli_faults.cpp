@@ -7,7 +7,9 @@
 // inputs that are FIFOs or not what they claim (malformed safetensors,
 // contradicting eval overrides, Megatron's index rules), and the CLI's own
 // argument checks. The internal-check abort path is test_kernels_check.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -280,6 +282,33 @@ TEST_F(CliFaults, OneProcessCommandsUnderALauncher) {
   auto r = run(kMpirun + " -np 1 " + kBinary + " bench imbalance --size-mb 1 --layers 2 --experts 8 --repeat 1 --dir " +
                path("bench-imbalance") + " --json");
   expect_outcome("-np 1 origami bench imbalance", r, 0, {"\"imbalance_s\""});
+}
+
+// Two runs on one output directory: the second is refused naming the first
+// (here this test holds the lock, as another run would); logging.dir and
+// checkpoint.dir may be one directory; once the holder is gone, a run starts.
+TEST_F(CliFaults, ADirectoryAnotherRunUsesIsRefused) {
+  for (const char* key : {"logging.dir", "checkpoint.dir"}) {
+    const std::string dir = path(std::string("locked-") + key);
+    fs::create_directories(dir);
+    const int fd = ::open((dir + "/.origami.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+    ASSERT_EQ(::write(fd, "pid 4242 on elsewhere\n", 22), 22);
+    const std::string sets = std::string("--set training.steps=1 --set ") + key + "=" + dir +
+                             (key == std::string("checkpoint.dir") ? " --set checkpoint.interval=1" : "");
+    auto r = train(sets, 2);
+    expect_outcome(std::string("another run holds ") + key, r, 2,
+                   {std::string("error [rank 0]: ") + key + " = \"" + dir + "\": another origami run uses this directory "
+                    "(pid 4242 on elsewhere; rule: one run per directory"});
+    ::close(fd);
+    r = train(sets);
+    EXPECT_EQ(r.status, 0) << r.output;
+  }
+  const std::string both = path("one-dir");
+  auto r = train("--set training.steps=1 --set checkpoint.interval=1 --set logging.dir=" + both +
+                 " --set checkpoint.dir=" + both);
+  EXPECT_EQ(r.status, 0) << r.output;
 }
 
 TEST_F(CliFaults, WritesThatFailAreErrors) {
