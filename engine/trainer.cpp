@@ -340,12 +340,14 @@ void Trainer::Run::resume() {
   sample_base = st.consumed_samples - st.step * tc.global_batch;
   if (std::filesystem::path(*resume_dir).parent_path() == std::filesystem::path(cfg.checkpoint.dir))
     saved_step = st.step;  // already in checkpoint.dir: the end of a run that ends here need not save it again
-  if (rank != 0 || !opts.print_steps || opts.json_lines) return;
-  std::printf("origami: resumed from %s at step %lld (%lld samples consumed)\n", resume_dir->c_str(),
-              static_cast<long long>(st.step), static_cast<long long>(st.consumed_samples));
+  if (rank != 0 || !opts.print_steps) return;
+  // Under --json standard output holds JSON records only: the note goes to
+  // standard error there, and the warning always does.
+  std::fprintf(opts.json_lines ? stderr : stdout, "origami: resumed from %s at step %lld (%lld samples consumed)\n",
+               resume_dir->c_str(), static_cast<long long>(st.step), static_cast<long long>(st.consumed_samples));
   const int64_t windows = data ? data->num_windows() : 0;
   if (data && (st.windows_per_epoch != windows || st.seed != tc.seed || st.shuffle != cfg.data.shuffle))
-    std::printf("origami: warning: the data order differs from the saving run's (windows per epoch %lld -> %lld, "
+    std::fprintf(stderr, "origami: warning: the data order differs from the saving run's (windows per epoch %lld -> %lld, "
                 "seed %llu -> %llu, shuffle %d -> %d): the resumed run reads other samples\n",
                 static_cast<long long>(st.windows_per_epoch), static_cast<long long>(windows),
                 static_cast<unsigned long long>(st.seed), static_cast<unsigned long long>(tc.seed), st.shuffle,

@@ -204,17 +204,31 @@ TEST_F(Checkpoint, ARollbackKeepsWhatItSavesAndLeavesTheAbandonedSteps) {
 // A save that failed (a full disk) leaves its .tmp; the next start removes
 // it before probing the directory (the probe would find that disk full),
 // also when only preemption saves there (interval 0).
-TEST_F(Checkpoint, APartialSaveIsRemovedAtStartWhateverTheInterval) {
+TEST_F(Checkpoint, APartialSaveIsRemovedAtStartAndJsonKeepsNotesOnStderr) {
   ASSERT_EQ(base().size(), 20u);
   fs::copy(ck("base"), ck("partial"), fs::copy_options::recursive);
   const std::string partial = step_dir("partial", 17) + ".tmp";
   fs::create_directories(partial);
   testing::write_file(partial + "/rank-00000-optim.safetensors", std::string(4096, 'x'));
-  auto r = train("partial", 1,
-                 "--set training.steps=16 --set checkpoint.interval=0 --set checkpoint.load=" + step_dir("partial", 15));
-  ASSERT_EQ(r.status, 0) << r.output;
+  // Under --json, with another seed: standard output holds the step's JSON
+  // alone, the resume note and the data-order warning go to standard error.
+  const std::string err = *dir_ / "partial-stderr.txt";
+  auto r = run_command("{ " +
+                       train_command("partial", 1,
+                                     "--set training.steps=16 --set checkpoint.interval=0 --set training.seed=99 --json "
+                                     "--set checkpoint.load=" + step_dir("partial", 15)) +
+                       " 2>" + err + "; }");
+  ASSERT_EQ(r.status, 0) << r.output << testing::read_file(err);
   EXPECT_FALSE(fs::exists(partial)) << r.output;
   EXPECT_TRUE(fs::exists(step_dir("partial", 15) + "/metadata.json"));
+  std::istringstream lines(r.output);
+  int records = 0;
+  for (std::string line; std::getline(lines, line); ++records)
+    EXPECT_NO_THROW((void)nlohmann::json::parse(line)) << "not JSON on standard output: " << line;
+  EXPECT_EQ(records, 1);
+  const std::string notes = testing::read_file(err);
+  EXPECT_NE(notes.find("origami: resumed from " + step_dir("partial", 15) + " at step 15"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("origami: warning: the data order differs from the saving run's"), std::string::npos) << notes;
 }
 
 TEST_F(Checkpoint, ResumeOfTheFoldedConfigAtNp8IsBitExactAndItsExportEqualsTheCheckpoints) {
