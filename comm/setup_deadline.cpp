@@ -8,15 +8,15 @@
 
 namespace origami::comm {
 
-SetupDeadline::SetupDeadline(double timeout_s, std::string what)
-    : timer_([this, timeout_s, what = std::move(what)] {
+SetupDeadline::SetupDeadline(double timeout_s, std::string what, std::string kind, std::string setting)
+    : timer_([this, timeout_s, what = std::move(what), kind = std::move(kind), setting = std::move(setting)] {
         std::unique_lock<std::mutex> lock(mutex_);
         if (released_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return done_; })) return;
         // The message goes out first: the abort must not swallow it.
         std::fprintf(stderr,
-                     "[rank %d] set-up timeout: %s not done %.1f s after it began (runtime.collective_timeout_s): "
+                     "[rank %d] %s timeout: %s not done %.1f s after it began (%s): "
                      "a member never joined, or cannot reach the others\n",
-                     world_rank_for_diagnostics(), what.c_str(), timeout_s);
+                     world_rank_for_diagnostics(), kind.c_str(), what.c_str(), timeout_s, setting.c_str());
         std::fflush(stderr);
         abort_job(kExitTimeout, "");
       }) {}

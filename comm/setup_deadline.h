@@ -6,7 +6,8 @@
 // still stands `timeout_s` after it was made: a member that never arrives
 // (stuck elsewhere, or its host unreachable) then ends the job as a stuck
 // collective does, rather than hanging it before the first step. Released
-// (destroyed) in time, it does nothing.
+// (destroyed) in time, it does nothing. `setting` names what sets the
+// timeout in the message; `bench comm` bounds its bare MPI calls with it too.
 #pragma once
 #include <condition_variable>
 #include <mutex>
@@ -17,7 +18,8 @@ namespace origami::comm {
 
 class SetupDeadline {
  public:
-  SetupDeadline(double timeout_s, std::string what);
+  SetupDeadline(double timeout_s, std::string what, std::string kind = "set-up",
+                std::string setting = "runtime.collective_timeout_s");
   ~SetupDeadline();
   SetupDeadline(const SetupDeadline&) = delete;
   SetupDeadline& operator=(const SetupDeadline&) = delete;

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/mpi_communicator.h"
+#include "comm/setup_deadline.h"
 #include "kernels/check.h"
 #include "tools/commands.h"
 
@@ -162,18 +163,23 @@ struct Timing {
   int64_t wrong = 0;  // over all ranks
 };
 
-// Slowest rank's time per iteration, median over iterations; then the data check.
+// Slowest rank's time per iteration, median over iterations; then the data
+// check. Each iteration's barrier and op, and the reductions after, are
+// bounded by --timeout (comm/setup_deadline.h): bare MPI calls have no
+// timeout of their own, and a stuck rank must end the bench, not hang it.
 template <class Run>
-Timing time_op(OpBench& b, const BenchCommArgs& a, MPI_Comm world, Run&& run) {
+Timing time_op(OpBench& b, const BenchCommArgs& a, MPI_Comm world, const std::string& what, Run&& run) {
   b.init();
   std::vector<double> times;
   for (int it = 0; it < a.warmup + a.iters; ++it) {
     if (b.refill_each_iteration() && it > 0) b.init();
+    const comm::SetupDeadline bound(a.timeout_s, what, "bench comm", "--timeout");
     MPI_CHECK(MPI_Barrier(world));
     const auto t0 = std::chrono::steady_clock::now();
     run();
     if (it >= a.warmup) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
+  const comm::SetupDeadline bound(a.timeout_s, what + " (the timings' reduction)", "bench comm", "--timeout");
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, times.data(), static_cast<int>(times.size()), MPI_DOUBLE, MPI_MAX, world));
   std::sort(times.begin(), times.end());
   Timing t;
@@ -222,9 +228,10 @@ void run_bench_comm(const BenchCommArgs& a) {
     b->block = std::max<int64_t>(1, whole ? s / 4 : s / 4 / n);
     const int64_t bytes = b->bytes();
     ours.reset_stats();
-    const Timing t_ours = time_op(*b, a, MPI_COMM_WORLD, [&] { b->run_ours(ours); });
+    const std::string what = a.op + " of " + std::to_string(bytes) + " bytes";
+    const Timing t_ours = time_op(*b, a, MPI_COMM_WORLD, what, [&] { b->run_ours(ours); });
     const int64_t sent_per_call = ours.total_bytes() / std::max<int64_t>(1, a.warmup + a.iters);
-    const Timing t_mpi = time_op(*b, a, MPI_COMM_WORLD, [&] { b->run_mpi(mpi_comm); });
+    const Timing t_mpi = time_op(*b, a, MPI_COMM_WORLD, what + " (the MPI baseline)", [&] { b->run_mpi(mpi_comm); });
     const double algbw = bytes / t_ours.median_s / 1e9, busbw = algbw * b->bus_factor();
     const double mpi_busbw = bytes / t_mpi.median_s / 1e9 * b->bus_factor();
     const double ratio = busbw / mpi_busbw;
