@@ -7,9 +7,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
+#include <string.h>  // strnlen
 #include <filesystem>
+#include <mutex>
 
 #include "kernels/check.h"
 
@@ -136,6 +140,83 @@ void OutputFile::close() {
   if (std::fclose(f) != 0 || !flushed) ORIGAMI_USER_ERROR(shown(path_), ": write failed: ", std::strerror(flushed ? errno : err));
 }
 
+namespace {
+// The live mappings, for the SIGBUS handler: fixed slots written before the
+// mapping is used and cleared before it is unmapped, read only by the
+// handler (atomics and plain chars: async-signal-safe).
+struct MappingSlot {
+  std::atomic<uintptr_t> begin{0}, end{0};
+  char path[240] = {};
+};
+MappingSlot g_mappings[64];
+
+void write_all_stderr(const char* s, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(2, s, n);
+    if (w <= 0) return;
+    s += w, n -= static_cast<size_t>(w);
+  }
+}
+
+void on_sigbus(int, siginfo_t* info, void*) {
+  const auto at = reinterpret_cast<uintptr_t>(info->si_addr);
+  char rank[12];  // the rank in decimal, written backwards from the end (no snprintf in a handler)
+  char* digit = rank + sizeof rank;
+  for (int r = world_rank_for_diagnostics(); digit == rank + sizeof rank || r > 0; r /= 10)
+    *--digit = static_cast<char>('0' + r % 10);
+  const char* head = "error [rank ";
+  write_all_stderr(head, std::strlen(head));
+  write_all_stderr(digit, static_cast<size_t>(rank + sizeof rank - digit));
+  write_all_stderr("]: ", 3);
+  const char* path = nullptr;
+  for (const MappingSlot& m : g_mappings)
+    if (at >= m.begin.load() && at < m.end.load()) path = m.path;
+  if (path) {
+    write_all_stderr(path, ::strnlen(path, sizeof g_mappings[0].path));
+    const char* rule = ": the file shrank while mapped (truncated or rewritten in place, or its disk failed; rule: "
+                       "inputs must not change while origami reads them)\n";
+    write_all_stderr(rule, std::strlen(rule));
+  } else {
+    const char* other = "SIGBUS outside any mapped input file\n";
+    write_all_stderr(other, std::strlen(other));
+  }
+  ::raise(SIGBUS);  // SA_RESETHAND: the default action now, so the launcher sees the signal
+}
+
+void register_mapping(const void* data, size_t bytes, const std::string& path) {
+  static std::once_flag installed;
+  std::call_once(installed, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_SIGINFO | SA_RESETHAND | SA_ONSTACK;
+    ::sigaction(SIGBUS, &sa, nullptr);
+  });
+  for (MappingSlot& m : g_mappings) {
+    uintptr_t free_slot = 0;
+    if (!m.begin.compare_exchange_strong(free_slot, reinterpret_cast<uintptr_t>(data))) continue;
+    std::snprintf(m.path, sizeof m.path, "%s", shown(path).c_str());
+    m.end.store(reinterpret_cast<uintptr_t>(data) + bytes);
+    return;
+  }
+  // More than 64 live mappings: this one goes unnamed in a SIGBUS report.
+}
+
+void unregister_mapping(const void* data) {
+  for (MappingSlot& m : g_mappings)
+    if (m.begin.load() == reinterpret_cast<uintptr_t>(data)) {
+      m.end.store(0);
+      m.begin.store(0);
+    }
+}
+}  // namespace
+
+void unmap_file(const void* data, size_t bytes) {
+  if (!data) return;
+  unregister_mapping(data);
+  ::munmap(const_cast<void*>(data), bytes);
+}
+
 MappedFile::MappedFile(std::string path, std::string_view what) : path_(std::move(path)) {
   const InputFile in(path_, what);
   size_ = in.size();
@@ -143,11 +224,10 @@ MappedFile::MappedFile(std::string path, std::string_view what) : path_(std::mov
   void* p = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_SHARED, in.fd(), 0);
   if (p == MAP_FAILED) ORIGAMI_USER_ERROR(shown(path_), ": cannot map the ", what, ": ", std::strerror(errno));
   data_ = static_cast<const unsigned char*>(p);
+  register_mapping(data_, static_cast<size_t>(size_), path_);
 }
 
-MappedFile::~MappedFile() {
-  if (data_) ::munmap(const_cast<unsigned char*>(data_), static_cast<size_t>(size_));
-}
+MappedFile::~MappedFile() { unmap_file(data_, static_cast<size_t>(size_)); }
 
 void sync_dir(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -66,7 +66,11 @@ class OutputFile {
   std::FILE* f_ = nullptr;
 };
 
-// A regular file mapped read-only (an empty file maps to no bytes).
+// A regular file mapped read-only (an empty file maps to no bytes). While
+// mapped (also after release(), until unmap_file), a read past the end of a
+// file that shrank under it (a dataset truncated or rewritten in place)
+// raises SIGBUS: the process's handler prints which file, then dies of that
+// signal, so the launcher ends the job (it was a bare "Bus error").
 class MappedFile {
  public:
   MappedFile(std::string path, std::string_view what);
@@ -77,7 +81,8 @@ class MappedFile {
   const std::string& path() const { return path_; }
   int64_t size() const { return size_; }
   const unsigned char* data() const { return data_; }
-  // Hands the mapping (data, bytes) to the caller, who must munmap it.
+  // Hands the mapping (data, bytes) to the caller, who must unmap it with
+  // unmap_file.
   std::pair<const unsigned char*, size_t> release() {
     auto r = std::make_pair(data_, static_cast<size_t>(size_));
     data_ = nullptr;
@@ -90,6 +95,9 @@ class MappedFile {
   int64_t size_ = 0;
   const unsigned char* data_ = nullptr;
 };
+
+// munmap of a mapping MappedFile::release handed out.
+void unmap_file(const void* data, size_t bytes);
 
 // fsync of a directory: its entries (a file created or renamed there) on
 // stable storage. UserError naming the directory.

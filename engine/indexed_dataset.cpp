@@ -310,7 +310,7 @@ IndexedDataset& IndexedDataset::operator=(IndexedDataset&& other) noexcept {
 IndexedDataset::~IndexedDataset() { unmap(); }
 
 void IndexedDataset::unmap() {
-  if (bin_ != nullptr) ::munmap(const_cast<uint8_t*>(bin_), bin_bytes_);
+  unmap_file(bin_, bin_bytes_);
   bin_ = nullptr;
   bin_bytes_ = 0;
 }

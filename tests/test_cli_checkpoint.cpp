@@ -224,7 +224,7 @@ TEST_F(Checkpoint, APartialSaveIsRemovedAtStartAndJsonKeepsNotesOnStderr) {
   std::istringstream lines(r.output);
   int records = 0;
   for (std::string line; std::getline(lines, line); ++records)
-    EXPECT_NO_THROW((void)nlohmann::json::parse(line)) << "not JSON on standard output: " << line;
+    EXPECT_TRUE(nlohmann::json::accept(line)) << "not JSON on standard output: " << line;
   EXPECT_EQ(records, 1);
   const std::string notes = testing::read_file(err);
   EXPECT_NE(notes.find("origami: resumed from " + step_dir("partial", 15) + " at step 15"), std::string::npos) << notes;

@@ -138,6 +138,22 @@ TEST_F(DataTest, RoundTripEveryTokenDtype) {
   }
 }
 
+// A .bin truncated while mapped: the read past its new end is SIGBUS, and
+// the handler names the file before the process dies of it (it was a bare
+// "Bus error" from the launcher).
+TEST_F(DataTest, ADatasetTruncatedWhileMappedDiesNamingTheFile) {
+  const Docs docs = random_docs(64, 2000, kVocab);
+  const std::string prefix = path("shrinks");
+  write_dataset(prefix, docs, IndexDType::u16);
+  EXPECT_DEATH(
+      {
+        IndexedDataset ds = IndexedDataset::open(prefix, kVocab);
+        fs::resize_file(prefix + ".bin", 100);
+        for (int64_t i = ds.num_sequences() - 1; i >= 0; --i) (void)ds.sequence(i);
+      },
+      prefix + ".bin: the file shrank while mapped \\(truncated or rewritten in place");
+}
+
 TEST_F(DataTest, WriterRejectsTokenThatDoesNotFitDtype) {
   IndexedDatasetWriter w(path("fit"), IndexDType::u8);
   std::vector<int32_t> doc = {1, 2, 300};
