@@ -26,8 +26,12 @@ void export_checkpoint(const std::string& step_dir, const std::string& out_dir, 
   const UnitTable table(cfg.model, cfg.moe);
   const std::vector<std::string> names = export_tensor_order(table, cfg.model, cfg.moe);
   std::filesystem::create_directories(out_dir);
+  // A failed export (a full disk) leaves the previous one whole (files.h).
+  std::vector<std::string> destinations = {out_dir + "/model.safetensors", out_dir + "/config.json"};
+  if (with_optimizer) destinations.push_back(out_dir + "/optimizer.safetensors");
+  ReplacedFiles files(destinations);
   CheckpointReader reader(info);
-  auto write = [&](const std::string& file, const std::vector<std::string>& moments) {
+  auto write = [&](const std::string& path, const std::vector<std::string>& moments) {
     std::vector<std::pair<std::string, Shape>> entries;
     std::vector<std::pair<std::string, std::string>> order;  // (tensor, moment)
     for (const std::string& name : names) {
@@ -40,7 +44,7 @@ void export_checkpoint(const std::string& step_dir, const std::string& out_dir, 
         order.emplace_back(name, m);
       }
     }
-    SafetensorsWriter out(out_dir + "/" + file, entries);
+    SafetensorsWriter out(path, entries);
     for (size_t i = 0; i < order.size(); ++i) {
       Tensor t = Tensor::empty(entries[i].second, DType::f32, MemCategory::workspace);
       reader.read(order[i].first, order[i].second, whole_range(entries[i].second), t.f32());
@@ -48,12 +52,13 @@ void export_checkpoint(const std::string& step_dir, const std::string& out_dir, 
     }
     out.finish();
   };
-  write("model.safetensors", {""});
-  if (with_optimizer) write("optimizer.safetensors", {"exp_avg", "exp_avg_sq"});
-  OutputFile config(out_dir + "/config.json", OutputFile::Mode::truncate);
+  write(files.tmp(0), {""});
+  if (with_optimizer) write(files.tmp(2), {"exp_avg", "exp_avg_sq"});
+  OutputFile config(files.tmp(1), OutputFile::Mode::truncate);
   config.write(hf_config(cfg.model, cfg.moe).dump(2) + "\n");
   config.sync();
   config.close();
+  files.commit();
 }
 
 namespace {

@@ -178,25 +178,15 @@ void export_hf(const Model& model, const std::string& dir, const comm::Groups* g
   std::sort(tensors.begin(), tensors.end(), [&](const NamedTensor& a, const NamedTensor& b) {
     return position.at(a.name) < position.at(b.name);
   });
-  // Both files are written beside the old ones and renamed over them once
-  // complete: a failed export (a full disk) leaves the previous one whole,
-  // and its own partial files removed.
+  // A failed export (a full disk) leaves the previous one whole (files.h).
   std::filesystem::create_directories(dir);
-  const std::string model_path = dir + "/model.safetensors", config_path = dir + "/config.json";
-  try {
-    write_safetensors(model_path + ".tmp", tensors);
-    OutputFile out(config_path + ".tmp", OutputFile::Mode::truncate);
-    out.write(hf_config(model.config(), model.moe_config()).dump(2) + "\n");
-    out.sync();
-    out.close();
-  } catch (const UserError&) {
-    std::error_code ec;
-    std::filesystem::remove(model_path + ".tmp", ec);
-    std::filesystem::remove(config_path + ".tmp", ec);
-    throw;
-  }
-  rename_durably(model_path + ".tmp", model_path);
-  rename_durably(config_path + ".tmp", config_path);
+  ReplacedFiles files({dir + "/model.safetensors", dir + "/config.json"});
+  write_safetensors(files.tmp(0), tensors);
+  OutputFile out(files.tmp(1), OutputFile::Mode::truncate);
+  out.write(hf_config(model.config(), model.moe_config()).dump(2) + "\n");
+  out.sync();
+  out.close();
+  files.commit();
 }
 
 std::vector<std::string> export_tensor_order(const UnitTable& table, const ModelConfig& model, const MoeConfig& moe) {

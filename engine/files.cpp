@@ -211,6 +211,29 @@ void unregister_mapping(const void* data) {
 }
 }  // namespace
 
+void ReplacedFiles::check_replaceable(const std::string& path) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+    ORIGAMI_USER_ERROR(shown(path), ": exists and is not a regular file (rule: an output of this kind is a regular "
+                       "file, replaced whole once complete)");
+}
+
+ReplacedFiles::ReplacedFiles(std::vector<std::string> destinations) : destinations_(std::move(destinations)) {
+  for (const std::string& d : destinations_) check_replaceable(d);
+}
+
+ReplacedFiles::~ReplacedFiles() {
+  if (committed_) return;
+  std::error_code ec;
+  for (size_t i = 0; i < destinations_.size(); ++i) std::filesystem::remove(tmp(i), ec);
+}
+
+void ReplacedFiles::commit() {
+  for (size_t i = 0; i < destinations_.size(); ++i) rename_durably(tmp(i), destinations_[i]);
+  committed_ = true;
+}
+
 void unmap_file(const void* data, size_t bytes) {
   if (!data) return;
   unregister_mapping(data);

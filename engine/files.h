@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace origami {
 
@@ -94,6 +95,28 @@ class MappedFile {
   std::string path_;
   int64_t size_ = 0;
   const unsigned char* data_ = nullptr;
+};
+
+// Files written beside their destinations (<destination>.tmp) and renamed
+// over them only once all are complete (commit): a failure before that (a
+// full disk) leaves the previous files as they were and removes the partial
+// ones. A destination that exists and is not a regular file (a FIFO, a
+// directory) is refused before anything is written. Exports use it.
+class ReplacedFiles {
+ public:
+  explicit ReplacedFiles(std::vector<std::string> destinations);
+  ~ReplacedFiles();  // not committed: removes the .tmp files
+  ReplacedFiles(const ReplacedFiles&) = delete;
+  ReplacedFiles& operator=(const ReplacedFiles&) = delete;
+  std::string tmp(size_t i) const { return destinations_.at(i) + ".tmp"; }
+  void commit();
+
+  // UserError unless `path` is absent or a regular file (a symlink to one).
+  static void check_replaceable(const std::string& path);
+
+ private:
+  std::vector<std::string> destinations_;
+  bool committed_ = false;
 };
 
 // munmap of a mapping MappedFile::release handed out.

@@ -256,7 +256,10 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
       check_writable_dir(ck.dir, "checkpoint.dir");
     }
     r.resume_dir = resolve_load(ck);
-    if (r.rank == 0 && !cfg.exp.dir.empty()) check_writable_dir(cfg.exp.dir, "export.dir");
+    if (r.rank == 0 && !cfg.exp.dir.empty()) {
+      check_writable_dir(cfg.exp.dir, "export.dir");
+      for (const char* file : {"/model.safetensors", "/config.json"}) ReplacedFiles::check_replaceable(cfg.exp.dir + file);
+    }
   });
   r.ctx.emplace(make_context(cfg));
   {
