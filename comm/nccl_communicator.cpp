@@ -389,13 +389,14 @@ Device memory_device(const void* p) {
   cudaPointerAttributes a{};
   const cudaError_t rc = cudaPointerGetAttributes(&a, p);
   // Since CUDA 11 a plain host pointer succeeds (cudaMemoryTypeUnregistered).
-  // With no device or driver nothing can be device memory; any other error
-  // is a fault, not a hint that the buffer is the host's.
-  if (rc == cudaErrorNoDevice || rc == cudaErrorInsufficientDriver) {
+  // Where no device is usable (no GPU, no driver, the driver's stub) nothing
+  // can be device memory; with one, an error is a fault, not a hint that the
+  // buffer is the host's.
+  if (rc != cudaSuccess) {
     (void)cudaGetLastError();
-    return Device::cpu();
+    if (visible_devices() == 0) return Device::cpu();
+    CUDA_CHECK(rc);
   }
-  CUDA_CHECK(rc);
   if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) return Device{DeviceKind::cuda, a.device};
   return Device::cpu();
 }
