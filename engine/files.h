@@ -6,7 +6,11 @@
 //  - OutputFile checks every write, flush, sync and close, so a full disk
 //    never passes as success.
 //  - MappedFile maps a regular file read-only (checkpoint shards are read
-//    by byte range without copying whole files).
+//    by byte range without copying whole files); a mapped file that shrinks
+//    under the process is reported by name at the SIGBUS it causes.
+//  - ReplacedFiles writes outputs beside their destinations and renames them
+//    over the old ones only when all are complete (exports).
+//  - DirectoryLock keeps a second run out of a run's output directories.
 //  - sync_dir and rename_durably make a rename survive a crash: the file is
 //    synced before, the directory after.
 //  - check_writable_dir proves an output directory usable before a run
