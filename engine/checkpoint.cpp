@@ -202,7 +202,6 @@ int64_t step_of(const std::string& name) {
   return std::stoll(name.substr(5));
 }
 
-// Deletes all but the newest `keep` complete checkpoints of `dir`.
 // Keeps the newest `keep` complete checkpoints up to `saved`, the step just
 // written (and named by latest). Later steps are another trajectory's (a run
 // resumed from an earlier checkpoint): never counted, so the one just saved
