@@ -80,6 +80,7 @@ nlohmann::ordered_json to_json(const StepMetrics& m) {
                             {"written_s", m.checkpoint_done->written_s},
                             {"max_rank_bytes", m.checkpoint_done->max_rank_bytes},
                             {"total_bytes", m.checkpoint_done->total_bytes}};
+  if (!m.stopped_by.empty()) j["stopped_by"] = m.stopped_by;
   if (!m.stages.empty()) {
     j["pipeline"] = nlohmann::ordered_json::array();
     for (size_t s = 0; s < m.stages.size(); ++s)
@@ -149,6 +150,7 @@ std::string format_step_line(const StepMetrics& m) {
                   m.checkpoint->blocked_s);
     line += ck;
   }
+  if (!m.stopped_by.empty()) line += " | stopped by " + m.stopped_by;
   return line;
 }
 

@@ -64,6 +64,7 @@ struct StepMetrics {
   std::vector<StageTiming> stages;
   std::optional<CheckpointRecord> checkpoint;  // when one was written (or started) after this step
   std::optional<CheckpointDone> checkpoint_done;
+  std::string stopped_by;  // the preemption signal the run stops after this step for ("SIGTERM"), else ""
 };
 
 nlohmann::ordered_json to_json(const StepMetrics& m);

@@ -131,14 +131,19 @@ std::string divergence(const Config& cfg, int64_t step, double lm_loss, double a
                         "). Likely causes: ", causes);
 }
 
-// The first SIGTERM/SIGINT of this process (0: none). Signal handlers can
+// The first preemption signal of this process (0: none). Signal handlers can
 // only reach globals; the trainer reads it once per step and agrees on it.
 std::atomic<int> g_stop_signal{0};
 
-extern "C" void note_stop_signal(int sig) { g_stop_signal.store(sig); }
+extern "C" void note_stop_signal(int sig) {
+  int none = 0;
+  g_stop_signal.compare_exchange_strong(none, sig);  // lock-free: async-signal-safe
+}
 
 // Installs the preemption handlers for a Trainer's lifetime. SA_RESETHAND:
-// the second signal finds the default action and kills at once. SA_ONSTACK:
+// the second signal of a kind finds the default action and kills at once. A
+// signal of another kind is noted only: SLURM's USR1 warning followed by its
+// TERM at the limit must not kill a run that is saving. SA_ONSTACK:
 // a signal that lands in oneDNN's JIT GEMM, whose rsp points into the heap,
 // must not push its frame there (it corrupted the heap about one run in six
 // of the SIGTERM test before); install_signal_stacks gives the threads that
@@ -152,18 +157,16 @@ class StopSignals {
     sa.sa_handler = note_stop_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART | SA_RESETHAND | SA_ONSTACK;
-    sigaction(SIGTERM, &sa, &old_term_);
-    sigaction(SIGINT, &sa, &old_int_);
+    for (size_t i = 0; i < stop_signals().size(); ++i) sigaction(stop_signals()[i], &sa, &old_[i]);
   }
   ~StopSignals() {
-    sigaction(SIGTERM, &old_term_, nullptr);
-    sigaction(SIGINT, &old_int_, nullptr);
+    for (size_t i = 0; i < stop_signals().size(); ++i) sigaction(stop_signals()[i], &old_[i], nullptr);
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
  private:
-  struct sigaction old_term_ {}, old_int_ {};
+  std::array<struct sigaction, stop_signals().size()> old_{};
 };
 
 // A failure of work done on one rank only (rank 0's metrics file), kept until
@@ -536,7 +539,11 @@ StepMetrics Trainer::run_step() {
   const CheckpointConfig& ck = cfg.checkpoint;
   if (r.writer && r.writer->pending())  // a background save whose files every rank has written completes
     if (auto done = r.writer->poll(*r.everyone)) m.checkpoint_done = CheckpointDone{done->dir, done->written_s, done->max_rank_bytes, done->total_bytes};
-  if (ck.interval > 0 && (step % ck.interval == 0 || step == tc.steps)) m.checkpoint = r.save();
+  // A preempted run checkpoints whenever checkpoint.dir is set, here, so
+  // that its last record names the save.
+  if ((ck.interval > 0 && (step % ck.interval == 0 || step == tc.steps)) || (r.stop_signal && !ck.dir.empty()))
+    m.checkpoint = r.save();
+  if (r.stop_signal) m.stopped_by = stop_signal_name(r.stop_signal);
   for (size_t g = 0; g < r.counted.size(); ++g) {
     m.comm_bytes.emplace_back(r.counted[g]->name(), r.counted[g]->total_bytes() - bytes_before[g]);
     const double a2a = r.counted[g]->stats(comm::CommOp::all_to_all_v).blocking_s - a2a_before[g];
@@ -549,7 +556,7 @@ StepMetrics Trainer::run_step() {
     } catch (const UserError& e) {
       r.pending.take(e);
     }
-    if (r.opts.print_steps && (step % cfg.logging.interval == 0 || step == 1 || step == tc.steps)) {
+    if (r.opts.print_steps && (step % cfg.logging.interval == 0 || step == 1 || step == tc.steps || r.stop_signal)) {
       std::printf("%s\n", r.opts.json_lines ? to_json(m).dump().c_str() : format_step_line(m).c_str());
       std::fflush(stdout);
     }
@@ -562,10 +569,9 @@ TrainSummary Trainer::finish() {
   Run& r = *run_;
   // A run that ends on a step it has not saved (resumed at its last step
   // from elsewhere, into another checkpoint.dir) saves it: the end of every
-  // checkpointed run is a checkpoint.
-  // A preempted run checkpoints whenever checkpoint.dir is set.
+  // checkpointed run is a checkpoint. (A preempted run saved in its step.)
   const CheckpointConfig& ck = r.cfg.checkpoint;
-  if ((ck.interval > 0 || (r.stop_signal && !ck.dir.empty())) && r.saved_step != r.step) r.save();
+  if (ck.interval > 0 && r.saved_step != r.step) r.save();
   if (r.writer) r.writer->wait(*r.everyone);  // the last save completes before the run ends
   r.summary.seconds = std::chrono::duration<double>(Clock::now() - r.start).count();
   r.summary.stop_signal = r.stop_signal;
@@ -587,6 +593,16 @@ TrainSummary Trainer::finish() {
       std::printf("exported Hugging Face weights to %s\n", dir.c_str());
   }
   return r.summary;
+}
+
+std::string stop_signal_name(int sig) {
+  switch (sig) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    default: return "signal " + std::to_string(sig);
+  }
 }
 
 TrainSummary train(const Config& cfg, const TrainOptions& opts) {

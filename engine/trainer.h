@@ -6,6 +6,9 @@
 // rank's verdict met, then one AdamW step and the metrics. finish() writes the
 // HF export. Also evaluation of exported weights.
 #pragma once
+#include <csignal>
+
+#include <array>
 #include <functional>
 #include <memory>
 #include <string>
@@ -24,12 +27,19 @@ struct TrainOptions {
 
 struct TrainSummary {
   std::vector<double> losses;  // lm loss per step of this run
-  int stop_signal = 0;         // SIGTERM or SIGINT when the run stopped early for one (preemption), else 0
+  int stop_signal = 0;         // the preemption signal the run stopped early for (stop_signals()), else 0
   std::string checkpoint;      // the last checkpoint this run wrote, if any
   double seconds = 0;
   int64_t params = 0;
   int64_t resumed_step = -1;   // the checkpoint's step when the run resumed, else -1
 };
+
+// The signals a run treats as preemption: SIGTERM (what schedulers send),
+// SIGINT (Ctrl-C), SIGUSR1 and SIGUSR2 (SLURM's --signal=USR1@<s> warning
+// before a time limit; Open MPI's mpirun forwards all four to the ranks).
+inline constexpr std::array<int, 4> stop_signals() { return {SIGTERM, SIGINT, SIGUSR1, SIGUSR2}; }
+// "SIGTERM" etc. for one of stop_signals(); "signal N" otherwise.
+std::string stop_signal_name(int sig);
 
 // Collective over MPI_COMM_WORLD: every rank constructs, steps and finishes
 // alike. A failure on any rank (a UserError) stops all of them at the next
@@ -42,11 +52,12 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   int64_t steps_done() const;
-  // Whether a rank received SIGTERM or SIGINT (how schedulers preempt a job):
-  // agreed by every rank after each step, so all stop after the same step.
-  // The run then ends with finish(), which checkpoints (when checkpoint.dir
-  // is set) and skips the export. A second signal kills at once. The
-  // handlers are the Trainer's for its lifetime (signals are process-wide).
+  // Whether a rank received a preemption signal (stop_signals()): agreed by
+  // every rank after each step, so all stop after the same step. That step
+  // checkpoints (when checkpoint.dir is set; its metrics record names the
+  // checkpoint and the signal) and finish() skips the export. A second signal
+  // of the same kind kills at once. The handlers are the Trainer's for its lifetime (signals
+  // are process-wide).
   bool stop_requested() const;
   // The next optimizer step (steps_done() + 1 <= training.steps); its metrics
   // (the same on every rank; written and printed by rank 0).

@@ -527,7 +527,8 @@ TEST_F(Checkpoint, ARankKilledDuringASaveLeavesThePreviousCheckpoint) {
 
 // SIGTERM (how schedulers preempt): the current step finishes, a checkpoint
 // is written, every rank exits 0 without the export; resuming from `latest`
-// is bit-exact. On one rank, and at np 2 with the signal to one rank only.
+// is bit-exact. On one rank, and at np 2 with SIGUSR1 (SLURM's --signal
+// warning) to one rank only. The last record names the save and the signal.
 TEST_F(Checkpoint, SigtermCheckpointsExitsZeroAndResumesBitExact) {
   for (int np : {1, 2}) {
     SCOPED_TRACE(::testing::Message() << "np " << np);
@@ -538,18 +539,23 @@ TEST_F(Checkpoint, SigtermCheckpointsExitsZeroAndResumesBitExact) {
     const std::string log = *dir_ / (tag + "/metrics.jsonl");
     // Signal once three steps are logged: the process itself (one rank), or
     // the newest process whose command line names this run (a rank of it).
-    const std::string signal = np == 1 ? "kill -TERM \\$p" : "pkill -TERM -n -f 'logging.dir=" + (*dir_ / tag) + " '";
+    const std::string signal = np == 1 ? "kill -TERM \\$p" : "pkill -USR1 -n -f 'logging.dir=" + (*dir_ / tag) + " '";
+    const std::string signal_name = np == 1 ? "SIGTERM" : "SIGUSR1";
     auto r = run_command("bash -c \"" + train_command(tag, np, sets + " --set export.dir=" + (*dir_ / (tag + "-export"))) +
                          " & p=\\$!; while [ \\$(cat " + log + " 2>/dev/null | wc -l) -lt 3 ]; do sleep 0.05; done; " +
                          signal + "; wait \\$p\"");
     ASSERT_EQ(r.status, 0) << r.output;
-    ASSERT_NE(r.output.find("stopped by SIGTERM after "), std::string::npos) << r.output;
+    ASSERT_NE(r.output.find("stopped by " + signal_name + " after "), std::string::npos) << r.output;
     const auto stopped = read_jsonl(log);
     ASSERT_GE(stopped.size(), 3u);
     ASSERT_LT(stopped.size(), static_cast<size_t>(steps)) << "the signal came too late to test anything";
     char name[32];
     std::snprintf(name, sizeof name, "step-%08zu\n", stopped.size());
     EXPECT_EQ(latest(tag), name) << "the checkpoint is of the last finished step";
+    EXPECT_EQ(stopped.back().value("stopped_by", ""), signal_name) << stopped.back().dump();
+    ASSERT_TRUE(stopped.back().contains("checkpoint")) << stopped.back().dump();
+    EXPECT_EQ(fs::path(stopped.back()["checkpoint"]["dir"].get<std::string>()).filename().string() + "\n", name);
+    for (size_t i = 0; i + 1 < stopped.size(); ++i) EXPECT_FALSE(stopped[i].contains("stopped_by")) << i;
     EXPECT_FALSE(fs::exists(*dir_ / (tag + "-export/model.safetensors"))) << "a preempted run does not export";
     r = train(tag, np, sets + " --set checkpoint.load=latest");
     ASSERT_EQ(r.status, 0) << r.output;
