@@ -107,11 +107,12 @@ int failure_status(const std::vector<RankFailure>& failures) {
   return s;
 }
 
-void agree(Communicator& group, int status, const std::string& message) {
-  auto failures = share_failures(group, status, message, group.timeout_s());
+void agree(Communicator& group, int status, const std::string& message, std::optional<double> wait_s) {
+  const double wait = wait_s.value_or(group.timeout_s());
+  auto failures = share_failures(group, status, message, wait);
   if (!failures) {
     abort_job(kExitTimeout, origami::detail::concat("[rank ", world_rank_for_diagnostics(), "] the ranks of group ",
-                                            group.name(), " did not all report within ", group.timeout_s(), " s",
+                                            group.name(), " did not all report within ", wait, " s",
                                             status != 0 ? "; this rank's error: " + message : std::string()));
   }
   if (!failures->empty()) throw JobError(format_failures(*failures, group.size()), failure_status(*failures));

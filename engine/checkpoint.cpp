@@ -276,8 +276,8 @@ struct CheckpointWriter::Pending {
   }
 };
 
-CheckpointWriter::CheckpointWriter(std::string dir, int64_t keep, bool background)
-    : dir_(std::move(dir)), keep_(keep), background_(background) {}
+CheckpointWriter::CheckpointWriter(std::string dir, int64_t keep, bool background, double io_timeout_s)
+    : dir_(std::move(dir)), keep_(keep), background_(background), io_timeout_s_(io_timeout_s) {}
 
 CheckpointWriter::~CheckpointWriter() {
   if (pending_ && pending_->thread.joinable()) pending_->thread.join();  // not completed: the .tmp stays
@@ -342,6 +342,9 @@ std::optional<CheckpointSaveStats> CheckpointWriter::wait(comm::Communicator& wo
   if (!pending_) return std::nullopt;
   std::unique_ptr<Pending> p = std::move(pending_);
   if (p->thread.joinable()) p->thread.join();
+  // Every rank's files are synced, or a rank failed and all stop here. The
+  // wait is for the slowest disk, not a collective: the I/O timeout.
+  comm::agree(world, p->status, p->message, io_timeout_s_);
   int64_t local[4] = {p->digests.first.bytes, static_cast<int64_t>(p->digests.first.xxh3), p->digests.second.bytes,
                       static_cast<int64_t>(p->digests.second.xxh3)};
   std::vector<int64_t> all(4 * static_cast<size_t>(world.size()));
@@ -354,10 +357,8 @@ std::optional<CheckpointSaveStats> CheckpointWriter::wait(comm::Communicator& wo
     stats.total_bytes += all[4 * r] + all[4 * r + 2];
     stats.max_rank_bytes = std::max(stats.max_rank_bytes, all[4 * r] + all[4 * r + 2]);
   }
-  // Every rank's files are synced (or a rank failed, and all stop here):
-  // metadata.json, then the rename, then latest.
+  // Rank 0: metadata.json, then the rename, then latest.
   comm::run_agreed(world, [&] {
-    if (p->status != 0) throw UserError(p->message, p->status);
     if (world.rank() != 0) return;
     p->metadata["files"] = files_json(all);
     write_text_durably(p->tmp + "/metadata.json", p->metadata.dump(1) + "\n");
@@ -371,7 +372,7 @@ std::optional<CheckpointSaveStats> CheckpointWriter::wait(comm::Communicator& wo
     write_text_durably(dir_ + "/latest.tmp", p->name + "\n");
     rename_durably(dir_ + "/latest.tmp", dir_ + "/latest");
     prune(dir_, keep_, p->step);
-  });
+  }, io_timeout_s_);
   stats.seconds = p->blocked_s;
   stats.written_s = std::chrono::duration<double>(Clock::now() - p->started).count();
   return stats;

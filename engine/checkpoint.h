@@ -85,7 +85,9 @@ std::string step_dir_name(int64_t step);  // "step-00001000"
 // `latest` still names the previous checkpoint.
 class CheckpointWriter {
  public:
-  CheckpointWriter(std::string dir, int64_t keep, bool background);
+  // io_timeout_s bounds the meetings where ranks wait for each other's
+  // writes (runtime.io_timeout_s).
+  CheckpointWriter(std::string dir, int64_t keep, bool background, double io_timeout_s);
   ~CheckpointWriter();  // joins a running thread; a save never completed stays a .tmp
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -102,6 +104,7 @@ class CheckpointWriter {
   std::string dir_;
   int64_t keep_ = 0;
   bool background_ = false;
+  double io_timeout_s_ = 0;
   std::unique_ptr<Pending> pending_;
 };
 

@@ -213,7 +213,7 @@ std::vector<Section> schema(Config& c) {
       {"logging", {{"dir", &c.logging.dir}, {"interval", &c.logging.interval}}},
       {"runtime",
        {{"threads", &c.runtime.threads}, {"collective_timeout_s", &c.runtime.collective_timeout_s},
-        {"device", &c.runtime.device}, {"precision", &c.runtime.precision}}},
+        {"io_timeout_s", &c.runtime.io_timeout_s}, {"device", &c.runtime.device}, {"precision", &c.runtime.precision}}},
   };
 }
 

@@ -176,6 +176,10 @@ enum class Precision { auto_, fp32, bf16 };
 struct RuntimeConfig {
   int64_t threads = 0;  // 0: max(1, cores / ranks on the node)
   double collective_timeout_s = 300.0;
+  // The wait of a meeting whose length is file I/O on some ranks: start-up
+  // (partial saves removed), checkpoint saves and loads, init_from_hf, the
+  // export (rank 0 writes the whole model while the others wait).
+  double io_timeout_s = 3600.0;
   RuntimeDevice device = RuntimeDevice::cpu;
   Precision precision = Precision::auto_;
 };

@@ -323,6 +323,9 @@ void validate(const Config& c, const Origins& o) {
   r.positive("runtime.collective_timeout_s", c.runtime.collective_timeout_s);
   r.need(c.runtime.collective_timeout_s <= 1e6, "runtime.collective_timeout_s", c.runtime.collective_timeout_s,
          "must be <= 1e6 s (a wait of 11 days is a hang)");
+  r.positive("runtime.io_timeout_s", c.runtime.io_timeout_s);
+  r.need(c.runtime.io_timeout_s <= 1e6, "runtime.io_timeout_s", c.runtime.io_timeout_s,
+         "must be <= 1e6 s (a wait of 11 days is a hang)");
 
   // Parameters of the whole model: every one takes 16 bytes of fp32 training
   // state (param, grad, two AdamW moments), which must be countable in

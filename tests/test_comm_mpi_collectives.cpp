@@ -489,11 +489,33 @@ TEST(Agreement, AUserOrFilesystemErrorOnOneRankStopsEveryRank) {
       EXPECT_EQ(e.exit_status(), kExitUserError);
       const std::string want = i == 0 ? "checkpoint.dir: a user's error" : path;
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
-      if (world->size() > 1)
+      if (world->size() > 1) {
         EXPECT_NE(std::string(e.what()).find("[rank " + std::to_string(last) + "]"), std::string::npos) << e.what();
+      }
     }
   }
   EXPECT_NO_THROW(run_agreed(*world, [] {}));
+}
+
+// A meeting given its own wait (runtime.io_timeout_s: rank 0 writing the
+// export while the rest wait) outlasts the group's collective timeout: rank
+// 0 is 3× that timeout late, and every rank leaves together, unharmed. (The
+// group's timeout alone would have ended the job: test_comm_timeout.)
+TEST(Agreement, AnIoMeetingWaitsItsOwnTimeoutNotTheCollectiveOne) {
+  const auto world = whole_mpi(MPI_COMM_WORLD, "io-meeting", CommOptions{0.5});
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_NO_THROW(run_agreed(
+      *world,
+      [&] {
+        if (world->rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      },
+      /*wait_s=*/60.0));
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(waited, 1.4) << "every rank waited for rank 0";
+  // The group still works afterwards, at its own timeout.
+  int one = 1;
+  world->all_reduce(std::span<int>(&one, 1), ReduceOp::sum);
+  EXPECT_EQ(one, world->size());
 }
 
 }  // namespace

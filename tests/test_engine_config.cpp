@@ -146,6 +146,7 @@ interval = 5
 [runtime]
 threads = 2
 collective_timeout_s = 30
+io_timeout_s = 7200
 device = "auto"
 precision = "fp32"
 )",
@@ -212,6 +213,7 @@ precision = "fp32"
   EXPECT_EQ(c.logging.interval, 5);
   EXPECT_EQ(c.runtime.threads, 2);
   EXPECT_EQ(c.runtime.collective_timeout_s, 30.0);
+  EXPECT_EQ(c.runtime.io_timeout_s, 7200.0);
   EXPECT_EQ(c.runtime.device, RuntimeDevice::auto_);
   EXPECT_EQ(c.runtime.precision, Precision::fp32);
 }
@@ -324,6 +326,7 @@ TEST(Config, OutOfRange) {
       {"[logging]\ninterval = 0", "logging.interval = 0", "must be >= 1"},
       {"[runtime]\nthreads = -2", "runtime.threads = -2", "must be >= 0"},
       {"[runtime]\ncollective_timeout_s = 0", "runtime.collective_timeout_s = 0", "must be > 0"},
+      {"[runtime]\nio_timeout_s = -5", "runtime.io_timeout_s = -5", "must be > 0"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.toml);

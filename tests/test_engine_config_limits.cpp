@@ -60,6 +60,7 @@ TEST(Config, SizeAndFloatLimitsNameKeyAndLimit) {
       {"[optimizer]\nlr = 1e-50", {"optimizer.lr = 1e-50", "fp32"}},
       {"[optimizer]\nweight_decay = 1e-45", {"optimizer.weight_decay = 1e-45", "0 or magnitude"}},
       {"[runtime]\ncollective_timeout_s = 1e300", {"runtime.collective_timeout_s", "<= 1e6"}},
+      {"[runtime]\nio_timeout_s = 1e7", {"runtime.io_timeout_s", "<= 1e6"}},
       {"[parallel]\npp = 2\npp_layers = [9223372036854775807, 2]", {"parallel.pp_layers", "0..model.num_layers"}},
       {"[model]\nhidden_size = 2147483646\nnum_heads = 1\nnum_kv_heads = 1\nnum_layers = 2147483647\n"
        "ffn_hidden_size = 2147483647",
