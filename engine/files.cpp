@@ -124,6 +124,11 @@ void OutputFile::flush() {
   if (std::fflush(f_) != 0) fail("write failed", errno);
 }
 
+bool OutputFile::unlinked() const {
+  struct stat st {};
+  return f_ != nullptr && ::fstat(::fileno(f_), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 0;
+}
+
 void OutputFile::sync() {
   flush();
   // EINVAL: the file does not support syncing (a pipe, /dev/null); nothing

@@ -64,6 +64,9 @@ class OutputFile {
   // flush() and fsync: on stable storage.
   void sync();
   void close();
+  // Whether the file has no name left (deleted, or its directory removed,
+  // while open): writes still succeed, into an inode nobody can read.
+  bool unlinked() const;
 
  private:
   [[noreturn]] void fail(const char* what, int err);

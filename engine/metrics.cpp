@@ -199,6 +199,13 @@ void MetricsWriter::write(const StepMetrics& m) {
     out_.reset();  // the file is closed; later records are dropped
     throw;
   }
+  if (!warned_unlinked_ && out_->unlinked()) {
+    warned_unlinked_ = true;
+    std::fprintf(stderr,
+                 "origami: warning: %s was deleted during the run (logging.dir removed?); the records from step %lld "
+                 "on are lost, and `origami imbalance` and resuming cannot read them; training continues\n",
+                 out_->path().c_str(), static_cast<long long>(m.step));
+  }
 }
 
 void MetricsWriter::close() {

@@ -87,6 +87,8 @@ class MetricsWriter {
   // it are kept and later ones (steps the resumed run redoes) dropped;
   // otherwise the file starts empty.
   explicit MetricsWriter(const std::string& dir, int64_t resumed_step = 0, const std::string& config_text = "");
+  // Warns once on stderr when the file was deleted under the run (the
+  // records still "succeed", into a file nobody can read); training goes on.
   void write(const StepMetrics& m);
   // Closes the file, reporting what the last writes did not; further
   // writes are dropped.
@@ -94,6 +96,7 @@ class MetricsWriter {
 
  private:
   std::unique_ptr<OutputFile> out_;
+  bool warned_unlinked_ = false;
 };
 
 }  // namespace origami

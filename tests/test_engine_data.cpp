@@ -19,6 +19,7 @@
 
 #include "engine/dataset.h"
 #include "engine/indexed_dataset.h"
+#include "engine/metrics.h"
 #include "engine/preprocess.h"
 #include "kernels/check.h"
 
@@ -152,6 +153,27 @@ TEST_F(DataTest, ADatasetTruncatedWhileMappedDiesNamingTheFile) {
         for (int64_t i = ds.num_sequences() - 1; i >= 0; --i) (void)ds.sequence(i);
       },
       prefix + ".bin: the file shrank while mapped \\(truncated or rewritten in place");
+}
+
+// logging.dir removed under a run: the metrics writes still succeed (into
+// an inode without a name), so the writer says so, once, naming the file and
+// the first lost step; training is not stopped for its log.
+TEST_F(DataTest, AMetricsFileDeletedUnderTheRunIsReportedOnce) {
+  const std::string log_dir = path("log");
+  MetricsWriter writer(log_dir);
+  StepMetrics m;
+  m.step = 1;
+  ::testing::internal::CaptureStderr();
+  writer.write(m);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  fs::remove_all(log_dir);
+  ::testing::internal::CaptureStderr();
+  for (m.step = 2; m.step <= 4; ++m.step) EXPECT_NO_THROW(writer.write(m));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find(log_dir + "/metrics.jsonl was deleted during the run"), std::string::npos) << err;
+  EXPECT_NE(err.find("from step 2 on are lost"), std::string::npos) << err;
+  EXPECT_EQ(err.find("deleted"), err.rfind("deleted")) << "warned once: " << err;
+  EXPECT_NO_THROW(writer.close());
 }
 
 TEST_F(DataTest, WriterRejectsTokenThatDoesNotFitDtype) {
