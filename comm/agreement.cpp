@@ -107,12 +107,13 @@ int failure_status(const std::vector<RankFailure>& failures) {
   return s;
 }
 
-void agree(Communicator& group, int status, const std::string& message, std::optional<double> wait_s) {
-  const double wait = wait_s.value_or(group.timeout_s());
-  auto failures = share_failures(group, status, message, wait);
+void agree(Communicator& group, int status, const std::string& message, const std::optional<MeetingWait>& wait) {
+  const double seconds = wait ? wait->seconds : group.timeout_s();
+  auto failures = share_failures(group, status, message, seconds);
   if (!failures) {
     abort_job(kExitTimeout, origami::detail::concat("[rank ", world_rank_for_diagnostics(), "] the ranks of group ",
-                                            group.name(), " did not all report within ", wait, " s",
+                                            group.name(), " did not all report within ", seconds, " s",
+                                            wait && !wait->setting.empty() ? " (" + wait->setting + ")" : std::string(),
                                             status != 0 ? "; this rank's error: " + message : std::string()));
   }
   if (!failures->empty()) throw JobError(format_failures(*failures, group.size()), failure_status(*failures));

@@ -39,21 +39,28 @@ std::string format_failures(const std::vector<RankFailure>& failures, int group_
 // The job's exit status: the largest of the failures'.
 int failure_status(const std::vector<RankFailure>& failures);
 
+// A meeting's own wait, and the setting that gave it (named when it runs out).
+struct MeetingWait {
+  double seconds = 0;
+  std::string setting;  // e.g. "runtime.io_timeout_s"
+};
+
 // Collective over `group`: when any member failed (status != 0), throws a
 // JobError on every member carrying every failing member's message (status:
-// failure_status). When the members do not all arrive within `wait_s`
-// seconds (the group's collective timeout unless given), aborts the job
-// (kExitTimeout), naming this rank and its own error if it had one.
-void agree(Communicator& group, int status, const std::string& message, std::optional<double> wait_s = std::nullopt);
+// failure_status). When the members do not all arrive within `wait` (the
+// group's collective timeout unless given), aborts the job (kExitTimeout),
+// naming this rank, the wait's setting and its own error if it had one.
+void agree(Communicator& group, int status, const std::string& message,
+           const std::optional<MeetingWait>& wait = std::nullopt);
 
 // Runs `fn` on every member of `group`; a UserError on any member becomes a
 // JobError on every member (agree), as does a filesystem_error (its paths
 // are the user's: checkpoint, logging and data directories). The meeting
-// waits `wait_s` (the group's collective timeout unless given): work whose
+// waits `wait` (the group's collective timeout unless given): work whose
 // length is file I/O on some ranks only (rank 0 writing the export, a slow
 // disk under one rank's checkpoint shard) passes runtime.io_timeout_s.
 template <class Fn>
-void run_agreed(Communicator& group, Fn&& fn, std::optional<double> wait_s = std::nullopt) {
+void run_agreed(Communicator& group, Fn&& fn, const std::optional<MeetingWait>& wait = std::nullopt) {
   int status = 0;
   std::string message;
   try {
@@ -67,7 +74,7 @@ void run_agreed(Communicator& group, Fn&& fn, std::optional<double> wait_s = std
     status = kExitUserError;
     message = e.what();
   }
-  agree(group, status, message, wait_s);
+  agree(group, status, message, wait);
 }
 
 }  // namespace origami::comm

@@ -276,8 +276,8 @@ struct CheckpointWriter::Pending {
   }
 };
 
-CheckpointWriter::CheckpointWriter(std::string dir, int64_t keep, bool background, double io_timeout_s)
-    : dir_(std::move(dir)), keep_(keep), background_(background), io_timeout_s_(io_timeout_s) {}
+CheckpointWriter::CheckpointWriter(std::string dir, int64_t keep, bool background, comm::MeetingWait io_wait)
+    : dir_(std::move(dir)), keep_(keep), background_(background), io_wait_(std::move(io_wait)) {}
 
 CheckpointWriter::~CheckpointWriter() {
   if (pending_ && pending_->thread.joinable()) pending_->thread.join();  // not completed: the .tmp stays
@@ -344,7 +344,7 @@ std::optional<CheckpointSaveStats> CheckpointWriter::wait(comm::Communicator& wo
   if (p->thread.joinable()) p->thread.join();
   // Every rank's files are synced, or a rank failed and all stop here. The
   // wait is for the slowest disk, not a collective: the I/O timeout.
-  comm::agree(world, p->status, p->message, io_timeout_s_);
+  comm::agree(world, p->status, p->message, io_wait_);
   int64_t local[4] = {p->digests.first.bytes, static_cast<int64_t>(p->digests.first.xxh3), p->digests.second.bytes,
                       static_cast<int64_t>(p->digests.second.xxh3)};
   std::vector<int64_t> all(4 * static_cast<size_t>(world.size()));
@@ -372,7 +372,7 @@ std::optional<CheckpointSaveStats> CheckpointWriter::wait(comm::Communicator& wo
     write_text_durably(dir_ + "/latest.tmp", p->name + "\n");
     rename_durably(dir_ + "/latest.tmp", dir_ + "/latest");
     prune(dir_, keep_, p->step);
-  }, io_timeout_s_);
+  }, io_wait_);
   stats.seconds = p->blocked_s;
   stats.written_s = std::chrono::duration<double>(Clock::now() - p->started).count();
   return stats;

@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/agreement.h"
 #include "comm/communicator.h"
 #include "comm/groups.h"
 #include "engine/config.h"
@@ -44,6 +45,12 @@
 #include "engine/units.h"
 
 namespace origami {
+
+// The wait of the meetings where ranks wait on each other's file I/O
+// (saves, loads, init_from_hf, the export): runtime.io_timeout_s.
+inline comm::MeetingWait io_meeting_wait(const Config& cfg) {
+  return {cfg.runtime.io_timeout_s, "runtime.io_timeout_s"};
+}
 
 // Training state beside the tensors.
 struct TrainState {
@@ -85,9 +92,9 @@ std::string step_dir_name(int64_t step);  // "step-00001000"
 // `latest` still names the previous checkpoint.
 class CheckpointWriter {
  public:
-  // io_timeout_s bounds the meetings where ranks wait for each other's
-  // writes (runtime.io_timeout_s).
-  CheckpointWriter(std::string dir, int64_t keep, bool background, double io_timeout_s);
+  // io_wait bounds the meetings where ranks wait for each other's writes
+  // (io_meeting_wait).
+  CheckpointWriter(std::string dir, int64_t keep, bool background, comm::MeetingWait io_wait);
   ~CheckpointWriter();  // joins a running thread; a save never completed stays a .tmp
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -104,7 +111,7 @@ class CheckpointWriter {
   std::string dir_;
   int64_t keep_ = 0;
   bool background_ = false;
-  double io_timeout_s_ = 0;
+  comm::MeetingWait io_wait_;
   std::unique_ptr<Pending> pending_;
 };
 

@@ -130,7 +130,7 @@ void load_hf_init(const std::string& dir, const Config& cfg, Model& model, const
                           ORIGAMI_USER_ERROR(it->second->path(), ": tensor '", name, "' holds ", dst[i],
                                              " (rule: weights are finite numbers)");
                     });
-  }, cfg.runtime.io_timeout_s);
+  }, io_meeting_wait(cfg));
 }
 
 }  // namespace origami

@@ -401,14 +401,14 @@ TrainState load_checkpoint(const std::string& step_dir, const Config& cfg, Model
     info = read_checkpoint_info(step_dir);
     check_model_shape(info, cfg);
     verify_checkpoint_files(info, groups.world_rank(), world.size());
-  }, cfg.runtime.io_timeout_s);
+  }, io_meeting_wait(cfg));
   comm::run_agreed(world, [&] {
     CheckpointReader reader(info);
     fill_held_state(model, groups, /*with_moments=*/true,
                     [&](const std::string& name, const std::string& moment, const SliceRange& range, float* dst) {
                       reader.read(name, moment, range, dst);
                     });
-  }, cfg.runtime.io_timeout_s);
+  }, io_meeting_wait(cfg));
   return info.train;
 }
 

@@ -263,7 +263,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
       check_writable_dir(cfg.exp.dir, "export.dir");
       for (const char* file : {"/model.safetensors", "/config.json"}) ReplacedFiles::check_replaceable(cfg.exp.dir + file);
     }
-  }, cfg.runtime.io_timeout_s);  // rank 0 may remove a partial save of any size
+  }, io_meeting_wait(cfg));  // rank 0 may remove a partial save of any size
   r.ctx.emplace(make_context(cfg));
   {
     const auto node = comm::node_mpi(MPI_COMM_WORLD, "node", comm::CommOptions{cfg.runtime.collective_timeout_s});
@@ -361,7 +361,7 @@ void Trainer::Run::resume() {
 }
 
 CheckpointRecord Trainer::Run::save() {
-  if (!writer) writer.emplace(cfg.checkpoint.dir, cfg.checkpoint.keep, cfg.checkpoint.async, cfg.runtime.io_timeout_s);
+  if (!writer) writer.emplace(cfg.checkpoint.dir, cfg.checkpoint.keep, cfg.checkpoint.async, io_meeting_wait(cfg));
   const TrainingConfig& tc = cfg.training;
   TrainState st;
   st.step = step;
@@ -587,7 +587,7 @@ TrainSummary Trainer::finish() {
     r.zero->gather_all();
     // Collective, then rank 0 alone writes the consolidated model: its
     // failure reaches every rank at this meeting.
-    comm::run_agreed(*r.everyone, [&] { export_hf(*r.model, dir, &*r.groups); }, r.cfg.runtime.io_timeout_s);
+    comm::run_agreed(*r.everyone, [&] { export_hf(*r.model, dir, &*r.groups); }, io_meeting_wait(r.cfg));
     r.zero->release_all();
     if (r.rank == 0 && r.opts.print_steps && !r.opts.json_lines)
       std::printf("exported Hugging Face weights to %s\n", dir.c_str());

@@ -226,6 +226,20 @@ TEST_F(CliFaults, AFailureOnRankZeroAloneStopsEveryRank) {
                  {"error [rank 0]: " + path("full2/metrics.jsonl") + ": write failed: No space left on device"});
 }
 
+// The meetings that wait on file I/O (start-up, saves, loads, the export
+// rank 0 writes while the other waits) are bounded by runtime.io_timeout_s,
+// not the collective timeout: here 0.1 ms, which the export of even this
+// model outlasts (as may the ranks' arrival at start-up). Exit 5, naming the
+// setting to raise, promptly.
+TEST_F(CliFaults, AnIoMeetingPastRuntimeIoTimeoutEndsTheJobNamingTheSetting) {
+  const auto r = train("--set runtime.io_timeout_s=1e-4 --set export.dir=" + path("io-export"), 2);
+  std::printf("[fault] %-58s exit %d in %.2f s\n", "an I/O meeting past runtime.io_timeout_s, 2 ranks", r.status,
+              r.seconds);
+  EXPECT_EQ(r.status, 5) << r.output;
+  EXPECT_NE(r.output.find("did not all report within 0.0001 s (runtime.io_timeout_s)"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, kPromptSeconds) << r.output;
+}
+
 TEST_F(CliFaults, AnErrorOnANonZeroRankReachesTheUserTaggedWithItsRank) {
   // The same config on both ranks, a relative data.path, and rank 1 started
   // where that path does not exist (a node missing the dataset).

@@ -509,7 +509,7 @@ TEST(Agreement, AnIoMeetingWaitsItsOwnTimeoutNotTheCollectiveOne) {
       [&] {
         if (world->rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
       },
-      /*wait_s=*/60.0));
+      MeetingWait{60.0, "runtime.io_timeout_s"}));
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_GE(waited, 1.4) << "every rank waited for rank 0";
   // The group still works afterwards, at its own timeout.

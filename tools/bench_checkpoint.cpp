@@ -130,7 +130,7 @@ void run(const Args& a) {
   const std::string plain = dir + "/plain-rank-" + std::to_string(rank) + ".bin";
   for (int it = 0; it <= a.repeat; ++it) {  // iteration 0 warms up
     state.step = it + 1;
-    CheckpointWriter sync(dir + "/sync", 1, false, cfg.runtime.io_timeout_s);
+    CheckpointWriter sync(dir + "/sync", 1, false, io_meeting_wait(cfg));
     CheckpointSaveStats s;
     const double save = timed(*everyone, [&] { s = sync.save(cfg, model, state, groups, *everyone); });
     total_bytes = s.total_bytes;
@@ -143,7 +143,7 @@ void run(const Args& a) {
     evict(plain);
     const double load = timed(*everyone, [&] { load_checkpoint(s.dir, cfg, model, groups, *everyone); });
     const double read = timed(*everyone, [&] { read_plain(plain, buf); });
-    CheckpointWriter background(dir + "/async", 1, true, cfg.runtime.io_timeout_s);
+    CheckpointWriter background(dir + "/async", 1, true, io_meeting_wait(cfg));
     double blocked = 0;
     const double complete = timed(*everyone, [&] {
       const auto t0 = Clock::now();
