@@ -11,13 +11,14 @@
 
 #include "kernels/device.h"
 #include "kernels/tensor.h"
+#include "test_seed.h"
 
 namespace origami::testing {
 
 // N(0, 1) floats: never all zeros, no exact cancellations.
 inline Tensor random_host(Shape shape, uint32_t seed, MemCategory cat = MemCategory::activation) {
   Tensor t = Tensor::empty(std::move(shape), DType::f32, cat);
-  std::mt19937 rng(seed);
+  std::mt19937 rng(testing::test_seed(seed));
   std::normal_distribution<float> d(0.0f, 1.0f);
   for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = d(rng);
   return t;

@@ -109,7 +109,7 @@ inline const char* pattern_name(Pattern p) {
 
 inline std::vector<int64_t> my_counts(const moe::ExpertPlacement& placement, Pattern p, uint32_t salt) {
   const int64_t E = placement.num_experts(), El = placement.experts_per_rank();
-  std::mt19937 rng(1000u * static_cast<uint32_t>(world_rank()) + salt);
+  std::mt19937 rng(testing::test_seed(1000u * static_cast<uint32_t>(world_rank()) + salt));
   std::uniform_int_distribution<int64_t> d(0, 4);
   std::vector<int64_t> c(static_cast<size_t>(E));
   for (int64_t& n : c) n = p == Pattern::empty ? 0 : d(rng);

@@ -2,7 +2,8 @@
 // each run whole under `mpirun -np N` by CTest: MPI setup, gtest output from
 // rank 0 only (other ranks print their failures tagged with their rank, so a
 // multi-rank log reads like a single-rank one), communicators freed before
-// MPI_Finalize, and an exit status that fails if any rank failed.
+// MPI_Finalize, an exit status that fails if any rank failed, and one base
+// seed for random inputs on every rank (rank 0's).
 #pragma once
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -12,6 +13,7 @@
 
 #include "kernels/check.h"
 #include "kernels/threads.h"
+#include "test_seed.h"
 
 namespace origami::testing {
 
@@ -41,6 +43,9 @@ inline int run_mpi_tests(int argc, char** argv, int threads = 0, const std::func
   start_mpi(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
   set_num_threads(threads > 0 ? threads : default_threads_per_rank());
+  uint32_t seed_base = world_rank() == 0 ? test_seed_base() : 0;
+  MPI_Bcast(&seed_base, 1, MPI_UINT32_T, 0, MPI_COMM_WORLD);
+  set_test_seed_base(seed_base);
   if (world_rank() != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());

@@ -18,6 +18,7 @@
 #include "dense/tensor_parallel.h"
 #include "grad_check.h"
 #include "test_context.h"
+#include "test_seed.h"
 
 namespace origami {
 namespace {
@@ -56,7 +57,7 @@ dense::AttentionWeights like(const dense::AttentionWeights& w, std::mt19937& rng
 }
 
 TEST(DenseDeferred, RmsNorm) {
-  std::mt19937 rng(1);
+  std::mt19937 rng(testing::test_seed(1));
   Tensor w = random_tensor({D}, rng), x = random_tensor({T, D}, rng, 2.0f), dy = random_tensor({T, D}, rng);
   dense::RmsNormSaved saved;
   dense::rmsnorm_module_forward(ctx, x, w, 1e-5f, saved);
@@ -67,7 +68,7 @@ TEST(DenseDeferred, RmsNorm) {
 }
 
 TEST(DenseDeferred, AttentionAndContextParallelAttentionOnNoGroup) {
-  std::mt19937 rng(2);
+  std::mt19937 rng(testing::test_seed(2));
   const dense::AttentionOptions opt{Hq, Hkv, hd, 10000.0f};
   {
     dense::AttentionWeights w = random_attention(rng);
@@ -91,7 +92,7 @@ TEST(DenseDeferred, AttentionAndContextParallelAttentionOnNoGroup) {
 }
 
 TEST(DenseDeferred, SwigluMlp) {
-  std::mt19937 rng(3);
+  std::mt19937 rng(testing::test_seed(3));
   dense::MlpWeights w{random_tensor({F, D}, rng, 0.3f), random_tensor({F, D}, rng, 0.3f),
                       random_tensor({D, F}, rng, 0.3f)};
   Tensor x = random_tensor({T, D}, rng), dy = random_tensor({T, D}, rng);
@@ -105,7 +106,7 @@ TEST(DenseDeferred, SwigluMlp) {
 }
 
 TEST(DenseDeferred, LmHeadAndEmbedding) {
-  std::mt19937 rng(4);
+  std::mt19937 rng(testing::test_seed(4));
   Tensor head = random_tensor({V, D}, rng, 0.3f), y = random_tensor({T, D}, rng), targets = ids(rng);
   // The head's backward consumes its saved logits: each run does its own forward.
   expect_split_is_fused("lm head", random_tensor({V, D}, rng), testing::tensor_views, {head}, 1,
@@ -124,7 +125,7 @@ TEST(DenseDeferred, LmHeadAndEmbedding) {
 
 // On no group the wrappers are the modules; their defer reaches them.
 TEST(DenseDeferred, TensorParallelWrappersOnNoGroup) {
-  std::mt19937 rng(5);
+  std::mt19937 rng(testing::test_seed(5));
   const dense::AttentionOptions opt{Hq, Hkv, hd, 10000.0f};
   dense::AttentionWeights wa = random_attention(rng);
   Tensor x = random_tensor({T, D}, rng), dy = random_tensor({T, D}, rng);
@@ -158,7 +159,7 @@ TEST(DenseDeferred, TensorParallelWrappersOnNoGroup) {
 }
 
 TEST(DenseDeferredDeathTest, RunningWithAnUnboundDestinationStops) {
-  std::mt19937 rng(6);
+  std::mt19937 rng(testing::test_seed(6));
   Tensor w = random_tensor({D}, rng), x = random_tensor({T, D}, rng), dy = random_tensor({T, D}, rng);
   dense::RmsNormSaved saved;
   dense::rmsnorm_module_forward(ctx, x, w, 1e-5f, saved);

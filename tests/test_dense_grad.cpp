@@ -11,6 +11,7 @@
 #include "dense/norm.h"
 #include "grad_check.h"
 #include "test_context.h"
+#include "test_seed.h"
 
 namespace origami {
 namespace {
@@ -23,7 +24,7 @@ using testing::random_tensor;
 Tensor zeros_like(const Tensor& t) { return Tensor::zeros(t.shape(), DType::f32, MemCategory::grad); }
 
 TEST(DenseGrad, AttentionGqaRopeAtOffsetPositions) {
-  std::mt19937 rng(101);
+  std::mt19937 rng(testing::test_seed(101));
   const int64_t B = 2, S = 13, D = 32, Hq = 4, Hkv = 2, hd = 8;
   dense::AttentionOptions opt{Hq, Hkv, hd, 10000.0f};
   dense::AttentionWeights w{random_tensor({Hq * hd, D}, rng, 0.3f), random_tensor({Hkv * hd, D}, rng, 0.3f),
@@ -52,7 +53,7 @@ TEST(DenseGrad, AttentionGqaRopeAtOffsetPositions) {
 
 TEST(DenseGrad, AttentionCausalityHoldsAtModuleLevel) {
   // Changing the last token must not change any earlier output.
-  std::mt19937 rng(7);
+  std::mt19937 rng(testing::test_seed(7));
   const int64_t B = 1, S = 9, D = 16, H = 2, hd = 8;
   dense::AttentionOptions opt{H, H, hd, 10000.0f};
   dense::AttentionWeights w{random_tensor({H * hd, D}, rng, 0.3f), random_tensor({H * hd, D}, rng, 0.3f),
@@ -71,7 +72,7 @@ TEST(DenseGrad, AttentionCausalityHoldsAtModuleLevel) {
 }
 
 TEST(DenseGrad, SwigluMlp) {
-  std::mt19937 rng(202);
+  std::mt19937 rng(testing::test_seed(202));
   const int64_t T = 10, D = 24, F = 40;
   dense::MlpWeights w{random_tensor({F, D}, rng, 0.3f), random_tensor({F, D}, rng, 0.3f),
                       random_tensor({D, F}, rng, 0.3f)};
@@ -91,7 +92,7 @@ TEST(DenseGrad, SwigluMlp) {
 }
 
 TEST(DenseGrad, RmsNorm) {
-  std::mt19937 rng(303);
+  std::mt19937 rng(testing::test_seed(303));
   const int64_t T = 7, D = 33;
   Tensor x = random_tensor({T, D}, rng), w = random_tensor({D}, rng), r = random_tensor({T, D}, rng);
   auto objective = [&] {
@@ -107,7 +108,7 @@ TEST(DenseGrad, RmsNorm) {
 }
 
 TEST(DenseGrad, EmbeddingWithRepeatedIds) {
-  std::mt19937 rng(404);
+  std::mt19937 rng(testing::test_seed(404));
   const int64_t V = 11, D = 6, T = 20;
   Tensor table = random_tensor({V, D}, rng), r = random_tensor({T, D}, rng);
   Tensor ids = Tensor::empty({T}, DType::i32, MemCategory::activation);
@@ -121,7 +122,7 @@ TEST(DenseGrad, EmbeddingWithRepeatedIds) {
 }
 
 TEST(DenseGrad, LmHeadAndCrossEntropyLoss) {
-  std::mt19937 rng(505);
+  std::mt19937 rng(testing::test_seed(505));
   const int64_t T = 9, D = 16, V = 23;
   const float scale = 1.0f / static_cast<float>(T);  // mean token loss
   Tensor w = random_tensor({V, D}, rng, 0.5f), y = random_tensor({T, D}, rng);

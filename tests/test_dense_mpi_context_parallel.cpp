@@ -4,7 +4,7 @@
 //    equal causal work per rank, chunks c and 2·cp−1−c in that order (for
 //    several cp locally, and across this world's cp group via MPI_Allgather);
 //    cp_shard_tokens reads inputs and next-token targets at those positions;
-//  - a full sequence, identical on every rank (fixed seed), sharded by
+//  - a full sequence, identical on every rank (the job's one test seed), sharded by
 //    cp_positions: outputs and dx equal the rows of single-rank
 //    attention_module_forward/backward at those positions, and the weight
 //    gradients summed over the group equal the single-rank ones;
@@ -278,7 +278,7 @@ CpRun check_against_single_rank(const Case& c, uint32_t seed, dense::CpComm meth
                          "]";
   SCOPED_TRACE(at);
   // Identical on every rank: the whole model input and output gradient.
-  std::mt19937 rng(seed);
+  std::mt19937 rng(testing::test_seed(seed));
   const dense::AttentionOptions opt{kHq, kHkv, kHd, 10000.0f};
   const dense::AttentionWeights w = random_weights(rng);
   const Tensor x = random_tensor({c.B * c.S, kD}, rng);
@@ -375,7 +375,7 @@ TEST(ContextParallel, RingKeepsLessAndPeaksLower) {
   const int n = cp.size();
   if (n == 1) GTEST_SKIP() << "one rank: both methods are the dense module";
   const int64_t B = 2, S = 64 * n;
-  std::mt19937 rng(31);
+  std::mt19937 rng(testing::test_seed(31));
   const dense::AttentionOptions opt{kHq, kHkv, kHd, 10000.0f};
   const dense::AttentionWeights w = random_weights(rng);
   const dense::CpPositions pos = dense::cp_positions(ctx, S, n, cp.rank());
@@ -422,7 +422,7 @@ TEST(ContextParallel, NullOrSizeOneGroupIsTheDenseModuleBitwise) {
   comm::Communicator& one = setups()->cp_one[GroupKind::cp];
   ASSERT_EQ(one.size(), 1);
   const int64_t B = 2, S = 13;
-  std::mt19937 rng(55);
+  std::mt19937 rng(testing::test_seed(55));
   const dense::AttentionOptions opt{kHq, kHkv, kHd, 10000.0f};
   const dense::AttentionWeights w = random_weights(rng);
   const Tensor x = random_tensor({B * S, kD}, rng), dy = random_tensor({B * S, kD}, rng);

@@ -1,7 +1,7 @@
 // Multi-rank tests of the tensor + sequence parallel dense modules
 // (dense/tensor_parallel.h), run whole by CTest under `mpirun -np N`, N = 1,
 // 2, 4, with tp = N. Every rank generates the same full weights and inputs
-// from a fixed seed, runs the single-rank module on the full micro-batch as
+// from the job's test seed (rank 0's, tests/test_seed.h), runs the single-rank module on the full micro-batch as
 // the reference, and runs the TP function on its SP shard and weight slices:
 //  - outputs and input gradients: this rank's rows equal the reference rows
 //    (so the gathered tensors are equal);
@@ -175,7 +175,7 @@ TEST(TensorParallel, ShardRules) {
 }
 
 TEST(TensorParallel, AttentionMatchesSingleRank) {
-  std::mt19937 rng(11);
+  std::mt19937 rng(testing::test_seed(11));
   const dense::AttentionOptions opt{kHq, kHkv, kHd, 10000.0f};
   dense::AttentionWeights w{random_tensor({kHq * kHd, kD}, rng, 0.3f), random_tensor({kHkv * kHd, kD}, rng, 0.3f),
                             random_tensor({kHkv * kHd, kD}, rng, 0.3f), random_tensor({kD, kHq * kHd}, rng, 0.3f)};
@@ -206,7 +206,7 @@ TEST(TensorParallel, AttentionMatchesSingleRank) {
 }
 
 TEST(TensorParallel, MlpMatchesSingleRank) {
-  std::mt19937 rng(12);
+  std::mt19937 rng(testing::test_seed(12));
   dense::MlpWeights w{random_tensor({kF, kD}, rng, 0.3f), random_tensor({kF, kD}, rng, 0.3f),
                       random_tensor({kD, kF}, rng, 0.3f)};
   const Tensor x = random_tensor({kT, kD}, rng), dy = random_tensor({kT, kD}, rng);
@@ -233,7 +233,7 @@ TEST(TensorParallel, MlpMatchesSingleRank) {
 
 // Embedding and LM head at one vocabulary size (67, or 5: zero rows on rank 3 of 4).
 void check_vocab_parallel(int64_t V, uint32_t seed) {
-  std::mt19937 rng(seed);
+  std::mt19937 rng(testing::test_seed(seed));
   const Tensor table = random_tensor({V, kD}, rng), head = random_tensor({V, kD}, rng, 0.3f);
   const Tensor ids = ids_covering(V, rng), targets = ids_covering(V, rng);
   const Tensor dx = random_tensor({kT, kD}, rng), y = random_tensor({kT, kD}, rng);
@@ -282,7 +282,7 @@ TEST(TensorParallel, VocabParallelEmbeddingAndHeadMatchSingleRank) { check_vocab
 TEST(TensorParallel, VocabSmallerThanCeilLeavesEmptyRanks) { check_vocab_parallel(5, 14); }
 
 TEST(TensorParallel, NullCommunicatorIsTheSingleRankModule) {
-  std::mt19937 rng(15);
+  std::mt19937 rng(testing::test_seed(15));
   const dense::AttentionOptions opt{kHq, kHkv, kHd, 10000.0f};
   dense::AttentionWeights w{random_tensor({kHq * kHd, kD}, rng, 0.3f), random_tensor({kHkv * kHd, kD}, rng, 0.3f),
                             random_tensor({kHkv * kHd, kD}, rng, 0.3f), random_tensor({kD, kHq * kHd}, rng, 0.3f)};
@@ -304,7 +304,7 @@ TEST(TensorParallel, NullCommunicatorIsTheSingleRankModule) {
 // A pre-norm block end to end. Norm weights are replicated: the TP run's norm
 // gradients come from T/n tokens each and must be all-reduced over tp.
 TEST(TensorParallel, PreNormBlockWithReplicatedNormGrads) {
-  std::mt19937 rng(16);
+  std::mt19937 rng(testing::test_seed(16));
   const dense::AttentionOptions opt{kHq, kHkv, kHd, 10000.0f};
   const float eps = 1e-5f;
   const Tensor table = random_tensor({kV, kD}, rng), head = random_tensor({kV, kD}, rng, 0.3f);

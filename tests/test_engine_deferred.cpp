@@ -16,6 +16,7 @@
 #include "engine/model.h"
 #include "grad_check.h"
 #include "test_context.h"
+#include "test_seed.h"
 
 namespace origami {
 namespace {
@@ -77,7 +78,7 @@ TEST(ModelDeferred, BThenWIsBitwiseTheFusedBackwardInEveryRecomputeMode) {
     Model fused(ctx, model_config(), 5, moe_config()), split(ctx, model_config(), 5, moe_config());
     fused.set_recompute(mode);
     split.set_recompute(mode);
-    std::mt19937 rng(17 + static_cast<uint32_t>(mode));
+    std::mt19937 rng(testing::test_seed(17 + static_cast<uint32_t>(mode)));
     const Tensor mb[2] = {testing::random_tokens(2, 13, 37, rng), testing::random_tokens(2, 13, 37, rng)};
     const float lm_scale = 1.0f / 48, aux_scale = 0.5f;
     fused.params().zero_grads(ctx);
@@ -113,7 +114,7 @@ TEST(ModelDeferred, BThenWIsBitwiseTheFusedBackwardInEveryRecomputeMode) {
 
 TEST(ModelDeferred, HooksSeeADeferredBackwardAndAWeightPassOverTheSameUnits) {
   Model model(ctx, model_config(), 5, moe_config());
-  std::mt19937 rng(3);
+  std::mt19937 rng(testing::test_seed(3));
   const Tensor tokens = testing::random_tokens(2, 9, 37, rng);
   Recorder hooks;
   ModelSaved saved;

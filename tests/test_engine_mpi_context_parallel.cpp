@@ -51,7 +51,7 @@ struct Measured {
 Measured run_micro_batch(const Config& cfg, const comm::Groups& groups, dense::CpComm method) {
   Model model(ctx, cfg.model, 3, cfg.moe, &groups, /*zero_stage=*/0);
   model.set_cp_comm(method);
-  std::mt19937 rng(4);  // the same windows on every rank: each cp rank takes its chunks
+  std::mt19937 rng(testing::test_seed(4));  // the same windows on every rank: each cp rank takes its chunks
   const Tensor tokens =
       testing::random_tokens(cfg.training.micro_batch, cfg.training.seq_len + 1, cfg.model.vocab_size, rng);
   TrackedAllocator& mem = TrackedAllocator::host();

@@ -107,7 +107,7 @@ std::vector<int64_t> bytes_per_group(const comm::Groups& g) {
 // This rank's tokens of micro-batch `mb` (the same on every tp and cp rank of
 // a data-parallel replica: the model shards them itself).
 Tensor tokens_of(const comm::Groups& g, int mb) {
-  std::mt19937 rng(static_cast<uint32_t>(1000 * mb + g.coords().dp));
+  std::mt19937 rng(testing::test_seed(static_cast<uint32_t>(1000 * mb + g.coords().dp)));
   return testing::random_tokens(2, 17, model_config().vocab_size, rng);
 }
 

@@ -95,14 +95,14 @@ void expect_stage_root(const comm::Groups& g) {
 const Shape kToyBoundary{3, 5};
 
 Tensor seeded(uint32_t seed) {
-  std::mt19937 rng(seed);
+  std::mt19937 rng(testing::test_seed(seed));
   return testing::random_tensor(kToyBoundary, rng);
 }
 
 // Stage s's slope a_s (|a| in [0.5, 1.5], random sign) and offset b_s: the
 // same on every rank.
 Tensor slope(int64_t s) {
-  std::mt19937 rng(1000 + static_cast<uint32_t>(s));
+  std::mt19937 rng(testing::test_seed(1000 + static_cast<uint32_t>(s)));
   std::uniform_real_distribution<float> mag(0.5f, 1.5f);
   Tensor a = Tensor::empty(kToyBoundary, DType::f32, MemCategory::activation);
   for (int64_t i = 0; i < a.numel(); ++i) a.f32()[i] = (rng() % 2 ? 1.0f : -1.0f) * mag(rng);
@@ -245,7 +245,7 @@ constexpr uint64_t kSeed = 7;
 std::vector<Tensor> micro_batches() {
   std::vector<Tensor> v;
   for (int64_t mb = 0; mb < kMicroBatches; ++mb) {
-    std::mt19937 rng(500 + static_cast<uint32_t>(mb));  // the same on every rank
+    std::mt19937 rng(testing::test_seed(500 + static_cast<uint32_t>(mb)));  // the same on every rank
     v.push_back(testing::random_tokens(kBatch, kSeq + 1, model_config().vocab_size, rng));
   }
   return v;

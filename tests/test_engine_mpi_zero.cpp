@@ -127,7 +127,7 @@ StepResult train_step(Model& model, ZeroStore& zero, AdamW& opt, uint32_t seed) 
   comm::Communicator& dense = groups()[comm::GroupKind::dp_cp];
   comm::Communicator& expert = groups()[comm::GroupKind::edp];
   const int64_t d0 = dense.total_bytes(), e0 = expert.total_bytes();
-  std::mt19937 rng(seed * 131 + static_cast<uint32_t>(world_rank()));
+  std::mt19937 rng(testing::test_seed(seed * 131 + static_cast<uint32_t>(world_rank())));
   const Tensor tokens = testing::random_tokens(2, 17, model.config().vocab_size, rng);
   zero.begin_step();
   ModelSaved saved;

@@ -20,6 +20,7 @@
 
 #include "engine/pipeline.h"
 #include "kernels/check.h"
+#include "test_seed.h"
 
 namespace origami {
 namespace {
@@ -143,7 +144,7 @@ Simulation simulate(int64_t p, int64_t m, double t_f, double t_b, std::mt19937* 
 }
 
 TEST(OneFOneB, AllStagesTogetherFinishWithTheExpectedMakespan) {
-  std::mt19937 rng(20240611);
+  std::mt19937 rng(testing::test_seed(20240611));
   const double t_f = 1, t_b = 2;
   for (int64_t p = 1; p <= 6; ++p)
     for (int64_t m = 1; m <= 10; ++m) {

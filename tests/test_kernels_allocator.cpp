@@ -17,6 +17,7 @@
 #include "kernels/allocator.h"
 #include "kernels/check.h"
 #include "kernels/device.h"
+#include "test_seed.h"
 
 namespace origami {
 namespace {
@@ -61,7 +62,7 @@ TEST(TrackedAllocator, SizesThatVaryStepToStepReuseTheBlockOfTheirClass) {
   CountingSource::reset(int64_t{1} << 30);
   {
     TrackedAllocator a(Device::cpu(), MemorySource{CountingSource::allocate, CountingSource::release});
-    std::mt19937 rng(std::random_device{}());
+    std::mt19937 rng(testing::test_seed(64));
     std::uniform_int_distribution<size_t> jitter(0, 60000);
     const size_t base = size_t{1} << 20;  // class steps of 128 KiB from 1 MiB
     for (int step = 0; step < 50; ++step) {

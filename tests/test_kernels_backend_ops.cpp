@@ -1,8 +1,9 @@
 // The op × backend harness's driver: one named case per (op, backend), e.g.
 // BackendOps/Run.Matches/gemm_cpu. The CPU case runs every problem of the
 // op's entry (tests/backend_ops/) against its naive fp64 reference; the CUDA
-// case runs the same problems (same seed, same inputs, copied with
-// Tensor::to) on cuda:0 against the CPU result, or skips naming why (built
+// case draws the same problems (fresh inputs, tests/test_seed.h), runs them
+// on cuda:0 (copied with Tensor::to) and on the CPU in the same process, and
+// compares the two, or skips naming why (built
 // without CUDA / no CUDA device). CTest runs the halves as BackendOps.cpu
 // and BackendOps.cuda (tests/CMakeLists.txt). bf16 problems run on both
 // backends against the reference (the CPU's by emulation). Each call's
@@ -26,6 +27,7 @@
 #include "backend_ops/harness.h"
 #include "kernels/init.h"
 #include "test_context.h"
+#include "test_seed.h"
 
 namespace origami::testing::backend_ops {
 namespace {
@@ -204,7 +206,7 @@ TEST_P(Run, Matches) {
     const std::string reason = no_cuda_reason();
     if (!reason.empty()) GTEST_SKIP() << reason;
   }
-  std::mt19937 rng(static_cast<uint32_t>(name_hash(entry.name)));  // fresh per op, the same on every backend
+  std::mt19937 rng(testing::test_seed(static_cast<uint32_t>(name_hash(entry.name))));  // fresh per op, the same on every backend
   const std::vector<Problem> problems = entry.problems(rng);
   ASSERT_FALSE(problems.empty());
   for (const Problem& p : problems) {

@@ -28,6 +28,7 @@
 #include "kernels/init.h"
 #include "kernels/moe_ops.h"
 #include "kernels/tensor.h"
+#include "test_seed.h"
 #ifdef ORIGAMI_WITH_CUDA
 #include "kernels/cuda/blas.h"
 #endif
@@ -48,7 +49,7 @@ using testing::same_bits;
 // bf16 one (bf16 grad and working copy) and a bf16 grad alone; the clip's
 // scale and none.
 void expect_fused_adamw_is_the_calls_one_by_one(const ExecContext& ctx) {
-  std::mt19937 rng(7);
+  std::mt19937 rng(testing::test_seed(7));
   std::uniform_int_distribution<int64_t> length(1, 300);
   std::vector<AdamWSegment> runs;
   int64_t n = 0;

@@ -26,6 +26,7 @@
 #include "kernels/threads.h"
 #include "grouped_gemm_cases.h"
 #include "test_context.h"
+#include "test_seed.h"
 
 namespace origami {
 namespace {
@@ -47,7 +48,7 @@ Tensor randn(Shape s, std::mt19937& g) {
 
 // Accumulating into a group no segment names leaves it bitwise untouched.
 TEST(KernelsGroupedGemm, WeightGradientLeavesUnusedGroupsAlone) {
-  std::mt19937 rng(7);
+  std::mt19937 rng(testing::test_seed(7));
   const Segments segs{{2, 9}, {0, 0}, {2, 4}};
   const Tensor dY = randn({13, 5}, rng), X = randn({13, 6}, rng), dW0 = randn({3, 5, 6}, rng);
   Tensor dW = make({3, 5, 6});
@@ -59,7 +60,7 @@ TEST(KernelsGroupedGemm, WeightGradientLeavesUnusedGroupsAlone) {
 
 // Every output of one call sequence, at a given thread count.
 std::vector<float> run_all(const GroupedGemmCase& c, int threads, bool per_segment_gemm) {
-  std::mt19937 rng(99);
+  std::mt19937 rng(testing::test_seed(99));
   const int64_t N = total_rows(c.segs);
   const Tensor X = randn({N, c.K}, rng), W = randn({c.G, c.M, c.K}, rng), Wn = randn({c.G, c.M, c.K}, rng);
   const Tensor dY = randn({N, c.M}, rng);
@@ -123,7 +124,7 @@ TEST(KernelsGroupedGemm, ItemScheduleIsTheOneThreadLoopAtEveryThreadCount) {
 }
 
 TEST(KernelsGroupedGemm, RejectsBadSegments) {
-  std::mt19937 rng(3);
+  std::mt19937 rng(testing::test_seed(3));
   const Tensor X = randn({10, 4}, rng), W = randn({2, 6, 4}, rng);
   Tensor Y = make({10, 6}), dW = make({2, 6, 4});
   const Segments short_segs{{0, 4}, {1, 5}}, bad_group{{0, 4}, {2, 6}};
@@ -151,7 +152,7 @@ TEST(GroupedGemmSignals, HandlersOnTheirOwnStacksLeaveTheHeapAndResultsIntact) {
   sa.sa_flags = SA_RESTART | SA_ONSTACK;
   ASSERT_EQ(sigaction(SIGUSR1, &sa, &old), 0);
 
-  std::mt19937 g(20261202);
+  std::mt19937 g(testing::test_seed(20261202));
   const int64_t G = 4, M = 96, K = 128, N = 512;
   const Tensor X = randn({N, K}, g), dY = randn({N, M}, g);
   const std::vector<GemmSegment> segments = {{0, 100}, {1, 150}, {2, 62}, {3, 200}};

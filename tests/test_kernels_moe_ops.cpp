@@ -20,6 +20,7 @@
 #include "kernels/moe_ops.h"
 #include "naive_ops.h"
 #include "test_context.h"
+#include "test_seed.h"
 
 namespace origami {
 namespace {
@@ -95,7 +96,7 @@ double naive_objective(const std::vector<double>& z, int64_t E, const MoeTopkPar
 }
 
 TEST(KernelsMoe, TopkBackwardMatchesFp64CentralDifferences) {
-  std::mt19937 rng(73);
+  std::mt19937 rng(testing::test_seed(73));
   const int64_t T = 12, E = 8, K = 3, seg = 4;
   for (MoeScore sc : {MoeScore::softmax, MoeScore::sigmoid}) {
     for (bool norm : {false, true}) {
@@ -127,7 +128,7 @@ TEST(KernelsMoe, TopkBackwardMatchesFp64CentralDifferences) {
 // The statistics ops name what is wrong with their shapes.
 TEST(KernelsMoe, RoutingStatisticsRejectBadShapes) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  std::mt19937 rng(80);
+  std::mt19937 rng(testing::test_seed(80));
   const int64_t T = 10, E = 4;
   const TopkOut o = run_topk(randn({T, E}, rng), Tensor(), MoeTopkParams{MoeScore::softmax, 2, 1, 1, false, 1.0});
   Tensor stats3 = make({2 * 3 * E + 2}, DType::f64), stats1 = make({2 * E + 2}, DType::f64);
@@ -158,7 +159,7 @@ Maps small_maps(const Tensor& ex, const Tensor& kept, int64_t E, int64_t rows_ea
 
 // Every op gives bitwise-identical results at 1 and 3 threads.
 TEST(KernelsMoe, ResultsDoNotDependOnThreadCount) {
-  std::mt19937 rng(89);
+  std::mt19937 rng(testing::test_seed(89));
   const int64_t T = 700, E = 16, K = 4, D = 33;
   MoeTopkParams p{MoeScore::sigmoid, K, 4, 2, true, 2.0f};
   Tensor logits = randn({T, E}, rng, 2.0f), R = randn({T, K}, rng), A = randn({1, E}, rng), x = randn({T, D}, rng);

@@ -26,6 +26,7 @@
 #include "kernels/rope.h"
 #include "naive_ops.h"
 #include "test_context.h"
+#include "test_seed.h"
 
 namespace origami {
 namespace {
@@ -98,7 +99,7 @@ int thread_count() {
 // (nested teams' threads exit with their region, so counting afterwards
 // would see nothing).
 TEST(Gemm, RawInsideParallelRegionIsSingleThreadedAndCorrect) {
-  std::mt19937 g(4);
+  std::mt19937 g(testing::test_seed(4));
   const int nt = std::max(2, omp_get_max_threads());
   const int64_t n = 384;  // big enough that oneDNN would split it if allowed
   std::vector<Tensor> A, B, C;
@@ -148,7 +149,7 @@ TEST(GemmDeathTest, MismatchedInnerDimensionNamesShapes) {
 // ---------------------------------------------------------------- rmsnorm
 
 TEST(RmsNorm, BackwardDataGradientMatchesFiniteDifferencesOfForward) {
-  std::mt19937 g(5);
+  std::mt19937 g(testing::test_seed(5));
   const int64_t T = 13, D = 67;
   const float eps = 1e-5f;
   Tensor x = randn({T, D}, g, 2.0f), w = randn({D}, g), dy = randn({T, D}, g);
@@ -183,7 +184,7 @@ TEST(RmsNorm, BackwardDataGradientMatchesFiniteDifferencesOfForward) {
 // kernel at every thread count: the split moves dw to a second call, it does
 // not change one rounding (kernels/deferred.h relies on it).
 TEST(RmsNorm, InputAndWeightHalvesAreBitwiseTheFusedBackward) {
-  std::mt19937 g(6);
+  std::mt19937 g(testing::test_seed(6));
   for (auto [T, D] : {std::pair<int64_t, int64_t>{13, 67}, {1, 1}, {97, 256}})
     for (int threads : {1, 2, 3}) {
       SCOPED_TRACE("T " + std::to_string(T) + ", D " + std::to_string(D) + ", threads " + std::to_string(threads));
@@ -208,7 +209,7 @@ TEST(RmsNorm, InputAndWeightHalvesAreBitwiseTheFusedBackward) {
 // ---------------------------------------------------------------- rope
 
 TEST(Rope, BackwardIsTheInverseAndTheAdjointOfForward) {
-  std::mt19937 g(6);
+  std::mt19937 g(testing::test_seed(6));
   const int64_t B = 2, S = 6, H = 3, hd = 64;
   const float theta = 10000.0f;
   Tensor pos = ints({5, 17, 1000, 3, 70000, 123});  // non-contiguous, CP-style
@@ -239,7 +240,7 @@ TEST(Rope, BackwardIsTheInverseAndTheAdjointOfForward) {
 // ---------------------------------------------------------------- cross-entropy
 
 TEST(CrossEntropy, BackwardMatchesFiniteDifferencesAndRunsInPlace) {
-  std::mt19937 g(9);
+  std::mt19937 g(testing::test_seed(9));
   const int64_t T = 9, V = 1001;
   Tensor logits = randn({T, V}, g, 3.0f);
   std::vector<int32_t> tv(T);
@@ -278,7 +279,7 @@ TEST(CrossEntropy, BackwardMatchesFiniteDifferencesAndRunsInPlace) {
 // add_inplace is axpy with a = 1 above the backends; the fp64 reductions
 // sum fixed per-thread blocks in order, so a repeat is bitwise the same.
 TEST(Elementwise, AddInplaceAndReproducibleReductions) {
-  std::mt19937 g(11);
+  std::mt19937 g(testing::test_seed(11));
   const int64_t n = 100003;
   Tensor x = randint({n}, g, -9, 9), y = randint({n}, g, -9, 9);
   const auto x0 = to_double(x), y0 = to_double(y);

@@ -12,6 +12,7 @@
 #include "grad_check.h"
 #include "moe/moe_layer.h"
 #include "test_context.h"
+#include "test_seed.h"
 
 namespace origami {
 namespace {
@@ -49,7 +50,7 @@ moe::RouterOptions router_options(bool sigmoid_seq_z) {
 
 TEST(MoeDeferred, Router) {
   for (bool variant : {false, true}) {
-    std::mt19937 rng(variant ? 11 : 10);
+    std::mt19937 rng(testing::test_seed(variant ? 11 : 10));
     const moe::RouterOptions opt = router_options(variant);
     Tensor gate = random_tensor({E, D}, rng, 0.5f), x = random_tensor({T, D}, rng);
     moe::RouterSaved saved;
@@ -65,7 +66,7 @@ TEST(MoeDeferred, Router) {
 }
 
 TEST(MoeDeferred, GroupedExperts) {
-  std::mt19937 rng(12);
+  std::mt19937 rng(testing::test_seed(12));
   const ExpertWeights w = random_experts(4, F, rng);
   // Expert 2 empty, expert 1 fed by two segments (the expert-parallel arrival order).
   const moe::ExpertSegments segments{{0, 5}, {1, 3}, {3, 7}, {1, 4}};
@@ -91,7 +92,7 @@ TEST(MoeDeferred, WholeLayer) {
                              {"capacity 1.0 with drops, no shared expert", false, false, false, 1.0}};
   uint32_t seed = 20;
   for (const LayerCase& c : cases) {
-    std::mt19937 rng(seed++);
+    std::mt19937 rng(testing::test_seed(seed++));
     moe::MoeLayerOptions opt;
     opt.router = router_options(c.sigmoid_seq_z);
     opt.capacity.capacity_factor = c.capacity;

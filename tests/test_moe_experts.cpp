@@ -15,6 +15,7 @@
 #include "kernels/threads.h"
 #include "moe/experts.h"
 #include "test_context.h"
+#include "test_seed.h"
 
 namespace origami {
 namespace {
@@ -95,7 +96,7 @@ Tensor group_input(const GroupCase& c, std::mt19937& rng) {
 }
 
 TEST(MoeExperts, ForwardMatchesNaiveReferenceWithEmptyExpertAndPadding) {
-  std::mt19937 rng(11);
+  std::mt19937 rng(testing::test_seed(11));
   GroupCase c;
   ExpertWeights w = random_experts(c.E, c.F, c.D, rng);
   Tensor x = group_input(c, rng);
@@ -108,7 +109,7 @@ TEST(MoeExperts, ForwardMatchesNaiveReferenceWithEmptyExpertAndPadding) {
 }
 
 TEST(MoeExperts, FiniteDifferenceGradients) {
-  std::mt19937 rng(12);
+  std::mt19937 rng(testing::test_seed(12));
   GroupCase c;
   ExpertWeights w = random_experts(c.E, c.F, c.D, rng);
   Tensor x = group_input(c, rng), r = random_tensor({c.N, c.D}, rng);
@@ -139,7 +140,7 @@ TEST(MoeExperts, FiniteDifferenceGradients) {
 // appearing in several runs (and an empty run). Must equal the same rows
 // sorted into one block per expert, row for row, in forward and backward.
 TEST(MoeExperts, InterleavedSegmentsEqualSortedRows) {
-  std::mt19937 rng(14);
+  std::mt19937 rng(testing::test_seed(14));
   const int64_t E = 3, F = 5, D = 6;
   const moe::ExpertSegments segs = {{2, 3}, {0, 4}, {2, 1}, {1, 0}, {0, 2}, {1, 3}};
   const int64_t N = 13;
@@ -176,7 +177,7 @@ TEST(MoeExperts, InterleavedSegmentsEqualSortedRows) {
 }
 
 TEST(MoeExperts, BackwardAccumulatesIntoGrad) {
-  std::mt19937 rng(13);
+  std::mt19937 rng(testing::test_seed(13));
   GroupCase c;
   ExpertWeights w = random_experts(c.E, c.F, c.D, rng);
   Tensor x = group_input(c, rng), dy = random_tensor({c.N, c.D}, rng);
@@ -195,7 +196,7 @@ TEST(MoeExperts, BackwardAccumulatesIntoGrad) {
 // the dense SwiGLU of §4, SwiGLU(x) = (silu(x·Wgᵀ) ⊙ x·Wuᵀ)·Wdᵀ, written here
 // with separate [F, D] / [D, F] matrices and row-major loops.
 TEST(MoeExperts, SharedExpertEqualsDenseSwiglu) {
-  std::mt19937 rng(14);
+  std::mt19937 rng(testing::test_seed(14));
   const int64_t T = 15, D = 16, F = 20;
   Tensor wg = random_tensor({F, D}, rng, 0.3f), wu = random_tensor({F, D}, rng, 0.3f);
   Tensor wd = random_tensor({D, F}, rng, 0.3f);
@@ -225,7 +226,7 @@ TEST(MoeExperts, SharedExpertEqualsDenseSwiglu) {
 }
 
 TEST(MoeExperts, SharedExpertFiniteDifferenceGradients) {
-  std::mt19937 rng(15);
+  std::mt19937 rng(testing::test_seed(15));
   const int64_t T = 11, D = 14, F = 18;
   ExpertWeights w = random_experts(1, F, D, rng);
   Tensor x = random_tensor({T, D}, rng), r = random_tensor({T, D}, rng);
@@ -247,7 +248,7 @@ TEST(MoeExperts, SharedExpertFiniteDifferenceGradients) {
 // at a Mixtral-like per-rank shape (T·k = 8192 rows, D = 512, F = 352, E = 8,
 // balanced). 9 GEMMs of 2·n·D·F FLOPs per expert (3 forward, 6 backward).
 TEST(MoeExperts, ThroughputReport) {
-  std::mt19937 rng(16);
+  std::mt19937 rng(testing::test_seed(16));
   const int64_t N = 8192, D = 512, F = 352, E = 8;
   ExpertWeights w = random_experts(E, F, D, rng, 0.05f);
   ExpertWeights g = zeros_like(w);

@@ -55,7 +55,7 @@ TEST(MoeMpiDispatcher, CombineOfDispatchIsIdentity) {
         SCOPED_TRACE(at);
         const AllToAllDispatcher disp = s->dispatcher(E, placement);
         const std::vector<int64_t> counts = my_counts(placement, p, 11);
-        std::mt19937 rng(77u + static_cast<uint32_t>(world_rank()));
+        std::mt19937 rng(testing::test_seed(77u + static_cast<uint32_t>(world_rank())));
         const Tensor x = random_tensor({sum(counts), kD}, rng);
         const moe::Dispatched d = disp.dispatch(x, counts);
         // The reverse sums the etp peers' partials: either peer 0 returns the
@@ -215,7 +215,7 @@ TEST(MoeMpiDispatcher, BackwardsAreTheAdjoints) {
         SCOPED_TRACE(at);
         const AllToAllDispatcher disp = s->dispatcher(E, placement);
         const std::vector<int64_t> counts = my_counts(placement, p, 37);
-        std::mt19937 rng(500u + static_cast<uint32_t>(world_rank()));
+        std::mt19937 rng(testing::test_seed(500u + static_cast<uint32_t>(world_rank())));
         const Tensor u = random_tensor({sum(counts), kD}, rng);  // input layout [N, D]
         const moe::Dispatched d = disp.dispatch(u, counts);
         const Tensor v = random_tensor(d.x_MD.shape(), rng);  // expert layout [M, D]
@@ -236,9 +236,9 @@ TEST(MoeMpiDispatcher, BackwardsAreTheAdjoints) {
 // ---------------------------------------------------------------------------
 // The whole MoE layer through the dispatcher vs each rank alone.
 
-// Full weights from a fixed seed: identical on every rank.
+// Full weights from the job's test seed: identical on every rank.
 MoeLayerWeights full_weights(int64_t E) {
-  std::mt19937 rng(2024);
+  std::mt19937 rng(testing::test_seed(2024));
   MoeLayerWeights w;
   w.gate_ED = random_tensor({E, kD}, rng, 0.5f, MemCategory::param);
   w.experts = {random_tensor({E, kF, kD}, rng, 0.3f, MemCategory::param),
@@ -333,7 +333,7 @@ void check_layer_parity(const Setup& s, int64_t E, const LayerCase& c) {
   slice_experts(local.experts, full.experts, mine, f0, /*add=*/false);
 
   const int64_t T = c.empty_rank && world_size() > 1 && me == world_size() - 1 ? 0 : kT;
-  std::mt19937 rng(9000u + static_cast<uint32_t>(me));
+  std::mt19937 rng(testing::test_seed(9000u + static_cast<uint32_t>(me)));
   const Tensor x = random_tensor({T, kD}, rng), dy = random_tensor({T, kD}, rng);
   LayerRun ep = run_layer(c.opt, local, x, dy, &disp);
   LayerRun one = run_layer(c.opt, full, x, dy, nullptr);
@@ -463,7 +463,7 @@ void check_placement_is_bitwise(const Setup& s, int64_t E, const LayerCase& c) {
     return w;
   };
   const int64_t T = c.empty_rank && world_size() > 1 && world_rank() == world_size() - 1 ? 0 : kT;
-  std::mt19937 rng(4242u + static_cast<uint32_t>(world_rank()));
+  std::mt19937 rng(testing::test_seed(4242u + static_cast<uint32_t>(world_rank())));
   const Tensor x = random_tensor({T, kD}, rng), dy = random_tensor({T, kD}, rng);
   const MoeLayerWeights wa = local_weights(contiguous), wb = local_weights(placed);
   LayerRun a = run_layer(c.opt, wa, x, dy, &contiguous, nullptr, one_thread);
@@ -528,7 +528,7 @@ void check_empty_rank_with_reduced_losses(moe::LoadBalancing balancing, float au
     // cover no tokens (router_forward rejects that).
     const bool empty = world_size() > 1 && world_rank() == world_size() - 1;
     const int64_t T = empty ? 0 : kT;
-    std::mt19937 rng(31u + static_cast<uint32_t>(world_rank()));
+    std::mt19937 rng(testing::test_seed(31u + static_cast<uint32_t>(world_rank())));
     const Tensor x = random_tensor({T, kD}, rng), dy = random_tensor({T, kD}, rng);
     LayerRun r = run_layer(opt, local, x, dy, &disp, reduce);
     EXPECT_EQ(r.y.shape(), (Shape{T, kD}));

@@ -16,6 +16,7 @@
 #include "naive_ops.h"
 #include "moe/router.h"
 #include "test_context.h"
+#include "test_seed.h"
 
 namespace origami::moe {
 namespace {
@@ -122,7 +123,7 @@ TEST(MoeRouter, CudaRouterBoundIsExactAtItsLimit) {
 }
 
 TEST(MoeRouter, TopkMatchesNaiveAcrossOptions) {
-  std::mt19937 rng(11);
+  std::mt19937 rng(testing::test_seed(11));
   const int64_t T = 64, D = 24;
   struct Case { int64_t E, K, G, gk; ScoreFunction sf; bool norm; float scale; bool bias; };
   const Case cases[] = {{8, 2, 1, 1, ScoreFunction::softmax, false, 1.0f, false},
@@ -187,7 +188,7 @@ TEST(MoeRouter, GroupTiesGoToTheLowerGroup) {
 }
 
 TEST(MoeRouter, GroupLimitedSelectionMatchesNaiveAndDiffersFromFlat) {
-  std::mt19937 rng(13);
+  std::mt19937 rng(testing::test_seed(13));
   const int64_t T = 128, D = 16, E = 16;
   RouterOptions o = options(E, 4, ScoreFunction::sigmoid);
   o.num_groups = 4, o.group_topk = 2;
@@ -212,7 +213,7 @@ TEST(MoeRouter, GroupLimitedSelectionMatchesNaiveAndDiffersFromFlat) {
 }
 
 TEST(MoeRouter, BiasChangesSelectionButNotWeights) {
-  std::mt19937 rng(17);
+  std::mt19937 rng(testing::test_seed(17));
   const int64_t T = 32, D = 8, E = 8;
   for (ScoreFunction sf : {ScoreFunction::softmax, ScoreFunction::sigmoid}) {
     RouterOptions o = options(E, 2, sf);
@@ -235,7 +236,7 @@ TEST(MoeRouter, BiasChangesSelectionButNotWeights) {
 }
 
 TEST(MoeRouter, NormalizeAndScaling) {
-  std::mt19937 rng(19);
+  std::mt19937 rng(testing::test_seed(19));
   const int64_t T = 20, D = 8, E = 8, K = 3;
   for (ScoreFunction sf : {ScoreFunction::softmax, ScoreFunction::sigmoid}) {
     RouterOptions o = options(E, K, sf);
@@ -256,7 +257,7 @@ TEST(MoeRouter, NormalizeAndScaling) {
 // ------------------------------------------------------------ loss values
 
 TEST(MoeRouter, AuxAndZLossValuesMatchNaive) {
-  std::mt19937 rng(23);
+  std::mt19937 rng(testing::test_seed(23));
   const int64_t B = 3, S = 10, T = B * S, D = 12, E = 8;
   for (ScoreFunction sf : {ScoreFunction::softmax, ScoreFunction::sigmoid}) {
     for (LoadBalancing lb : {LoadBalancing::none, LoadBalancing::aux_loss, LoadBalancing::seq_aux_loss,
@@ -322,7 +323,7 @@ class RouterGrad : public ::testing::TestWithParam<GradParam> {};
 
 TEST_P(RouterGrad, FiniteDifferencesThroughXAndGate) {
   const auto [sf, lb, with_z, with_weights] = GetParam();
-  std::mt19937 rng(1000 + int(sf) * 100 + int(lb) * 10 + with_z * 2 + with_weights);
+  std::mt19937 rng(testing::test_seed(1000 + int(sf) * 100 + int(lb) * 10 + with_z * 2 + with_weights));
   const int64_t B = 3, S = 6, T = B * S, D = 16, E = 8, K = 2;
   RouterOptions o = options(E, K, sf);
   o.load_balancing = lb;
@@ -388,7 +389,7 @@ class RouterReducer : public ::testing::TestWithParam<std::tuple<ScoreFunction, 
 
 TEST_P(RouterReducer, TwoRankGroupMatchesTheCombinedBatch) {
   const auto [sf, lb] = GetParam();
-  std::mt19937 rng(31 + int(lb));
+  std::mt19937 rng(testing::test_seed(31 + int(lb)));
   const int64_t B = 2, Sl = 5, T = B * Sl, D = 12, E = 8, K = 2;
   RouterOptions o = options(E, K, sf);
   o.load_balancing = lb, o.aux_loss_coeff = 0.3f, o.z_loss_coeff = 0.05f, o.normalize_topk = true;
@@ -468,7 +469,7 @@ INSTANTIATE_TEST_SUITE_P(Losses, RouterReducer,
                                                               LoadBalancing::global_aux_loss)));
 
 TEST(MoeRouter, ReducerIsCalledOnlyWhenALossNeedsStatistics) {
-  std::mt19937 rng(37);
+  std::mt19937 rng(testing::test_seed(37));
   const int64_t T = 8, D = 4, E = 4;
   Tensor x = random_tensor({T, D}, rng), gate = random_tensor({E, D}, rng);
   struct Case { LoadBalancing lb; float aux, z; int calls; int64_t n; };
@@ -504,7 +505,7 @@ TEST(MoeRouter, UpdateExpertBiasFollowsSignOfMeanMinusLoad) {
   EXPECT_EQ(b.f32()[2], 1.0f);
   EXPECT_EQ(b.f32()[3], 0.0f);
 
-  std::mt19937 rng(41);
+  std::mt19937 rng(testing::test_seed(41));
   const int64_t E = 16;
   std::vector<int64_t> load(E);
   std::uniform_int_distribution<int64_t> d(0, 100);

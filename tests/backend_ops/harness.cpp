@@ -44,8 +44,12 @@ Tensor randn(Shape s, std::mt19937& g, float sd) {
 
 Tensor randint(Shape s, std::mt19937& g, int lo, int hi) {
   Tensor t = empty(std::move(s));
-  std::uniform_int_distribution<int> d(lo, hi);
-  for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = static_cast<float>(d(g));
+  const bool skip_zero = lo < 0 && hi > 0;
+  std::uniform_int_distribution<int> d(lo, skip_zero ? hi - 1 : hi);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const int v = d(g);
+    t.f32()[i] = static_cast<float>(skip_zero && v >= 0 ? v + 1 : v);
+  }
   return t;
 }
 

@@ -117,7 +117,9 @@ Problem bf16_variant(const Problem& p, std::initializer_list<std::string_view> k
 
 Tensor empty(Shape s, DType dt = DType::f32);
 Tensor randn(Shape s, std::mt19937& g, float sd = 1.0f);
-// Small integers as f32: products and sums stay exact, so references are too.
+// Small integers in [lo, hi] as f32: products and sums stay exact, so
+// references are too. Zero is left out of a range that spans it: a fresh
+// draw of a one-element problem could otherwise be all zeros.
 Tensor randint(Shape s, std::mt19937& g, int lo, int hi);
 Tensor i32s(const std::vector<int32_t>& v, Shape s = {});
 Tensor i64s(const std::vector<int64_t>& v);

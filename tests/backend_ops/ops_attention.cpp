@@ -305,7 +305,8 @@ OpEntry attention_merge_entry() {
               Problem p("B " + std::to_string(B) + ", Sq " + std::to_string(Sq) + ", Hq " + std::to_string(Hq) +
                         ", hd " + std::to_string(hd));
               p.in("o_part", o_part).in("lse_part", lse_part);
-              p.inout("o_acc", o_acc, {1e-6, 0, "two fp32 products and a sum per element, weights rounded to fp32"});
+              p.inout("o_acc", o_acc,
+                      {1e-6, 0, "two fp32 products and a sum per element, weights rounded to fp32 (of wa|oa| + wp|op|)"});
               p.inout("lse_acc", lse_acc, {1.2e-7, 0, "computed in double, rounded once to fp32 (scale |lse|)"});
               p.call = [](const ExecContext& ctx, Bound& t) {
                 attention_merge(ctx, t.at("o_part"), t.at("lse_part"), t.at("o_acc"), t.at("lse_acc"));
@@ -313,7 +314,10 @@ OpEntry attention_merge_entry() {
               p.reference = [B, Sq, Hq, hd](const Bound& in, Refs& want) {
                 const std::vector<double> oa = values(in.at("o_acc")), op = values(in.at("o_part")),
                                           la = values(in.at("lse_acc")), lp = values(in.at("lse_part"));
-                std::vector<double> o = oa, lse = la;
+                std::vector<double> o = oa, lse = la, o_scale(oa.size());
+                // Rounding scales with the blended magnitudes, not the blend,
+                // which a fresh draw can make cancel (wa·oa ≈ −wp·op).
+                for (size_t k = 0; k < oa.size(); ++k) o_scale[k] = std::abs(oa[k]);
                 for (int64_t b = 0; b < B; ++b)
                   for (int64_t h = 0; h < Hq; ++h)
                     for (int64_t i = 0; i < Sq; ++i) {
@@ -321,9 +325,13 @@ OpEntry attention_merge_entry() {
                       if (lp[l] == -INFINITY) continue;
                       const double m = std::max(la[l], lp[l]), wa = std::exp(la[l] - m), wp = std::exp(lp[l] - m);
                       lse[l] = m + std::log(wa + wp);
-                      for (int64_t e = 0; e < hd; ++e) o[at + e] = (wa * oa[at + e] + wp * op[at + e]) / (wa + wp);
+                      for (int64_t e = 0; e < hd; ++e) {
+                        o[at + e] = (wa * oa[at + e] + wp * op[at + e]) / (wa + wp);
+                        o_scale[at + e] = (wa * std::abs(oa[at + e]) + wp * std::abs(op[at + e])) / (wa + wp);
+                      }
                     }
                 want["o_acc"].value = o;
+                want["o_acc"].scale = o_scale;
                 want["lse_acc"].value = lse;
                 for (double x : lse) want["lse_acc"].scale.push_back(std::isfinite(x) ? std::abs(x) : 0.0);
               };

@@ -16,8 +16,10 @@ OpEntry axpy_entry() {
             std::vector<Problem> ps;
             auto add = [&](int64_t n, float a, bool integers) {
               Problem p("n " + std::to_string(n) + ", a " + std::to_string(a) + (integers ? ", integers" : ", randn"));
-              p.in("x", integers ? randint({n}, g, -9, 9) : randn({n}, g));
-              p.inout("y", integers ? randint({n}, g, -9, 9) : randn({n}, g),
+              // Integers: y > 0 and a·x > 0 (a < 0, x < 0), so y + a·x never
+              // cancels to an all-zero reference on a one-element draw.
+              p.in("x", integers ? randint({n}, g, -9, -1) : randn({n}, g));
+              p.inout("y", integers ? randint({n}, g, 1, 9) : randn({n}, g),
                       integers ? Tol{0, 0, "integers plus a short binary fraction times integers: exact"}
                                : Tol{2.4e-7, 0, "a·x and the sum each rounded once: <= 2u of |y| + |a·x|"});
               p.call = [a](const ExecContext& ctx, Bound& t) { axpy(ctx, a, t.at("x"), t.at("y")); };

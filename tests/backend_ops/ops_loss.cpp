@@ -36,6 +36,23 @@ CeInputs ce_inputs(int64_t T, int64_t V, std::mt19937& g) {
 // loads per thread: V odd (rows start anywhere) and V a power of two.
 const std::pair<int64_t, int64_t> kCeShapes[] = {{9, 1001}, {1, 2}, {5, 17}, {4, 33001}, {2, 8192}};
 
+// Per element of dlogits = scale·(p − onehot): what its rounding scales
+// with, max(|element|, scale·p·(1 + |d|)), d = x − lse. The computed p
+// carries a relative error, so the target's p − 1 carries it times p, not
+// times |p − 1| (at p = 0.9986, a fresh draw of V = 2, that is 700× the
+// element); and d is rounded to fp32 before exp, a relative error of
+// ~6e-8·|d| in p (1e-6 at |d| = 19: p ~ 6e-9).
+void set_dlogits_scale(const std::vector<double>& x, int64_t T, int64_t V, const std::vector<double>& lse, float scale,
+                       Ref& want) {
+  want.scale.resize(want.value.size());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < V; ++i) {
+      const size_t k = static_cast<size_t>(t * V + i);
+      const double d = x[k] - lse[t];
+      want.scale[k] = std::max(std::abs(want.value[k]), double(scale) * std::exp(d) * (1 + std::abs(d)));
+    }
+}
+
 // bf16 problems (bf16_variant) round the logits, never the statistics; the
 // reference then sees the rounded logits, so an f32 output keeps its f32
 // tolerance and a bf16 one adds its single rounding.
@@ -96,14 +113,16 @@ OpEntry cross_entropy_backward_entry() {
               const float scale = 0.37f;
               Problem p("T " + std::to_string(T) + ", V " + std::to_string(V));
               p.in("logits_TV", c.logits_TV).in("targets_T", i32s(c.targets)).in("lse_T", from_doubles(c.lse, {T}));
-              p.out("dlogits_TV", {T, V}, DType::f32, {2e-6, 0, "exp_fast's 2e-7 of each probability, times scale"});
+              p.out("dlogits_TV", {T, V}, DType::f32,
+                    {2e-6, 0, "exp_fast's 2e-7 of each probability, times scale (set_dlogits_scale)"});
               p.call = [scale](const ExecContext& ctx, Bound& t) {
                 cross_entropy_backward(ctx, t.at("logits_TV"), t.at("targets_T"), t.at("lse_T"), scale,
                                        t.at("dlogits_TV"));
               };
               p.reference = [c, scale](const Bound& in, Refs& want) {
-                want["dlogits_TV"].value = ref_dlogits(values(in.at("logits_TV")), c.T, c.V, c.targets,
-                                                       values(in.at("lse_T")), 0, scale);
+                const std::vector<double> x = values(in.at("logits_TV")), lse = values(in.at("lse_T"));
+                want["dlogits_TV"].value = ref_dlogits(x, c.T, c.V, c.targets, lse, 0, scale);
+                set_dlogits_scale(x, c.T, c.V, lse, scale, want["dlogits_TV"]);
               };
               Problem b = bf16_variant(p, {"lse_T"}, kBf16Dlogits);
               ps.push_back(std::move(p));
@@ -248,6 +267,7 @@ OpEntry cross_entropy_local_backward_entry() {
               p.reference = [s, c, scale](const Bound& in, Refs& want) {
                 const std::vector<double> x = values(in.at("logits_TV")), lse = values(in.at("lse_T"));
                 want["dlogits_TV"].value = ref_dlogits(x, s.T, s.Vr, c.targets, lse, s.start, scale);
+                set_dlogits_scale(x, s.T, s.Vr, lse, scale, want["dlogits_TV"]);
               };
               Problem b = bf16_variant(p, {"lse_T"}, kBf16Dlogits);
               ps.push_back(std::move(p));
