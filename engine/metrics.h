@@ -89,6 +89,7 @@ class MetricsWriter {
   explicit MetricsWriter(const std::string& dir, int64_t resumed_step = 0, const std::string& config_text = "");
   // Warns once on stderr when the file was deleted under the run (the
   // records still "succeed", into a file nobody can read); training goes on.
+  // (NFS renames a deleted open file instead: no warning there.)
   void write(const StepMetrics& m);
   // Closes the file, reporting what the last writes did not; further
   // writes are dropped.

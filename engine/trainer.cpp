@@ -134,6 +134,7 @@ std::string divergence(const Config& cfg, int64_t step, double lm_loss, double a
 // The first preemption signal of this process (0: none). Signal handlers can
 // only reach globals; the trainer reads it once per step and agrees on it.
 std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler's store must be async-signal-safe");
 
 extern "C" void note_stop_signal(int sig) {
   int none = 0;
@@ -405,6 +406,7 @@ StepMetrics Trainer::run_step() {
   const Config& cfg = r.cfg;
   const TrainingConfig& tc = cfg.training;
   ORIGAMI_CHECK(r.step < tc.steps, "run_step after the last of ", tc.steps, " steps");
+  ORIGAMI_CHECK(r.stop_signal == 0, "run_step after a preemption stop was agreed (stop_requested())");
   const int64_t step = ++r.step;
   const ExecContext& ctx = *r.ctx;
   Model& model = *r.model;
@@ -508,7 +510,9 @@ StepMetrics Trainer::run_step() {
   model.update_expert_bias(fstats.moe);  // the global batch's loads
   int stop = g_stop_signal.load();
   r.everyone->all_reduce(std::span<int>(&stop, 1), comm::ReduceOp::max);
-  r.stop_signal = stop;
+  // The last step is not preempted: training is done, and the run ends as a
+  // finished one (its interval save, its export), not as a stopped one.
+  r.stop_signal = step == tc.steps ? 0 : stop;
   // CUDA: the step's last work (the update, ZeRO's gathers, queued behind
   // stream waits) is still on the device; the step time includes it.
   ctx.synchronize();

@@ -36,7 +36,8 @@ struct TrainSummary {
 
 // The signals a run treats as preemption: SIGTERM (what schedulers send),
 // SIGINT (Ctrl-C), SIGUSR1 and SIGUSR2 (SLURM's --signal=USR1@<s> warning
-// before a time limit; Open MPI's mpirun forwards all four to the ranks).
+// before a time limit). Open MPI's mpirun forwards USR1 and USR2 to the
+// ranks and sends them TERM on TERM or INT.
 inline constexpr std::array<int, 4> stop_signals() { return {SIGTERM, SIGINT, SIGUSR1, SIGUSR2}; }
 // "SIGTERM" etc. for one of stop_signals(); "signal N" otherwise.
 std::string stop_signal_name(int sig);
@@ -55,8 +56,9 @@ class Trainer {
   // Whether a rank received a preemption signal (stop_signals()): agreed by
   // every rank after each step, so all stop after the same step. That step
   // checkpoints (when checkpoint.dir is set; its metrics record names the
-  // checkpoint and the signal) and finish() skips the export. A second signal
-  // of the same kind kills at once. The handlers are the Trainer's for its lifetime (signals
+  // checkpoint and the signal) and finish() skips the export. A stop agreed
+  // in the last step is none: the run is done. A second signal of the same
+  // kind kills at once. The handlers are the Trainer's for its lifetime (signals
   // are process-wide).
   bool stop_requested() const;
   // The next optimizer step (steps_done() + 1 <= training.steps); its metrics

@@ -569,6 +569,21 @@ TEST_F(Checkpoint, SigtermCheckpointsExitsZeroAndResumesBitExact) {
                       "kill -TERM \\$p; sleep 0.1; kill -TERM \\$p; wait \\$p\"");
       EXPECT_EQ(r.status, 128 + 15) << r.output;
       EXPECT_FALSE(fs::exists(ck(twice) + "/latest")) << "killed by the second signal before any save";
+      // A signal during the last step (sent once the one before is logged;
+      // steps of ~1 s) does not stop a run that is done: it ends as a
+      // finished one, export included, and no record says it stopped.
+      const std::string last = tag + "-last";
+      const std::string last_log = *dir_ / (last + "/metrics.jsonl");
+      r = run_command("bash -c \"" +
+                      train_command(last, 1,
+                                    "--set training.steps=3 --set training.global_batch=64 --set export.dir=" +
+                                        (*dir_ / (last + "-export"))) +
+                      " & p=\\$!; while [ \\$(cat " + last_log +
+                      " 2>/dev/null | wc -l) -lt 2 ]; do sleep 0.05; done; kill -USR2 \\$p; wait \\$p\"");
+      EXPECT_EQ(r.status, 0) << r.output;
+      EXPECT_NE(r.output.find("trained 3 steps"), std::string::npos) << r.output;
+      EXPECT_TRUE(fs::exists(*dir_ / (last + "-export/model.safetensors"))) << r.output;
+      for (const auto& rec : read_jsonl(last_log)) EXPECT_FALSE(rec.contains("stopped_by")) << rec.dump();
       continue;
     }
     // The uninterrupted run of this layout.

@@ -228,11 +228,13 @@ TEST_F(CliFaults, AFailureOnRankZeroAloneStopsEveryRank) {
 
 // The meetings that wait on file I/O (start-up, saves, loads, the export
 // rank 0 writes while the other waits) are bounded by runtime.io_timeout_s,
-// not the collective timeout: here 0.1 ms, which the export of even this
-// model outlasts (as may the ranks' arrival at start-up). Exit 5, naming the
-// setting to raise, promptly.
+// not the collective timeout: here 0.1 ms (in effect 1 ms, the meetings'
+// polling grain), which the export of this model (hidden 512: ~70 MB, more
+// than memory bandwidth can copy in 1 ms) outlasts whatever else does. Exit
+// 5, naming the setting to raise, promptly.
 TEST_F(CliFaults, AnIoMeetingPastRuntimeIoTimeoutEndsTheJobNamingTheSetting) {
-  const auto r = train("--set runtime.io_timeout_s=1e-4 --set export.dir=" + path("io-export"), 2);
+  const auto r = train("--set runtime.io_timeout_s=1e-4 --set training.steps=1 --set model.hidden_size=512 "
+                       "--set model.ffn_hidden_size=2048 --set export.dir=" + path("io-export"), 2);
   std::printf("[fault] %-58s exit %d in %.2f s\n", "an I/O meeting past runtime.io_timeout_s, 2 ranks", r.status,
               r.seconds);
   EXPECT_EQ(r.status, 5) << r.output;
