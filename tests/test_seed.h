@@ -4,7 +4,9 @@
 // a site mixes its own salt in, so sites draw independent streams and one
 // site's stream does not shift when another changes. Invariants: the base is
 // the same on every rank of a multi-rank binary (run_mpi_tests broadcasts
-// rank 0's before any test), and every failed test prints it.
+// rank 0's before any test) and in the processes a test starts (a death
+// test's child re-runs the binary: the base goes into ORIGAMI_TEST_SEED),
+// and every failed test prints it.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -56,13 +58,21 @@ inline const bool seed_listener_installed = [] {
 
 // The process's base seed (drawn on first use).
 inline uint32_t test_seed_base() {
+  (void)detail::seed_listener_installed;  // an odr-use: its initialization cannot be deferred past this
   auto& base = detail::test_seed_base_slot();
-  if (!base) base = detail::draw_test_seed_base();
+  if (!base) {
+    base = detail::draw_test_seed_base();
+    setenv("ORIGAMI_TEST_SEED", std::to_string(*base).c_str(), /*overwrite=*/1);
+  }
   return *base;
 }
 
-// Sets the base: how a multi-rank binary makes every rank agree.
-inline void set_test_seed_base(uint32_t base) { detail::test_seed_base_slot() = base; }
+// Sets the base: how a multi-rank binary makes every rank agree. Exported
+// to ORIGAMI_TEST_SEED for the processes this one starts.
+inline void set_test_seed_base(uint32_t base) {
+  detail::test_seed_base_slot() = base;
+  setenv("ORIGAMI_TEST_SEED", std::to_string(base).c_str(), /*overwrite=*/1);
+}
 
 // The seed for one site: the base mixed with the site's salt through
 // seed_seq, so nearby salts give unrelated streams.
