@@ -225,6 +225,26 @@ struct Trainer::Run {
   void print_banner() const;
   void resume();
   CheckpointRecord save();
+  // What a step's communication figures are differences against.
+  struct CommCounters {
+    std::vector<int64_t> bytes;  // per counted group
+    std::vector<double> a2a_s;   // per counted group: blocking all-to-all seconds
+    double exposed_s = 0;        // over every counted group
+  };
+  CommCounters comm_counters() const;
+  // This stage's part of the step: every micro-batch through the pipeline
+  // schedule; Σ token LM loss lands in loss_sum_dev (last stage only).
+  StageTiming run_schedule(int64_t step, ForwardStats& fstats, const Tensor& loss_sum_dev);
+  // The step's losses, as its record and the divergence check read them.
+  struct StepLosses {
+    double lm = 0, aux = 0, z = 0;
+  };
+  // The step's record: its figures, the communication since `before`, the
+  // completed background save and the save this step makes.
+  StepMetrics record(int64_t step, double seconds, const StepLosses& losses, const StepStats& st,
+                     std::vector<MoeLayerRecord> moe, const StageTiming& timing, const CommCounters& before);
+  // Rank 0 writes the record and prints the step line; then on_step.
+  void publish(const StepMetrics& m);
 };
 
 Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_unique<Run>(cfg, opts)) {
@@ -401,6 +421,72 @@ void Trainer::Run::print_banner() const {
       static_cast<long long>(peak.n));
 }
 
+Trainer::Run::CommCounters Trainer::Run::comm_counters() const {
+  CommCounters c;
+  for (comm::Communicator* g : counted) {
+    c.bytes.push_back(g->total_bytes());
+    c.a2a_s.push_back(g->stats(comm::CommOp::all_to_all_v).blocking_s);
+    c.exposed_s += exposed_seconds(*g);
+  }
+  return c;
+}
+
+StageTiming Trainer::Run::run_schedule(int64_t step, ForwardStats& fstats, const Tensor& loss_sum_dev) {
+  const TrainingConfig& tc = cfg.training;
+  const ExecContext& c = *ctx;
+  // One stage: forward and backward of each micro-batch in turn. Every
+  // chunk's forward reads the micro-batch's tokens (§8 indices; positions
+  // and targets live there).
+  const int64_t chunks = cfg.parallel.virtual_stages;
+  std::vector<ModelSaved> saved(static_cast<size_t>(accum * chunks));
+  auto slot = [&](int64_t chunk, int64_t a) -> ModelSaved& { return saved[static_cast<size_t>(chunk * accum + a)]; };
+  const bool split = cfg.parallel.pp_schedule == PipeSchedule::zb_h1;  // B and W apart
+  std::vector<WeightPass> pending_w(split ? static_cast<size_t>(accum) : 0);
+  auto forward = [&](int64_t chunk, int64_t a, Tensor h_in) {
+    StageIO io;
+    io.chunk = chunk;
+    io.tokens_BS1 = device_micro_batch(c, *data, tc.micro_batch, tc.seq_len, [&](int64_t i) {
+      return sample_base + sample_index(step - 1, tc.global_batch, a, dp, dp_rank, tc.micro_batch, i);
+    });
+    io.h_in = std::move(h_in);
+    io.stats = &fstats;
+    io.hooks = &*zero;
+    io.loss_sum = loss_sum_dev;
+    model->forward(io, slot(chunk, a));
+    return io.h_out;
+  };
+  auto backward = [&](int64_t chunk, int64_t a, Tensor dh_out) {
+    StageGradIO io;
+    io.lm_grad_scale = grad_scale;
+    io.aux_scale = aux_scale;
+    io.hooks = &*zero;
+    io.dh_out = std::move(dh_out);
+    if (split) io.defer = &pending_w[static_cast<size_t>(a)];
+    model->backward(io, slot(chunk, a));
+    return io.dh_in;
+  };
+  // zb-h1: the weight-gradient half of each backward, run where the schedule puts it.
+  auto weight = [&](int64_t, int64_t a) { model->weight_backward(pending_w[static_cast<size_t>(a)], &*zero); };
+  const PipeScheduleSpec spec{cfg.parallel.pp_schedule, comm::group_size(pp), accum, chunks, c.device(),
+                              c.data_dtype()};
+  HeldActivations held{&TrackedAllocator::of(c.device())};
+  const bool device_pipeline = pp && pp->compute_stream();
+  const double pp_exposed_before = device_pipeline ? exposed_seconds(*pp) : 0;
+  const auto pipeline_t0 = Clock::now();
+  StageTiming timing =
+      run_pipeline(pp, spec, boundary, forward, backward, split ? StageWeight(weight) : StageWeight{}, &held);
+  if (device_pipeline) {  // the host ran ahead: the stage's time is the device's
+    auto since = [&] { return std::chrono::duration<double>(Clock::now() - pipeline_t0).count(); };
+    c.synchronize();
+    const double done_s = since();
+    const double stalls_s = exposed_seconds(*pp) - pp_exposed_before;  // at the receives
+    pp->barrier();  // the drain: idle until the last stage is done
+    timing.idle_s = stalls_s + (since() - done_s);
+    timing.busy_s = std::max(0.0, done_s - stalls_s);
+  }
+  return timing;
+}
+
 StepMetrics Trainer::run_step() {
   Run& r = *run_;
   const Config& cfg = r.cfg;
@@ -414,69 +500,13 @@ StepMetrics Trainer::run_step() {
   const auto t0 = Clock::now();
   TrackedAllocator::of(ctx.device()).reset_peaks();
   if (!ctx.device().is_host()) TrackedAllocator::host().reset_peaks();
-  std::vector<int64_t> bytes_before;
-  std::vector<double> a2a_before;
-  double exposed_before = 0;
-  for (comm::Communicator* c : r.counted) {
-    bytes_before.push_back(c->total_bytes());
-    a2a_before.push_back(c->stats(comm::CommOp::all_to_all_v).blocking_s);
-    exposed_before += exposed_seconds(*c);
-  }
+  const Run::CommCounters before = r.comm_counters();
   zero.begin_step();
   // Σ token LM loss of the step's micro-batches, added on the device (last
   // stage only; zero elsewhere) and read once, after the pipeline.
   Tensor loss_sum_dev = ctx.zeros({1}, DType::f64, MemCategory::workspace);
   ForwardStats fstats;
-  // One step's micro-batches through this stage's schedule (one stage:
-  // forward and backward of each in turn). Every chunk's forward reads the
-  // micro-batch's tokens (§8 indices; positions and targets live there).
-  const int64_t chunks = cfg.parallel.virtual_stages;
-  std::vector<ModelSaved> saved(static_cast<size_t>(r.accum * chunks));
-  auto slot = [&](int64_t chunk, int64_t a) -> ModelSaved& { return saved[static_cast<size_t>(chunk * r.accum + a)]; };
-  const bool split = cfg.parallel.pp_schedule == PipeSchedule::zb_h1;  // B and W apart
-  std::vector<WeightPass> pending(split ? static_cast<size_t>(r.accum) : 0);
-  auto forward = [&](int64_t chunk, int64_t a, Tensor h_in) {
-    StageIO io;
-    io.chunk = chunk;
-    io.tokens_BS1 = device_micro_batch(ctx, *r.data, tc.micro_batch, tc.seq_len, [&](int64_t i) {
-      return r.sample_base + sample_index(step - 1, tc.global_batch, a, r.dp, r.dp_rank, tc.micro_batch, i);
-    });
-    io.h_in = std::move(h_in);
-    io.stats = &fstats;
-    io.hooks = &zero;
-    io.loss_sum = loss_sum_dev;
-    model.forward(io, slot(chunk, a));
-    return io.h_out;
-  };
-  auto backward = [&](int64_t chunk, int64_t a, Tensor dh_out) {
-    StageGradIO io;
-    io.lm_grad_scale = r.grad_scale;
-    io.aux_scale = r.aux_scale;
-    io.hooks = &zero;
-    io.dh_out = std::move(dh_out);
-    if (split) io.defer = &pending[static_cast<size_t>(a)];
-    model.backward(io, slot(chunk, a));
-    return io.dh_in;
-  };
-  // zb-h1: the weight-gradient half of each backward, run where the schedule puts it.
-  auto weight = [&](int64_t, int64_t a) { model.weight_backward(pending[static_cast<size_t>(a)], &zero); };
-  const PipeScheduleSpec spec{cfg.parallel.pp_schedule, comm::group_size(r.pp), r.accum, chunks, ctx.device(),
-                              ctx.data_dtype()};
-  HeldActivations held{&TrackedAllocator::of(ctx.device())};
-  const bool device_pipeline = r.pp && r.pp->compute_stream();
-  const double pp_exposed_before = device_pipeline ? exposed_seconds(*r.pp) : 0;
-  const auto pipeline_t0 = Clock::now();
-  StageTiming timing =
-      run_pipeline(r.pp, spec, r.boundary, forward, backward, split ? StageWeight(weight) : StageWeight{}, &held);
-  if (device_pipeline) {  // the host ran ahead: the stage's time is the device's
-    auto since = [&] { return std::chrono::duration<double>(Clock::now() - pipeline_t0).count(); };
-    ctx.synchronize();
-    const double done_s = since();
-    const double stalls_s = exposed_seconds(*r.pp) - pp_exposed_before;  // at the receives
-    r.pp->barrier();  // the drain: idle until the last stage is done
-    timing.idle_s = stalls_s + (since() - done_s);
-    timing.busy_s = std::max(0.0, done_s - stalls_s);
-  }
+  const StageTiming timing = r.run_schedule(step, fstats, loss_sum_dev);
   HostRead loss_read = ctx.read_later(loss_sum_dev);  // the step's scalar metrics: a named host point
   zero.finish_gradients();
   double loss_sum = loss_read.scalar_f64();
@@ -485,18 +515,19 @@ StepMetrics Trainer::run_step() {
   if (r.pp) r.pp->all_reduce(std::span<double>(&loss_sum, 1));  // from the last stage to all
   reduce_moe_records(fstats.moe, *r.groups);
   fstats.moe = whole_model_records(fstats.moe, cfg, r.groups->layout().ep(), r.pp);
-  double lm_loss = loss_sum / static_cast<double>(tc.global_batch * tc.seq_len);
+  Run::StepLosses losses;
+  losses.lm = loss_sum / static_cast<double>(tc.global_batch * tc.seq_len);
   // Fault injection for the divergence tests: ORIGAMI_FAULT_NAN_AT_STEP=<step>.
   if (const char* at = std::getenv("ORIGAMI_FAULT_NAN_AT_STEP"); at && std::to_string(step) == at)
-    lm_loss = std::nan("");
-  const double aux_loss = fstats.aux_loss() / static_cast<double>(r.micro_batches);
-  const double z_loss = fstats.z_loss() / static_cast<double>(r.micro_batches);
+    losses.lm = std::nan("");
+  losses.aux = fstats.aux_loss() / static_cast<double>(r.micro_batches);
+  losses.z = fstats.z_loss() / static_cast<double>(r.micro_batches);
   const double grad_norm = r.optimizer->grad_norm(ctx, model.params(), r.norm_groups);
   // Every rank's verdict on this step, and any failure left from the last,
   // meet here before the weights change: a diverged step stops the run
   // (kExitDiverged) with the weights of the step before.
   {
-    const std::string diverged = divergence(cfg, step, lm_loss, aux_loss, z_loss, grad_norm);
+    const std::string diverged = divergence(cfg, step, losses.lm, losses.aux, losses.z, grad_norm);
     int status = r.pending.status;
     std::string message = r.pending.message;
     if (!diverged.empty()) {
@@ -505,7 +536,7 @@ StepMetrics Trainer::run_step() {
     }
     comm::agree(*r.everyone, status, message);
   }
-  StepStats st = r.optimizer->update(ctx, model.params(), grad_norm);
+  const StepStats st = r.optimizer->update(ctx, model.params(), grad_norm);
   zero.finish_step();
   model.update_expert_bias(fstats.moe);  // the global batch's loads
   int stop = g_stop_signal.load();
@@ -517,56 +548,69 @@ StepMetrics Trainer::run_step() {
   // stream waits) is still on the device; the step time includes it.
   ctx.synchronize();
   const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  StepMetrics m = r.record(step, dt, losses, st, std::move(fstats.moe), timing, before);
+  r.publish(m);
+  return m;
+}
 
+StepMetrics Trainer::Run::record(int64_t step, double seconds, const StepLosses& losses, const StepStats& st,
+                                 std::vector<MoeLayerRecord> moe, const StageTiming& timing,
+                                 const CommCounters& before) {
+  const TrainingConfig& tc = cfg.training;
   StepMetrics m;
   m.step = step;
   m.total_steps = tc.steps;
-  m.lm_loss = lm_loss;
-  m.aux_loss = aux_loss;
-  m.z_loss = z_loss;
-  m.moe = std::move(fstats.moe);
+  m.lm_loss = losses.lm;
+  m.aux_loss = losses.aux;
+  m.z_loss = losses.z;
+  m.moe = std::move(moe);
   m.grad_norm = st.grad_norm;
   m.lr = st.lr;
   m.tokens = tc.global_batch * tc.seq_len;
-  m.first_sample = r.sample_base + (step - 1) * tc.global_batch;
+  m.first_sample = sample_base + (step - 1) * tc.global_batch;
   m.samples = tc.global_batch;
-  m.epoch = m.first_sample / r.data->num_windows();
-  m.step_time_s = dt;
-  m.tokens_per_s = static_cast<double>(m.tokens) / dt;
-  m.gflops = r.flops.total() / dt / 1e9;
-  m.peak_gflops = r.peak.flops_per_s / 1e9;
+  m.epoch = m.first_sample / data->num_windows();
+  m.step_time_s = seconds;
+  m.tokens_per_s = static_cast<double>(m.tokens) / seconds;
+  m.gflops = flops.total() / seconds / 1e9;
+  m.peak_gflops = peak.flops_per_s / 1e9;
   m.mfu = m.peak_gflops > 0 ? m.gflops / m.peak_gflops : 0;
-  for (comm::Communicator* c : r.counted) m.comm_exposed_s += exposed_seconds(*c);
-  m.comm_exposed_s -= exposed_before;
-  snapshot_memory(ctx, m);
-  m.stages = every_stage(timing, r.pp);
+  for (comm::Communicator* c : counted) m.comm_exposed_s += exposed_seconds(*c);
+  m.comm_exposed_s -= before.exposed_s;
+  snapshot_memory(*ctx, m);
+  m.stages = every_stage(timing, pp);
   const CheckpointConfig& ck = cfg.checkpoint;
-  if (r.writer && r.writer->pending())  // a background save whose files every rank has written completes
-    if (auto done = r.writer->poll(*r.everyone)) m.checkpoint_done = CheckpointDone{done->dir, done->written_s, done->max_rank_bytes, done->total_bytes};
+  if (writer && writer->pending())  // a background save whose files every rank has written completes
+    if (auto done = writer->poll(*everyone))
+      m.checkpoint_done = CheckpointDone{done->dir, done->written_s, done->max_rank_bytes, done->total_bytes};
   // A preempted run checkpoints whenever checkpoint.dir is set, here, so
   // that its last record names the save.
-  if ((ck.interval > 0 && (step % ck.interval == 0 || step == tc.steps)) || (r.stop_signal && !ck.dir.empty()))
-    m.checkpoint = r.save();
-  if (r.stop_signal) m.stopped_by = stop_signal_name(r.stop_signal);
-  for (size_t g = 0; g < r.counted.size(); ++g) {
-    m.comm_bytes.emplace_back(r.counted[g]->name(), r.counted[g]->total_bytes() - bytes_before[g]);
-    const double a2a = r.counted[g]->stats(comm::CommOp::all_to_all_v).blocking_s - a2a_before[g];
-    if (a2a > 0) m.comm_a2a_s.emplace_back(r.counted[g]->name(), a2a);
+  if ((ck.interval > 0 && (step % ck.interval == 0 || step == tc.steps)) || (stop_signal && !ck.dir.empty()))
+    m.checkpoint = save();
+  if (stop_signal) m.stopped_by = stop_signal_name(stop_signal);
+  for (size_t g = 0; g < counted.size(); ++g) {
+    m.comm_bytes.emplace_back(counted[g]->name(), counted[g]->total_bytes() - before.bytes[g]);
+    const double a2a = counted[g]->stats(comm::CommOp::all_to_all_v).blocking_s - before.a2a_s[g];
+    if (a2a > 0) m.comm_a2a_s.emplace_back(counted[g]->name(), a2a);
   }
-  r.summary.losses.push_back(m.lm_loss);
-  if (r.rank == 0) {
+  return m;
+}
+
+void Trainer::Run::publish(const StepMetrics& m) {
+  summary.losses.push_back(m.lm_loss);
+  if (rank == 0) {
     try {
-      r.metrics->write(m);
+      metrics->write(m);
     } catch (const UserError& e) {
-      r.pending.take(e);
+      pending.take(e);
     }
-    if (r.opts.print_steps && (step % cfg.logging.interval == 0 || step == 1 || step == tc.steps || r.stop_signal)) {
-      std::printf("%s\n", r.opts.json_lines ? to_json(m).dump().c_str() : format_step_line(m).c_str());
+    const bool due = m.step % cfg.logging.interval == 0 || m.step == 1 || m.step == m.total_steps;
+    if (opts.print_steps && (due || stop_signal)) {
+      std::printf("%s\n", opts.json_lines ? to_json(m).dump().c_str() : format_step_line(m).c_str());
       std::fflush(stdout);
     }
   }
-  if (r.opts.on_step) r.opts.on_step(m);
-  return m;
+  if (opts.on_step) opts.on_step(m);
 }
 
 TrainSummary Trainer::finish() {
