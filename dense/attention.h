@@ -34,6 +34,23 @@ struct AttentionSaved {
   Tensor lse_BHS;      // softmax log-sum-exp, [B, Hq, S]
 };
 
+// The block's stages either side of the attention kernel, shared with the
+// context-parallel block (attention_cp.h), which puts its K, V exchange
+// between them. Shapes as in AttentionSaved, T = B·S rows.
+//
+// q, k, v = x·Wqᵀ, x·Wkᵀ, x·Wvᵀ written into the given [B, S, H, hd] buffers,
+// then RoPE on q and k at pos_S.
+void attention_qkv_forward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
+                           const Tensor& x_TD, const Tensor& pos_S, Tensor& q_BSHd, Tensor& k_BSHd, Tensor& v_BSHd);
+// y = o·Woᵀ's backward: returns do [B, S, Hq, hd]; dWo (from dy, o) into grad.wo.
+Tensor attention_output_backward(const ExecContext& ctx, const AttentionWeights& w, const Tensor& dy_TD,
+                                 const Tensor& o_BSHd, AttentionWeights& grad, WeightGradQueue* defer);
+// attention_qkv_forward's backward from the kernel's dq, dk, dv (RoPE's
+// backward runs in place on dq and dk): dWq, dWk, dWv into grad; returns dx.
+Tensor attention_qkv_backward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
+                              const Tensor& x_TD, const Tensor& pos_S, Tensor& dq_BSHd, Tensor& dk_BSHd,
+                              const Tensor& dv_BSHd, AttentionWeights& grad, WeightGradQueue* defer);
+
 // x_TD: [B·S, D]; pos_S: i32 [S]. Returns y_TD [B·S, D].
 Tensor attention_module_forward(const ExecContext& ctx, const AttentionOptions& opt, const AttentionWeights& w,
                                 const Tensor& x_TD, int64_t batch, const Tensor& pos_S, AttentionSaved& saved);

@@ -1,6 +1,7 @@
-// Context-parallel attention (see attention_cp.h). The call sequence is
-// attention.cpp's, with the K, V gather between RoPE and the kernel, and the
-// dK, dV reduce-scatter between the kernel's backward and RoPE's; under the
+// Context-parallel attention (see attention_cp.h). It runs attention.h's
+// stages around the kernel (attention_qkv_forward, attention_output_backward,
+// attention_qkv_backward), with the K, V gather between RoPE and the kernel,
+// and the dK, dV reduce-scatter between the kernel's backward and RoPE's; under the
 // ring, its step loops (attention_ring.cpp) take the kernel's place. The
 // zigzag positions, the token shard and the K/V wire packing are kernels ops
 // (kernels/context_parallel.h, which documents the wire layout).
@@ -11,7 +12,6 @@
 #include "dense/attention_ring.h"
 #include "kernels/context_parallel.h"
 #include "kernels/gemm.h"
-#include "kernels/rope.h"
 
 namespace origami::dense {
 
@@ -74,13 +74,8 @@ Tensor cp_attention_forward(const ExecContext& ctx, const AttentionOptions& opt,
   Tensor kv_send = ring ? activation(ctx, {2, batch, Sl, Hkv, hd}) : n > 1 ? comm_buffer(ctx, 2 * n_kv) : Tensor();
   Tensor k_local = n > 1 ? kv_send.flat_view(0, n_kv, {batch, Sl, Hkv, hd}) : activation(ctx, {batch, Sl, Hkv, hd});
   Tensor v_local = n > 1 ? kv_send.flat_view(n_kv, n_kv, {batch, Sl, Hkv, hd}) : activation(ctx, {batch, Sl, Hkv, hd});
-  Tensor q_TE = saved.q_BSHd.view({T, Hq * hd}), k_TE = k_local.view({T, Hkv * hd}),
-         v_TE = v_local.view({T, Hkv * hd});
-  gemm(ctx, x_TD, Trans::no, w.wq, Trans::yes, q_TE);  // (T, Hq·hd)
-  gemm(ctx, x_TD, Trans::no, w.wk, Trans::yes, k_TE);  // (T, Hkv·hd)
-  gemm(ctx, x_TD, Trans::no, w.wv, Trans::yes, v_TE);  // (T, Hkv·hd)
-  rope_forward(ctx, saved.q_BSHd, pos_local_S, opt.rope_theta);
-  rope_forward(ctx, k_local, pos_local_S, opt.rope_theta);  // before the gather: global positions
+  // RoPE before the gather, at the local rows' global positions.
+  attention_qkv_forward(ctx, opt, w, x_TD, pos_local_S, saved.q_BSHd, k_local, v_local);
 
   if (n == 1 || ring) {
     saved.k_BSHd = k_local;
@@ -122,14 +117,8 @@ Tensor cp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt
   const int n = comm::group_size(cp);
   ORIGAMI_CHECK(n == saved.cp_size, "cp attention backward over a group of ", n, " ranks, forward used ",
                 saved.cp_size);
-  const int64_t T = saved.x_TD.rows(), D = saved.x_TD.cols();
-  const int64_t Eq = d.num_heads * d.head_dim, Ekv = d.num_kv_heads * d.head_dim;
-  // y = o·Woᵀ
-  Tensor do_ = activation(ctx, {d.batch, d.q_len, d.num_heads, d.head_dim});
-  Tensor do_TE = do_.view({T, Eq});
-  gemm(ctx, dy_TD, Trans::no, w.wo, Trans::no, do_TE);                           // (T, Hq·hd)
-  linear_weight_grad(ctx, defer, dy_TD, saved.o_BSHd.view({T, Eq}), grad.wo);  // (D, Hq·hd)
-
+  const int64_t Ekv = d.num_kv_heads * d.head_dim;
+  const Tensor do_ = attention_output_backward(ctx, w, dy_TD, saved.o_BSHd, grad, defer);
   Tensor dq = activation(ctx, {d.batch, d.q_len, d.num_heads, d.head_dim});
   Tensor dk, dv, ws;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
@@ -157,18 +146,8 @@ Tensor cp_attention_backward(const ExecContext& ctx, const AttentionOptions& opt
     dk = recv.flat_view(0, n_kv, {d.batch, d.q_len, d.num_kv_heads, d.head_dim});
     dv = recv.flat_view(n_kv, n_kv, {d.batch, d.q_len, d.num_kv_heads, d.head_dim});
   }
-  rope_backward(ctx, dq, saved.q_pos_S, opt.rope_theta);
-  rope_backward(ctx, dk, saved.q_pos_S, opt.rope_theta);  // local keys sit at the local positions
-
-  const Tensor dq_TE = dq.view({T, Eq}), dk_TE = dk.view({T, Ekv}), dv_TE = dv.view({T, Ekv});
-  linear_weight_grad(ctx, defer, dq_TE, saved.x_TD, grad.wq);  // (Hq·hd, D)
-  linear_weight_grad(ctx, defer, dk_TE, saved.x_TD, grad.wk);  // (Hkv·hd, D)
-  linear_weight_grad(ctx, defer, dv_TE, saved.x_TD, grad.wv);  // (Hkv·hd, D)
-  Tensor dx = activation(ctx, {T, D});
-  gemm(ctx, dq_TE, Trans::no, w.wq, Trans::no, dx);
-  gemm(ctx, dk_TE, Trans::no, w.wk, Trans::no, dx, 1.0f, 1.0f);
-  gemm(ctx, dv_TE, Trans::no, w.wv, Trans::no, dx, 1.0f, 1.0f);
-  return dx;
+  // The local keys sit at the local queries' positions.
+  return attention_qkv_backward(ctx, opt, w, saved.x_TD, saved.q_pos_S, dq, dk, dv, grad, defer);
 }
 
 }  // namespace origami::dense
