@@ -44,9 +44,9 @@ double ForwardStats::z_loss() const {
 }
 
 Model::Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe_cfg,
-             const comm::Groups* groups, int zero_stage, const std::vector<int64_t>& pp_layers,
-             int64_t virtual_stages)
+             const ModelPlacement& placement)
     : ctx_(&ctx), cfg_(cfg), moe_cfg_(moe_cfg), units_(cfg, moe_cfg) {
+  const comm::Groups* groups = placement.groups;
   const int64_t E = moe_cfg.router.num_experts;
   attn_opt_ = dense::AttentionOptions{cfg.num_heads, cfg.num_kv_heads, cfg.head_dim(),
                                       static_cast<float>(cfg.rope_theta)};
@@ -67,7 +67,7 @@ Model::Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, cons
   cp_ = group(comm::GroupKind::cp);
   local_attn_opt_ = dense::tp_attention_shard(attn_opt_, tp_).local;
   stage_ = pipeline_stage(cfg.num_layers, groups ? groups->layout().pp() : 1, groups ? groups->coords().pp : 0,
-                          pp_layers, virtual_stages);
+                          placement.pp_layers, placement.virtual_stages);
   // A dispatcher per MoE layer of the stage, with the layer's placement for
   // this layout's EP size (the unit table below places the experts' weights
   // by the same rule: ExpertPlacements::find).
@@ -83,7 +83,7 @@ Model::Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, cons
   const comm::Layout one_rank = single_rank_layout(moe_cfg);
   params_.add_units(units_, groups ? groups->layout() : one_rank, groups ? groups->coords() : comm::RankCoords{},
                     stage_);
-  params_.allocate(ctx.device(), ctx.data_dtype(), zero_shard_plan(zero_stage, groups));
+  params_.allocate(ctx.device(), ctx.data_dtype(), zero_shard_plan(placement.zero_stage, groups));
   params_.initialize(ctx, seed, static_cast<float>(cfg.init_std), cfg.num_layers);
   layer_unit_.assign(cfg.num_layers, 0);
   expert_unit_.assign(cfg.num_layers, 0);

@@ -174,17 +174,25 @@ struct StepFlops {
 // reduce over `tp-cp` (aux_loss, seq_aux_loss) or `tp-dp-cp`
 // (global_aux_loss). Every rank of a group must run the same forward and
 // backward calls in the same order. Without groups: one rank, all experts.
+// Where a model's parameters live across the ranks. The default is one rank
+// holding everything.
+struct ModelPlacement {
+  const comm::Groups* groups = nullptr;  // must outlive the model
+  // How ParamStore shards the units over their groups (§6; engine/zero.h
+  // runs the gathers and reductions).
+  int zero_stage = 0;
+  // Layers per virtual pipeline stage (empty: even split); the stage is this
+  // rank's pp coordinate, holding virtual_stages model chunks
+  // (engine/pipeline.h: chunk c is virtual stage c·pp + stage).
+  std::vector<int64_t> pp_layers;
+  int64_t virtual_stages = 1;
+};
+
 class Model {
  public:
-  // zero_stage: how ParamStore shards the units over their groups (§6;
-  // engine/zero.h runs the gathers and reductions).
-  // pp_layers: layers per virtual pipeline stage (empty: even split); the
-  // stage is this rank's pp coordinate, holding virtual_stages model chunks
-  // (engine/pipeline.h: chunk c is virtual stage c·pp + stage).
   // ctx: where the model's ops run; it must outlive the model.
   Model(const ExecContext& ctx, const ModelConfig& cfg, uint64_t seed, const MoeConfig& moe = {},
-        const comm::Groups* groups = nullptr, int zero_stage = 0, const std::vector<int64_t>& pp_layers = {},
-        int64_t virtual_stages = 1);
+        const ModelPlacement& placement = {});
 
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }

@@ -300,15 +300,19 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
   for (comm::GroupKind k : comm::kAllGroupKinds)
     if (comm::Communicator* c = comm::multi_rank(groups, k)) r.counted.push_back(c);
 
-  r.model.emplace(*r.ctx, cfg.model, tc.seed, cfg.moe, &groups, static_cast<int>(cfg.parallel.zero_stage),
-                  cfg.parallel.pp_layers, cfg.parallel.virtual_stages);
+  r.model.emplace(*r.ctx, cfg.model, tc.seed, cfg.moe,
+                  ModelPlacement{.groups = &groups,
+                                 .zero_stage = static_cast<int>(cfg.parallel.zero_stage),
+                                 .pp_layers = cfg.parallel.pp_layers,
+                                 .virtual_stages = cfg.parallel.virtual_stages});
   r.model->set_recompute(tc.recompute);
   r.model->set_cp_comm(cfg.parallel.cp_comm);
   r.pp = comm::multi_rank(groups, comm::GroupKind::pp);
   // Gradient reductions (SUMs, §6) and ZeRO sharding: dense units over dp-cp,
   // expert units over edp.
-  r.zero.emplace(*r.ctx, r.model->params(), groups, cfg.parallel.reshard_after_forward,
-                 cfg.parallel.overlap_grad_reduce);
+  r.zero.emplace(*r.ctx, r.model->params(), groups,
+                 ZeroOptions{.reshard_after_forward = cfg.parallel.reshard_after_forward,
+                             .overlap_grad_reduce = cfg.parallel.overlap_grad_reduce});
   r.norm_groups = {comm::multi_rank(groups, comm::GroupKind::dp_cp), comm::multi_rank(groups, comm::GroupKind::edp),
                    comm::multi_rank(groups, comm::GroupKind::tp_ep), comm::multi_rank(groups, comm::GroupKind::tp),
                    r.pp};

@@ -32,12 +32,12 @@ std::function<UnitShard(const ParamUnit&)> zero_shard_plan(int stage, const comm
   };
 }
 
-ZeroStore::ZeroStore(const ExecContext& ctx, ParamStore& params, const comm::Groups& groups, bool reshard_after_forward,
-                     bool overlap_grad_reduce)
+ZeroStore::ZeroStore(const ExecContext& ctx, ParamStore& params, const comm::Groups& groups,
+                     const ZeroOptions& options)
     : ctx_(&ctx),
       params_(params),
-      reshard_after_forward_(reshard_after_forward),
-      overlap_grad_reduce_(overlap_grad_reduce),
+      reshard_after_forward_(options.reshard_after_forward),
+      overlap_grad_reduce_(options.overlap_grad_reduce),
       gathers_(params.units().size()),
       pending_weights_(params.units().size(), 0) {
   dense_ = comm::multi_rank(groups, comm::GroupKind::dp_cp);

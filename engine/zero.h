@@ -82,15 +82,21 @@ class UnitHooks {
 // (null groups: nothing sharded).
 std::function<UnitShard(const ParamUnit&)> zero_shard_plan(int stage, const comm::Groups* groups);
 
+// parallel.reshard_after_forward and parallel.overlap_grad_reduce.
+struct ZeroOptions {
+  // false: ZeRO-3 units gathered in forward stay whole until the step ends.
+  bool reshard_after_forward = true;
+  // Stages 2-3 keep one unit's reduce-scatter in flight while the next
+  // unit's backward computes (settled before the next one starts and in
+  // finish_gradients; on CUDA the compute stream, not the host, waits for
+  // it), at the memory of a second whole gradient.
+  bool overlap_grad_reduce = false;
+};
+
 class ZeroStore final : public UnitHooks {
  public:
   // ctx runs the gradient sums; it must outlive the store.
-  // overlap_grad_reduce: stages 2-3 keep one unit's reduce-scatter in flight
-  // while the next unit's backward computes (settled before the next one
-  // starts and in finish_gradients; on CUDA the compute stream, not the
-  // host, waits for it), at the memory of a second whole gradient.
-  ZeroStore(const ExecContext& ctx, ParamStore& params, const comm::Groups& groups, bool reshard_after_forward = true,
-            bool overlap_grad_reduce = false);
+  ZeroStore(const ExecContext& ctx, ParamStore& params, const comm::Groups& groups, const ZeroOptions& options = {});
   ~ZeroStore() override;
 
   // Zero the gradient accumulators for a new step.

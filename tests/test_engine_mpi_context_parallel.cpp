@@ -49,7 +49,7 @@ struct Measured {
 };
 
 Measured run_micro_batch(const Config& cfg, const comm::Groups& groups, dense::CpComm method) {
-  Model model(ctx, cfg.model, 3, cfg.moe, &groups, /*zero_stage=*/0);
+  Model model(ctx, cfg.model, 3, cfg.moe, {.groups = &groups});
   model.set_cp_comm(method);
   std::mt19937 rng(testing::test_seed(4));  // the same windows on every rank: each cp rank takes its chunks
   const Tensor tokens =

@@ -124,7 +124,7 @@ int64_t param_bytes() {
 }
 
 Outcome run(comm::Groups& g, int zero_stage, bool deferred) {
-  Model model(ctx, model_config(), 7, moe_config(), &g, zero_stage);
+  Model model(ctx, model_config(), 7, moe_config(), {.groups = &g, .zero_stage = zero_stage});
   ZeroStore zero(ctx, model.params(), g);
   zero.begin_step();
   const std::vector<int64_t> bytes0 = bytes_per_group(g);

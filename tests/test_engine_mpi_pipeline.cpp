@@ -9,7 +9,7 @@
 //    the timings are finite and non-negative. Data is tagged by micro-batch
 //    and dp replica, so a misrouted tensor fails the comparison;
 //  - Model parity: a 4-layer model (one dense, three MoE layers) split into
-//    stages by Model(ctx, ..., pp_layers), run through run_pipeline the way
+//    stages by Model(ctx, ..., {.pp_layers}), run through run_pipeline the way
 //    engine/trainer.cpp does it, against the one-rank Model on each rank:
 //    the same summed loss and aux loss, the same gradient for every
 //    parameter a stage owns (its tp slice of the reference under tp = 2),
@@ -272,7 +272,7 @@ void check_parity(const comm::LayoutOptions& o, const std::vector<int64_t>& pp_l
   comm::Communicator* pp = pp_group.size() > 1 ? &pp_group : nullptr;
   const ModelConfig cfg = model_config();
   const MoeConfig moe = moe_config();
-  Model model(ctx, cfg, kSeed, moe, &g, /*zero_stage=*/0, pp_layers);
+  Model model(ctx, cfg, kSeed, moe, {.groups = &g, .pp_layers = pp_layers});
   Model ref(ctx, cfg, kSeed, moe);
   ZeroStore zero(ctx, model.params(), g);
   const PipelineStage& st = model.stage();

@@ -159,7 +159,7 @@ TEST(ZeroMpi, PersistentBytesFollowTheStageFormulas) {
   for (int stage = 0; stage <= 3; ++stage) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     const Ledger before = ledger_now();
-    Model model(ctx, model_config(), 7, moe_config(), &groups(), stage);
+    Model model(ctx, model_config(), 7, moe_config(), {.groups = &groups(), .zero_stage = stage});
     ZeroStore zero(ctx, model.params(), groups());
     const Ledger e = expected(model.params(), stage);
     auto check = [&](const char* when) {
@@ -187,7 +187,7 @@ TEST(ZeroMpi, PersistentBytesFollowTheStageFormulas) {
 TEST(ZeroMpi, Stage3MovesOneAndAHalfTimesTheBytes) {
   StepResult r[4];
   for (int stage = 0; stage <= 3; ++stage) {
-    Model model(ctx, model_config(), 7, moe_config(), &groups(), stage);
+    Model model(ctx, model_config(), 7, moe_config(), {.groups = &groups(), .zero_stage = stage});
     ZeroStore zero(ctx, model.params(), groups());
     AdamW opt(optimizer_config(), {}, 10);
     r[stage] = train_step(model, zero, opt, 3);
@@ -207,7 +207,7 @@ TEST(ZeroMpi, Stage3MovesOneAndAHalfTimesTheBytes) {
 }
 
 TEST(ZeroMpi, Stage3KeepsAtMostTwoUnitsWhole) {
-  Model model(ctx, model_config(), 7, moe_config(), &groups(), 3);
+  Model model(ctx, model_config(), 7, moe_config(), {.groups = &groups(), .zero_stage = 3});
   ZeroStore zero(ctx, model.params(), groups());
   std::vector<int64_t> unit_bytes;
   for (const ParamUnit& u : model.params().units()) unit_bytes.push_back(4 * u.shard.padded);
@@ -231,7 +231,7 @@ TEST(ZeroMpi, EveryStageTrainsTheSameModel) {
   std::vector<std::vector<float>> finals;
   std::vector<double> losses;
   for (int stage = 0; stage <= 3; ++stage) {
-    Model model(ctx, model_config(), 7, moe_config(), &groups(), stage);
+    Model model(ctx, model_config(), 7, moe_config(), {.groups = &groups(), .zero_stage = stage});
     ZeroStore zero(ctx, model.params(), groups());
     AdamW opt(optimizer_config(), {}, 10);
     train_step(model, zero, opt, 11);
@@ -298,8 +298,8 @@ TEST(ZeroMpi, OverlappedGradReduceIsBitwiseTheSameRun) {
     double losses[2] = {0, 0};
     int64_t grad_peak[2] = {0, 0}, largest = 0;
     for (int overlap = 0; overlap <= 1; ++overlap) {
-      Model model(ctx, model_config(), 7, moe_config(), &groups(), stage);
-      ZeroStore zero(ctx, model.params(), groups(), /*reshard_after_forward=*/true, overlap == 1);
+      Model model(ctx, model_config(), 7, moe_config(), {.groups = &groups(), .zero_stage = stage});
+      ZeroStore zero(ctx, model.params(), groups(), {.overlap_grad_reduce = overlap == 1});
       AdamW opt(optimizer_config(), {}, 10);
       train_step(model, zero, opt, 11);
       TrackedAllocator::host().reset_peaks();

@@ -115,7 +115,8 @@ void run(const Args& a) {
   const int threads = cfg.runtime.threads > 0 ? static_cast<int>(cfg.runtime.threads) : default_threads_per_rank();
   set_num_threads(threads);
   const ExecContext ctx = ExecContext::cpu(threads);
-  Model model(ctx, cfg.model, cfg.training.seed, cfg.moe, &groups, static_cast<int>(p.zero_stage), p.pp_layers);
+  Model model(ctx, cfg.model, cfg.training.seed, cfg.moe,
+              ModelPlacement{.groups = &groups, .zero_stage = static_cast<int>(p.zero_stage), .pp_layers = p.pp_layers});
   const int rank = groups.world_rank();
   const std::string dir = a.dir.empty() ? std::string("bench-checkpoint") : a.dir;
   if (rank == 0) {
