@@ -196,4 +196,14 @@ void check_shape(const Tensor& t, const Shape& expected, const char* name) {
                 shape_string(expected));
 }
 
+void check_f32(const Tensor& t, const Shape& expected, const char* name) {
+  ORIGAMI_CHECK(t.defined() && t.dtype() == DType::f32, name, " must be a defined f32 tensor");
+  check_shape(t, expected, name);
+}
+
+void check_i32(const Tensor& t, const Shape& expected, const char* name) {
+  ORIGAMI_CHECK(t.defined() && t.dtype() == DType::i32, name, " must be a defined i32 tensor");
+  check_shape(t, expected, name);
+}
+
 }  // namespace origami

@@ -152,5 +152,8 @@ class Tensor {
 
 // Shape assertions with readable messages.
 void check_shape(const Tensor& t, const Shape& expected, const char* name);
+// Defined, of that dtype, of that shape.
+void check_f32(const Tensor& t, const Shape& expected, const char* name);
+void check_i32(const Tensor& t, const Shape& expected, const char* name);
 
 }  // namespace origami

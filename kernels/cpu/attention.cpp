@@ -24,6 +24,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/gemm.h"
+#include "kernels/op_shapes.h"
 
 namespace origami::cpu {
 
@@ -100,19 +101,9 @@ PosRange pos_range(const int32_t* pos, int64_t n) {
 // Returns the smallest key position: a query before it sees no key.
 int32_t check_inputs(const AttentionDims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_pos,
                      const Tensor& kv_pos) {
-  ORIGAMI_CHECK(d.batch > 0 && d.q_len > 0 && d.kv_len > 0 && d.num_heads > 0 && d.num_kv_heads > 0 &&
-                    d.head_dim > 0,
-                "attention dims must be positive");
-  ORIGAMI_CHECK(d.num_heads % d.num_kv_heads == 0, "num_heads ", d.num_heads, " is not a multiple of num_kv_heads ",
-                d.num_kv_heads);
-  check_shape(q, {d.batch, d.q_len, d.num_heads, d.head_dim}, "attention q");
-  check_shape(k, {d.batch, d.kv_len, d.num_kv_heads, d.head_dim}, "attention k");
-  check_shape(v, {d.batch, d.kv_len, d.num_kv_heads, d.head_dim}, "attention v");
-  check_shape(q_pos, {d.q_len}, "attention q_pos");
-  check_shape(kv_pos, {d.kv_len}, "attention kv_pos");
+  attention_input_shapes(d, q, k, v, q_pos, kv_pos);
   ORIGAMI_CHECK(q.dtype() == DType::f32 && k.dtype() == DType::f32 && v.dtype() == DType::f32,
                 "CPU attention is fp32");
-  ORIGAMI_CHECK(q_pos.dtype() == DType::i32 && kv_pos.dtype() == DType::i32, "attention positions are i32");
   // Whether a query sees any key is a property of the positions alone, so it
   // is decided from them, never from the scores (non-finite scores of a
   // diverged run flow through to the loss, where the trainer stops cleanly).
@@ -192,10 +183,12 @@ inline void row_dsoftmax(const float* __restrict p, float* __restrict ds, float 
 }  // namespace
 
 size_t attention_forward_workspace_bytes(const ExecContext& ctx, const AttentionDims& dims) {
+  attention_dims_check(dims);
   return static_cast<size_t>(kv_transposed(dims) + ctx.threads() * forward_per_thread(dims)) * sizeof(float);
 }
 
 size_t attention_backward_workspace_bytes(const ExecContext& ctx, const AttentionDims& dims) {
+  attention_dims_check(dims);
   return static_cast<size_t>(backward_fixed(dims) + ctx.threads() * backward_per_thread(dims)) * sizeof(float);
 }
 
@@ -203,8 +196,7 @@ void attention_forward(const ExecContext& ctx, const AttentionDims& d, const Ten
                        const Tensor& v, const Tensor& q_pos_S, const Tensor& kv_pos_S, float scale, Tensor& o,
                        Tensor& lse_BHS, Tensor& workspace) {
   const int32_t first_key = check_inputs(d, q, k, v, q_pos_S, kv_pos_S);
-  check_shape(o, {d.batch, d.q_len, d.num_heads, d.head_dim}, "attention o");
-  check_shape(lse_BHS, {d.batch, d.num_heads, d.q_len}, "attention lse");
+  attention_output_shapes(d, o, lse_BHS);
   const int64_t per_thread = forward_per_thread(d);
   const int64_t kt_size = kv_transposed(d);
   const int nthr = threads_for(ctx, workspace, kt_size, per_thread, "attention_forward");
@@ -311,14 +303,7 @@ void attention_backward(const ExecContext& ctx, const AttentionDims& d, const Te
                         const Tensor& q_pos_S, const Tensor& kv_pos_S, float scale, Tensor& dq, Tensor& dk, Tensor& dv,
                         Tensor& workspace) {
   const int32_t first_key = check_inputs(d, q, k, v, q_pos_S, kv_pos_S);
-  const Shape q_shape{d.batch, d.q_len, d.num_heads, d.head_dim};
-  const Shape kv_shape{d.batch, d.kv_len, d.num_kv_heads, d.head_dim};
-  check_shape(o, q_shape, "attention o");
-  check_shape(do_, q_shape, "attention do");
-  check_shape(dq, q_shape, "attention dq");
-  check_shape(dk, kv_shape, "attention dk");
-  check_shape(dv, kv_shape, "attention dv");
-  check_shape(lse_BHS, {d.batch, d.num_heads, d.q_len}, "attention lse");
+  attention_grad_shapes(d, o, lse_BHS, do_, dq, dk, dv);
   const int64_t per_thread = backward_per_thread(d), fixed = backward_fixed(d);
   const int nthr = threads_for(ctx, workspace, fixed, per_thread, "attention_backward");
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/op_shapes.h"
 
 namespace origami::cpu {
 
@@ -27,37 +28,13 @@ int64_t check_zigzag(const char* op, const Tensor& pos_S, int64_t cp, int64_t ra
   return pos_S.numel() / 2;
 }
 
-// The shapes of a pack or unpack: k, v [B, S, Hkv, hd], wire [cp, 2, B, S/cp, Hkv·hd].
-struct KvLayout {
-  int64_t cp, B, S, C, E;  // C = S/(2·cp) rows per run, E = Hkv·hd elements per row
-  size_t elem_bytes;
-};
-
-KvLayout check_kv(const char* op, const Tensor& wire, const Tensor& k_BSHd, const Tensor& v_BSHd) {
-  ORIGAMI_CHECK(k_BSHd.defined() && v_BSHd.defined() && wire.defined(), op, ": undefined tensor");
-  ORIGAMI_CHECK(k_BSHd.dim() == 4, op, ": k must be [B, S, Hkv, hd], got ", shape_string(k_BSHd.shape()));
-  ORIGAMI_CHECK(v_BSHd.shape() == k_BSHd.shape(), op, ": v ", shape_string(v_BSHd.shape()), " differs from k ",
-                shape_string(k_BSHd.shape()));
-  ORIGAMI_CHECK(k_BSHd.dtype() == v_BSHd.dtype() && wire.dtype() == k_BSHd.dtype(), op, ": dtypes differ (k ",
-                to_string(k_BSHd.dtype()), ", v ", to_string(v_BSHd.dtype()), ", wire ", to_string(wire.dtype()), ")");
-  ORIGAMI_CHECK(wire.dim() == 5 && wire.size(0) >= 1, op, ": wire must be [cp, 2, B, S/cp, Hkv·hd], got ",
-                shape_string(wire.shape()));
-  KvLayout l{
-      wire.size(0), k_BSHd.size(0), k_BSHd.size(1), 0, k_BSHd.size(2) * k_BSHd.size(3), dtype_size(k_BSHd.dtype())};
-  ORIGAMI_CHECK(l.S > 0 && l.S % (2 * l.cp) == 0, op, ": S = ", l.S,
-                " is not a positive multiple of 2·cp = ", 2 * l.cp);
-  l.C = l.S / (2 * l.cp);
-  check_shape(wire, {l.cp, 2, l.B, l.S / l.cp, l.E}, (std::string(op) + ": wire").c_str());
-  return l;
-}
-
 // Calls f(wire offset, part, offset in the part's saved buffer), in elements,
 // for every run of C·E elements the two layouts share. Run j of the wire is
 // [r][part][b][half] = j in row-major order, so wire runs are consecutive;
 // half 0 is chunk r, half 1 chunk 2·cp−1−r. Runs are disjoint on both sides,
 // so threads may take any of them.
 template <class F>
-void for_each_run(const KvLayout& l, F&& f) {
+void for_each_run(const CpKvLayout& l, F&& f) {
   const int64_t n_runs = l.cp * 2 * l.B * 2, run = l.C * l.E;
   const bool big = static_cast<size_t>(n_runs * run) * l.elem_bytes >= (size_t{1} << 20);
 #pragma omp parallel for schedule(static) if (big)
@@ -105,7 +82,7 @@ void cp_gather_tokens(const ExecContext& ctx, const Tensor& tokens_BS1, const Te
 }
 
 void cp_pack_kv(const ExecContext& ctx, const Tensor& k_BSHd, const Tensor& v_BSHd, Tensor& wire) {
-  const KvLayout l = check_kv("cp_pack_kv", wire, k_BSHd, v_BSHd);
+  const CpKvLayout l = cp_kv_shapes("cp_pack_kv", wire, k_BSHd, v_BSHd);
   const char* part[2] = {static_cast<const char*>(k_BSHd.raw()), static_cast<const char*>(v_BSHd.raw())};
   char* out = static_cast<char*>(wire.raw());
   const size_t run_bytes = static_cast<size_t>(l.C * l.E) * l.elem_bytes;
@@ -115,7 +92,7 @@ void cp_pack_kv(const ExecContext& ctx, const Tensor& k_BSHd, const Tensor& v_BS
 }
 
 void cp_unpack_kv(const ExecContext& ctx, const Tensor& wire, Tensor& k_BSHd, Tensor& v_BSHd) {
-  const KvLayout l = check_kv("cp_unpack_kv", wire, k_BSHd, v_BSHd);
+  const CpKvLayout l = cp_kv_shapes("cp_unpack_kv", wire, k_BSHd, v_BSHd);
   char* part[2] = {static_cast<char*>(k_BSHd.raw()), static_cast<char*>(v_BSHd.raw())};
   const char* in = static_cast<const char*>(wire.raw());
   const size_t run_bytes = static_cast<size_t>(l.C * l.E) * l.elem_bytes;

@@ -9,6 +9,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/op_shapes.h"
 
 namespace origami::cpu {
 
@@ -26,14 +27,6 @@ void scale_c(int64_t M, int64_t N, float beta, float* C, int64_t ldc) {
       for (int64_t j = 0; j < N; ++j) c[j] *= beta;
     }
   }
-}
-
-// Tensor::rows() divides numel by the last dimension, which traps when that
-// dimension is 0; an empty operand is legal here (K = 0).
-int64_t matrix_rows(const Tensor& t) {
-  int64_t r = 1;
-  for (int i = 0; i + 1 < t.dim(); ++i) r *= t.size(i);
-  return r;
 }
 
 }  // namespace
@@ -64,21 +57,12 @@ void sgemm_raw(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K, fl
 
 void gemm(const ExecContext& ctx, const Tensor& A, Trans trans_a, const Tensor& B, Trans trans_b, Tensor& C,
           float alpha, float beta) {
-  ORIGAMI_CHECK(A.defined() && B.defined() && C.defined(), "gemm on an undefined tensor");
+  const auto [M, N, K] = gemm_shapes(A, trans_a, B, trans_b, C);
   ORIGAMI_CHECK(A.dtype() == DType::f32 && B.dtype() == DType::f32 && C.dtype() == DType::f32,
                 "gemm is fp32 on CPU; got A ", to_string(A.dtype()), ", B ", to_string(B.dtype()), ", C ",
                 to_string(C.dtype()));
   ORIGAMI_CHECK(A.device().is_host() && B.device().is_host() && C.device().is_host(),
                 "CPU gemm on a device tensor");
-  const int64_t a_rows = matrix_rows(A), b_rows = matrix_rows(B);
-  const int64_t M = trans_a == Trans::yes ? A.cols() : a_rows;
-  const int64_t K = trans_a == Trans::yes ? a_rows : A.cols();
-  const int64_t Kb = trans_b == Trans::yes ? B.cols() : b_rows;
-  const int64_t N = trans_b == Trans::yes ? b_rows : B.cols();
-  ORIGAMI_CHECK(K == Kb, "gemm inner dimensions differ: op(A) is [", M, ", ", K, "] (A ", shape_string(A.shape()),
-                "), op(B) is [", Kb, ", ", N, "] (B ", shape_string(B.shape()), ")");
-  ORIGAMI_CHECK(matrix_rows(C) == M && C.cols() == N, "gemm output C ", shape_string(C.shape()), " should read as [", M,
-                ", ", N, "]");
   sgemm_raw(trans_a, trans_b, M, N, K, alpha, A.f32(), A.cols(), B.f32(), B.cols(), beta, C.f32(), C.cols());
 }
 

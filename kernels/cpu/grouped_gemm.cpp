@@ -18,6 +18,7 @@
 // accumulated in order): the item schedule's bits are the per-segment loop's
 // at one thread, whatever the thread count.
 #include "kernels/cpu/ops.h"
+#include "kernels/op_shapes.h"
 
 #include <omp.h>
 
@@ -72,17 +73,6 @@ void check_f32_cpu(const Tensor& t, const char* op, const char* name) {
   ORIGAMI_CHECK(t.device().is_host(), "CPU ", op, " on a device tensor (", name, ")");
 }
 
-// The segments tile `N` rows and name groups in [0, G).
-void check_segments(std::span<const GemmSegment> segments, int64_t G, int64_t N, const char* op) {
-  int64_t total = 0;
-  for (const GemmSegment& s : segments) {
-    ORIGAMI_CHECK(s.group >= 0 && s.group < G, op, ": segment group ", s.group, " outside [0, ", G, ")");
-    ORIGAMI_CHECK(s.rows >= 0, op, ": negative segment of ", s.rows, " rows");
-    total += s.rows;
-  }
-  ORIGAMI_CHECK(total == N, op, ": segments cover ", total, " rows but the operand has ", N);
-}
-
 }  // namespace
 
 // The schedule argument is the CUDA backend's: the rule above is the CPU's.
@@ -92,16 +82,7 @@ void grouped_gemm(const ExecContext& ctx, const Tensor& X_NK, const Tensor& W, T
   check_f32_cpu(X_NK, op, "X");
   check_f32_cpu(W, op, "W");
   check_f32_cpu(Y_NM, op, "Y");
-  ORIGAMI_CHECK(W.dim() == 3, op, ": W must be [G, rows, cols], got ", shape_string(W.shape()));
-  const int64_t G = W.size(0);
-  const int64_t M = trans_w == Trans::yes ? W.size(1) : W.size(2);
-  const int64_t K = trans_w == Trans::yes ? W.size(2) : W.size(1);
-  const int64_t N = X_NK.rows();
-  ORIGAMI_CHECK(X_NK.cols() == K, op, ": X ", shape_string(X_NK.shape()), " should be [N, ", K, "] for W ",
-                shape_string(W.shape()), trans_w == Trans::yes ? " (transposed)" : "");
-  ORIGAMI_CHECK(Y_NM.rows() == N && Y_NM.cols() == M, op, ": Y ", shape_string(Y_NM.shape()), " should be [", N,
-                ", ", M, "]");
-  check_segments(segments, G, N, op);
+  const auto [G, M, K, N] = grouped_gemm_shapes(X_NK, W, trans_w, segments, Y_NM);
 
   const bool in_parallel = items_schedule(ctx, segments);
   std::vector<Item> items;
@@ -130,14 +111,7 @@ void grouped_gemm_wgrad(const ExecContext& ctx, const Tensor& dY_NM, const Tenso
   check_f32_cpu(dY_NM, op, "dY");
   check_f32_cpu(X_NK, op, "X");
   check_f32_cpu(dW_GMK, op, "dW");
-  ORIGAMI_CHECK(dW_GMK.dim() == 3, op, ": dW must be [G, M, K], got ", shape_string(dW_GMK.shape()));
-  const int64_t G = dW_GMK.size(0), M = dW_GMK.size(1), K = dW_GMK.size(2);
-  const int64_t N = dY_NM.rows();
-  ORIGAMI_CHECK(dY_NM.cols() == M, op, ": dY ", shape_string(dY_NM.shape()), " should be [N, ", M, "] for dW ",
-                shape_string(dW_GMK.shape()));
-  ORIGAMI_CHECK(X_NK.rows() == N && X_NK.cols() == K, op, ": X ", shape_string(X_NK.shape()), " should be [", N,
-                ", ", K, "]");
-  check_segments(segments, G, N, op);
+  const auto [G, M, K, N] = grouped_gemm_wgrad_shapes(dY_NM, X_NK, segments, dW_GMK);
 
   // Each group's non-empty segments as (first row, rows), in segment order.
   struct Run {

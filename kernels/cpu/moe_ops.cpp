@@ -17,6 +17,7 @@
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/op_shapes.h"
 
 namespace origami::cpu {
 
@@ -53,16 +54,6 @@ inline void softmax_pieces(const float* __restrict z, int64_t E, float& mx, floa
   for (int64_t e = 0; e < E; ++e) se += cpu::exp_fast(z[e] - mx);
 }
 
-void check_f32(const Tensor& t, const Shape& shape, const char* name) {
-  ORIGAMI_CHECK(t.defined() && t.dtype() == DType::f32, name, " must be a defined f32 tensor");
-  check_shape(t, shape, name);
-}
-
-void check_i32(const Tensor& t, const Shape& shape, const char* name) {
-  ORIGAMI_CHECK(t.defined() && t.dtype() == DType::i32, name, " must be a defined i32 tensor");
-  check_shape(t, shape, name);
-}
-
 void check_kept(const Tensor& kept_TK, const Tensor& expert_TK) {
   if (!kept_TK.defined()) return;
   ORIGAMI_CHECK(kept_TK.dtype() == DType::u8, "kept_TK must be u8");
@@ -73,14 +64,8 @@ void check_kept(const Tensor& kept_TK, const Tensor& expert_TK) {
 
 void moe_topk_forward(const ExecContext& ctx, const Tensor& logits_TE, const Tensor& bias_E, const MoeTopkParams& p,
                       Tensor& scores_TE, Tensor& expert_TK, Tensor& weight_TK, Tensor& lse_T) {
-  ORIGAMI_CHECK(logits_TE.defined() && logits_TE.dtype() == DType::f32, "router logits must be f32");
+  moe_topk_forward_shapes(logits_TE, bias_E, p, scores_TE, expert_TK, weight_TK, lse_T);
   const int64_t T = logits_TE.rows(), E = logits_TE.cols(), K = p.top_k;
-  check_moe_topk_params(p, E);
-  check_f32(scores_TE, {T, E}, "router scores_TE");
-  check_i32(expert_TK, {T, K}, "router expert_TK");
-  check_f32(weight_TK, {T, K}, "router weight_TK");
-  if (bias_E.defined()) check_f32(bias_E, {E}, "router bias_E");
-  if (lse_T.defined()) check_f32(lse_T, {T}, "router lse_T");
   const float* logits = logits_TE.f32();
   const float* bias = bias_E.defined() ? bias_E.f32() : nullptr;
   float* scores = scores_TE.f32();
@@ -170,17 +155,8 @@ void moe_topk_forward(const ExecContext& ctx, const Tensor& logits_TE, const Ten
 void moe_topk_backward(const ExecContext& ctx, const Tensor& logits_TE, const Tensor& scores_TE,
                        const Tensor& expert_TK, const Tensor& dweight_TK, const Tensor& aux_SE, int64_t seg_len,
                        float z_coef, const MoeTopkParams& p, Tensor& dlogits_TE) {
-  ORIGAMI_CHECK(logits_TE.defined() && logits_TE.dtype() == DType::f32, "router logits must be f32");
+  moe_topk_backward_shapes(logits_TE, scores_TE, expert_TK, dweight_TK, aux_SE, seg_len, p, dlogits_TE);
   const int64_t T = logits_TE.rows(), E = logits_TE.cols(), K = p.top_k;
-  check_f32(scores_TE, {T, E}, "router scores_TE");
-  check_i32(expert_TK, {T, K}, "router expert_TK");
-  check_f32(dlogits_TE, {T, E}, "router dlogits_TE");
-  if (dweight_TK.defined()) check_f32(dweight_TK, {T, K}, "router dweight_TK");
-  if (aux_SE.defined()) {
-    ORIGAMI_CHECK(seg_len > 0 && T % seg_len == 0, "router backward: ", T, " tokens do not split into segments of ",
-                  seg_len);
-    check_f32(aux_SE, {T / seg_len, E}, "router aux_SE");
-  }
   const float* logits = logits_TE.f32();
   const float* scores = scores_TE.f32();
   const int32_t* experts = expert_TK.i32();

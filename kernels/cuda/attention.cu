@@ -16,6 +16,7 @@
 // on the CPU (lane-redundant, so no broadcast), the row blended in fp32.
 #include "kernels/cuda/attention_tiles.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/op_shapes.h"
 
 namespace origami::cuda {
 
@@ -25,26 +26,12 @@ using attn::align256;
 using attn::ceil_div;
 using attn::kRangeRows;
 
-void check_dims(const AttentionDims& d) {
-  ORIGAMI_CHECK(d.batch > 0 && d.q_len > 0 && d.kv_len > 0 && d.num_heads > 0 && d.num_kv_heads > 0 &&
-                    d.head_dim > 0,
-                "attention dims must be positive");
-  ORIGAMI_CHECK(d.num_heads % d.num_kv_heads == 0, "num_heads ", d.num_heads, " is not a multiple of num_kv_heads ",
-                d.num_kv_heads);
-}
-
 void check_inputs(const char* op, const AttentionDims& d, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& q_pos, const Tensor& kv_pos) {
-  check_dims(d);
-  check_shape(q, {d.batch, d.q_len, d.num_heads, d.head_dim}, "attention q");
-  check_shape(k, {d.batch, d.kv_len, d.num_kv_heads, d.head_dim}, "attention k");
-  check_shape(v, {d.batch, d.kv_len, d.num_kv_heads, d.head_dim}, "attention v");
-  check_shape(q_pos, {d.q_len}, "attention q_pos");
-  check_shape(kv_pos, {d.kv_len}, "attention kv_pos");
+  attention_input_shapes(d, q, k, v, q_pos, kv_pos);
   check_data_dtype(op, q, "q");
   check_same_dtype(op, q, "q", k, "k");
   check_same_dtype(op, q, "q", v, "v");
-  ORIGAMI_CHECK(q_pos.dtype() == DType::i32 && kv_pos.dtype() == DType::i32, "attention positions are i32");
 }
 
 size_t ranges_bytes(const AttentionDims& d) {
@@ -151,7 +138,7 @@ unsigned warp_grid(int64_t rows, int warps_per_block) {
 }  // namespace
 
 size_t attention_forward_workspace_bytes(const ExecContext&, const AttentionDims& dims) {
-  check_dims(dims);
+  attention_dims_check(dims);
   return ranges_bytes(dims);
 }
 
@@ -160,8 +147,7 @@ void attention_forward(const ExecContext& ctx, const AttentionDims& d, const Ten
                        Tensor& lse_BHS, Tensor& workspace) {
   constexpr const char* op = "attention_forward";
   check_inputs(op, d, q, k, v, q_pos_S, kv_pos_S);
-  check_shape(o, {d.batch, d.q_len, d.num_heads, d.head_dim}, "attention o");
-  check_shape(lse_BHS, {d.batch, d.num_heads, d.q_len}, "attention lse");
+  attention_output_shapes(d, o, lse_BHS);
   check_same_dtype(op, q, "q", o, "o");
   check_workspace(op, workspace, ranges_bytes(d));
   const cudaStream_t s = stream_of(ctx);
@@ -184,7 +170,7 @@ void attention_forward(const ExecContext& ctx, const AttentionDims& d, const Ten
 }
 
 size_t attention_backward_workspace_bytes(const ExecContext&, const AttentionDims& dims) {
-  check_dims(dims);
+  attention_dims_check(dims);
   return dsum_bytes(dims) + ranges_bytes(dims);
 }
 
@@ -194,14 +180,7 @@ void attention_backward(const ExecContext& ctx, const AttentionDims& d, const Te
                         Tensor& workspace) {
   constexpr const char* op = "attention_backward";
   check_inputs(op, d, q, k, v, q_pos_S, kv_pos_S);
-  const Shape q_shape{d.batch, d.q_len, d.num_heads, d.head_dim};
-  const Shape kv_shape{d.batch, d.kv_len, d.num_kv_heads, d.head_dim};
-  check_shape(o, q_shape, "attention o");
-  check_shape(do_, q_shape, "attention do");
-  check_shape(dq, q_shape, "attention dq");
-  check_shape(dk, kv_shape, "attention dk");
-  check_shape(dv, kv_shape, "attention dv");
-  check_shape(lse_BHS, {d.batch, d.num_heads, d.q_len}, "attention lse");
+  attention_grad_shapes(d, o, lse_BHS, do_, dq, dk, dv);
   check_same_dtype(op, q, "q", o, "o");
   check_same_dtype(op, q, "q", do_, "do");
   check_same_dtype(op, q, "q", dq, "dq");

@@ -20,6 +20,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/op_shapes.h"
 
 namespace origami::cuda {
 
@@ -66,30 +67,6 @@ __global__ void gather_tokens(const int32_t* __restrict__ tok, const int32_t* __
   }
 }
 
-// The shapes of a pack or unpack: k, v [B, S, Hkv, hd], wire [cp, 2, B, S/cp, Hkv·hd].
-struct KvLayout {
-  int64_t cp, B, S, C, E;  // C = S/(2·cp) rows per run, E = Hkv·hd elements per row
-  size_t elem_bytes;
-};
-
-KvLayout check_kv(const char* op, const Tensor& wire, const Tensor& k_BSHd, const Tensor& v_BSHd) {
-  ORIGAMI_CHECK(k_BSHd.defined() && v_BSHd.defined() && wire.defined(), op, ": undefined tensor");
-  ORIGAMI_CHECK(k_BSHd.dim() == 4, op, ": k must be [B, S, Hkv, hd], got ", shape_string(k_BSHd.shape()));
-  ORIGAMI_CHECK(v_BSHd.shape() == k_BSHd.shape(), op, ": v ", shape_string(v_BSHd.shape()), " differs from k ",
-                shape_string(k_BSHd.shape()));
-  ORIGAMI_CHECK(k_BSHd.dtype() == v_BSHd.dtype() && wire.dtype() == k_BSHd.dtype(), op, ": dtypes differ (k ",
-                to_string(k_BSHd.dtype()), ", v ", to_string(v_BSHd.dtype()), ", wire ", to_string(wire.dtype()), ")");
-  ORIGAMI_CHECK(wire.dim() == 5 && wire.size(0) >= 1, op, ": wire must be [cp, 2, B, S/cp, Hkv·hd], got ",
-                shape_string(wire.shape()));
-  KvLayout l{
-      wire.size(0), k_BSHd.size(0), k_BSHd.size(1), 0, k_BSHd.size(2) * k_BSHd.size(3), dtype_size(k_BSHd.dtype())};
-  ORIGAMI_CHECK(l.S > 0 && l.S % (2 * l.cp) == 0, op, ": S = ", l.S,
-                " is not a positive multiple of 2·cp = ", 2 * l.cp);
-  l.C = l.S / (2 * l.cp);
-  check_shape(wire, {l.cp, 2, l.B, l.S / l.cp, l.E}, (std::string(op) + ": wire").c_str());
-  return l;
-}
-
 enum class Copy { to_wire, from_wire };
 
 // Copies every run, in words of type W: run j (of n_runs = cp·2·B·2) is
@@ -111,7 +88,7 @@ template <class W> __global__ void copy_runs(W* wire, W* k, W* v, int64_t cp, in
 }
 
 template <class W>
-void launch_copy(cudaStream_t stream, void* wire, void* k, void* v, const KvLayout& l, size_t run_bytes, Copy dir) {
+void launch_copy(cudaStream_t stream, void* wire, void* k, void* v, const CpKvLayout& l, size_t run_bytes, Copy dir) {
   const int64_t run = static_cast<int64_t>(run_bytes / sizeof(W)), n_runs = l.cp * 4 * l.B;
   constexpr int kThreads = 256;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>((run + kThreads - 1) / kThreads, 1024)),
@@ -122,7 +99,7 @@ void launch_copy(cudaStream_t stream, void* wire, void* k, void* v, const KvLayo
 }
 
 // Both directions: wire ↔ the saved k and v.
-void copy_kv(const ExecContext& ctx, const KvLayout& l, void* wire, void* k, void* v, Copy dir) {
+void copy_kv(const ExecContext& ctx, const CpKvLayout& l, void* wire, void* k, void* v, Copy dir) {
   const size_t run_bytes = static_cast<size_t>(l.C * l.E) * l.elem_bytes;
   if (l.B == 0 || run_bytes == 0) return;
   size_t width = 16;
@@ -172,12 +149,12 @@ void cp_gather_tokens(const ExecContext& ctx, const Tensor& tokens_BS1, const Te
 }
 
 void cp_pack_kv(const ExecContext& ctx, const Tensor& k_BSHd, const Tensor& v_BSHd, Tensor& wire) {
-  const KvLayout l = check_kv("cp_pack_kv", wire, k_BSHd, v_BSHd);
+  const CpKvLayout l = cp_kv_shapes("cp_pack_kv", wire, k_BSHd, v_BSHd);
   copy_kv(ctx, l, wire.address(), k_BSHd.address(), v_BSHd.address(), Copy::to_wire);
 }
 
 void cp_unpack_kv(const ExecContext& ctx, const Tensor& wire, Tensor& k_BSHd, Tensor& v_BSHd) {
-  const KvLayout l = check_kv("cp_unpack_kv", wire, k_BSHd, v_BSHd);
+  const CpKvLayout l = cp_kv_shapes("cp_unpack_kv", wire, k_BSHd, v_BSHd);
   copy_kv(ctx, l, wire.address(), k_BSHd.address(), v_BSHd.address(), Copy::from_wire);
 }
 

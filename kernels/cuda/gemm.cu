@@ -26,6 +26,7 @@
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/op_shapes.h"
 
 namespace origami::cuda {
 
@@ -169,21 +170,12 @@ void scale_matrices(cudaStream_t stream, DType dt, void* base, int64_t elems, st
 
 void gemm(const ExecContext& ctx, const Tensor& A, Trans trans_a, const Tensor& B, Trans trans_b, Tensor& C,
           float alpha, float beta) {
-  ORIGAMI_CHECK(A.defined() && B.defined() && C.defined(), "gemm on an undefined tensor");
+  const auto [M, N, K] = gemm_shapes(A, trans_a, B, trans_b, C);
   check_data_dtype("gemm", A, "A");
   check_same_dtype("gemm", A, "A", B, "B");
   ORIGAMI_CHECK(C.dtype() == A.dtype() || (A.dtype() == DType::bf16 && C.dtype() == DType::f32), "gemm: C is ",
                 to_string(C.dtype()), " for ", to_string(A.dtype()), " A and B (C is ", to_string(A.dtype()),
                 A.dtype() == DType::bf16 ? " or f32)" : ")");
-  const int64_t a_rows = A.rows(), b_rows = B.rows();
-  const int64_t M = trans_a == Trans::yes ? A.cols() : a_rows;
-  const int64_t K = trans_a == Trans::yes ? a_rows : A.cols();
-  const int64_t Kb = trans_b == Trans::yes ? B.cols() : b_rows;
-  const int64_t N = trans_b == Trans::yes ? b_rows : B.cols();
-  ORIGAMI_CHECK(K == Kb, "gemm inner dimensions differ: op(A) is [", M, ", ", K, "] (A ", shape_string(A.shape()),
-                "), op(B) is [", Kb, ", ", N, "] (B ", shape_string(B.shape()), ")");
-  ORIGAMI_CHECK(C.rows() == M && C.cols() == N, "gemm output C ", shape_string(C.shape()), " should read as [", M, ", ",
-                N, "]");
   if (M == 0 || N == 0) return;
   if (K == 0) {  // the product is empty: C = beta · C, as the CPU does (cuBLASLt takes no k = 0)
     const int64_t whole = 0;

@@ -61,6 +61,7 @@
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/op_shapes.h"
 
 namespace origami::cuda {
 
@@ -255,17 +256,6 @@ void check_operands(const char* op, const Tensor& a, const char* a_name, const T
                 " (", out_name, " is ", to_string(a.dtype()), a.dtype() == DType::bf16 ? " or f32)" : ")");
 }
 
-// The segments tile `N` rows and name groups in [0, G).
-void check_segments(std::span<const GemmSegment> segments, int64_t G, int64_t N, const char* op) {
-  int64_t total = 0;
-  for (const GemmSegment& s : segments) {
-    ORIGAMI_CHECK(s.group >= 0 && s.group < G, op, ": segment group ", s.group, " outside [0, ", G, ")");
-    ORIGAMI_CHECK(s.rows >= 0, op, ": negative segment of ", s.rows, " rows");
-    total += s.rows;
-  }
-  ORIGAMI_CHECK(total == N, op, ": segments cover ", total, " rows but the operand has ", N);
-}
-
 const char* bytes_of(const Tensor& t) { return static_cast<const char*>(t.address()); }
 
 }  // namespace
@@ -274,16 +264,7 @@ void grouped_gemm(const ExecContext& ctx, const Tensor& X_NK, const Tensor& W, T
                   std::span<const GemmSegment> segments, Tensor& Y_NM, float beta, GroupedGemmSchedule schedule) {
   constexpr const char* op = "grouped_gemm";
   check_operands(op, X_NK, "X", W, "W", Y_NM, "Y");
-  ORIGAMI_CHECK(W.dim() == 3, op, ": W must be [G, rows, cols], got ", shape_string(W.shape()));
-  const int64_t G = W.size(0);
-  const int64_t M = trans_w == Trans::yes ? W.size(1) : W.size(2);
-  const int64_t K = trans_w == Trans::yes ? W.size(2) : W.size(1);
-  const int64_t N = X_NK.rows();
-  ORIGAMI_CHECK(X_NK.cols() == K, op, ": X ", shape_string(X_NK.shape()), " should be [N, ", K, "] for W ",
-                shape_string(W.shape()), trans_w == Trans::yes ? " (transposed)" : "");
-  ORIGAMI_CHECK(Y_NM.rows() == N && Y_NM.cols() == M, op, ": Y ", shape_string(Y_NM.shape()), " should be [", N,
-                ", ", M, "]");
-  check_segments(segments, G, N, op);
+  const auto [G, M, K, N] = grouped_gemm_shapes(X_NK, W, trans_w, segments, Y_NM);
   if (N == 0 || M == 0) return;
   if (K == 0) {  // every product empty: Y = beta · Y (the segments tile all of Y's rows)
     const int64_t whole = 0;
@@ -319,14 +300,7 @@ void grouped_gemm_wgrad(const ExecContext& ctx, const Tensor& dY_NM, const Tenso
                         GroupedGemmSchedule schedule) {
   constexpr const char* op = "grouped_gemm_wgrad";
   check_operands(op, dY_NM, "dY", X_NK, "X", dW_GMK, "dW");
-  ORIGAMI_CHECK(dW_GMK.dim() == 3, op, ": dW must be [G, M, K], got ", shape_string(dW_GMK.shape()));
-  const int64_t G = dW_GMK.size(0), M = dW_GMK.size(1), K = dW_GMK.size(2);
-  const int64_t N = dY_NM.rows();
-  ORIGAMI_CHECK(dY_NM.cols() == M, op, ": dY ", shape_string(dY_NM.shape()), " should be [N, ", M, "] for dW ",
-                shape_string(dW_GMK.shape()));
-  ORIGAMI_CHECK(X_NK.rows() == N && X_NK.cols() == K, op, ": X ", shape_string(X_NK.shape()), " should be [", N,
-                ", ", K, "]");
-  check_segments(segments, G, N, op);
+  const auto [G, M, K, N] = grouped_gemm_wgrad_shapes(dY_NM, X_NK, segments, dW_GMK);
   if (G == 0 || M == 0 || K == 0) return;
 
   // Each group's non-empty segments, in segment order.

@@ -44,11 +44,6 @@ void check_kept(const Tensor& kept_TK, const Tensor& expert_TK) {
   check_shape(kept_TK, expert_TK.shape(), "kept_TK");
 }
 
-void check_i32(const Tensor& t, const Shape& shape, const char* name) {
-  ORIGAMI_CHECK(t.defined() && t.dtype() == DType::i32, name, " must be a defined i32 tensor");
-  check_shape(t, shape, name);
-}
-
 // ---------------------------------------------------------------- histogram
 
 constexpr int kHistThreads = 256;

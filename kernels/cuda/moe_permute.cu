@@ -198,16 +198,6 @@ bool packable(int64_t D, std::initializer_list<const void*> bases) {
   return true;
 }
 
-void check_i32(const Tensor& t, const Shape& shape, const char* name) {
-  ORIGAMI_CHECK(t.defined() && t.dtype() == DType::i32, name, " must be a defined i32 tensor");
-  check_shape(t, shape, name);
-}
-
-void check_f32(const Tensor& t, const Shape& shape, const char* name) {
-  ORIGAMI_CHECK(t.defined() && t.dtype() == DType::f32, name, " must be a defined f32 tensor");
-  check_shape(t, shape, name);
-}
-
 // One data tensor of the call: defined, f32 or bf16, the call's dtype, this shape.
 void check_data(const char* op, const Tensor& t, const char* name, const Tensor& first, const Shape& shape) {
   ORIGAMI_CHECK(t.defined(), op, ": ", name, " is undefined");

@@ -29,6 +29,7 @@
 
 #include "kernels/cuda/moe_common.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/op_shapes.h"
 
 namespace origami::cuda {
 
@@ -241,16 +242,6 @@ int warps_for(int64_t bytes) {
   return static_cast<int>(std::min<int64_t>(kMaxWarpsPerBlock, kSharedPerBlock / std::max<int64_t>(bytes, 1)));
 }
 
-void check_f32(const Tensor& t, const Shape& shape, const char* name) {
-  ORIGAMI_CHECK(t.defined() && t.dtype() == DType::f32, name, " must be a defined f32 tensor");
-  check_shape(t, shape, name);
-}
-
-void check_i32(const Tensor& t, const Shape& shape, const char* name) {
-  ORIGAMI_CHECK(t.defined() && t.dtype() == DType::i32, name, " must be a defined i32 tensor");
-  check_shape(t, shape, name);
-}
-
 // ---------------------------------------------------------------- backward
 
 struct Backward {
@@ -346,14 +337,8 @@ __global__ void topk_backward_kernel(Backward a) {
 
 void moe_topk_forward(const ExecContext& ctx, const Tensor& logits_TE, const Tensor& bias_E, const MoeTopkParams& p,
                       Tensor& scores_TE, Tensor& expert_TK, Tensor& weight_TK, Tensor& lse_T) {
-  ORIGAMI_CHECK(logits_TE.defined() && logits_TE.dtype() == DType::f32, "router logits must be f32");
+  moe_topk_forward_shapes(logits_TE, bias_E, p, scores_TE, expert_TK, weight_TK, lse_T);
   const int64_t T = logits_TE.rows(), E = logits_TE.cols(), K = p.top_k;
-  check_moe_topk_params(p, E);
-  check_f32(scores_TE, {T, E}, "router scores_TE");
-  check_i32(expert_TK, {T, K}, "router expert_TK");
-  check_f32(weight_TK, {T, K}, "router weight_TK");
-  if (bias_E.defined()) check_f32(bias_E, {E}, "router bias_E");
-  if (lse_T.defined()) check_f32(lse_T, {T}, "router lse_T");
   if (T == 0) return;
   const int64_t G = p.num_groups, gk = p.group_topk;
   const int64_t bytes = forward_words(E, G, K) * 4;
@@ -384,17 +369,8 @@ void moe_topk_forward(const ExecContext& ctx, const Tensor& logits_TE, const Ten
 void moe_topk_backward(const ExecContext& ctx, const Tensor& logits_TE, const Tensor& scores_TE,
                        const Tensor& expert_TK, const Tensor& dweight_TK, const Tensor& aux_SE, int64_t seg_len,
                        float z_coef, const MoeTopkParams& p, Tensor& dlogits_TE) {
-  ORIGAMI_CHECK(logits_TE.defined() && logits_TE.dtype() == DType::f32, "router logits must be f32");
+  moe_topk_backward_shapes(logits_TE, scores_TE, expert_TK, dweight_TK, aux_SE, seg_len, p, dlogits_TE);
   const int64_t T = logits_TE.rows(), E = logits_TE.cols(), K = p.top_k;
-  check_f32(scores_TE, {T, E}, "router scores_TE");
-  check_i32(expert_TK, {T, K}, "router expert_TK");
-  check_f32(dlogits_TE, {T, E}, "router dlogits_TE");
-  if (dweight_TK.defined()) check_f32(dweight_TK, {T, K}, "router dweight_TK");
-  if (aux_SE.defined()) {
-    ORIGAMI_CHECK(seg_len > 0 && T % seg_len == 0, "router backward: ", T, " tokens do not split into segments of ",
-                  seg_len);
-    check_f32(aux_SE, {T / seg_len, E}, "router aux_SE");
-  }
   if (T == 0 || E == 0) return;
   const int64_t bytes = 2 * E * 4;
   const int warps = warps_for(bytes);

@@ -1,0 +1,67 @@
+// The shape rules of ops that both backends implement (kernels/<op>.h says
+// what each call means). Each function checks every shape of a call and
+// returns the problem's dimensions, so the CPU and CUDA implementations accept
+// exactly the same calls and fail them with the same messages. Dtype rules
+// stay with each backend (the CPU's kernels are f32; CUDA's rule is in
+// kernels/cuda/README.md) except where an argument is never data (router
+// statistics, indices, positions), which both take in one dtype.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "kernels/attention.h"
+#include "kernels/gemm.h"
+#include "kernels/grouped_gemm.h"
+#include "kernels/moe_ops.h"
+#include "kernels/tensor.h"
+
+namespace origami {
+
+// C = op(A)·op(B): C [M, N], op(A) [M, K], op(B) [K, N]. Operands read as
+// matrices (rows() × cols()); K = 0 is legal (C = beta·C).
+struct GemmDims {
+  int64_t M, N, K;
+};
+GemmDims gemm_shapes(const Tensor& A, Trans trans_a, const Tensor& B, Trans trans_b, const Tensor& C);
+
+// grouped_gemm: X [N, K], W [G, M, K] (trans_w) or [G, K, M], Y [N, M];
+// grouped_gemm_wgrad: dY [N, M], X [N, K], dW [G, M, K]. The segments tile
+// the N rows and name groups in [0, G).
+struct GroupedGemmDims {
+  int64_t G, M, K, N;
+};
+GroupedGemmDims grouped_gemm_shapes(const Tensor& X_NK, const Tensor& W, Trans trans_w,
+                                    std::span<const GemmSegment> segments, const Tensor& Y_NM);
+GroupedGemmDims grouped_gemm_wgrad_shapes(const Tensor& dY_NM, const Tensor& X_NK, std::span<const GemmSegment> segments,
+                                          const Tensor& dW_GMK);
+
+// Positive dims, Hq a multiple of Hkv.
+void attention_dims_check(const AttentionDims& d);
+// q, k, v and the i32 positions of a forward or backward call.
+void attention_input_shapes(const AttentionDims& d, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& q_pos_S, const Tensor& kv_pos_S);
+// Forward's outputs, which backward reads: o [B, Sq, Hq, hd], lse [B, Hq, Sq].
+void attention_output_shapes(const AttentionDims& d, const Tensor& o, const Tensor& lse_BHS);
+// Backward's: do and dq as q, dk and dv as k, besides forward's outputs.
+void attention_grad_shapes(const AttentionDims& d, const Tensor& o, const Tensor& lse_BHS, const Tensor& do_,
+                           const Tensor& dq, const Tensor& dk, const Tensor& dv);
+
+// cp_pack_kv / cp_unpack_kv: k, v [B, S, Hkv, hd] and the wire
+// [cp, 2, B, S/cp, Hkv·hd] (kernels/context_parallel.h), one dtype.
+struct CpKvLayout {
+  int64_t cp, B, S, C, E;  // C = S/(2·cp) rows per run, E = Hkv·hd elements per row
+  size_t elem_bytes;
+};
+CpKvLayout cp_kv_shapes(const char* op, const Tensor& wire, const Tensor& k_BSHd, const Tensor& v_BSHd);
+
+// moe_topk_forward's and moe_topk_backward's f32 and i32 arguments (all of
+// them router statistics; the params checked by check_moe_topk_params).
+void moe_topk_forward_shapes(const Tensor& logits_TE, const Tensor& bias_E, const MoeTopkParams& p,
+                             const Tensor& scores_TE, const Tensor& expert_TK, const Tensor& weight_TK,
+                             const Tensor& lse_T);
+void moe_topk_backward_shapes(const Tensor& logits_TE, const Tensor& scores_TE, const Tensor& expert_TK,
+                              const Tensor& dweight_TK, const Tensor& aux_SE, int64_t seg_len, const MoeTopkParams& p,
+                              const Tensor& dlogits_TE);
+
+}  // namespace origami
