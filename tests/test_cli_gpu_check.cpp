@@ -131,14 +131,15 @@ TEST(GpuCheckReport, TrainingNotesFromOrigamisAndPyTorchsRecords) {
   EXPECT_EQ(r.output.find("datasheet"), std::string::npos) << "no datasheet peak for an NVL board: " << r.output;
   EXPECT_FALSE(read_json(dir / "nvl.json").at("gpu-whole").contains("mfu_datasheet"));
 
-  // PyTorch's side: the twin itself for gpu-whole; a skip; a fit at 2 of 4 layers.
+  // PyTorch's side: the twin itself for gpu-whole; a skip; a fit at 2 of 4 layers
+  // whose allocator retried.
   r = run_command(kPython + " " + ORIGAMI_SOURCE_DIR + "/tools/train_torch.py " + configs[0] +
                   " --steps 1 --warmup 0 --device cpu --json " + build + "/torch-gpu-whole.json");
   ASSERT_EQ(r.status, 0) << r.output;
   testing::write_file(build + "/torch-gpu-cut.json", R"({"config": "gpu-cut", "skipped": "no CUDA device"})");
   testing::write_file(build + "/torch-gpu-fit.json",
                       R"({"config": "gpu-fit", "tokens_per_s": 1000.0, "peak_memory_bytes": 2.5e9, "layers": 2,
-                          "oom_layers": [4, 3]})");
+                          "oom_layers": [4, 3], "alloc_retries": 3})");
   const std::string theirs = dir / "train_torch.json";
   r = report("train-torch " + theirs + " " + ours + " " + build + " 3" + config_args);
   ASSERT_EQ(r.status, 0) << r.output;
@@ -154,8 +155,9 @@ TEST(GpuCheckReport, TrainingNotesFromOrigamisAndPyTorchsRecords) {
   EXPECT_FALSE(torch.contains("gpu-absent"));
   EXPECT_TRUE(std::regex_search(r.output, std::regex("^gpu-whole: torch [0-9]+ tok/s, peak 0\\.0 GB, origami/torch "
                                                      "[0-9.]+x; gpu-cut: no CUDA device; gpu-fit: torch 1000 tok/s at "
-                                                     "2 layers \\(out of memory at 4, 3\\), peak 2\\.5 GB, "
-                                                     "origami/torch [0-9.]+x; gpu-absent: no result\n$")))
+                                                     "2 layers \\(out of memory at 4, 3\\), peak 2\\.5 GB, 3 "
+                                                     "allocator retries, origami/torch [0-9.]+x; gpu-absent: no "
+                                                     "result\n$")))
       << r.output;
 }
 

@@ -40,8 +40,9 @@
 // text table prints each line as it is measured, and --skip leaves such an
 // op out of a rerun.
 //
-// JSON (--json, one object on stdout): the device, the ceilings, and per
-// line: key (unique; tools/bench_kernels_torch.py reports its counterparts
+// JSON (--json, one object on stdout; the table then goes to stderr): the
+// device, the ceilings, and per line: key (unique;
+// tools/bench_kernels_torch.py reports its counterparts
 // under the same keys: gemm/q.fwd, grouped_gemm/gate_up.fwd,
 // attention_forward, attention_backward), op (the kernels API entry point),
 // shape, dtype, ms, repeats, flops + tflops or bytes + gbps,
@@ -304,17 +305,17 @@ nlohmann::ordered_json to_json(const Result& x, const Runner& r) {
 
 // One table row, printed as soon as the op is measured (an op that aborts
 // the run leaves the rows before it on the screen).
-void print_row(const Result& x, const Runner& r) {
+void print_row(std::FILE* out, const Result& x, const Runner& r) {
   char target[96] = "";
   if (x.target)
     std::snprintf(target, sizeof target, ">= %.0f%% %s", 100 * *x.target, x.fraction >= *x.target ? "ok" : "MISS");
   if (const auto share = routing_share(r, x))
     std::snprintf(target, sizeof target, "%.1f%% of expert GEMM fwd, <= %.0f%% %s", 100 * share->fraction,
                   100 * kRoutingTarget, share->fraction <= kRoutingTarget ? "ok" : "MISS");
-  std::printf("  %-27s %-27s %10.4f %9.3f %s %7.1f%%  %s%s%s\n", x.key.c_str(), x.shape.c_str(), x.ms, x.rate,
-              x.compute ? "TFLOP/s" : "GB/s   ", 100 * x.fraction, target,
-              x.wrong.empty() ? "" : "  WRONG: ", x.wrong.c_str());
-  std::fflush(stdout);
+  std::fprintf(out, "  %-27s %-27s %10.4f %9.3f %s %7.1f%%  %s%s%s\n", x.key.c_str(), x.shape.c_str(), x.ms, x.rate,
+               x.compute ? "TFLOP/s" : "GB/s   ", 100 * x.fraction, target,
+               x.wrong.empty() ? "" : "  WRONG: ", x.wrong.c_str());
+  std::fflush(out);
 }
 
 void run_bench_kernels(BenchOptions o) {
@@ -344,15 +345,18 @@ void run_bench_kernels(BenchOptions o) {
 
   Runner r(ctx, o);
   measure_ceilings(ctx, r, s, dt);
-  if (!o.json) {
-    std::printf("bench kernels: %s (%s), %s shapes, %s, median of %d samples\n", to_string(ctx.device()).c_str(),
-                name.c_str(), s.name, o.dtype.c_str(), o.samples);
-    std::printf("  compute ceiling    gemm %s %s: %.3f ms, %.2f TFLOP/s\n", ceiling_gemm.c_str(), o.dtype.c_str(),
-                r.ceiling_gemm_ms, r.ceiling_tflops);
-    std::printf("  bandwidth ceiling  copy of %.0f MiB: %.3f ms, %.1f GB/s (bytes read + written)\n",
-                static_cast<double>(s.copy_bytes) / (1 << 20), r.ceiling_copy_ms, r.ceiling_gbps);
-    std::printf("  %-27s %-27s %10s %17s %8s  %s\n", "key", "shape", "ms", "rate", "%ceil", "target");
-    r.on_result = [&r](const Result& x) { print_row(x, r); };
+  {
+    // The table, a row as each op is measured; under --json on stderr, so a
+    // run cut short (tools/gpu_check.sh's deadline) still leaves its rows.
+    std::FILE* out = o.json ? stderr : stdout;
+    std::fprintf(out, "bench kernels: %s (%s), %s shapes, %s, median of %d samples\n", to_string(ctx.device()).c_str(),
+                 name.c_str(), s.name, o.dtype.c_str(), o.samples);
+    std::fprintf(out, "  compute ceiling    gemm %s %s: %.3f ms, %.2f TFLOP/s\n", ceiling_gemm.c_str(),
+                 o.dtype.c_str(), r.ceiling_gemm_ms, r.ceiling_tflops);
+    std::fprintf(out, "  bandwidth ceiling  copy of %.0f MiB: %.3f ms, %.1f GB/s (bytes read + written)\n",
+                 static_cast<double>(s.copy_bytes) / (1 << 20), r.ceiling_copy_ms, r.ceiling_gbps);
+    std::fprintf(out, "  %-27s %-27s %10s %17s %8s  %s\n", "key", "shape", "ms", "rate", "%ceil", "target");
+    r.on_result = [&r, out](const Result& x) { print_row(out, x, r); };
   }
   bench_gemms(ctx, r, s, dt);
   bench_grouped(ctx, r, s, dt);

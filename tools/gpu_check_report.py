@@ -141,8 +141,11 @@ def train_torch(out, ours_path, build, steps, *configs):
                 mine = None
         r["origami_over_torch"] = mine / r["tokens_per_s"] if mine else None
         ratio = f", origami/torch {mine / r['tokens_per_s']:.2f}x" if mine else ""
+        # PyTorch's allocator freeing its cache and retrying: a twin slowed
+        # by memory pressure rather than by its kernels.
+        retries = f", {r['alloc_retries']} allocator retries" if r.get("alloc_retries") else ""
         notes.append(f"{name}: torch {r['tokens_per_s']:.0f} tok/s{fit}, "
-                     f"peak {r['peak_memory_bytes'] / 1e9:.1f} GB{ratio}")
+                     f"peak {r['peak_memory_bytes'] / 1e9:.1f} GB{retries}{ratio}")
     with open(out, "w") as f:
         json.dump(runs, f, indent=1)
     print("; ".join(notes))

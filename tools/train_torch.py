@@ -27,7 +27,8 @@ autocast), the GPU check's choice beside origami's bf16 recipe.
 
 Output: one JSON object {config, precision, steps, tokens_per_step,
 step_s (median of the timed steps), tokens_per_s, peak_memory_bytes,
-params, layers, final_loss}; or {"skipped": why} without CUDA or torch
+alloc_retries (the caching allocator's, a sign of memory pressure), params,
+layers, final_loss}; or {"skipped": why} without CUDA or torch
 (exit 0), or {"error": ...} with exit 1 when the model does not fit (CUDA
 out of memory, however the library reports it) or anything else fails, so
 a caller always has a result to read.
@@ -269,6 +270,7 @@ def train(torch, s, dev, a):
     step_s = statistics.median(times)
     out.update(step_s=step_s, tokens_per_s=s["B"] * s["S"] / step_s,
                peak_memory_bytes=torch.cuda.max_memory_allocated(dev) if cuda else 0,
+               alloc_retries=torch.cuda.memory_stats(dev).get("num_alloc_retries", 0) if cuda else 0,
                final_loss=float(loss) * accum)
     return out
 
