@@ -184,7 +184,7 @@ struct ModelPlacement {
   // Layers per virtual pipeline stage (empty: even split); the stage is this
   // rank's pp coordinate, holding virtual_stages model chunks
   // (engine/pipeline.h: chunk c is virtual stage c·pp + stage).
-  std::vector<int64_t> pp_layers;
+  std::vector<int64_t> pp_layers = {};
   int64_t virtual_stages = 1;
 };
 
