@@ -2,10 +2,8 @@
 #include "engine/trainer.h"
 
 #include <mpi.h>
-#include <signal.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -28,6 +26,7 @@
 #include "engine/pipeline.h"
 #include "engine/preflight.h"
 #include "engine/run_context.h"
+#include "engine/stop_signals.h"
 #include "engine/zero.h"
 #include "kernels/device.h"
 #include "kernels/threads.h"
@@ -130,45 +129,6 @@ std::string divergence(const Config& cfg, int64_t step, double lm_loss, double a
                         step == 1 ? "untouched" : detail::concat("those of step ", step - 1),
                         "). Likely causes: ", causes);
 }
-
-// The first preemption signal of this process (0: none). Signal handlers can
-// only reach globals; the trainer reads it once per step and agrees on it.
-std::atomic<int> g_stop_signal{0};
-static_assert(std::atomic<int>::is_always_lock_free, "the signal handler's store must be async-signal-safe");
-
-extern "C" void note_stop_signal(int sig) {
-  int none = 0;
-  g_stop_signal.compare_exchange_strong(none, sig);  // lock-free: async-signal-safe
-}
-
-// Installs the preemption handlers for a Trainer's lifetime. SA_RESETHAND:
-// the second signal of a kind finds the default action and kills at once. A
-// signal of another kind is noted only: SLURM's USR1 warning followed by its
-// TERM at the limit must not kill a run that is saving. SA_ONSTACK:
-// a signal that lands in oneDNN's JIT GEMM, whose rsp points into the heap,
-// must not push its frame there (it corrupted the heap about one run in six
-// of the SIGTERM test before); install_signal_stacks gives the threads that
-// run kernels the stack to use.
-class StopSignals {
- public:
-  StopSignals() {
-    g_stop_signal.store(0);
-    install_signal_stacks();
-    struct sigaction sa {};
-    sa.sa_handler = note_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART | SA_RESETHAND | SA_ONSTACK;
-    for (size_t i = 0; i < stop_signals().size(); ++i) sigaction(stop_signals()[i], &sa, &old_[i]);
-  }
-  ~StopSignals() {
-    for (size_t i = 0; i < stop_signals().size(); ++i) sigaction(stop_signals()[i], &old_[i], nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-
- private:
-  std::array<struct sigaction, stop_signals().size()> old_{};
-};
 
 // A failure of work done on one rank only (rank 0's metrics file), kept until
 // the next meeting of every rank, where it stops them all.
@@ -543,7 +503,7 @@ StepMetrics Trainer::run_step() {
   const StepStats st = r.optimizer->update(ctx, model.params(), grad_norm);
   zero.finish_step();
   model.update_expert_bias(fstats.moe);  // the global batch's loads
-  int stop = g_stop_signal.load();
+  int stop = first_stop_signal();
   r.everyone->all_reduce(std::span<int>(&stop, 1), comm::ReduceOp::max);
   // The last step is not preempted: training is done, and the run ends as a
   // finished one (its interval save, its export), not as a stopped one.
@@ -645,16 +605,6 @@ TrainSummary Trainer::finish() {
       std::printf("exported Hugging Face weights to %s\n", dir.c_str());
   }
   return r.summary;
-}
-
-std::string stop_signal_name(int sig) {
-  switch (sig) {
-    case SIGTERM: return "SIGTERM";
-    case SIGINT: return "SIGINT";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGUSR2: return "SIGUSR2";
-    default: return "signal " + std::to_string(sig);
-  }
 }
 
 TrainSummary train(const Config& cfg, const TrainOptions& opts) {

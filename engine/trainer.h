@@ -6,9 +6,7 @@
 // rank's verdict met, then one AdamW step and the metrics. finish() writes the
 // HF export. Also evaluation of exported weights.
 #pragma once
-#include <csignal>
 
-#include <array>
 #include <functional>
 #include <memory>
 #include <string>
@@ -16,6 +14,7 @@
 
 #include "engine/config.h"
 #include "engine/metrics.h"
+#include "engine/stop_signals.h"
 
 namespace origami {
 
@@ -33,14 +32,6 @@ struct TrainSummary {
   int64_t params = 0;
   int64_t resumed_step = -1;   // the checkpoint's step when the run resumed, else -1
 };
-
-// The signals a run treats as preemption: SIGTERM (what schedulers send),
-// SIGINT (Ctrl-C), SIGUSR1 and SIGUSR2 (SLURM's --signal=USR1@<s> warning
-// before a time limit). Open MPI's mpirun forwards USR1 and USR2 to the
-// ranks and sends them TERM on TERM or INT.
-inline constexpr std::array<int, 4> stop_signals() { return {SIGTERM, SIGINT, SIGUSR1, SIGUSR2}; }
-// "SIGTERM" etc. for one of stop_signals(); "signal N" otherwise.
-std::string stop_signal_name(int sig);
 
 // Collective over MPI_COMM_WORLD: every rank constructs, steps and finishes
 // alike. A failure on any rank (a UserError) stops all of them at the next

@@ -1,0 +1,52 @@
+// Preemption signal handlers (see stop_signals.h).
+#include "engine/stop_signals.h"
+
+#include <atomic>
+
+#include "kernels/threads.h"
+
+namespace origami {
+
+namespace {
+// Signal handlers can only reach globals.
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler's store must be async-signal-safe");
+}  // namespace
+
+extern "C" void origami_note_stop_signal(int sig) {
+  int none = 0;
+  g_stop_signal.compare_exchange_strong(none, sig);  // lock-free: async-signal-safe
+}
+
+int first_stop_signal() { return g_stop_signal.load(); }
+
+std::string stop_signal_name(int sig) {
+  switch (sig) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    default: return "signal " + std::to_string(sig);
+  }
+}
+
+// SA_RESETHAND: the second signal of a kind finds the default action and
+// kills at once. SA_ONSTACK: a signal that lands in oneDNN's JIT GEMM, whose
+// rsp points into the heap, must not push its frame there (it corrupted the
+// heap about one run in six of the SIGTERM test before); install_signal_stacks
+// gives the threads that run kernels the stack to use.
+StopSignals::StopSignals() {
+  g_stop_signal.store(0);
+  install_signal_stacks();
+  struct sigaction sa {};
+  sa.sa_handler = origami_note_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART | SA_RESETHAND | SA_ONSTACK;
+  for (size_t i = 0; i < stop_signals().size(); ++i) sigaction(stop_signals()[i], &sa, &old_[i]);
+}
+
+StopSignals::~StopSignals() {
+  for (size_t i = 0; i < stop_signals().size(); ++i) sigaction(stop_signals()[i], &old_[i], nullptr);
+}
+
+}  // namespace origami
