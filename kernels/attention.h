@@ -20,7 +20,10 @@ struct AttentionDims {
 // lse = −inf: the empty softmax, which attention_merge below folds into a
 // result of other keys as nothing. Ring attention (dense/attention_ring.h)
 // runs the kernel on one cp rank's block of keys at a time, where some query
-// rows see none of them.
+// rows see none of them. Positions are below INT32_MAX: the kernels pad
+// partial key tiles with keys at INT32_MAX, which a query there would see
+// (unchecked: the positions live on the device, and a sequence that long
+// is no training input).
 // Workspace sizes are in bytes for this context; the caller allocates (CUB
 // style: ctx.workspace(attention_forward_workspace_bytes(ctx, dims))).
 size_t attention_forward_workspace_bytes(const ExecContext& ctx, const AttentionDims& dims);
