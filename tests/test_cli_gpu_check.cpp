@@ -102,31 +102,40 @@ TEST(GpuCheckReport, TrainingNotesFromOrigamisAndPyTorchsRecords) {
                          " --set export.dir= --set logging.dir=" + build + "/train-" + run + more);
     ASSERT_EQ(t.status, 0) << t.output;
   };
-  train(configs[0], "gpu-whole", 3, "");
+  // gpu_check's 4 steps: 2 of warm-up, then the median of steps 3 and 4.
+  train(configs[0], "gpu-whole", 4, "");
   train(configs[1], "gpu-cut", 2, "");                            // stopped before the last step
-  train(configs[2], "gpu-fit-L2", 3, " --set model.num_layers=2");  // origami again at PyTorch's layers
+  train(configs[2], "gpu-fit-L2", 4, " --set model.num_layers=2");  // origami again at PyTorch's layers
   if (HasFatalFailure()) return;
 
   // origami's side, as on an H200 SXM (datasheet MFU beside the measured one).
   const std::string ours = dir / "train_gpu.json";
-  r = report("train-gpu " + ours + " " + build + " 3" + config_args, "GPU_NAME='NVIDIA H200'");
+  r = report("train-gpu " + ours + " " + build + " 4" + config_args, "GPU_NAME='NVIDIA H200'");
   ASSERT_EQ(r.status, 0) << r.output;
   const nlohmann::json runs = read_json(ours);
   ASSERT_EQ(runs.size(), 1u) << runs.dump();
   const nlohmann::json& whole = runs.at("gpu-whole");
-  const nlohmann::json last = testing::read_jsonl(build + "/train-gpu-whole/metrics.jsonl").back();
-  EXPECT_EQ(whole.at("step"), 3);
-  EXPECT_EQ(whole.at("tokens_per_s"), last.at("tokens_per_s"));
-  EXPECT_DOUBLE_EQ(whole.at("mfu_datasheet").get<double>(), last.at("gflops").get<double>() / 989.4e3);
+  const std::vector<nlohmann::json> records = testing::read_jsonl(build + "/train-gpu-whole/metrics.jsonl");
+  ASSERT_EQ(records.size(), 4u);
+  // The median of the two timed steps is their mean.
+  const auto timed = [&](const char* key) {
+    return (records[2].at(key).get<double>() + records[3].at(key).get<double>()) / 2;
+  };
+  EXPECT_EQ(whole.at("step"), 4);
+  EXPECT_EQ(whole.at("timed_steps"), nlohmann::json::array({3, 4}));
+  EXPECT_DOUBLE_EQ(whole.at("tokens_per_s").get<double>(), timed("tokens_per_s"));
+  EXPECT_DOUBLE_EQ(whole.at("gflops").get<double>(), timed("gflops"));
+  EXPECT_DOUBLE_EQ(whole.at("mfu_datasheet").get<double>(), timed("gflops") / 989.4e3);
+  EXPECT_EQ(whole.at("lm_loss"), records[3].at("lm_loss")) << "the rest is the last step's record";
   char tok_s[64];
-  std::snprintf(tok_s, sizeof tok_s, "gpu-whole: %.0f tok/s, ", last.at("tokens_per_s").get<double>());
+  std::snprintf(tok_s, sizeof tok_s, "gpu-whole: %.0f tok/s, ", timed("tokens_per_s"));
   EXPECT_NE(r.output.find(tok_s), std::string::npos) << r.output;
   EXPECT_TRUE(std::regex_search(r.output, std::regex("MFU [0-9.]+% of the measured [0-9]+ TFLOP/s \\([0-9.]+% of the "
                                                      "989 TFLOP/s datasheet\\), peak [0-9.]+ GB, comm exposed "
-                                                     "0\\.000 s; gpu-cut: stopped after step 2 of 3; gpu-fit: no "
+                                                     "0\\.000 s; gpu-cut: stopped after step 2 of 4; gpu-fit: no "
                                                      "metrics; gpu-absent: no metrics\n$")))
       << r.output;
-  r = report("train-gpu " + (dir / "nvl.json") + " " + build + " 3 " + configs[0], "GPU_NAME='NVIDIA H200 NVL'");
+  r = report("train-gpu " + (dir / "nvl.json") + " " + build + " 4 " + configs[0], "GPU_NAME='NVIDIA H200 NVL'");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(r.output.find("datasheet"), std::string::npos) << "no datasheet peak for an NVL board: " << r.output;
   EXPECT_FALSE(read_json(dir / "nvl.json").at("gpu-whole").contains("mfu_datasheet"));
@@ -141,16 +150,17 @@ TEST(GpuCheckReport, TrainingNotesFromOrigamisAndPyTorchsRecords) {
                       R"({"config": "gpu-fit", "tokens_per_s": 1000.0, "peak_memory_bytes": 2.5e9, "layers": 2,
                           "oom_layers": [4, 3], "alloc_retries": 3})");
   const std::string theirs = dir / "train_torch.json";
-  r = report("train-torch " + theirs + " " + ours + " " + build + " 3" + config_args);
+  r = report("train-torch " + theirs + " " + ours + " " + build + " 4" + config_args);
   ASSERT_EQ(r.status, 0) << r.output;
   const nlohmann::json torch = read_json(theirs);
   const nlohmann::json twin = read_json(build + "/torch-gpu-whole.json");
   EXPECT_DOUBLE_EQ(torch.at("gpu-whole").at("origami_over_torch").get<double>(),
-                   last.at("tokens_per_s").get<double>() / twin.at("tokens_per_s").get<double>());
-  const nlohmann::json fit_last = testing::read_jsonl(build + "/train-gpu-fit-L2/metrics.jsonl").back();
+                   timed("tokens_per_s") / twin.at("tokens_per_s").get<double>());
+  const std::vector<nlohmann::json> fit = testing::read_jsonl(build + "/train-gpu-fit-L2/metrics.jsonl");
+  ASSERT_EQ(fit.size(), 4u);
   EXPECT_DOUBLE_EQ(torch.at("gpu-fit").at("origami_over_torch").get<double>(),
-                   fit_last.at("tokens_per_s").get<double>() / 1000.0);
-  EXPECT_EQ(torch.at("gpu-fit").at("origami_same_layers").at("step"), 3);
+                   (fit[2].at("tokens_per_s").get<double>() + fit[3].at("tokens_per_s").get<double>()) / 2 / 1000.0);
+  EXPECT_EQ(torch.at("gpu-fit").at("origami_same_layers").at("step"), 4);
   EXPECT_EQ(torch.at("gpu-cut").at("skipped"), "no CUDA device");
   EXPECT_FALSE(torch.contains("gpu-absent"));
   EXPECT_TRUE(std::regex_search(r.output, std::regex("^gpu-whole: torch [0-9]+ tok/s, peak 0\\.0 GB, origami/torch "

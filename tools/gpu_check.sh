@@ -15,10 +15,10 @@
 #   mpi_np2      mpirun -np 2 origami groups --tp 2 through the bundled OpenMPI:
 #                a broken bundle shows apart from a broken CUDA op
 #   cuda_tests   ctest -L cuda (4 at a time on the one GPU)
-#   train_gpu    3 steps of each GPU config (configs/gpu-*.toml, Mixtral-like first; its global
+#   train_gpu    4 steps of each GPU config (configs/gpu-*.toml, Mixtral-like first; its global
 #                batch) on cuda:0 in bf16 (the CUDA recipe), on a corpus made from this
 #                checkout's text: tokens/s, TFLOP/s, MFU, peak memory, exposed
-#                communication of the last step
+#                communication (medians of steps 3 and 4)
 #   train_torch  tools/train_torch.py: the same configs in PyTorch eager on the
 #                same GPU (bf16 autocast, fp32 weights and AdamW), for
 #                origami's tokens/s over PyTorch's; with --fit, and origami
@@ -441,7 +441,7 @@ done
 # parameter is memory-bound (~60 ms at 7.5B parameters), and a smaller
 # batch would charge it to fewer tokens and understate the MFU that
 # training at that batch gets.
-train_steps=3
+train_steps=4  # 2 of warm-up, then the median of 2 (tools/gpu_check_report.py)
 origami_gpu_train() {
   local run=$1 c=$2
   shift 2
@@ -453,8 +453,9 @@ origami_gpu_train() {
     --set export.dir= --set logging.dir="$build/train-$run" "$@"
 }
 
-# Each GPU config for a few steps; the last step's record of each into
-# train_gpu.json ({config: record}), its figures into the note.
+# Each GPU config for a few steps; the last step's record of each, its rates
+# the median of the timed steps, into train_gpu.json ({config: record}),
+# its figures into the note.
 step_train_gpu() {
   local corpus=$build/gpu-corpus inputs built
   built=$(cd "$build" && pwd)

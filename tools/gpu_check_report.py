@@ -7,8 +7,9 @@ Standard library only: the GPU machine's python3 is not ours.
   ctest-figures XML                 the "[ measured ] " lines of the tests that printed one
   unexpected-skips XML [ALLOWED..]  the skipped tests not in ALLOWED, one per line
   train-gpu OUT BUILD STEPS CONFIG..
-      the last step's record of BUILD/train-NAME/metrics.jsonl per config
-      into OUT ({name: record}); prints one note line (GPU_NAME: the device)
+      per config, the last step's record of BUILD/train-NAME/metrics.jsonl
+      with the median rates of the steps after the warm-up (_timed) into OUT
+      ({name: record}); prints one note line (GPU_NAME: the device)
   train-torch OUT OURS BUILD STEPS CONFIG..
       BUILD/torch-NAME.json per config into OUT with origami's tokens/s over
       PyTorch's (OURS: train-gpu's OUT); prints one note line
@@ -19,6 +20,7 @@ the output, so the summary comes back whatever ran.
 """
 import json
 import os
+import statistics
 import sys
 import xml.etree.ElementTree as ET
 
@@ -62,9 +64,30 @@ def unexpected_skips(xml_path, *allowed):
 
 # ---- training: origami's runs, PyTorch's
 
-def _last_record(path):
+# Steps that warm up (cuBLASLt's plans, the caching allocator's first
+# blocks) before origami's rates count; PyTorch's twin times its own after
+# one (tools/train_torch.py --warmup).
+WARMUP_STEPS = 2
+TIMED = ("step_time_s", "tokens_per_s", "gflops", "mfu", "comm_exposed_s")
+
+
+def _timed(path, steps):
+    """(record, steps): the last record of a run's metrics.jsonl with its
+    times and rates (TIMED) the median over the steps after WARMUP_STEPS
+    (the last step alone in a shorter run) and "timed_steps" naming them; or
+    (None, its last step) for a run cut short of `steps`, whose records are
+    warm-up, never a result. Raises when there is no record."""
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()][-1]
+        records = [json.loads(line) for line in f if line.strip()]
+    last = dict(records[-1])
+    if last.get("step") != steps:
+        return None, last.get("step")
+    timed = [r for r in records if r.get("step", 0) > WARMUP_STEPS] or [records[-1]]
+    for k in TIMED:
+        if all(k in r for r in timed):
+            last[k] = statistics.median(r[k] for r in timed)
+    last["timed_steps"] = [r.get("step") for r in timed]
+    return last, steps
 
 
 def _config_name(path):
@@ -85,14 +108,14 @@ def train_gpu(out, build, steps, *configs):
     for c in configs:
         name = _config_name(c)
         try:
-            last = _last_record(os.path.join(build, "train-" + name, "metrics.jsonl"))
+            last, step = _timed(os.path.join(build, "train-" + name, "metrics.jsonl"), steps)
         except Exception:
             notes.append(f"{name}: no metrics")
             continue
         # A run cut short (its time limit, a failure) leaves earlier steps'
         # records, warm-up included: named as such, never taken for the result.
-        if last.get("step") != steps:
-            notes.append(f"{name}: stopped after step {last.get('step')} of {steps}")
+        if last is None:
+            notes.append(f"{name}: stopped after step {step} of {steps}")
             continue
         mem = last.get("mem", {}).get("total", 0)
         sheet = ""
@@ -134,8 +157,8 @@ def train_torch(out, ours_path, build, steps, *configs):
         if oom:  # origami again at the twin's layer count
             fit = f" at {layers} layers (out of memory at {', '.join(map(str, oom))})"
             try:
-                same = _last_record(os.path.join(build, f"train-{name}-L{layers}", "metrics.jsonl"))
-                mine = same["tokens_per_s"] if same.get("step") == steps else None
+                same, _ = _timed(os.path.join(build, f"train-{name}-L{layers}", "metrics.jsonl"), steps)
+                mine = same["tokens_per_s"] if same else None
                 r["origami_same_layers"] = same
             except Exception:
                 mine = None
