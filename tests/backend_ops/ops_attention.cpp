@@ -200,20 +200,21 @@ const Tol kAttentionFwdTol{1e-5, 0, "fp32 GEMMs over <= 1024 terms and exp_fast:
 // visible key has softmax ≡ 1) comes out as the rounding of dP − D, ~1e-7.
 const Tol kAttentionBwdTol{2e-5, 1e-6, "five chained fp32 products and the cancellation dP − D: ~2e-6 observed"};
 // bf16 (CUDA only, against fp64 on the rounded inputs). Forward: P is rounded
-// to bf16 for the P·V product (2^-9 per term, fp32 sums; the denominator
-// sums the unrounded P) and o once more on output: <= ~2·2^-9 = 3.9e-3 of the
-// largest |o|, 2x margin. lse stays fp32 from fp32 scores: exp2/log2 rounding.
-const Tol kAttentionBf16OTol{8e-3, 0, "P rounded to bf16 for P·V (2^-9 per term) and o rounded to bf16: ~4e-3"};
+// to bf16 for the P·V product (2^-8 per term, fp32 sums; the denominator
+// sums the unrounded P) and o once more on output: <= ~2·2^-8 = 7.8e-3 of the
+// largest |o| were every rounding to align, which random signs keep far
+// from. lse stays fp32 from fp32 scores: exp2/log2 rounding.
+const Tol kAttentionBf16OTol{1e-2, 0, "P rounded to bf16 for P·V (2^-8 per term) and o rounded to bf16: ~7.8e-3"};
 const Tol kAttentionBf16LseTol{2e-5, 0, "fp32 scores of bf16 inputs, fp32 exp2 sums and log2: ~1e-6"};
-// Backward: P and dS rounded to bf16 for the tensor-core products (2^-9 per
-// term) and the outputs rounded once: a few 2^-9 of the largest gradient.
+// Backward: P and dS rounded to bf16 for the tensor-core products (2^-8 per
+// term) and the outputs rounded once: a few 2^-8 of the largest gradient.
 // The saved o is bf16 in the reference too (its D is rowsum(dO ⊙ o) of the
-// o the op reads): against the exact o, D's error ~2^-9·|dO||o| reached
+// o the op reads): against the exact o, D's error ~2^-8·|dO||o| reached
 // dq at 1.1% of its largest value on a fresh draw (the CP case at
 // ORIGAMI_TEST_SEED=1006), an error of no op. The absolute term covers a gradient
 // that is exactly zero (one visible key): fp32 rounding of dP − D.
 const Tol kAttentionBf16BwdTol{1e-2, 1e-5,
-                               "P, dS rounded to bf16 (2^-9 each) into fp32 products and dP − D, output rounded"};
+                               "P, dS rounded to bf16 (2^-8 each) into fp32 products and dP − D, output rounded"};
 
 std::string attention_label(const AttentionProblem& p) {
   return std::string(p.c.name) + ": B " + std::to_string(p.d.batch) + ", Hq " + std::to_string(p.d.num_heads) +
@@ -356,7 +357,7 @@ OpEntry attention_merge_entry() {
               };
               // bf16 o rows (lse stays f32): the blend in fp32, rounded once to bf16.
               Problem b = bf16_variant(p, {"lse_part", "lse_acc"},
-                                       {4e-3, 0, "fp32 blend of bf16 rows, rounded once to bf16: 2^-9 = 2e-3"},
+                                       {4e-3, 0, "fp32 blend of bf16 rows, rounded once to bf16: 2^-8 = 3.9e-3"},
                                        {{"lse_acc", {1.2e-7, 0, "computed in double, rounded once to fp32"}}});
               ps.push_back(std::move(p));
               ps.push_back(std::move(b));

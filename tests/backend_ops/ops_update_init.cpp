@@ -149,8 +149,8 @@ OpEntry adamw_fused_entry() {
               ps.push_back(bf16_variant(with_copy, {"master", "exp_avg", "exp_avg_sq"}, kAdamWMomentTol,
                                         {{"master", kAdamWParamTol},
                                          {"grad", c.grad_scale == 1.0f ? Tol{0, 0, "scale 1: untouched"}
-                                                                       : Tol{4e-3, 0, "rounded to bf16 once: 2^-9"}},
-                                         {"param", Tol{4e-3, 0, "the master rounded to bf16 once: 2^-9 of |p|, "
+                                                                       : Tol{4e-3, 0, "rounded to bf16 once: 2^-8"}},
+                                         {"param", Tol{4e-3, 0, "the master rounded to bf16 once: 2^-8 of |p|, "
                                                                 "+ its own bound"}}}));
             }
             return ps;
