@@ -226,7 +226,7 @@ find_cuda_files() {
   toolkit=$(cd "$(dirname "$nvcc")/.." && pwd)
   cuda_files=$(find "$toolkit" /usr/local/cuda*/ /usr/local/nvidia /usr/lib/$multiarch /usr/include /opt /usr/local/lib \
     \( -name libcudart.so.13 -o -name libcublas.so.13 -o -name libcublasLt.so.13 -o -name libcuda.so.1 \
-       -o -name nccl.h -o -name libnccl.so -o -name libnccl.so.2 \) 2>/dev/null)
+       -o -name nccl.h -o -name libnccl.so -o -name libnccl.so.2 -o -name cublasLt.h \) 2>/dev/null)
   for l in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcuda.so.1; do
     p=$(first_file "$l")
     echo "$l: ${p:-not found}"
@@ -278,6 +278,20 @@ step_configure() {
     -DCMAKE_POLICY_VERSION_MINIMUM=3.5)
   if command -v ccache >/dev/null 2>&1; then
     args+=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  fi
+  # cuBLAS's headers: the toolkit's, else (a toolkit without its cuBLAS
+  # development files, with PyTorch's wheels beside it) the first found,
+  # on the compilers' include path (gcc, and nvcc through it, read CPATH).
+  local toolkit_inc; toolkit_inc=$(cd "$(dirname "$nvcc")/../include" 2>/dev/null && pwd)
+  if [ ! -f "$toolkit_inc/cublasLt.h" ]; then
+    local inc; inc=$(first_file cublasLt.h)
+    if [ -n "$inc" ]; then
+      CPATH="$(dirname "$inc")${CPATH:+:$CPATH}"
+      export CPATH
+      echo "cublasLt.h not in $toolkit_inc: using $(dirname "$inc") (CPATH)"
+    else
+      echo "cublasLt.h found nowhere: the build will fail on it"
+    fi
   fi
   # NCCL: the toolkit's, else the PyTorch wheel's, whose libnccl.so.2 has no
   # unversioned link for find_library: the library beside the header found.
