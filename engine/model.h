@@ -154,6 +154,20 @@ struct StepFlops {
   double total() const { return matmul + attention; }
 };
 
+// Where a model's parameters live across the ranks. The default is one rank
+// holding everything.
+struct ModelPlacement {
+  const comm::Groups* groups = nullptr;  // must outlive the model
+  // How ParamStore shards the units over their groups (§6; engine/zero.h
+  // runs the gathers and reductions).
+  int zero_stage = 0;
+  // Layers per virtual pipeline stage (empty: even split); the stage is this
+  // rank's pp coordinate, holding virtual_stages model chunks
+  // (engine/pipeline.h: chunk c is virtual stage c·pp + stage).
+  std::vector<int64_t> pp_layers = {};
+  int64_t virtual_stages = 1;
+};
+
 // Under tensor parallelism (tp > 1) each rank holds its slice of every
 // matmul weight (heads of q/k/v/o, F of the dense MLP, vocab rows of the
 // embedding and head; dense/tensor_parallel.h), the residual stream is the
@@ -174,20 +188,6 @@ struct StepFlops {
 // reduce over `tp-cp` (aux_loss, seq_aux_loss) or `tp-dp-cp`
 // (global_aux_loss). Every rank of a group must run the same forward and
 // backward calls in the same order. Without groups: one rank, all experts.
-// Where a model's parameters live across the ranks. The default is one rank
-// holding everything.
-struct ModelPlacement {
-  const comm::Groups* groups = nullptr;  // must outlive the model
-  // How ParamStore shards the units over their groups (§6; engine/zero.h
-  // runs the gathers and reductions).
-  int zero_stage = 0;
-  // Layers per virtual pipeline stage (empty: even split); the stage is this
-  // rank's pp coordinate, holding virtual_stages model chunks
-  // (engine/pipeline.h: chunk c is virtual stage c·pp + stage).
-  std::vector<int64_t> pp_layers = {};
-  int64_t virtual_stages = 1;
-};
-
 class Model {
  public:
   // ctx: where the model's ops run; it must outlive the model.

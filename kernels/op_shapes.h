@@ -1,10 +1,11 @@
 // The shape rules of ops that both backends implement (kernels/<op>.h says
 // what each call means). Each function checks every shape of a call and
 // returns the problem's dimensions, so the CPU and CUDA implementations accept
-// exactly the same calls and fail them with the same messages. Dtype rules
-// stay with each backend (the CPU's kernels are f32; CUDA's rule is in
-// kernels/cuda/README.md) except where an argument is never data (router
-// statistics, indices, positions), which both take in one dtype.
+// the same shapes and refuse a wrong one with the same message. Which data
+// dtypes an op takes stays with each backend (the CPU's kernels are f32;
+// CUDA's rule is in kernels/cuda/README.md); what is checked here is dtype
+// agreement that is part of a layout (the K/V wire is k's dtype) and the
+// arguments that are never data (router statistics, indices, positions).
 #pragma once
 #include <cstddef>
 #include <cstdint>

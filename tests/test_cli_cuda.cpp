@@ -13,7 +13,7 @@
 //     tests/test_cli_bf16.cpp), and the device ledger's persistent bytes are
 //     `origami plan`'s for runtime.device = "cuda" (whose recipe is bf16).
 //     The distance to the CPU's emulated bf16 run (same rule per element,
-//     other summation order) is within 2e-3. The host's ledger holds no training
+//     other summation order) is within 5e-3. The host's ledger holds no training
 //     state; every step reports MFU and no exposed communication (one rank).
 //   - a checkpoint written by a bf16 GPU run loads on two fp32 CPU ranks at
 //     ZeRO-3 and one written there loads into a bf16 GPU run (expert bias
@@ -166,13 +166,15 @@ TEST_F(CudaTrain, Bf16StepsTrackTheCpuFp32RunWithThePlannedBytes) {
               "%.3g to its emulated bf16 run, over 20 steps\n",
               worst, worst_emulated);
   // The CPU's bf16 run rounds where the CUDA kernels round (the dtype rule,
-  // kernels/cuda/README.md), so the two differ by fp32 summation order
-  // alone, which flips a bf16 rounding now and then: layouts that change
-  // only that measured 1.6e-5 over 6 steps (tests/test_cli_bf16.cpp). A
-  // GPU that rounded somewhere the recipe does not would drift towards the
-  // bf16-vs-fp32 distance (1.25e-2 measured on the CPU), which 2e-2 alone
-  // would not catch.
-  EXPECT_LE(worst_emulated, 2e-3) << "bf16 on cuda:0 against the CPU's emulated bf16 run";
+  // kernels/cuda/README.md; tiny-moe's head_dim 32 takes the fp32 SIMT
+  // attention, which rounds no P or dS inside), so the two differ by fp32
+  // summation order alone, which flips a bf16 rounding now and then:
+  // layouts that change only that measured 1.6e-5 over 6 steps
+  // (tests/test_cli_bf16.cpp); 20 steps and the router's near-ties are not
+  // yet measured on a device, hence the margin. A GPU that rounded somewhere
+  // the recipe does not would drift towards the bf16-vs-fp32 distance
+  // (1.25e-2 measured on the CPU), which 2e-2 alone would not catch.
+  EXPECT_LE(worst_emulated, 5e-3) << "bf16 on cuda:0 against the CPU's emulated bf16 run";
   EXPECT_LT(gpu.back().at("lm_loss").get<double>(), 0.9 * gpu.front().at("lm_loss").get<double>());
   r = run_command(std::string(ORIGAMI_BINARY) + " plan " + ORIGAMI_SOURCE_DIR +
                   "/configs/tiny-moe.toml --world 1 --json --set runtime.device=cuda");

@@ -142,18 +142,20 @@ step_tools() {
   # in /etc/hosts each lookup stalls for seconds (measured in a debootstrap
   # root), across dozens of starts. The machine is lent bare and given back,
   # so the entry is added there.
-  local host; host=$(hostname)
-  if ! timeout 3 getent hosts "$host" >/dev/null 2>&1; then
+  local host hosts_note=""
+  host=$(hostname 2>/dev/null || uname -n)
+  if [ -n "$host" ] && ! timeout 3 getent hosts "$host" >/dev/null 2>&1; then
     if [ -w /etc/hosts ] && printf '127.0.1.1 %s\n' "$host" >> /etc/hosts; then
-      note[tools]="added $host to /etc/hosts (it did not resolve)"
+      hosts_note="added $host to /etc/hosts (it did not resolve)"
     else
-      note[tools]="$host does not resolve: every MPI start may stall"
+      hosts_note="$host does not resolve: every MPI start may stall"
     fi
-    echo "${note[tools]}"
+    echo "$hosts_note"
   fi
   echo "GPU: ${gpu:-none}"
   local nvcc_version; nvcc_version=$("$nvcc" --version | grep -o 'V[0-9][0-9.]*' | tr -d V)
   note[tools]="$(basename "$cxx") $("$cxx" -dumpfullversion 2>/dev/null), nvcc $nvcc_version, cmake $cmake_version, glibc $glibc"
+  [ -z "$hosts_note" ] || note[tools]+="; $hosts_note"
 }
 
 step_unpack() {
@@ -280,17 +282,21 @@ step_configure() {
     args+=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
   fi
   # cuBLAS's headers: the toolkit's, else (a toolkit without its cuBLAS
-  # development files, with PyTorch's wheels beside it) the first found,
-  # on the compilers' include path (gcc, and nvcc through it, read CPATH).
-  local toolkit_inc; toolkit_inc=$(cd "$(dirname "$nvcc")/../include" 2>/dev/null && pwd)
+  # development files, with PyTorch's wheels beside it) the first one with
+  # a libcublasLt.so.13 in its own tree (not another CUDA's), on the
+  # compilers' include path (gcc, and nvcc through it, read CPATH).
+  local h toolkit_inc inc=""; toolkit_inc=$(cd "$(dirname "$nvcc")/../include" 2>/dev/null && pwd)
   if [ ! -f "$toolkit_inc/cublasLt.h" ]; then
-    local inc; inc=$(first_file cublasLt.h)
+    while IFS= read -r h; do
+      [ "$(basename "$h")" = cublasLt.h ] || continue
+      if [ -n "$(first_file libcublasLt.so.13 "$(dirname "$(dirname "$h")")")" ]; then inc=$h; break; fi
+    done <<<"$cuda_files"
     if [ -n "$inc" ]; then
       CPATH="$(dirname "$inc")${CPATH:+:$CPATH}"
       export CPATH
       echo "cublasLt.h not in $toolkit_inc: using $(dirname "$inc") (CPATH)"
     else
-      echo "cublasLt.h found nowhere: the build will fail on it"
+      echo "no cublasLt.h beside a libcublasLt.so.13: the build will fail on it"
     fi
   fi
   # NCCL: the toolkit's, else the PyTorch wheel's, whose libnccl.so.2 has no

@@ -82,7 +82,9 @@ void grouped_gemm(const ExecContext& ctx, const Tensor& X_NK, const Tensor& W, T
   check_f32_cpu(X_NK, op, "X");
   check_f32_cpu(W, op, "W");
   check_f32_cpu(Y_NM, op, "Y");
-  const auto [G, M, K, N] = grouped_gemm_shapes(X_NK, W, trans_w, segments, Y_NM);
+  // Plain locals, not a structured binding: the lambdas below capture them.
+  const GroupedGemmDims dims = grouped_gemm_shapes(X_NK, W, trans_w, segments, Y_NM);
+  const int64_t M = dims.M, K = dims.K;
 
   const bool in_parallel = items_schedule(ctx, segments);
   std::vector<Item> items;
@@ -111,7 +113,9 @@ void grouped_gemm_wgrad(const ExecContext& ctx, const Tensor& dY_NM, const Tenso
   check_f32_cpu(dY_NM, op, "dY");
   check_f32_cpu(X_NK, op, "X");
   check_f32_cpu(dW_GMK, op, "dW");
-  const auto [G, M, K, N] = grouped_gemm_wgrad_shapes(dY_NM, X_NK, segments, dW_GMK);
+  // Plain locals, not a structured binding: the lambdas below capture them.
+  const GroupedGemmDims dims = grouped_gemm_wgrad_shapes(dY_NM, X_NK, segments, dW_GMK);
+  const int64_t G = dims.G, M = dims.M, K = dims.K;
 
   // Each group's non-empty segments as (first row, rows), in segment order.
   struct Run {

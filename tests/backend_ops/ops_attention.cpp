@@ -104,9 +104,6 @@ std::vector<AttentionCase> attention_bf16_cases(std::mt19937& g) {
   return cs;
 }
 
-// p with q, k, v, dO rounded to bf16 (kept as f32 tensors): the values a bf16
-// problem's op reads, so the fp64 reference (and the saved o, lse of the
-// backward) are computed from exactly those.
 // f32 values rounded to bf16 (nearest even), still f32.
 Tensor bf16_round_trip(const Tensor& t) {
   static const ExecContext host = ExecContext::cpu(1);
@@ -116,6 +113,9 @@ Tensor bf16_round_trip(const Tensor& t) {
   return r;
 }
 
+// p with q, k, v, dO rounded to bf16 (kept as f32 tensors): the values a bf16
+// problem's op reads, so the fp64 reference (and the saved o, lse of the
+// backward) are computed from exactly those.
 AttentionProblem rounded_to_bf16(AttentionProblem p) {
   for (Tensor* t : {&p.q, &p.k, &p.v, &p.dO}) *t = bf16_round_trip(*t);
   return p;
