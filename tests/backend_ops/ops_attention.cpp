@@ -292,11 +292,29 @@ Problem attention_backward_problem(const AttentionProblem& ap, bool bf16_o = fal
     attention_backward(ctx, d, t.at("q"), t.at("k"), t.at("v"), t.at("o"), t.at("lse_BHS"), t.at("do"),
                        t.at("q_pos_S"), t.at("kv_pos_S"), scale, t.at("dq"), t.at("dk"), t.at("dv"), ws);
   };
-  p.reference = [r, one_key = d.kv_len == 1](const Bound&, Refs& want) {
+  p.reference = [r, ap, one_key = d.kv_len == 1](const Bound&, Refs& want) {
     want["dq"].value = r->dq;
     want["dk"].value = r->dk;
     want["dq"].may_be_zero = want["dk"].may_be_zero = one_key;  // one key: softmax ≡ 1
     want["dv"].value = r->dv;
+    // A query that sees no key has no gradient, nor has a key no query
+    // sees: those elements are held to the absolute term alone (the rest
+    // to the tensor's largest, as without a scale), so a gradient leaked
+    // across the mask cannot hide under the tensor's largest value.
+    const std::vector<int32_t>&qpos = ap.c.qpos, &kvpos = ap.c.kvpos;
+    const int32_t first_key = *std::min_element(kvpos.begin(), kvpos.end());
+    const int32_t last_query = *std::max_element(qpos.begin(), qpos.end());
+    const int64_t hd = ap.d.head_dim, Hq = ap.d.num_heads, Hkv = ap.d.num_kv_heads;
+    const auto masked_scale = [hd](Ref& ref, int64_t heads, const std::vector<int32_t>& pos, auto sees_any) {
+      double largest = 0.0;
+      for (double x : ref.value) largest = std::max(largest, std::abs(x));
+      const int64_t S = static_cast<int64_t>(pos.size());
+      for (size_t e = 0; e < ref.value.size(); ++e)
+        ref.scale.push_back(sees_any(pos[(e / (heads * hd)) % S]) ? largest : 0.0);
+    };
+    masked_scale(want["dq"], Hq, qpos, [first_key](int32_t q) { return q >= first_key; });
+    for (const char* name : {"dk", "dv"})
+      masked_scale(want[name], Hkv, kvpos, [last_query](int32_t k) { return k <= last_query; });
   };
   return p;
 }
