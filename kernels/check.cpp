@@ -6,8 +6,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 
 namespace origami {
@@ -32,6 +36,68 @@ bool mpi_up() {
 }
 }  // namespace
 
+namespace {
+// This rank's index from the launcher's environment, for messages before
+// MPI knows it ("?" when no launcher set one).
+const char* launcher_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
+    if (const char* v = std::getenv(name); v && *v) return v;
+  return "?";
+}
+
+// ORIGAMI_MPI_INIT_TIMEOUT_S, or 300 s. A bad value is the user's error, and
+// every rank reads the same one, so each reports it and exits 2.
+double mpi_init_timeout_s() {
+  const char* text = std::getenv("ORIGAMI_MPI_INIT_TIMEOUT_S");
+  if (!text) return 300.0;
+  char* end = nullptr;
+  const double s = std::strtod(text, &end);
+  if (end == text || *end != '\0' || !std::isfinite(s) || s <= 0 || s > 1e6) {
+    std::fprintf(stderr, "error [rank %s]: ORIGAMI_MPI_INIT_TIMEOUT_S='%s': must be seconds, positive, at most 1e6\n",
+                 launcher_rank(), text);
+    std::_Exit(kExitUserError);
+  }
+  return s;
+}
+
+// MPI_Init waits for every rank of the job and has no timeout of its own: a
+// rank that never reaches it (its node, file system or GPU driver stalled
+// it before MPI started) would hold the rest in it for good. While one of
+// these lives, a thread ends this rank after the timeout, and the launcher
+// then ends the job (the stalled rank included).
+class InitWatchdog {
+ public:
+  explicit InitWatchdog(double seconds) : thread_([this, seconds] { watch(seconds); }) {}
+  ~InitWatchdog() {
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  InitWatchdog(const InitWatchdog&) = delete;
+  InitWatchdog& operator=(const InitWatchdog&) = delete;
+
+ private:
+  void watch(double seconds) {
+    std::unique_lock lock(mu_);
+    if (cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) return;
+    std::fprintf(stderr,
+                 "[rank %s] start-up timeout: MPI_Init not done %g s after it began (ORIGAMI_MPI_INIT_TIMEOUT_S): it "
+                 "waits for every rank of the job, and one has not reached it\n",
+                 launcher_rank(), seconds);
+    std::fflush(stderr);
+    std::_Exit(kExitTimeout);
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: starts once the members it reads exist
+};
+}  // namespace
+
 static_assert(MPI_THREAD_MULTIPLE == 3, "start_mpi's default names MPI_THREAD_MULTIPLE by value (check.h has no mpi.h)");
 
 void start_mpi(int* argc, char*** argv, int required) {
@@ -39,8 +105,11 @@ void start_mpi(int* argc, char*** argv, int required) {
   MPI_Initialized(&initialized);
   if (initialized)
     MPI_Query_thread(&provided);
-  else if (MPI_Init_thread(argc, argv, required, &provided) != MPI_SUCCESS)
-    std::_Exit(kExitInternal);  // MPI's own handler has reported it (errors are fatal by default)
+  else {
+    InitWatchdog watchdog(mpi_init_timeout_s());
+    if (MPI_Init_thread(argc, argv, required, &provided) != MPI_SUCCESS)
+      std::_Exit(kExitInternal);  // MPI's own handler has reported it (errors are fatal by default)
+  }
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   // The ranks sharing this node's memory, from MPI itself: any launcher

@@ -242,6 +242,32 @@ TEST_F(CliFaults, AnIoMeetingPastRuntimeIoTimeoutEndsTheJobNamingTheSetting) {
   EXPECT_LT(r.seconds, kPromptSeconds) << r.output;
 }
 
+// A rank that stalls before MPI starts (here: a shell that sleeps before it
+// execs origami) held the other in MPI_Init for good; now that rank gives
+// up after ORIGAMI_MPI_INIT_TIMEOUT_S, exits 5 saying why, and the launcher
+// ends the job, the sleeper included. Were it still held, the sleeper would
+// start after 120 s and the job would end with status 0, late: a failure,
+// not a hang. A malformed value is the user's error (2), named.
+TEST_F(CliFaults, ARankThatNeverStartsMpiEndsTheJobAfterTheStartUpTimeout) {
+  const std::string cmd = kBinary + " plan " + path("moe.toml") + " --world 2";
+  auto r = run("ORIGAMI_MPI_INIT_TIMEOUT_S=2 " + kMpirun + " -np 1 " + cmd + " : -np 1 sh -c 'sleep 120; exec " + cmd +
+               "'");
+  std::printf("[fault] %-58s exit %d in %.2f s\n", "rank 1 stalls before MPI_Init", r.status, r.seconds);
+  EXPECT_EQ(r.status, 5) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] start-up timeout: MPI_Init not done 2 s after it began "
+                          "(ORIGAMI_MPI_INIT_TIMEOUT_S)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_LT(r.seconds, kPromptSeconds) << r.output;
+  r = run("ORIGAMI_MPI_INIT_TIMEOUT_S=soon " + kMpirun + " -np 2 " + cmd);
+  std::printf("[fault] %-58s exit %d in %.2f s\n", "ORIGAMI_MPI_INIT_TIMEOUT_S=soon", r.status, r.seconds);
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("ORIGAMI_MPI_INIT_TIMEOUT_S='soon': must be seconds, positive, at most 1e6"),
+            std::string::npos)
+      << r.output;
+  EXPECT_LT(r.seconds, kPromptSeconds) << r.output;
+}
+
 TEST_F(CliFaults, AnErrorOnANonZeroRankReachesTheUserTaggedWithItsRank) {
   // The same config on both ranks, a relative data.path, and rank 1 started
   // where that path does not exist (a node missing the dataset).
