@@ -267,4 +267,9 @@ std::string layout_problem(const Config& cfg, int64_t world_size);
 // layout_problem as a UserError: "<source>: on W rank(s): <rule>".
 void validate_for_world(const Config& cfg, int world_size);
 
+// The rule of training alone: training.steps > 0 needs data.path. Not a
+// rule of every config: eval reads --data, and plan, groups and the
+// benchmarks read no data, so a config without data.path serves them.
+void validate_for_training(const Config& cfg);
+
 }  // namespace origami

@@ -376,13 +376,17 @@ void validate(const Config& c, const Origins& o) {
                     " saves checkpoints, so checkpoint.dir must name where"));
   r.need_all(c.checkpoint.load != "latest" || !c.checkpoint.dir.empty(), {"checkpoint.load", "checkpoint.dir"},
              "checkpoint.load = \"latest\" reads <checkpoint.dir>/latest, so checkpoint.dir must be set");
-
-  r.need_all(t.steps == 0 || !c.data.path.empty(), {"data.path", "training.steps"},
-             concat("data.path is required to train (training.steps = ", t.steps,
-                    "); set data.path, or training.steps = 0"));
 }
 
 }  // namespace config_detail
+
+void validate_for_training(const Config& cfg) {
+  if (cfg.training.steps == 0 || !cfg.data.path.empty()) return;
+  Origins o(cfg.source);
+  for (const auto& [key, origin] : cfg.set_by) o.set(key, origin);
+  ORIGAMI_USER_ERROR(o.of({"data.path", "training.steps"}), ": data.path is required to train (training.steps = ",
+                     cfg.training.steps, "); set data.path, or training.steps = 0");
+}
 
 RunPlacement resolve_placement(const Config& cfg, int local_rank, int ranks_per_node) {
   const RuntimeConfig& rt = cfg.runtime;

@@ -219,6 +219,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
   comm::run_agreed(*r.everyone, [&] {
     validate_for_world(cfg, r.world);
     validate_for_machine(cfg, r.world, ranks_on_this_node());
+    validate_for_training(cfg);
     if (tc.steps > 0) {
       r.indexed = std::make_unique<IndexedDataset>(IndexedDataset::open(cfg.data.path, cfg.model.vocab_size));
       r.data = std::make_unique<GptDataset>(*r.indexed, tc.seq_len, cfg.data.shuffle, tc.seed);

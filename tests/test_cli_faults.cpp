@@ -526,6 +526,21 @@ TEST_F(CliFaults, EvalRefusesSettingsThatContradictTheExport) {
   EXPECT_EQ(r.status, 0) << r.output;  // and the matching config evaluates
 }
 
+// data.path is training's rule: eval reads --data, plan reads no data, so a
+// config without it (training.steps 4) serves both; train refuses it.
+TEST_F(CliFaults, OnlyTrainingNeedsDataPath) {
+  const std::string text = config("unused");
+  write_file(path("no-data.toml"), text.substr(0, text.find("[data]")));
+  auto r = run(kBinary + " eval " + path("no-data.toml") + " --weights " + path("weights") + " --data " + path("data") +
+               " --samples 4");
+  EXPECT_EQ(r.status, 0) << r.output;
+  r = run(kBinary + " plan " + path("no-data.toml") + " --world 2");
+  EXPECT_EQ(r.status, 0) << r.output;
+  r = run(kBinary + " train " + path("no-data.toml"));
+  expect_outcome("train without data.path", r, 2,
+                 {path("no-data.toml") + ": data.path is required to train (training.steps = 4)"});
+}
+
 TEST_F(CliFaults, MegatronIndexRulesAreEnforced) {
   std::string idx = read_file(path("data.idx"));
   uint64_t sequences = 0;

@@ -386,9 +386,23 @@ TEST(Config, CheckpointKeysNeedADirectory) {
   EXPECT_EQ(c.checkpoint.load, "latest");
 }
 
+// Training's rule, not the config's: eval (--data), plan and groups take a
+// config without data.path.
 TEST(Config, DataPathRequiredToTrain) {
-  expect_error("[training]\nsteps = 5\n", {kFile, "data.path is required to train", "training.steps = 5"});
-  expect_error("", {"--set data.path=", "data.path is required to train"}, {"data.path="});
+  const auto expect_training_error = [](const Config& c, std::initializer_list<std::string> fragments) {
+    try {
+      validate_for_training(c);
+      ADD_FAILURE() << "no UserError";
+    } catch (const UserError& e) {
+      for (const std::string& f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+    }
+  };
+  expect_training_error(parse_config("[training]\nsteps = 5\n", kFile),
+                        {kFile, ": data.path is required to train", "training.steps = 5"});
+  expect_training_error(parse_config("", kFile, {"data.path="}), {"--set data.path=", "data.path is required to train"});
+  expect_training_error(parse_config("", kFile, {"training.steps=3"}), {"--set training.steps=3", "training.steps = 3"});
+  EXPECT_NO_THROW(validate_for_training(parse_config("[training]\nsteps = 0\n", kFile)));
+  EXPECT_NO_THROW(validate_for_training(parse_config(kMinimal, kFile)));
 }
 
 TEST(Config, SetOverridesTakePrecedence) {
