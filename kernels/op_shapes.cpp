@@ -2,6 +2,7 @@
 #include "kernels/op_shapes.h"
 
 #include <string>
+#include <utility>
 
 #include "kernels/check.h"
 
@@ -145,6 +146,119 @@ void moe_topk_backward_shapes(const Tensor& logits_TE, const Tensor& scores_TE, 
                   seg_len);
     check_f32(aux_SE, {T / seg_len, E}, "router aux_SE");
   }
+}
+
+namespace {
+// n values of dtype dt in any shape (a per-token statistic: [T], [B, S]).
+void check_count(const char* op, const Tensor& t, int64_t n, DType dt, const char* name) {
+  ORIGAMI_CHECK(t.defined() && t.dtype() == dt && t.numel() == n, op, ": ", name, " has ",
+                t.defined() ? shape_string(t.shape()) + " " + std::string(to_string(t.dtype())) : std::string("(none)"),
+                ", expected ", n, " ", to_string(dt), " elements");
+}
+
+// A matrix operand [T, V] (rows × cols) that must be defined.
+void check_matrix(const char* op, const Tensor& t, const char* name) {
+  ORIGAMI_CHECK(t.defined() && t.dim() >= 1, op, ": ", name, " must be a defined [rows, cols] tensor, got ",
+                t.defined() ? shape_string(t.shape()) : std::string("(none)"));
+}
+
+// Output `out` shaped as `like`.
+void check_like(const char* op, const Tensor& out, const Tensor& like, const char* name) {
+  ORIGAMI_CHECK(out.defined() && out.shape() == like.shape(), op, ": ", name, " has ",
+                out.defined() ? shape_string(out.shape()) : std::string("(none)"), ", expected ",
+                shape_string(like.shape()));
+}
+}  // namespace
+
+RmsnormDims rmsnorm_forward_shapes(const Tensor& x_TD, const Tensor& w_D, const Tensor& y_TD, const Tensor& rstd_T) {
+  constexpr const char* op = "rmsnorm_forward";
+  check_matrix(op, x_TD, "x");
+  const int64_t T = x_TD.rows(), D = x_TD.cols();
+  ORIGAMI_CHECK(w_D.defined() && w_D.shape() == Shape{D}, op, ": weight has ",
+                w_D.defined() ? shape_string(w_D.shape()) : std::string("(none)"), ", expected [", D, "]");
+  check_like(op, y_TD, x_TD, "y");
+  check_count(op, rstd_T, T, DType::f32, "rstd");
+  return {T, D};
+}
+
+RmsnormDims rmsnorm_backward_shapes(const char* op, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& rstd_T,
+                                    const Tensor* w_D, const Tensor* dx_TD, const Tensor* dw_D) {
+  check_matrix(op, x_TD, "x");
+  const int64_t T = x_TD.rows(), D = x_TD.cols();
+  check_like(op, dy_TD, x_TD, "dy");
+  check_count(op, rstd_T, T, DType::f32, "rstd");
+  for (auto [t, name] : {std::pair{w_D, "weight"}, {dw_D, "dw"}})
+    if (t)
+      ORIGAMI_CHECK(t->defined() && t->shape() == Shape{D}, op, ": ", name, " has ",
+                    t->defined() ? shape_string(t->shape()) : std::string("(none)"), ", expected [", D, "]");
+  if (dx_TD) check_like(op, *dx_TD, x_TD, "dx");
+  return {T, D};
+}
+
+namespace {
+CrossEntropyDims rows_and_targets(const char* op, const Tensor& logits_TV, const Tensor& targets_T) {
+  check_matrix(op, logits_TV, "logits");
+  const int64_t T = logits_TV.rows(), V = logits_TV.cols();
+  check_count(op, targets_T, T, DType::i32, "targets");
+  return {T, V};
+}
+}  // namespace
+
+CrossEntropyDims cross_entropy_forward_shapes(const Tensor& logits_TV, const Tensor& targets_T, const Tensor& loss_T,
+                                              const Tensor& lse_T) {
+  constexpr const char* op = "cross_entropy_forward";
+  const CrossEntropyDims d = rows_and_targets(op, logits_TV, targets_T);
+  check_count(op, loss_T, d.T, DType::f32, "loss");
+  check_count(op, lse_T, d.T, DType::f32, "lse");
+  ORIGAMI_CHECK(d.T == 0 || d.V > 0, op, ": no vocabulary columns (every target would be outside [0, 0))");
+  return d;
+}
+
+CrossEntropyDims cross_entropy_backward_shapes(const Tensor& logits_TV, const Tensor& targets_T, const Tensor& lse_T,
+                                               const Tensor& dlogits_TV) {
+  constexpr const char* op = "cross_entropy_backward";
+  const CrossEntropyDims d = rows_and_targets(op, logits_TV, targets_T);
+  check_count(op, lse_T, d.T, DType::f32, "lse");
+  check_like(op, dlogits_TV, logits_TV, "dlogits");
+  ORIGAMI_CHECK(d.T == 0 || d.V > 0, op, ": no vocabulary columns (every target would be outside [0, 0))");
+  return d;
+}
+
+CrossEntropyDims cross_entropy_local_max_shapes(const Tensor& logits_TV, const Tensor& max_T) {
+  constexpr const char* op = "cross_entropy_local_max";
+  check_matrix(op, logits_TV, "logits");
+  const int64_t T = logits_TV.rows();
+  check_count(op, max_T, T, DType::f32, "max");
+  return {T, logits_TV.cols()};
+}
+
+CrossEntropyDims cross_entropy_local_sums_shapes(const Tensor& logits_TV, const Tensor& targets_T, const Tensor& max_T,
+                                                 const Tensor& sums_2T) {
+  constexpr const char* op = "cross_entropy_local_sums";
+  const CrossEntropyDims d = rows_and_targets(op, logits_TV, targets_T);
+  check_count(op, max_T, d.T, DType::f32, "max");
+  check_count(op, sums_2T, 2 * d.T, DType::f64, "sums");
+  return d;
+}
+
+int64_t cross_entropy_finish_shapes(const Tensor& max_T, const Tensor& sums_2T, const Tensor& loss_T,
+                                    const Tensor& lse_T) {
+  constexpr const char* op = "cross_entropy_finish";
+  ORIGAMI_CHECK(max_T.defined() && max_T.dtype() == DType::f32, op, ": max must be a defined f32 tensor");
+  const int64_t T = max_T.numel();
+  check_count(op, sums_2T, 2 * T, DType::f64, "sums");
+  check_count(op, loss_T, T, DType::f32, "loss");
+  check_count(op, lse_T, T, DType::f32, "lse");
+  return T;
+}
+
+CrossEntropyDims cross_entropy_local_backward_shapes(const Tensor& logits_TV, const Tensor& targets_T,
+                                                     const Tensor& lse_T, const Tensor& dlogits_TV) {
+  constexpr const char* op = "cross_entropy_local_backward";
+  const CrossEntropyDims d = rows_and_targets(op, logits_TV, targets_T);
+  check_count(op, lse_T, d.T, DType::f32, "lse");
+  check_like(op, dlogits_TV, logits_TV, "dlogits");
+  return d;
 }
 
 }  // namespace origami

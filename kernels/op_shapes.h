@@ -65,4 +65,36 @@ void moe_topk_backward_shapes(const Tensor& logits_TE, const Tensor& scores_TE, 
                               const Tensor& dweight_TK, const Tensor& aux_SE, int64_t seg_len, const MoeTopkParams& p,
                               const Tensor& dlogits_TE);
 
+// RMSNorm (kernels/rmsnorm.h): x [T, D] read as a matrix (rows × cols), w
+// and dw [D], y, dy and dx as x, rstd any shape of T f32 values.
+struct RmsnormDims {
+  int64_t T, D;
+};
+RmsnormDims rmsnorm_forward_shapes(const Tensor& x_TD, const Tensor& w_D, const Tensor& y_TD, const Tensor& rstd_T);
+// The three backward ops: dy, x and rstd always; w, dx and dw where the op
+// takes them (null where it does not). op names the op in messages.
+RmsnormDims rmsnorm_backward_shapes(const char* op, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& rstd_T,
+                                    const Tensor* w_D, const Tensor* dx_TD, const Tensor* dw_D);
+
+// Cross-entropy (kernels/cross_entropy.h): logits [T, V] read as a matrix
+// (V_r columns: a vocab-parallel rank's slice), targets i32 [T], the
+// per-token statistics (loss, lse, max) any shape of T f32 values, the
+// vocab-parallel sums f64 [2, T] in any shape, dlogits as logits. The whole-
+// row ops need a column when there are rows (every target would be outside
+// [0, 0)).
+struct CrossEntropyDims {
+  int64_t T, V;
+};
+CrossEntropyDims cross_entropy_forward_shapes(const Tensor& logits_TV, const Tensor& targets_T, const Tensor& loss_T,
+                                              const Tensor& lse_T);
+CrossEntropyDims cross_entropy_backward_shapes(const Tensor& logits_TV, const Tensor& targets_T, const Tensor& lse_T,
+                                               const Tensor& dlogits_TV);
+CrossEntropyDims cross_entropy_local_max_shapes(const Tensor& logits_TV, const Tensor& max_T);
+CrossEntropyDims cross_entropy_local_sums_shapes(const Tensor& logits_TV, const Tensor& targets_T, const Tensor& max_T,
+                                                 const Tensor& sums_2T);
+int64_t cross_entropy_finish_shapes(const Tensor& max_T, const Tensor& sums_2T, const Tensor& loss_T,
+                                    const Tensor& lse_T);  // returns T
+CrossEntropyDims cross_entropy_local_backward_shapes(const Tensor& logits_TV, const Tensor& targets_T,
+                                                     const Tensor& lse_T, const Tensor& dlogits_TV);
+
 }  // namespace origami

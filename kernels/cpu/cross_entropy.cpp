@@ -8,28 +8,23 @@
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/op_shapes.h"
 
 namespace origami::cpu {
 
 namespace {
-
-void check_args(const Tensor& logits_TV, const Tensor& targets_T, const char* what) {
-  ORIGAMI_CHECK(logits_TV.defined() && logits_TV.dtype() == DType::f32 && logits_TV.dim() >= 1, what,
-                " logits must be f32 [T, V]");
-  ORIGAMI_CHECK(targets_T.defined() && targets_T.dtype() == DType::i32, what, " targets must be i32");
-  check_shape(targets_T, {logits_TV.rows()}, "cross-entropy targets");
+// The CPU's kernels are f32 (op_shapes checks the rest).
+void check_f32_logits(const char* op, const Tensor& logits_TV, const Tensor* dlogits_TV = nullptr) {
+  ORIGAMI_CHECK(logits_TV.dtype() == DType::f32 && (!dlogits_TV || dlogits_TV->dtype() == DType::f32), op,
+                ": the CPU's logits and dlogits are f32");
 }
-
 }  // namespace
 
 void cross_entropy_forward(const ExecContext& ctx, const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T,
                            Tensor& lse_T) {
-  check_args(logits_TV, targets_T, "cross_entropy_forward");
-  const int64_t T = logits_TV.rows(), V = logits_TV.cols();
-  ORIGAMI_CHECK(loss_T.numel() == T && loss_T.dtype() == DType::f32, "cross-entropy loss has ",
-                shape_string(loss_T.shape()), ", expected ", T, " f32 elements");
-  ORIGAMI_CHECK(lse_T.numel() == T && lse_T.dtype() == DType::f32, "cross-entropy lse has ",
-                shape_string(lse_T.shape()), ", expected ", T, " f32 elements");
+  const CrossEntropyDims dims = cross_entropy_forward_shapes(logits_TV, targets_T, loss_T, lse_T);
+  const int64_t T = dims.T, V = dims.V;
+  check_f32_logits("cross_entropy_forward", logits_TV);
   const float* logits = logits_TV.f32();
   const int32_t* targets = targets_T.i32();
   float* loss = loss_T.f32();
@@ -55,11 +50,9 @@ void cross_entropy_forward(const ExecContext& ctx, const Tensor& logits_TV, cons
 
 void cross_entropy_backward(const ExecContext& ctx, const Tensor& logits_TV, const Tensor& targets_T,
                             const Tensor& lse_T, float grad_scale, Tensor& dlogits_TV) {
-  check_args(logits_TV, targets_T, "cross_entropy_backward");
-  const int64_t T = logits_TV.rows(), V = logits_TV.cols();
-  check_shape(dlogits_TV, logits_TV.shape(), "cross-entropy dlogits");
-  ORIGAMI_CHECK(dlogits_TV.dtype() == DType::f32, "cross-entropy dlogits must be f32");
-  ORIGAMI_CHECK(lse_T.numel() == T, "cross-entropy lse has ", lse_T.numel(), " elements, expected ", T);
+  const CrossEntropyDims dims = cross_entropy_backward_shapes(logits_TV, targets_T, lse_T, dlogits_TV);
+  const int64_t T = dims.T, V = dims.V;
+  check_f32_logits("cross_entropy_backward", logits_TV, &dlogits_TV);
   const float* logits = logits_TV.f32();
   const int32_t* targets = targets_T.i32();
   const float* lse = lse_T.f32();
@@ -83,10 +76,9 @@ void cross_entropy_backward(const ExecContext& ctx, const Tensor& logits_TV, con
 // order), so tp > 1 losses stay bitwise what they were.
 
 void cross_entropy_local_max(const ExecContext& ctx, const Tensor& logits_TV, Tensor& max_T) {
-  ORIGAMI_CHECK(logits_TV.defined() && logits_TV.dtype() == DType::f32, "cross_entropy_local_max: logits must be f32");
-  const int64_t T = logits_TV.rows(), Vr = logits_TV.dim() == 0 ? 1 : logits_TV.shape().back();
-  ORIGAMI_CHECK(max_T.dtype() == DType::f32 && max_T.numel() == T, "cross_entropy_local_max: max_T must be f32 [", T,
-                "], got ", shape_string(max_T.shape()));
+  const CrossEntropyDims dims = cross_entropy_local_max_shapes(logits_TV, max_T);
+  const int64_t T = dims.T, Vr = dims.V;
+  check_f32_logits("cross_entropy_local_max", logits_TV);
   const float* logits = T > 0 && Vr > 0 ? logits_TV.f32() : nullptr;
   float* mx = max_T.f32();
 #pragma omp parallel for schedule(static)
@@ -99,13 +91,9 @@ void cross_entropy_local_max(const ExecContext& ctx, const Tensor& logits_TV, Te
 
 void cross_entropy_local_sums(const ExecContext& ctx, const Tensor& logits_TV, const Tensor& targets_T,
                               const Tensor& max_T, int64_t vocab_start, int64_t vocab, Tensor& sums_2T) {
-  const int64_t T = logits_TV.rows(), Vr = logits_TV.shape().back();
-  ORIGAMI_CHECK(targets_T.dtype() == DType::i32 && targets_T.numel() == T, "cross_entropy_local_sums: targets ",
-                shape_string(targets_T.shape()), " should be i32 [", T, "]");
-  ORIGAMI_CHECK(max_T.dtype() == DType::f32 && max_T.numel() == T, "cross_entropy_local_sums: max_T should be f32 [",
-                T, "]");
-  ORIGAMI_CHECK(sums_2T.dtype() == DType::f64 && sums_2T.numel() == 2 * T,
-                "cross_entropy_local_sums: sums_2T should be f64 [2, ", T, "], got ", shape_string(sums_2T.shape()));
+  const CrossEntropyDims dims = cross_entropy_local_sums_shapes(logits_TV, targets_T, max_T, sums_2T);
+  const int64_t T = dims.T, Vr = dims.V;
+  check_f32_logits("cross_entropy_local_sums", logits_TV);
   const float* logits = T > 0 && Vr > 0 ? logits_TV.f32() : nullptr;
   const int32_t* targets = targets_T.i32();
   const float* mx = max_T.f32();
@@ -125,10 +113,7 @@ void cross_entropy_local_sums(const ExecContext& ctx, const Tensor& logits_TV, c
 
 void cross_entropy_finish(const ExecContext& ctx, const Tensor& max_T, const Tensor& sums_2T, Tensor& loss_T,
                           Tensor& lse_T) {
-  const int64_t T = max_T.numel();
-  ORIGAMI_CHECK(sums_2T.dtype() == DType::f64 && sums_2T.numel() == 2 * T, "cross_entropy_finish: sums_2T should be f64 [2, ", T, "]");
-  ORIGAMI_CHECK(loss_T.dtype() == DType::f32 && loss_T.numel() == T && lse_T.dtype() == DType::f32 && lse_T.numel() == T,
-                "cross_entropy_finish: loss_T and lse_T should be f32 [", T, "]");
+  const int64_t T = cross_entropy_finish_shapes(max_T, sums_2T, loss_T, lse_T);
   const float* mx = max_T.f32();
   const double* sums = sums_2T.data<double>();
   float* lse = lse_T.f32();
@@ -142,10 +127,9 @@ void cross_entropy_finish(const ExecContext& ctx, const Tensor& max_T, const Ten
 
 void cross_entropy_local_backward(const ExecContext& ctx, const Tensor& logits_TV, const Tensor& targets_T,
                                   const Tensor& lse_T, int64_t vocab_start, float grad_scale, Tensor& dlogits_TV) {
-  const int64_t T = logits_TV.rows(), Vr = logits_TV.shape().back();
-  check_shape(dlogits_TV, logits_TV.shape(), "cross-entropy dlogits");
-  ORIGAMI_CHECK(targets_T.numel() == T && lse_T.numel() == T, "cross_entropy_local_backward: ", T,
-                " rows, but targets ", targets_T.numel(), " and lse ", lse_T.numel());
+  const CrossEntropyDims dims = cross_entropy_local_backward_shapes(logits_TV, targets_T, lse_T, dlogits_TV);
+  const int64_t T = dims.T, Vr = dims.V;
+  check_f32_logits("cross_entropy_local_backward", logits_TV, &dlogits_TV);
   const float* x_all = T > 0 && Vr > 0 ? logits_TV.f32() : nullptr;
   float* d_all = T > 0 && Vr > 0 ? dlogits_TV.f32() : nullptr;
   const float* lse = lse_T.f32();

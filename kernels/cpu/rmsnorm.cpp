@@ -6,28 +6,38 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/op_shapes.h"
 
 namespace origami::cpu {
 
 namespace {
 
-void check_rows(const Tensor& x, const Tensor& w, const char* what) {
-  ORIGAMI_CHECK(x.defined() && w.defined(), what, " on an undefined tensor");
-  ORIGAMI_CHECK(x.dtype() == DType::f32 && w.dtype() == DType::f32, what, " is fp32 on CPU");
-  check_shape(w, {x.cols()}, "rmsnorm weight");
+// The CPU's kernels are f32 (op_shapes checks the shapes).
+void check_fp32(const char* op, std::initializer_list<const Tensor*> data) {
+  for (const Tensor* t : data) ORIGAMI_CHECK(t->dtype() == DType::f32, op, " is fp32 on CPU");
+}
+
+// The threads whose dw partials (D floats each) the workspace holds, at
+// most the context's.
+int partial_threads(const ExecContext& ctx, const Tensor& workspace, int64_t D, const char* op) {
+  ORIGAMI_CHECK(workspace.defined(), op, " without a workspace");
+  const int64_t floats = static_cast<int64_t>(workspace.nbytes() / sizeof(float));
+  const int64_t fit = floats / std::max<int64_t>(D, 1);
+  const int nthr = static_cast<int>(std::min<int64_t>(ctx.threads(), fit));
+  ORIGAMI_CHECK(nthr >= 1, "rmsnorm workspace has ", workspace.nbytes(), " bytes, needs at least ", D * 4);
+  return nthr;
 }
 
 }  // namespace
 
 void rmsnorm_forward(const ExecContext& ctx, const Tensor& x_TD, const Tensor& w_D, float eps, Tensor& y_TD,
                      Tensor& rstd_T) {
-  check_rows(x_TD, w_D, "rmsnorm_forward");
-  const int64_t T = x_TD.rows(), D = x_TD.cols();
-  check_shape(y_TD, x_TD.shape(), "rmsnorm y");
-  ORIGAMI_CHECK(rstd_T.numel() == T && rstd_T.dtype() == DType::f32, "rmsnorm rstd has ",
-                shape_string(rstd_T.shape()), ", expected ", T, " f32 elements");
+  const RmsnormDims dims = rmsnorm_forward_shapes(x_TD, w_D, y_TD, rstd_T);
+  const int64_t T = dims.T, D = dims.D;
+  check_fp32("rmsnorm_forward", {&x_TD, &w_D, &y_TD});
   const float* x = x_TD.f32();
   const float* w = w_D.f32();
   float* y = y_TD.f32();
@@ -53,17 +63,10 @@ size_t rmsnorm_backward_workspace_bytes(const ExecContext& ctx, int64_t T, int64
 // With x̂ = x·r:  dx = r·(w⊙dy) − x·r³/D · Σ(w⊙dy⊙x),  dw += Σ_t dy⊙x̂.
 void rmsnorm_backward(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& w_D,
                       const Tensor& rstd_T, Tensor& dx_TD, Tensor& dw_D, Tensor& workspace) {
-  check_rows(x_TD, w_D, "rmsnorm_backward");
-  const int64_t T = x_TD.rows(), D = x_TD.cols();
-  check_shape(dy_TD, x_TD.shape(), "rmsnorm dy");
-  check_shape(dx_TD, x_TD.shape(), "rmsnorm dx");
-  check_shape(dw_D, {D}, "rmsnorm dw");
-  ORIGAMI_CHECK(rstd_T.numel() == T, "rmsnorm rstd has ", rstd_T.numel(), " elements, expected ", T);
-  ORIGAMI_CHECK(workspace.defined(), "rmsnorm_backward without a workspace");
-  const int64_t floats = static_cast<int64_t>(workspace.nbytes() / sizeof(float));
-  const int64_t fit = floats / std::max<int64_t>(D, 1);
-  const int nthr = static_cast<int>(std::min<int64_t>(ctx.threads(), fit));
-  ORIGAMI_CHECK(nthr >= 1, "rmsnorm workspace has ", workspace.nbytes(), " bytes, needs at least ", D * 4);
+  const RmsnormDims dims = rmsnorm_backward_shapes("rmsnorm_backward", dy_TD, x_TD, rstd_T, &w_D, &dx_TD, &dw_D);
+  const int64_t T = dims.T, D = dims.D;
+  check_fp32("rmsnorm_backward", {&dy_TD, &x_TD, &w_D, &dx_TD, &dw_D});
+  const int nthr = partial_threads(ctx, workspace, D, "rmsnorm_backward");
   const float* dy = dy_TD.f32();
   const float* x = x_TD.f32();
   const float* w = w_D.f32();
@@ -112,11 +115,10 @@ void rmsnorm_backward(const ExecContext& ctx, const Tensor& dy_TD, const Tensor&
 // order — so the pair is bitwise the fused kernel at the same thread count.
 void rmsnorm_backward_input(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& w_D,
                             const Tensor& rstd_T, Tensor& dx_TD) {
-  check_rows(x_TD, w_D, "rmsnorm_backward_input");
-  const int64_t T = x_TD.rows(), D = x_TD.cols();
-  check_shape(dy_TD, x_TD.shape(), "rmsnorm dy");
-  check_shape(dx_TD, x_TD.shape(), "rmsnorm dx");
-  ORIGAMI_CHECK(rstd_T.numel() == T, "rmsnorm rstd has ", rstd_T.numel(), " elements, expected ", T);
+  const RmsnormDims dims =
+      rmsnorm_backward_shapes("rmsnorm_backward_input", dy_TD, x_TD, rstd_T, &w_D, &dx_TD, nullptr);
+  const int64_t T = dims.T, D = dims.D;
+  check_fp32("rmsnorm_backward_input", {&dy_TD, &x_TD, &w_D, &dx_TD});
   const float* dy = dy_TD.f32();
   const float* x = x_TD.f32();
   const float* w = w_D.f32();
@@ -143,18 +145,11 @@ size_t rmsnorm_backward_weight_workspace_bytes(const ExecContext& ctx, int64_t T
 
 void rmsnorm_backward_weight(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& rstd_T,
                              Tensor& dw_D, Tensor& workspace) {
-  ORIGAMI_CHECK(x_TD.defined() && dy_TD.defined() && rstd_T.defined() && dw_D.defined(),
-                "rmsnorm_backward_weight on an undefined tensor");
-  ORIGAMI_CHECK(x_TD.dtype() == DType::f32 && dw_D.dtype() == DType::f32, "rmsnorm_backward_weight is fp32 on CPU");
-  const int64_t T = x_TD.rows(), D = x_TD.cols();
-  check_shape(dy_TD, x_TD.shape(), "rmsnorm dy");
-  check_shape(dw_D, {D}, "rmsnorm dw");
-  ORIGAMI_CHECK(rstd_T.numel() == T, "rmsnorm rstd has ", rstd_T.numel(), " elements, expected ", T);
-  ORIGAMI_CHECK(workspace.defined(), "rmsnorm_backward_weight without a workspace");
-  const int64_t floats = static_cast<int64_t>(workspace.nbytes() / sizeof(float));
-  const int64_t fit = floats / std::max<int64_t>(D, 1);
-  const int nthr = static_cast<int>(std::min<int64_t>(ctx.threads(), fit));
-  ORIGAMI_CHECK(nthr >= 1, "rmsnorm workspace has ", workspace.nbytes(), " bytes, needs at least ", D * 4);
+  const RmsnormDims dims =
+      rmsnorm_backward_shapes("rmsnorm_backward_weight", dy_TD, x_TD, rstd_T, nullptr, nullptr, &dw_D);
+  const int64_t T = dims.T, D = dims.D;
+  check_fp32("rmsnorm_backward_weight", {&dy_TD, &x_TD, &dw_D});
+  const int nthr = partial_threads(ctx, workspace, D, "rmsnorm_backward_weight");
   const float* dy = dy_TD.f32();
   const float* x = x_TD.f32();
   const float* rstd = rstd_T.f32();

@@ -35,6 +35,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/op_shapes.h"
 
 namespace origami::cuda {
 
@@ -239,28 +240,21 @@ template <class T> __global__ void __launch_bounds__(kThreads)
 
 // ---------------------------------------------------------------- checks
 
-void check_args(const Tensor& logits_TV, const Tensor& targets_T, const char* what) {
-  ORIGAMI_CHECK(logits_TV.defined() && logits_TV.dim() >= 1, what, " logits must be [T, V]");
-  check_data_dtype(what, logits_TV, "logits");
-  ORIGAMI_CHECK(targets_T.defined() && targets_T.dtype() == DType::i32, what, " targets must be i32");
-  check_shape(targets_T, {logits_TV.rows()}, "cross-entropy targets");
-}
-
-void check_stat(const Tensor& t, int64_t n, const char* what) {
-  ORIGAMI_CHECK(t.defined() && t.dtype() == DType::f32 && t.numel() == n, what, " has ",
-                t.defined() ? shape_string(t.shape()) : "(none)", ", expected ", n, " f32 elements");
+// Data dtypes, CUDA's rule (op_shapes checks the shapes): logits f32 or
+// bf16, dlogits the same.
+void check_logits_dtype(const char* op, const Tensor& logits_TV, const Tensor* dlogits_TV = nullptr) {
+  check_data_dtype(op, logits_TV, "logits");
+  if (dlogits_TV) check_same_dtype(op, logits_TV, "logits", *dlogits_TV, "dlogits");
 }
 
 }  // namespace
 
 void cross_entropy_forward(const ExecContext& ctx, const Tensor& logits_TV, const Tensor& targets_T, Tensor& loss_T,
                            Tensor& lse_T) {
-  check_args(logits_TV, targets_T, "cross_entropy_forward");
-  const int64_t T = logits_TV.rows(), V = logits_TV.cols();
-  check_stat(loss_T, T, "cross-entropy loss");
-  check_stat(lse_T, T, "cross-entropy lse");
+  const CrossEntropyDims dims = cross_entropy_forward_shapes(logits_TV, targets_T, loss_T, lse_T);
+  const int64_t T = dims.T, V = dims.V;
+  check_logits_dtype("cross_entropy_forward", logits_TV);
   if (T == 0) return;
-  ORIGAMI_CHECK(V > 0, "cross_entropy_forward: no vocabulary columns (every target would be outside [0, 0))");
   with_data_type(logits_TV.dtype(), [&]<class T_>() {
     forward_rows<T_><<<row_blocks(T), kThreads, 0, stream_of(ctx)>>>(
         dev<const T_>(logits_TV, "logits"), dev<const int32_t>(targets_T, "targets"), T, V, dev<float>(loss_T, "loss"),
@@ -271,13 +265,10 @@ void cross_entropy_forward(const ExecContext& ctx, const Tensor& logits_TV, cons
 
 void cross_entropy_backward(const ExecContext& ctx, const Tensor& logits_TV, const Tensor& targets_T,
                             const Tensor& lse_T, float grad_scale, Tensor& dlogits_TV) {
-  check_args(logits_TV, targets_T, "cross_entropy_backward");
-  const int64_t T = logits_TV.rows(), V = logits_TV.cols();
-  check_shape(dlogits_TV, logits_TV.shape(), "cross-entropy dlogits");
-  check_same_dtype("cross_entropy_backward", logits_TV, "logits", dlogits_TV, "dlogits");
-  check_stat(lse_T, T, "cross-entropy lse");
+  const CrossEntropyDims dims = cross_entropy_backward_shapes(logits_TV, targets_T, lse_T, dlogits_TV);
+  const int64_t T = dims.T, V = dims.V;
+  check_logits_dtype("cross_entropy_backward", logits_TV, &dlogits_TV);
   if (T == 0) return;
-  ORIGAMI_CHECK(V > 0, "cross_entropy_backward: no vocabulary columns (every target would be outside [0, 0))");
   with_data_type(logits_TV.dtype(), [&]<class T_>() {
     // Not restrict: dlogits may alias logits.
     backward_rows<T_><<<row_blocks(T), kThreads, 0, stream_of(ctx)>>>(
@@ -288,12 +279,9 @@ void cross_entropy_backward(const ExecContext& ctx, const Tensor& logits_TV, con
 }
 
 void cross_entropy_local_max(const ExecContext& ctx, const Tensor& logits_TV, Tensor& max_T) {
-  ORIGAMI_CHECK(logits_TV.defined(), "cross_entropy_local_max: logits are undefined");
-  check_data_dtype("cross_entropy_local_max", logits_TV, "logits");
-  const int64_t T = logits_TV.rows(), Vr = logits_TV.cols();
-  ORIGAMI_CHECK(max_T.defined() && max_T.dtype() == DType::f32 && max_T.numel() == T,
-                "cross_entropy_local_max: max_T must be f32 [", T, "], got ",
-                max_T.defined() ? shape_string(max_T.shape()) : "(none)");
+  const CrossEntropyDims dims = cross_entropy_local_max_shapes(logits_TV, max_T);
+  const int64_t T = dims.T, Vr = dims.V;
+  check_logits_dtype("cross_entropy_local_max", logits_TV);
   if (T == 0) return;
   with_data_type(logits_TV.dtype(), [&]<class T_>() {
     local_max_rows<T_><<<row_blocks(T), kThreads, 0, stream_of(ctx)>>>(dev<const T_>(logits_TV, "logits"), T, Vr,
@@ -304,17 +292,9 @@ void cross_entropy_local_max(const ExecContext& ctx, const Tensor& logits_TV, Te
 
 void cross_entropy_local_sums(const ExecContext& ctx, const Tensor& logits_TV, const Tensor& targets_T,
                               const Tensor& max_T, int64_t vocab_start, int64_t vocab, Tensor& sums_2T) {
-  ORIGAMI_CHECK(logits_TV.defined() && logits_TV.dim() >= 1, "cross_entropy_local_sums: logits must be [T, V_r]");
-  check_data_dtype("cross_entropy_local_sums", logits_TV, "logits");
-  const int64_t T = logits_TV.rows(), Vr = logits_TV.cols();
-  ORIGAMI_CHECK(targets_T.defined() && targets_T.dtype() == DType::i32 && targets_T.numel() == T,
-                "cross_entropy_local_sums: targets ", targets_T.defined() ? shape_string(targets_T.shape()) : "(none)",
-                " should be i32 [", T, "]");
-  ORIGAMI_CHECK(max_T.defined() && max_T.dtype() == DType::f32 && max_T.numel() == T,
-                "cross_entropy_local_sums: max_T should be f32 [", T, "]");
-  ORIGAMI_CHECK(sums_2T.defined() && sums_2T.dtype() == DType::f64 && sums_2T.numel() == 2 * T,
-                "cross_entropy_local_sums: sums_2T should be f64 [2, ", T, "], got ",
-                sums_2T.defined() ? shape_string(sums_2T.shape()) : "(none)");
+  const CrossEntropyDims dims = cross_entropy_local_sums_shapes(logits_TV, targets_T, max_T, sums_2T);
+  const int64_t T = dims.T, Vr = dims.V;
+  check_logits_dtype("cross_entropy_local_sums", logits_TV);
   if (T == 0) return;
   with_data_type(logits_TV.dtype(), [&]<class T_>() {
     local_sums_rows<T_><<<row_blocks(T), kThreads, 0, stream_of(ctx)>>>(
@@ -326,13 +306,7 @@ void cross_entropy_local_sums(const ExecContext& ctx, const Tensor& logits_TV, c
 
 void cross_entropy_finish(const ExecContext& ctx, const Tensor& max_T, const Tensor& sums_2T, Tensor& loss_T,
                           Tensor& lse_T) {
-  ORIGAMI_CHECK(max_T.defined() && max_T.dtype() == DType::f32, "cross_entropy_finish: max_T should be f32");
-  const int64_t T = max_T.numel();
-  ORIGAMI_CHECK(sums_2T.defined() && sums_2T.dtype() == DType::f64 && sums_2T.numel() == 2 * T,
-                "cross_entropy_finish: sums_2T should be f64 [2, ", T, "]");
-  ORIGAMI_CHECK(loss_T.defined() && loss_T.dtype() == DType::f32 && loss_T.numel() == T && lse_T.defined() &&
-                    lse_T.dtype() == DType::f32 && lse_T.numel() == T,
-                "cross_entropy_finish: loss_T and lse_T should be f32 [", T, "]");
+  const int64_t T = cross_entropy_finish_shapes(max_T, sums_2T, loss_T, lse_T);
   if (T == 0) return;
   finish_tokens<<<grid_for(T, 256), 256, 0, stream_of(ctx)>>>(dev<const float>(max_T, "max_T"),
                                                               dev<const double>(sums_2T, "sums_2T"), T,
@@ -342,16 +316,9 @@ void cross_entropy_finish(const ExecContext& ctx, const Tensor& max_T, const Ten
 
 void cross_entropy_local_backward(const ExecContext& ctx, const Tensor& logits_TV, const Tensor& targets_T,
                                   const Tensor& lse_T, int64_t vocab_start, float grad_scale, Tensor& dlogits_TV) {
-  ORIGAMI_CHECK(logits_TV.defined() && logits_TV.dim() >= 1, "cross_entropy_local_backward: logits must be [T, V_r]");
-  check_data_dtype("cross_entropy_local_backward", logits_TV, "logits");
-  const int64_t T = logits_TV.rows(), Vr = logits_TV.cols();
-  check_shape(dlogits_TV, logits_TV.shape(), "cross-entropy dlogits");
-  check_same_dtype("cross_entropy_local_backward", logits_TV, "logits", dlogits_TV, "dlogits");
-  ORIGAMI_CHECK(targets_T.defined() && lse_T.defined() && targets_T.numel() == T && lse_T.numel() == T,
-                "cross_entropy_local_backward: ", T, " rows, but targets ", targets_T.numel(), " and lse ",
-                lse_T.numel());
-  ORIGAMI_CHECK(targets_T.dtype() == DType::i32 && lse_T.dtype() == DType::f32,
-                "cross_entropy_local_backward: targets must be i32 and lse f32");
+  const CrossEntropyDims dims = cross_entropy_local_backward_shapes(logits_TV, targets_T, lse_T, dlogits_TV);
+  const int64_t T = dims.T, Vr = dims.V;
+  check_logits_dtype("cross_entropy_local_backward", logits_TV, &dlogits_TV);
   if (T == 0 || Vr == 0) return;
   with_data_type(logits_TV.dtype(), [&]<class T_>() {
     // Not restrict: dlogits may alias logits.

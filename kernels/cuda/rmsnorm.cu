@@ -21,9 +21,13 @@
 // (input + weight) is bitwise the fused op, as kernels/rmsnorm.h promises.
 #include <cub/block/block_reduce.cuh>
 
+#include <initializer_list>
+#include <utility>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pack.cuh"
+#include "kernels/op_shapes.h"
 
 namespace origami::cuda {
 
@@ -207,20 +211,11 @@ void launch_weight_finish(const float* partial_KD, int64_t chunks, int64_t D, Te
   });
 }
 
-// The checks every backward shares (the CPU twin's conditions): returns {T, D}.
-struct Rows {
-  int64_t T, D;
-};
-Rows check_backward(const char* op, const Tensor& dy_TD, const Tensor& x_TD,
-                                           const Tensor& rstd_T) {
-  ORIGAMI_CHECK(x_TD.defined() && dy_TD.defined() && rstd_T.defined(), op, " on an undefined tensor");
+// Data dtypes, CUDA's rule (op_shapes checks the shapes): x f32 or bf16,
+// the other data tensors x's dtype (dw may be the fp32 master gradient).
+void check_data(const char* op, const Tensor& x_TD, std::initializer_list<std::pair<const Tensor*, const char*>> same) {
   check_data_dtype(op, x_TD, "x_TD");
-  check_same_dtype(op, dy_TD, "dy_TD", x_TD, "x_TD");
-  const int64_t T = x_TD.rows(), D = x_TD.cols();
-  check_shape(dy_TD, x_TD.shape(), "rmsnorm dy");
-  ORIGAMI_CHECK(rstd_T.numel() == T && rstd_T.dtype() == DType::f32, "rmsnorm rstd has ",
-                shape_string(rstd_T.shape()), " ", to_string(rstd_T.dtype()), ", expected ", T, " f32 elements");
-  return {T, D};
+  for (auto [t, name] : same) check_same_dtype(op, *t, name, x_TD, "x_TD");
 }
 
 void check_workspace(const char* op, const Tensor& workspace, int64_t T, int64_t D) {
@@ -241,16 +236,9 @@ bool packed_rows(int64_t D, std::initializer_list<const void*> ptrs) {
 
 void rmsnorm_forward(const ExecContext& ctx, const Tensor& x_TD, const Tensor& w_D, float eps, Tensor& y_TD,
                      Tensor& rstd_T) {
-  ORIGAMI_CHECK(x_TD.defined() && w_D.defined() && y_TD.defined() && rstd_T.defined(),
-                "rmsnorm_forward on an undefined tensor");
-  check_data_dtype("rmsnorm_forward", x_TD, "x_TD");
-  check_same_dtype("rmsnorm_forward", w_D, "w_D", x_TD, "x_TD");
-  check_same_dtype("rmsnorm_forward", y_TD, "y_TD", x_TD, "x_TD");
-  const int64_t T = x_TD.rows(), D = x_TD.cols();
-  check_shape(w_D, {D}, "rmsnorm weight");
-  check_shape(y_TD, x_TD.shape(), "rmsnorm y");
-  ORIGAMI_CHECK(rstd_T.numel() == T && rstd_T.dtype() == DType::f32, "rmsnorm rstd has ",
-                shape_string(rstd_T.shape()), ", expected ", T, " f32 elements");
+  const RmsnormDims dims = rmsnorm_forward_shapes(x_TD, w_D, y_TD, rstd_T);
+  const int64_t T = dims.T, D = dims.D;
+  check_data("rmsnorm_forward", x_TD, {{&w_D, "w_D"}, {&y_TD, "y_TD"}});
   if (T == 0) return;
   with_data_type(x_TD.dtype(), [&]<class T_>() {
     const T_* x = dev<const T_>(x_TD, "x_TD");
@@ -266,14 +254,9 @@ size_t rmsnorm_backward_workspace_bytes(const ExecContext& ctx, int64_t T, int64
 
 void rmsnorm_backward(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& w_D,
                       const Tensor& rstd_T, Tensor& dx_TD, Tensor& dw_D, Tensor& workspace) {
-  const Rows rows = check_backward("rmsnorm_backward", dy_TD, x_TD, rstd_T);
-  const int64_t T = rows.T, D = rows.D;
-  ORIGAMI_CHECK(w_D.defined() && dx_TD.defined() && dw_D.defined(), "rmsnorm_backward on an undefined tensor");
-  check_same_dtype("rmsnorm_backward", w_D, "w_D", x_TD, "x_TD");
-  check_same_dtype("rmsnorm_backward", dx_TD, "dx_TD", x_TD, "x_TD");
-  check_shape(w_D, {D}, "rmsnorm weight");
-  check_shape(dx_TD, x_TD.shape(), "rmsnorm dx");
-  check_shape(dw_D, {D}, "rmsnorm dw");
+  const RmsnormDims dims = rmsnorm_backward_shapes("rmsnorm_backward", dy_TD, x_TD, rstd_T, &w_D, &dx_TD, &dw_D);
+  const int64_t T = dims.T, D = dims.D;
+  check_data("rmsnorm_backward", x_TD, {{&dy_TD, "dy_TD"}, {&w_D, "w_D"}, {&dx_TD, "dx_TD"}});
   check_workspace("rmsnorm_backward", workspace, T, D);
   if (T == 0 || D == 0) return;  // nothing to write: dx is empty, dw gains 0
   const Chunks chunks = chunks_of(T);
@@ -304,13 +287,10 @@ void rmsnorm_backward(const ExecContext& ctx, const Tensor& dy_TD, const Tensor&
 
 void rmsnorm_backward_input(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& w_D,
                             const Tensor& rstd_T, Tensor& dx_TD) {
-  const Rows rows = check_backward("rmsnorm_backward_input", dy_TD, x_TD, rstd_T);
-  const int64_t T = rows.T, D = rows.D;
-  ORIGAMI_CHECK(w_D.defined() && dx_TD.defined(), "rmsnorm_backward_input on an undefined tensor");
-  check_same_dtype("rmsnorm_backward_input", w_D, "w_D", x_TD, "x_TD");
-  check_same_dtype("rmsnorm_backward_input", dx_TD, "dx_TD", x_TD, "x_TD");
-  check_shape(w_D, {D}, "rmsnorm weight");
-  check_shape(dx_TD, x_TD.shape(), "rmsnorm dx");
+  const RmsnormDims dims =
+      rmsnorm_backward_shapes("rmsnorm_backward_input", dy_TD, x_TD, rstd_T, &w_D, &dx_TD, nullptr);
+  const int64_t T = dims.T, D = dims.D;
+  check_data("rmsnorm_backward_input", x_TD, {{&dy_TD, "dy_TD"}, {&w_D, "w_D"}, {&dx_TD, "dx_TD"}});
   if (T == 0 || D == 0) return;
   with_data_type(x_TD.dtype(), [&]<class T_>() {
     const T_* dy = dev<const T_>(dy_TD, "dy_TD");
@@ -329,10 +309,10 @@ size_t rmsnorm_backward_weight_workspace_bytes(const ExecContext& ctx, int64_t T
 
 void rmsnorm_backward_weight(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& rstd_T,
                              Tensor& dw_D, Tensor& workspace) {
-  const Rows rows = check_backward("rmsnorm_backward_weight", dy_TD, x_TD, rstd_T);
-  const int64_t T = rows.T, D = rows.D;
-  ORIGAMI_CHECK(dw_D.defined(), "rmsnorm_backward_weight on an undefined tensor");
-  check_shape(dw_D, {D}, "rmsnorm dw");
+  const RmsnormDims dims =
+      rmsnorm_backward_shapes("rmsnorm_backward_weight", dy_TD, x_TD, rstd_T, nullptr, nullptr, &dw_D);
+  const int64_t T = dims.T, D = dims.D;
+  check_data("rmsnorm_backward_weight", x_TD, {{&dy_TD, "dy_TD"}});
   check_workspace("rmsnorm_backward_weight", workspace, T, D);
   if (T == 0 || D == 0) return;
   const Chunks chunks = chunks_of(T);
