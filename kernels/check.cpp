@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 
 namespace origami {
@@ -38,23 +40,25 @@ bool mpi_up() {
 
 namespace {
 // This rank's index from the launcher's environment, for messages before
-// MPI knows it ("?" when no launcher set one).
-const char* launcher_rank() {
+// MPI knows it ("?" when no launcher set one). Read before MPI starts: MPI
+// may set variables while it does, and getenv racing setenv is undefined.
+std::string launcher_rank() {
   for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
     if (const char* v = std::getenv(name); v && *v) return v;
   return "?";
 }
 
-// ORIGAMI_MPI_INIT_TIMEOUT_S, or 300 s. A bad value is the user's error, and
-// every rank reads the same one, so each reports it and exits 2.
+// ORIGAMI_MPI_INIT_TIMEOUT_S, or 300 s when unset or empty. A bad value is
+// the user's error; MPI is not up to agree on one message, so each rank
+// reports it (every rank reads the same value) and exits 2.
 double mpi_init_timeout_s() {
   const char* text = std::getenv("ORIGAMI_MPI_INIT_TIMEOUT_S");
-  if (!text) return 300.0;
+  if (!text || !*text) return 300.0;
   char* end = nullptr;
   const double s = std::strtod(text, &end);
-  if (end == text || *end != '\0' || !std::isfinite(s) || s <= 0 || s > 1e6) {
-    std::fprintf(stderr, "error [rank %s]: ORIGAMI_MPI_INIT_TIMEOUT_S='%s': must be seconds, positive, at most 1e6\n",
-                 launcher_rank(), text);
+  if (end == text || *end != '\0' || !std::isfinite(s) || s < 1 || s > 1e6) {
+    std::fprintf(stderr, "error [rank %s]: ORIGAMI_MPI_INIT_TIMEOUT_S='%s': must be seconds in [1, 1e6]\n",
+                 launcher_rank().c_str(), text);
     std::_Exit(kExitUserError);
   }
   return s;
@@ -67,7 +71,7 @@ double mpi_init_timeout_s() {
 // then ends the job (the stalled rank included).
 class InitWatchdog {
  public:
-  explicit InitWatchdog(double seconds) : thread_([this, seconds] { watch(seconds); }) {}
+  explicit InitWatchdog(double seconds) : rank_(launcher_rank()), thread_([this, seconds] { watch(seconds); }) {}
   ~InitWatchdog() {
     {
       std::lock_guard lock(mu_);
@@ -86,11 +90,12 @@ class InitWatchdog {
     std::fprintf(stderr,
                  "[rank %s] start-up timeout: MPI_Init not done %g s after it began (ORIGAMI_MPI_INIT_TIMEOUT_S): it "
                  "waits for every rank of the job, and one has not reached it\n",
-                 launcher_rank(), seconds);
+                 rank_.c_str(), seconds);
     std::fflush(stderr);
     std::_Exit(kExitTimeout);
   }
 
+  const std::string rank_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -103,10 +108,13 @@ static_assert(MPI_THREAD_MULTIPLE == 3, "start_mpi's default names MPI_THREAD_MU
 void start_mpi(int* argc, char*** argv, int required) {
   int initialized = 0, provided = MPI_THREAD_SINGLE;
   MPI_Initialized(&initialized);
+  // Through the node split below too: the first collective over the world,
+  // which an MPI whose init does not wait for every rank would hang in instead.
+  std::optional<InitWatchdog> watchdog;
   if (initialized)
     MPI_Query_thread(&provided);
   else {
-    InitWatchdog watchdog(mpi_init_timeout_s());
+    watchdog.emplace(mpi_init_timeout_s());
     if (MPI_Init_thread(argc, argv, required, &provided) != MPI_SUCCESS)
       std::_Exit(kExitInternal);  // MPI's own handler has reported it (errors are fatal by default)
   }
@@ -121,6 +129,7 @@ void start_mpi(int* argc, char*** argv, int required) {
     MPI_Comm_size(node, &node_size);
     MPI_Comm_free(&node);
   }
+  watchdog.reset();
   g_main_thread = std::this_thread::get_id();
   g_world_rank.store(rank);
   g_thread_level.store(provided);

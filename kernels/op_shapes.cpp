@@ -162,6 +162,12 @@ void check_matrix(const char* op, const Tensor& t, const char* name) {
                 t.defined() ? shape_string(t.shape()) : std::string("(none)"));
 }
 
+// A vector [n].
+void check_vector(const char* op, const Tensor& t, int64_t n, const char* name) {
+  ORIGAMI_CHECK(t.defined() && t.shape() == Shape{n}, op, ": ", name, " has ",
+                t.defined() ? shape_string(t.shape()) : std::string("(none)"), ", expected [", n, "]");
+}
+
 // Output `out` shaped as `like`.
 void check_like(const char* op, const Tensor& out, const Tensor& like, const char* name) {
   ORIGAMI_CHECK(out.defined() && out.shape() == like.shape(), op, ": ", name, " has ",
@@ -174,24 +180,21 @@ RmsnormDims rmsnorm_forward_shapes(const Tensor& x_TD, const Tensor& w_D, const 
   constexpr const char* op = "rmsnorm_forward";
   check_matrix(op, x_TD, "x");
   const int64_t T = x_TD.rows(), D = x_TD.cols();
-  ORIGAMI_CHECK(w_D.defined() && w_D.shape() == Shape{D}, op, ": weight has ",
-                w_D.defined() ? shape_string(w_D.shape()) : std::string("(none)"), ", expected [", D, "]");
+  check_vector(op, w_D, D, "weight");
   check_like(op, y_TD, x_TD, "y");
   check_count(op, rstd_T, T, DType::f32, "rstd");
   return {T, D};
 }
 
 RmsnormDims rmsnorm_backward_shapes(const char* op, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& rstd_T,
-                                    const Tensor* w_D, const Tensor* dx_TD, const Tensor* dw_D) {
+                                    RmsnormBackwardArgs takes) {
   check_matrix(op, x_TD, "x");
   const int64_t T = x_TD.rows(), D = x_TD.cols();
   check_like(op, dy_TD, x_TD, "dy");
   check_count(op, rstd_T, T, DType::f32, "rstd");
-  for (auto [t, name] : {std::pair{w_D, "weight"}, {dw_D, "dw"}})
-    if (t)
-      ORIGAMI_CHECK(t->defined() && t->shape() == Shape{D}, op, ": ", name, " has ",
-                    t->defined() ? shape_string(t->shape()) : std::string("(none)"), ", expected [", D, "]");
-  if (dx_TD) check_like(op, *dx_TD, x_TD, "dx");
+  for (auto [t, name] : {std::pair{takes.w_D, "weight"}, {takes.dw_D, "dw"}})
+    if (t) check_vector(op, *t, D, name);
+  if (takes.dx_TD) check_like(op, *takes.dx_TD, x_TD, "dx");
   return {T, D};
 }
 
@@ -202,6 +205,11 @@ CrossEntropyDims rows_and_targets(const char* op, const Tensor& logits_TV, const
   check_count(op, targets_T, T, DType::i32, "targets");
   return {T, V};
 }
+
+// The whole-row ops: a target per row must name a column.
+void check_vocabulary(const char* op, const CrossEntropyDims& d) {
+  ORIGAMI_CHECK(d.T == 0 || d.V > 0, op, ": no vocabulary columns (every target would be outside [0, 0))");
+}
 }  // namespace
 
 CrossEntropyDims cross_entropy_forward_shapes(const Tensor& logits_TV, const Tensor& targets_T, const Tensor& loss_T,
@@ -210,7 +218,7 @@ CrossEntropyDims cross_entropy_forward_shapes(const Tensor& logits_TV, const Ten
   const CrossEntropyDims d = rows_and_targets(op, logits_TV, targets_T);
   check_count(op, loss_T, d.T, DType::f32, "loss");
   check_count(op, lse_T, d.T, DType::f32, "lse");
-  ORIGAMI_CHECK(d.T == 0 || d.V > 0, op, ": no vocabulary columns (every target would be outside [0, 0))");
+  check_vocabulary(op, d);
   return d;
 }
 
@@ -220,7 +228,7 @@ CrossEntropyDims cross_entropy_backward_shapes(const Tensor& logits_TV, const Te
   const CrossEntropyDims d = rows_and_targets(op, logits_TV, targets_T);
   check_count(op, lse_T, d.T, DType::f32, "lse");
   check_like(op, dlogits_TV, logits_TV, "dlogits");
-  ORIGAMI_CHECK(d.T == 0 || d.V > 0, op, ": no vocabulary columns (every target would be outside [0, 0))");
+  check_vocabulary(op, d);
   return d;
 }
 

@@ -72,9 +72,14 @@ struct RmsnormDims {
 };
 RmsnormDims rmsnorm_forward_shapes(const Tensor& x_TD, const Tensor& w_D, const Tensor& y_TD, const Tensor& rstd_T);
 // The three backward ops: dy, x and rstd always; w, dx and dw where the op
-// takes them (null where it does not). op names the op in messages.
+// takes them. op names the op in messages.
+struct RmsnormBackwardArgs {
+  const Tensor* w_D = nullptr;
+  const Tensor* dx_TD = nullptr;
+  const Tensor* dw_D = nullptr;
+};
 RmsnormDims rmsnorm_backward_shapes(const char* op, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& rstd_T,
-                                    const Tensor* w_D, const Tensor* dx_TD, const Tensor* dw_D);
+                                    RmsnormBackwardArgs takes);
 
 // Cross-entropy (kernels/cross_entropy.h): logits [T, V] read as a matrix
 // (V_r columns: a vocab-parallel rank's slice), targets i32 [T], the

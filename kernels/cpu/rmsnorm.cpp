@@ -27,7 +27,7 @@ int partial_threads(const ExecContext& ctx, const Tensor& workspace, int64_t D, 
   const int64_t floats = static_cast<int64_t>(workspace.nbytes() / sizeof(float));
   const int64_t fit = floats / std::max<int64_t>(D, 1);
   const int nthr = static_cast<int>(std::min<int64_t>(ctx.threads(), fit));
-  ORIGAMI_CHECK(nthr >= 1, "rmsnorm workspace has ", workspace.nbytes(), " bytes, needs at least ", D * 4);
+  ORIGAMI_CHECK(nthr >= 1, op, ": the workspace has ", workspace.nbytes(), " bytes, needs at least ", D * 4);
   return nthr;
 }
 
@@ -63,7 +63,8 @@ size_t rmsnorm_backward_workspace_bytes(const ExecContext& ctx, int64_t T, int64
 // With x̂ = x·r:  dx = r·(w⊙dy) − x·r³/D · Σ(w⊙dy⊙x),  dw += Σ_t dy⊙x̂.
 void rmsnorm_backward(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& w_D,
                       const Tensor& rstd_T, Tensor& dx_TD, Tensor& dw_D, Tensor& workspace) {
-  const RmsnormDims dims = rmsnorm_backward_shapes("rmsnorm_backward", dy_TD, x_TD, rstd_T, &w_D, &dx_TD, &dw_D);
+  const RmsnormDims dims = rmsnorm_backward_shapes("rmsnorm_backward", dy_TD, x_TD, rstd_T,
+                                                   {.w_D = &w_D, .dx_TD = &dx_TD, .dw_D = &dw_D});
   const int64_t T = dims.T, D = dims.D;
   check_fp32("rmsnorm_backward", {&dy_TD, &x_TD, &w_D, &dx_TD, &dw_D});
   const int nthr = partial_threads(ctx, workspace, D, "rmsnorm_backward");
@@ -116,7 +117,7 @@ void rmsnorm_backward(const ExecContext& ctx, const Tensor& dy_TD, const Tensor&
 void rmsnorm_backward_input(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& w_D,
                             const Tensor& rstd_T, Tensor& dx_TD) {
   const RmsnormDims dims =
-      rmsnorm_backward_shapes("rmsnorm_backward_input", dy_TD, x_TD, rstd_T, &w_D, &dx_TD, nullptr);
+      rmsnorm_backward_shapes("rmsnorm_backward_input", dy_TD, x_TD, rstd_T, {.w_D = &w_D, .dx_TD = &dx_TD});
   const int64_t T = dims.T, D = dims.D;
   check_fp32("rmsnorm_backward_input", {&dy_TD, &x_TD, &w_D, &dx_TD});
   const float* dy = dy_TD.f32();
@@ -146,7 +147,7 @@ size_t rmsnorm_backward_weight_workspace_bytes(const ExecContext& ctx, int64_t T
 void rmsnorm_backward_weight(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& rstd_T,
                              Tensor& dw_D, Tensor& workspace) {
   const RmsnormDims dims =
-      rmsnorm_backward_shapes("rmsnorm_backward_weight", dy_TD, x_TD, rstd_T, nullptr, nullptr, &dw_D);
+      rmsnorm_backward_shapes("rmsnorm_backward_weight", dy_TD, x_TD, rstd_T, {.dw_D = &dw_D});
   const int64_t T = dims.T, D = dims.D;
   check_fp32("rmsnorm_backward_weight", {&dy_TD, &x_TD, &dw_D});
   const int nthr = partial_threads(ctx, workspace, D, "rmsnorm_backward_weight");

@@ -254,7 +254,8 @@ size_t rmsnorm_backward_workspace_bytes(const ExecContext& ctx, int64_t T, int64
 
 void rmsnorm_backward(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& w_D,
                       const Tensor& rstd_T, Tensor& dx_TD, Tensor& dw_D, Tensor& workspace) {
-  const RmsnormDims dims = rmsnorm_backward_shapes("rmsnorm_backward", dy_TD, x_TD, rstd_T, &w_D, &dx_TD, &dw_D);
+  const RmsnormDims dims = rmsnorm_backward_shapes("rmsnorm_backward", dy_TD, x_TD, rstd_T,
+                                                   {.w_D = &w_D, .dx_TD = &dx_TD, .dw_D = &dw_D});
   const int64_t T = dims.T, D = dims.D;
   check_data("rmsnorm_backward", x_TD, {{&dy_TD, "dy_TD"}, {&w_D, "w_D"}, {&dx_TD, "dx_TD"}});
   check_workspace("rmsnorm_backward", workspace, T, D);
@@ -288,7 +289,7 @@ void rmsnorm_backward(const ExecContext& ctx, const Tensor& dy_TD, const Tensor&
 void rmsnorm_backward_input(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& w_D,
                             const Tensor& rstd_T, Tensor& dx_TD) {
   const RmsnormDims dims =
-      rmsnorm_backward_shapes("rmsnorm_backward_input", dy_TD, x_TD, rstd_T, &w_D, &dx_TD, nullptr);
+      rmsnorm_backward_shapes("rmsnorm_backward_input", dy_TD, x_TD, rstd_T, {.w_D = &w_D, .dx_TD = &dx_TD});
   const int64_t T = dims.T, D = dims.D;
   check_data("rmsnorm_backward_input", x_TD, {{&dy_TD, "dy_TD"}, {&w_D, "w_D"}, {&dx_TD, "dx_TD"}});
   if (T == 0 || D == 0) return;
@@ -310,7 +311,7 @@ size_t rmsnorm_backward_weight_workspace_bytes(const ExecContext& ctx, int64_t T
 void rmsnorm_backward_weight(const ExecContext& ctx, const Tensor& dy_TD, const Tensor& x_TD, const Tensor& rstd_T,
                              Tensor& dw_D, Tensor& workspace) {
   const RmsnormDims dims =
-      rmsnorm_backward_shapes("rmsnorm_backward_weight", dy_TD, x_TD, rstd_T, nullptr, nullptr, &dw_D);
+      rmsnorm_backward_shapes("rmsnorm_backward_weight", dy_TD, x_TD, rstd_T, {.dw_D = &dw_D});
   const int64_t T = dims.T, D = dims.D;
   check_data("rmsnorm_backward_weight", x_TD, {{&dy_TD, "dy_TD"}});
   check_workspace("rmsnorm_backward_weight", workspace, T, D);

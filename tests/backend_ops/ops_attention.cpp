@@ -127,7 +127,7 @@ struct AttentionRef {
   std::vector<double> o_abs;  // Σ_j P_j·|v_j| per element of o: what a rounding of each P scales with
   // Per element of dq, dk, dv, what bf16 roundings inside the backward scale
   // with: Σ |dS|·|k| (dq), Σ |dS|·|q| (dk) times the scale, Σ P·|dO| (dv),
-  // where |dS| carries a margin for its fp32 inputs (kBwdFp32Margin).
+  // where |dS| carries a margin for its fp32 inputs (bwd_fp32_margin).
   std::vector<double> dq_abs, dk_abs, dv_abs;
 };
 
@@ -242,9 +242,10 @@ const Tol kAttentionBf16LseTol{2e-5, 0, "fp32 scores of bf16 inputs, fp32 exp2 s
 // most 2^-8·Σ_i P_i|dO_i|; dS rounded to bf16 for dQ = dS·K and dK = dSᵀ·Q
 // by 2^-8·Σ|dS||k| and 2^-8·Σ|dS||q| (times the scale), |dS| widened by
 // the fp32 margin of dP − D (bwd_fp32_margin); each output's own rounding
-// by 2^-8 of itself. The fp32 rest (exp2 of fp32 scores: ~1e-6 of P; sums
-// over <= 1024 terms accumulated with 2^-23 each: 1.1e-4 of Σ|terms|, a
-// quarter of the 0.2 spare) fits in the 1.2x. So a query that sees no key,
+// by 2^-8 of itself. The fp32 rest fits in the 1.2x (spare 0.2·2^-8 =
+// 7.8e-4): P from fp32 scores of hd-term products, at worst ~3.7e-4 of P
+// (hd 128, scale 0.3; typically ~1e-6), and sums over <= 1024 terms
+// accumulated with 2^-23 each, 1.2e-4 of Σ|terms|. So a query that sees no key,
 // and a key no query sees, must come out 0 up to the absolute term, and a
 // mask or tile-edge slip in a long row, whose gradient is small beside the
 // tensor's largest, cannot hide under it. The absolute term: fp32 rounding
