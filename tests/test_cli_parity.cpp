@@ -1,7 +1,7 @@
 // Parity across layouts, end to end (the central claim of ARCHITECTURE.md
 // §9): 10 training steps of configs/tiny-moe.toml, dropless, same global
-// batch (16) and micro-batch (2), under mpirun give per-step LM losses within
-// 1e-4 relative of the one-rank run. Layouts (dense DP = world size,
+// batch (16) and micro-batch (2), under mpirun give per-step LM losses, aux
+// losses and gradient norms within 1e-6 relative of the one-rank run. Layouts (dense DP = world size,
 // TP = CP = PP = 1; ZeRO stage 3, the config's, unless named):
 //   EP=2 (np 2), EP=4 (np 4), EP=8 (np 8), ETP=2 × EP=2 (np 4),
 //   EP=4 with two experts per rank and a shared expert (np 4),
@@ -30,10 +30,13 @@
 // messages pair up without tags, as the GPU run's streams and channels need.
 // Gradient clipping (clip_grad 1.0) is active in these steps: the baseline's
 // grad norm exceeds 1 (asserted), so the norm must count every element once.
-// Why 1e-4 holds with room: the layouts compute the same sums in another
-// order (gradient all-reduce, grouped GEMM segments), ~1e-7 relative per
-// step in fp32; measured differences are ~1e-9..1e-7. A routing flip of a
-// near-tied token would show up as a jump, which 1e-4 would still catch.
+// Why 1e-6 holds with room: the layouts compute the same sums in another
+// order (gradient all-reduce, grouped GEMM segments), fp32 rounding that
+// the loss averages down; measured (2026-12-05, every layout here, 10
+// steps): 3.6e-9..1.1e-8, grad norms included. The grad norm is compared
+// too because a reduction missed or misscaled for one small tensor (a norm
+// weight, the router) moves it at step 1, the loss only through updates.
+// A routing flip of a near-tied token would show as a jump of ~1e-4.
 // Also: configs/tiny-moe-ep8.toml trains with a falling loss, and its JSONL
 // carries tokens received per EP rank, consistent with the per-expert counts.
 // Ring attention (parallel.cp_comm = "ring") at CP 2 and CP 4: losses
@@ -63,7 +66,7 @@ namespace {
 using testing::read_jsonl;
 using testing::run_command;
 
-constexpr double kLossRtol = 1e-4;
+constexpr double kLossRtol = 1e-6;
 constexpr int kSteps = 10;
 
 class Parity : public ::testing::Test {
@@ -120,11 +123,16 @@ class Parity : public ::testing::Test {
       EXPECT_EQ(base[s].at("comm_exposed_s").get<double>(), 0.0);
     }
     EXPECT_GT(exposed, 0.0);
+    double worst = 0;  // relative, over the steps' losses and grad norms
     for (size_t s = 0; s < run.size(); ++s) {
-      const double b = base[s].at("lm_loss").get<double>(), x = run[s].at("lm_loss").get<double>();
-      EXPECT_LE(std::abs(x - b), kLossRtol * std::abs(b)) << "step " << s + 1 << ": " << x << " vs " << b;
-      const double ba = base[s].at("aux_loss").get<double>(), xa = run[s].at("aux_loss").get<double>();
-      EXPECT_LE(std::abs(xa - ba), kLossRtol * std::abs(ba)) << "aux loss, step " << s + 1;
+      // The grad norm too: a reduction missed, doubled or misscaled for one
+      // small tensor (a norm weight, the router) moves step 1's norm at once,
+      // and the loss only through later updates.
+      for (const char* key : {"lm_loss", "aux_loss", "grad_norm"}) {
+        const double b = base[s].at(key).get<double>(), x = run[s].at(key).get<double>();
+        worst = std::max(worst, std::abs(x - b) / std::abs(b));
+        EXPECT_LE(std::abs(x - b), kLossRtol * std::abs(b)) << key << ", step " << s + 1 << ": " << x << " vs " << b;
+      }
       for (const auto& layer : run[s].at("moe")) {
         const auto kept = layer.at("kept_per_expert").get<std::vector<int64_t>>();
         const auto per_rank = layer.at("tokens_per_ep_rank").get<std::vector<int64_t>>();
@@ -147,6 +155,7 @@ class Parity : public ::testing::Test {
     for (size_t l = 0; l < run_layers.size(); ++l)
       for (const char* key : {"tokens_per_expert", "kept_per_expert"})
         EXPECT_EQ(run_layers[l].at(key), base_layers[l].at(key)) << key << " of MoE layer " << l << " at step 1";
+    std::printf("worst relative difference from one rank (losses, grad norm): %.2g\n", worst);
   }
 
   static testing::ScratchDir* dir_;
@@ -418,7 +427,7 @@ TEST_F(Parity, PipelineSchedulesMatchOneRank) {
 
 // Every axis at once on 16 ranks: attention TP 2 × CP 2 × DP 2 × PP 2, experts
 // ETP 2 × EP 2 × EDP 2 in each stage (16 ranks on 2 cores: ~8 s for the 10
-// steps); the losses and aux losses match the one-rank run within 1e-4; then
+// steps); losses, aux losses and grad norms match the one-rank run within 1e-6; then
 // the same with ring CP and interleaved PP, within 1e-6.
 TEST_F(Parity, SixteenRankLayoutMatchesOneRank) {
   const auto base = train("base16", 1, "");

@@ -38,7 +38,7 @@ TEST(CliPlan, JsonHasEverySection) {
   const auto j = parse_json(r.output);
   EXPECT_EQ(j["recipe"], "bf16");
   EXPECT_EQ(j["zero_stage"], 1);
-  EXPECT_NEAR(j["params"]["total"].get<double>(), 46.7e9, 0.01 * 46.7e9);
+  EXPECT_EQ(j["params"]["total"].get<int64_t>(), 46'702'792'704);  // Mixtral-8x7B's published count
   EXPECT_EQ(j["params"]["units"].size(), 66u);  // embedding, 32 × (layer, experts), final
   EXPECT_EQ(j["layout"]["dp"], 32);
   EXPECT_EQ(j["layout"]["edp"], 8);

@@ -37,7 +37,14 @@ using nlohmann::json;
 const std::string kBinary = ORIGAMI_BINARY;
 const std::string kPython = "/usr/bin/python3";
 const std::string kReference = std::string(ORIGAMI_SOURCE_DIR) + "/tests/reference/reference.py";
-constexpr double kTol = 1e-4;
+// Bounds against the fp64 reference, measured 2026-12-05 (fp32 engine):
+// losses and grad norms <= 3.3e-8 relative, hence 1e-6; parameters after a
+// step <= 2.5e-6 (norm-relative), hence 1e-5; the step's update <= 1.2e-5
+// (Adam's lr·ĝ/(|ĝ|+eps) amplifies gradient error where |ĝ| ~ eps), hence
+// 2e-4, which a missing weight decay (~2e-3 of the update) still exceeds.
+constexpr double kLossTol = 1e-6;
+constexpr double kParamTol = 1e-5;
+constexpr double kUpdateTol = 2e-4;
 constexpr int kSeqLen = 32;
 
 using namespace origami::testing;
@@ -154,7 +161,7 @@ class CliReferenceMoe : public ::testing::Test {
     const double err = rel_diff(o, f);
     std::printf("reference: moe eval %-34s origami %.9f  reference %.9f  rel err %.3e\n", name.c_str(), o, f, err);
     std::fflush(stdout);
-    EXPECT_LE(err, kTol) << name << ": origami eval loss " << o << " vs reference " << f;
+    EXPECT_LE(err, kLossTol) << name << ": origami eval loss " << o << " vs reference " << f;
     EXPECT_EQ(ours.at("samples").get<int64_t>(), samples);
     EXPECT_EQ(ours.at("tokens").get<int64_t>(), ref.at("tokens").get<int64_t>());
     return f;
@@ -203,7 +210,7 @@ TEST_F(CliReferenceMoe, SigmoidNormalizedScaledRoutingWithSharedExpert) {
 // always among the best 2 by top-1 score), so top_k 4: a group scores the sum
 // of its top k / group_topk = 2 scores and the 4 experts of the 2 kept groups
 // are chosen (on a similar model the reference loss moves ~3e-4 relative
-// against ungrouped top-4: a few times the tolerance).
+// against ungrouped top-4: 300 times the tolerance).
 TEST_F(CliReferenceMoe, GroupLimitedRouting) {
   compare("groups-4-2-top4", {"moe.num_groups=4", "moe.group_topk=2", "moe.top_k=4"},
           {{"n_group", 4}, {"topk_group", 2}, {"num_experts_per_tok", 4}});
@@ -289,8 +296,8 @@ TEST_F(CliReferenceMoe, StepWithoutAuxLossMatchesReference) {
   for (const auto& [name, e] : ref.at("per_param").items()) {
     if (name.find(".experts.") != std::string::npos) ++experts_seen;
     const double pe = e.at("rel_err").get<double>(), ue = e.at("update_rel_err").get<double>();
-    EXPECT_LE(pe, kTol) << name << " param rel err " << pe << " (update rel err " << ue << ")";
-    EXPECT_LE(ue, 1e-3) << name << " update rel err " << ue << " (|update| " << e.at("update_norm") << ")";
+    EXPECT_LE(pe, kParamTol) << name << " param rel err " << pe << " (update rel err " << ue << ")";
+    EXPECT_LE(ue, kUpdateTol) << name << " update rel err " << ue << " (|update| " << e.at("update_norm") << ")";
   }
   EXPECT_EQ(experts_seen, 2 * 8 * 3) << "expert tensors compared (2 MoE layers x 8 experts x w1/w2/w3)";
 }

@@ -96,17 +96,23 @@ TEST(Model, InitIsAPureFunctionOfSeedAndName) {
   }
   EXPECT_EQ(same_seed_diffs, 0);
   EXPECT_GT(other_seed_diffs, pa.numel() * 9 / 10);
-  // Norms start at one; output projections are scaled by 1/sqrt(2L).
+  // Norms start at one; output projections are scaled by 1/sqrt(2L). At
+  // L = 8 that is 0.25, apart from 1/L (0.125) and 1/sqrt(L) (0.354); each
+  // rms is over 1,024 draws (2.2% standard error), so the ratio's is ~3%:
+  // 0.008, and ±0.03 is ~4 of those.
   EXPECT_EQ(a.params().param("model.norm.weight").f32()[5], 1.0f);
+  ModelConfig eight = tiny_model();
+  eight.num_layers = 8;
+  Model deep(ctx, eight, 3);
   auto rms = [](const Tensor& t) {
     double s = 0;
     for (int64_t i = 0; i < t.numel(); ++i) s += static_cast<double>(t.f32()[i]) * t.f32()[i];
     return std::sqrt(s / static_cast<double>(t.numel()));
   };
-  const double q = rms(a.params().param("model.layers.0.self_attn.q_proj.weight"));
-  const double o = rms(a.params().param("model.layers.0.self_attn.o_proj.weight"));
+  const double q = rms(deep.params().param("model.layers.0.self_attn.q_proj.weight"));
+  const double o = rms(deep.params().param("model.layers.0.self_attn.o_proj.weight"));
   EXPECT_NEAR(q, 0.2, 0.02);
-  EXPECT_NEAR(o / q, 1.0 / std::sqrt(4.0), 0.1);
+  EXPECT_NEAR(o / q, 1.0 / std::sqrt(16.0), 0.03);
 }
 
 TEST(Optimizer, LearningRateScheduleWarmupThenCosine) {
@@ -143,6 +149,10 @@ TEST(Optimizer, ClipsToTheGlobalNormAndDecaysOnlyMatrices) {
   std::vector<float> before(norm_w.f32(), norm_w.f32() + norm_w.numel());
   Tensor gnorm = model.params().grad("model.norm.weight");
   std::vector<float> g(gnorm.f32(), gnorm.f32() + gnorm.numel());
+  Tensor q_w = model.params().param("model.layers.0.self_attn.q_proj.weight");
+  std::vector<float> q_before(q_w.f32(), q_w.f32() + q_w.numel());
+  Tensor q_grad = model.params().grad("model.layers.0.self_attn.q_proj.weight");
+  std::vector<float> q_g(q_grad.f32(), q_grad.f32() + q_grad.numel());
 
   AdamW adamw(opt, sched, 10);
   StepStats st = adamw.step(ctx, model.params());
@@ -160,6 +170,15 @@ TEST(Optimizer, ClipsToTheGlobalNormAndDecaysOnlyMatrices) {
   for (int64_t i = 0; i < norm_w.numel(); ++i) {
     const double clipped = g[i] * clip_coef;
     EXPECT_NEAR(norm_w.f32()[i], before[i] - opt.lr * clipped / (std::abs(clipped) + opt.eps), 1e-6) << i;
+  }
+  // Matrices decay (decoupled): p·(1 − lr·wd) − lr·ĝ/(|ĝ| + eps). Without
+  // the decay each would be off by lr·wd·|p| ~ 1e-3 (p ~ 0.2), far past the
+  // same 1e-6.
+  for (int64_t i = 0; i < q_w.numel(); ++i) {
+    const double clipped = q_g[i] * clip_coef;
+    EXPECT_NEAR(q_w.f32()[i],
+                q_before[i] * (1 - opt.lr * opt.weight_decay) - opt.lr * clipped / (std::abs(clipped) + opt.eps), 1e-6)
+        << i;
   }
 }
 
