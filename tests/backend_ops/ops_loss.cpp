@@ -18,7 +18,10 @@ namespace {
 // largest logits at its first and last columns, so a row loop that drops or
 // repeats an edge column (a vector loop's head or tail) moves lse by a
 // large share of the sum: with uniform logits a lost column moves lse by
-// ~1/V, inside the sum's own error bound at these widths.
+// ~1/V, inside the sum's own error bound at these widths. The rows between
+// hold their largest at an interior column instead — column 16 (a 16-wide
+// chunk's edge), column 256 (a block's), or a fresh one — so a loop that
+// drops a column where chunks meet, or a whole middle chunk, fails too.
 struct CeInputs {
   int64_t T, V;
   Tensor logits_TV;
@@ -28,13 +31,18 @@ struct CeInputs {
 
 CeInputs ce_inputs(int64_t T, int64_t V, std::mt19937& g) {
   CeInputs c{T, V, randn({T, V}, g, 3.0f), std::vector<int32_t>(T), std::vector<double>(T)};
-  for (int64_t t = 0; t < T; t += 2) {
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(V - 1));
+  for (int64_t t = 0; t < T; ++t) {
     float* row = c.logits_TV.f32() + t * V;
     const float mx = *std::max_element(row, row + V);
-    row[0] = mx + 2.0f;
-    row[V - 1] = mx + 1.5f;
+    if (t % 2 == 0) {
+      row[0] = mx + 2.0f;
+      row[V - 1] = mx + 1.5f;
+    } else if (V >= 3) {
+      const int64_t at[] = {16, 256, pick(g)};
+      row[std::clamp<int64_t>(at[(t / 2) % 3], 1, V - 2)] = mx + 2.0f;
+    }
   }
-  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(V - 1));
   for (int32_t& t : c.targets) t = pick(g);
   c.targets[0] = static_cast<int32_t>(V - 1);
   const std::vector<double> x = values(c.logits_TV);
