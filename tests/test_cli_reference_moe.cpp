@@ -6,7 +6,7 @@
 // model.safetensors + config.json. This test runs the real binary end to end:
 // `origami train --set training.steps=0` exports the initial weights of a tiny
 // MoE model, and `origami eval --json` must equal the reference's loss within
-// 1e-4 relative for every routing variant below. init_std 0.1 makes routing
+// 1e-6 relative for every routing variant below. init_std 0.1 makes routing
 // far from uniform (so a wrong selection or weight moves the loss). One more
 // case replays a training step of an MoE model without auxiliary losses.
 // The measured errors are printed ("reference:" lines) for the release note.
