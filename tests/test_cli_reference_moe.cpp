@@ -37,6 +37,7 @@ using nlohmann::json;
 const std::string kBinary = ORIGAMI_BINARY;
 const std::string kPython = "/usr/bin/python3";
 const std::string kReference = std::string(ORIGAMI_SOURCE_DIR) + "/tests/reference/reference.py";
+const std::string kTwinLoss = std::string(ORIGAMI_SOURCE_DIR) + "/tests/reference/twin_loss.py";
 // Bounds against the fp64 reference, measured 2026-12-05 (fp32 engine):
 // losses and grad norms <= 3.3e-8 relative, hence 1e-6; parameters after a
 // step <= 2.5e-6 (norm-relative), hence 2e-5; the step's update <= 1.2e-5
@@ -300,6 +301,50 @@ TEST_F(CliReferenceMoe, StepWithoutAuxLossMatchesReference) {
     EXPECT_LE(ue, kUpdateTol) << name << " update rel err " << ue << " (|update| " << e.at("update_norm") << ")";
   }
   EXPECT_EQ(experts_seen, 2 * 8 * 3) << "expert tensors compared (2 MoE layers x 8 experts x w1/w2/w3)";
+}
+
+// The PyTorch twin the GPU check times origami against (tools/train_torch.py)
+// computes this model, not merely one of its size (its parameter count is
+// checked in test_engine_torch_twin.cpp): on origami's exported weights of a
+// variant using every router option the twin has (sigmoid scores,
+// normalized, scaled by 2, a shared expert, a dense first layer), with RoPE
+// θ 500 and init_std 0.3 so each part moves the loss, its fp32 loss on the
+// same windows equals `origami eval`'s within 1e-5 relative (measured
+// 1.1e-7; on other windows the twin without the normalization was 1.2e-3
+// off, with θ 10000 2e-2). The twin reads its shape from the TOML alone, so the variant is a
+// file, not --set values.
+TEST_F(CliReferenceMoe, TheTorchTwinComputesTheSameModel) {
+  std::ifstream in(write_config("twin.toml"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto replace = [&text](const std::string& from, const std::string& to) {
+    const size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+  };
+  replace("init_std = 0.1", "init_std = 0.3");
+  replace("rope_theta = 10000.0", "rope_theta = 500.0");
+  replace("[moe]\n", "[moe]\nshared_expert_hidden_size = 32\nscore_function = \"sigmoid\"\nnormalize_topk = true\n"
+                     "topk_scaling = 2.0\n");
+  const std::string config = path("twin.toml");
+  write_text(config, text);
+  const std::string weights = path("twin-export");
+  train(config, {"export.dir=\"" + weights + "\""});
+  if (HasFatalFailure()) return;
+  const int samples = 13;
+  CmdResult r = run(kBinary + " eval " + config + " --weights " + weights + " --data " + path("data") + " --samples " +
+                        std::to_string(samples) + " --json",
+                    dir_);
+  ASSERT_EQ(r.status, 0) << r.all;
+  const double ours = json::parse(r.out).at("loss").get<double>();
+  r = run(kPython + " " + kTwinLoss + " " + config + " " + weights + " " + path("data") + " " + std::to_string(samples),
+          dir_);
+  ASSERT_EQ(r.status, 0) << r.all;
+  const json twin = json::parse(r.out);
+  const double err = rel_diff(twin.at("loss").get<double>(), ours);
+  std::printf("reference: twin loss %.9f, origami eval %.9f, rel err %.3e\n", twin.at("loss").get<double>(), ours,
+              err);
+  EXPECT_LE(err, 1e-5) << "tools/train_torch.py's model differs from origami's";
+  EXPECT_EQ(twin.at("tokens").get<int64_t>(), samples * kSeqLen);
 }
 
 }  // namespace

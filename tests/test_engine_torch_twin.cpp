@@ -6,7 +6,9 @@
 //    built on torch's meta device (no memory), equals plan::param_counts,
 //    which equals Model(...)'s units on one rank. A missing norm, a tied
 //    head, a wrong expert or shared-expert width, or a dense layer where
-//    origami has a MoE one all change it;
+//    origami has a MoE one all change it (that it computes the same
+//    function is test_cli_reference_moe.cpp's TheTorchTwinComputesTheSameModel:
+//    origami's weights loaded into the twin give origami's loss);
 //  - it runs: a few steps of tiny-moe on the CPU in fp32 and in bf16
 //    autocast (torch 1.x here, with the twin's written-out attention in
 //    place of scaled_dot_product_attention), reporting a finite loss near

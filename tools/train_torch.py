@@ -84,15 +84,17 @@ def read_toml(path):
 
 
 def shape_of(doc):
+    """The model and batch a config describes; a key it leaves out takes
+    origami's default (engine/config.h, kernels/moe_ops.h)."""
     m, e, t = doc.get("model", {}), doc.get("moe", {}), doc.get("training", {})
-    d = dict(V=m.get("vocab_size", 257), D=m["hidden_size"], L=m["num_layers"], Hq=m["num_heads"],
-             Hkv=m.get("num_kv_heads", m["num_heads"]), F=m.get("ffn_hidden_size", 4 * m["hidden_size"]),
+    d = dict(V=m.get("vocab_size", 257), D=m.get("hidden_size", 128), L=m.get("num_layers", 2),
+             Hq=m.get("num_heads", 4), Hkv=m.get("num_kv_heads", 4), F=m.get("ffn_hidden_size", 384),
              theta=float(m.get("rope_theta", 10000.0)), eps=float(m.get("norm_eps", 1e-5)),
              E=e.get("num_experts", 0), K=e.get("top_k", 2), first_dense=e.get("first_dense_layers", 0),
              freq=e.get("layer_freq", 1), Fs=e.get("shared_expert_hidden_size", 0),
-             score=e.get("score_function", "softmax"), normalize=e.get("normalize_topk", True),
-             scaling=float(e.get("topk_scaling", 1.0)), S=t.get("seq_len", 4096), B=t.get("global_batch", 8),
-             mb=t.get("micro_batch", 1))
+             score=e.get("score_function", "softmax"), normalize=e.get("normalize_topk", False),
+             scaling=float(e.get("topk_scaling", 1.0)), S=t.get("seq_len", 64), B=t.get("global_batch", 8),
+             mb=t.get("micro_batch", 8))
     d["Fe"] = e.get("ffn_hidden_size", 0) or d["F"]
     return d
 
@@ -248,7 +250,7 @@ def train(torch, s, dev, a):
             pass
     if opt is None:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
-    micro = s["mb"]
+    micro = min(s["mb"], s["B"])  # --global-batch below the config's micro-batch: one micro-batch of it
     accum = max(1, s["B"] // micro)
     times = []
     if cuda:
