@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -236,6 +237,18 @@ std::string_view load_balancing_name(moe::LoadBalancing lb);
 // before it allocates them (on a CPU, where Linux overcommits, it would
 // otherwise meet the OOM killer).
 void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node, bool trains = true);
+
+// For programs that size their own buffers (benchmarks): refuses, naming
+// `source`, each part of the need and `advice`, a host need per rank (the
+// parts' sum) that this node's memory, shared by `ranks_per_node` ranks,
+// cannot hold, before anything is allocated (where Linux overcommits, the
+// allocation would succeed and the OOM killer end the run instead).
+struct MemoryNeed {
+  std::string what;
+  long double bytes = 0;
+};
+void check_fits_host_memory(const std::string& source, std::span<const MemoryNeed> parts, const std::string& advice,
+                            int ranks_per_node);
 
 // Where a rank trains and in which recipe, as this machine resolves
 // runtime.device and runtime.precision (never auto).

@@ -418,6 +418,22 @@ RunPlacement resolve_placement(const Config& cfg, int local_rank, int ranks_per_
   return out;
 }
 
+void check_fits_host_memory(const std::string& source, std::span<const MemoryNeed> parts, const std::string& advice,
+                            int ranks_per_node) {
+  long double need = 0;
+  std::string what;
+  for (const MemoryNeed& p : parts) {
+    need += p.bytes;
+    what += concat(what.empty() ? "" : "; ", p.what, ": ", fmt_bytes(p.bytes));
+  }
+  const long double pages = static_cast<long double>(::sysconf(_SC_PHYS_PAGES));
+  const long double memory = pages * static_cast<long double>(::sysconf(_SC_PAGE_SIZE));
+  const int sharing = std::max(1, ranks_per_node);
+  if (pages > 0 && memory > 0 && need * sharing > memory)
+    ORIGAMI_USER_ERROR(source, ": needs at least ", fmt_bytes(need), " per rank (", what, "), and ", sharing,
+                       " rank(s) share this machine's ", fmt_bytes(memory), " of memory; ", advice);
+}
+
 void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node, bool trains) {
   const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (cfg.runtime.threads > cpus)

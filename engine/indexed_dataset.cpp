@@ -358,16 +358,19 @@ void append_pod(std::vector<uint8_t>& buf, const T& v) {
   buf.insert(buf.end(), b, b + sizeof(T));
 }
 
+// `first`: the document's token index of tokens[0].
 template <class T>
-void pack_tokens(std::span<const int32_t> tokens, int64_t doc, IndexDType dt, std::vector<uint8_t>& out) {
+void pack_tokens(std::span<const int32_t> tokens, int64_t doc, int64_t first, IndexDType dt,
+                 std::vector<uint8_t>& out) {
   const int64_t max = static_cast<int64_t>(std::numeric_limits<T>::max());
   out.resize(tokens.size() * sizeof(T));
   auto* dst = reinterpret_cast<T*>(out.data());
   for (size_t i = 0; i < tokens.size(); ++i) {
     const int32_t t = tokens[i];
     if (t < 0 || t > max) {
-      ORIGAMI_USER_ERROR("document ", doc, ", token ", i, ": id ", t, " does not fit the dataset dtype ",
-                         to_string(dt), " (rule: token ids are in [0, ", max, "])");
+      ORIGAMI_USER_ERROR("document ", doc, ", token ", first + static_cast<int64_t>(i), ": id ", t,
+                         " does not fit the dataset dtype ", to_string(dt), " (rule: token ids are in [0, ", max,
+                         "])");
     }
     dst[i] = static_cast<T>(t);
   }
@@ -389,28 +392,42 @@ IndexedDatasetWriter::~IndexedDatasetWriter() {
 }
 
 void IndexedDatasetWriter::add_document(std::span<const int32_t> tokens) {
-  ORIGAMI_CHECK(!finalized_, "add_document after finalize on ", prefix_);
+  ORIGAMI_CHECK(open_tokens_ == 0, "add_document inside a document written in pieces on ", prefix_);
+  append(tokens);
+  end_document();
+}
+
+void IndexedDatasetWriter::append(std::span<const int32_t> tokens) {
+  ORIGAMI_CHECK(!finalized_, "append after finalize on ", prefix_);
   const int64_t doc = num_sequences();
-  if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
-    ORIGAMI_USER_ERROR("document ", doc, " has ", tokens.size(),
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (n > std::numeric_limits<int32_t>::max() - open_tokens_) {
+    ORIGAMI_USER_ERROR("document ", doc, " has ", open_tokens_ + n,
                        " tokens (rule: a sequence holds at most 2^31-1 tokens, its size is an i32)");
   }
   switch (dtype_) {
-    case IndexDType::u8: pack_tokens<uint8_t>(tokens, doc, dtype_, scratch_); break;
-    case IndexDType::u16: pack_tokens<uint16_t>(tokens, doc, dtype_, scratch_); break;
-    case IndexDType::i32: pack_tokens<int32_t>(tokens, doc, dtype_, scratch_); break;
-    case IndexDType::i64: pack_tokens<int64_t>(tokens, doc, dtype_, scratch_); break;
+    case IndexDType::u8: pack_tokens<uint8_t>(tokens, doc, open_tokens_, dtype_, scratch_); break;
+    case IndexDType::u16: pack_tokens<uint16_t>(tokens, doc, open_tokens_, dtype_, scratch_); break;
+    case IndexDType::i32: pack_tokens<int32_t>(tokens, doc, open_tokens_, dtype_, scratch_); break;
+    case IndexDType::i64: pack_tokens<int64_t>(tokens, doc, open_tokens_, dtype_, scratch_); break;
     default: ORIGAMI_CHECK(false, "unreachable");
   }
   bin_->write(scratch_.data(), scratch_.size());
-  sizes_.push_back(static_cast<int32_t>(tokens.size()));
+  open_tokens_ += n;
+}
+
+void IndexedDatasetWriter::end_document() {
+  ORIGAMI_CHECK(!finalized_, "end_document after finalize on ", prefix_);
+  sizes_.push_back(static_cast<int32_t>(open_tokens_));
   pointers_.push_back(bin_bytes_);
-  bin_bytes_ += static_cast<int64_t>(scratch_.size());
-  num_tokens_ += static_cast<int64_t>(tokens.size());
+  bin_bytes_ += open_tokens_ * index_dtype_size(dtype_);
+  num_tokens_ += open_tokens_;
+  open_tokens_ = 0;
 }
 
 void IndexedDatasetWriter::finalize() {
   ORIGAMI_CHECK(!finalized_, "finalize called twice on ", prefix_);
+  ORIGAMI_CHECK(open_tokens_ == 0, "finalize inside a document written in pieces on ", prefix_);
   const std::string bin_tmp = bin_path() + ".tmp";
   const std::string idx_tmp = idx_path() + ".tmp";
   bin_->sync();

@@ -106,8 +106,13 @@ class IndexedDatasetWriter {
   IndexedDatasetWriter& operator=(const IndexedDatasetWriter&) = delete;
   ~IndexedDatasetWriter();
 
-  // Throws UserError if a token does not fit the dtype.
+  // Throws UserError if a token does not fit the dtype, or a document would
+  // pass 2^31-1 tokens.
   void add_document(std::span<const int32_t> tokens);
+  // The same, for a document written in pieces: append() each, then
+  // end_document() (a document whose tokens do not fit memory at once).
+  void append(std::span<const int32_t> tokens);
+  void end_document();
   void finalize();
 
   int64_t num_sequences() const { return static_cast<int64_t>(sizes_.size()); }
@@ -123,6 +128,7 @@ class IndexedDatasetWriter {
   std::vector<int64_t> pointers_;
   int64_t num_tokens_ = 0;
   int64_t bin_bytes_ = 0;
+  int64_t open_tokens_ = 0;  // tokens appended to the document not yet ended
   bool finalized_ = false;
   std::vector<uint8_t> scratch_;  // one document converted to dtype_
 };

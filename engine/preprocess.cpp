@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "engine/indexed_dataset.h"
@@ -17,6 +18,10 @@ namespace origami {
 namespace {
 
 constexpr int64_t kProgressEvery = int64_t{1} << 20;  // bytes between progress calls
+constexpr int64_t kTextChunkBytes = int64_t{1} << 20;  // a text input is read and written in pieces of this size
+// A document's tokens, one per byte and its EOD, are counted by the index's
+// i32 size field.
+constexpr int64_t kMaxDocumentBytes = std::numeric_limits<int32_t>::max() - 1;
 constexpr const char* kJsonlRule = "JSONL input holds one JSON object per line with a string field \"text\"";
 
 std::ifstream open_input(const std::string& path) {
@@ -39,17 +44,31 @@ bool is_blank(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; });
 }
 
+void check_document_bytes(int64_t bytes, const std::string& path, int64_t offset);
+
 // Tokenizes documents into the writer and reports progress in input bytes.
 class Sink {
  public:
   Sink(IndexedDatasetWriter& writer, int64_t total, std::function<void(int64_t, int64_t)>& progress)
       : writer_(writer), total_(total), progress_(progress) {}
 
-  void document(std::string_view text) {
+  // One whole document found at `offset` of `path`.
+  void document(std::string_view text, const std::string& path, int64_t offset) {
     if (text.empty()) return;
+    check_document_bytes(static_cast<int64_t>(text.size()), path, offset);
+    append(text);
+    end_document();
+  }
+  // A document written in pieces (a text file), then ended.
+  void append(std::string_view text) {
     tokens_.clear();
-    byte_tokenize_document(text, tokens_);
-    writer_.add_document(tokens_);
+    for (char c : text) tokens_.push_back(static_cast<int32_t>(static_cast<unsigned char>(c)));
+    writer_.append(tokens_);
+  }
+  void end_document() {
+    const int32_t eod = kEodToken;
+    writer_.append({&eod, 1});
+    writer_.end_document();
   }
   void advance(int64_t bytes) {
     done_ = std::min(total_, done_ + bytes);
@@ -72,16 +91,33 @@ class Sink {
   std::vector<int32_t> tokens_;
 };
 
+void check_document_bytes(int64_t bytes, const std::string& path, int64_t offset) {
+  if (bytes > kMaxDocumentBytes)
+    ORIGAMI_USER_ERROR(path, ": byte offset ", offset, ": a document of ", bytes,
+                       " bytes (rule: a document holds at most 2^31-1 tokens, one per byte and its EOD, since the "
+                       "index stores its size as an i32; split it)");
+}
+
+// The whole file is one document, streamed: memory stays at one chunk
+// whatever the file's size.
 void read_text(const std::string& path, int64_t file_bytes, Sink& sink) {
+  if (file_bytes == 0) return;  // an empty document
+  check_document_bytes(file_bytes, path, 0);
   std::ifstream in = open_input(path);
-  std::string text(static_cast<size_t>(file_bytes), '\0');
-  in.read(text.data(), file_bytes);
-  if (in.gcount() != file_bytes) {
-    ORIGAMI_USER_ERROR(path, ": byte offset ", in.gcount(), ": read ", in.gcount(), " of ", file_bytes,
-                       " bytes (rule: inputs must not change while preprocess runs)");
+  std::string chunk(static_cast<size_t>(std::min(file_bytes, kTextChunkBytes)), '\0');
+  for (int64_t done = 0; done < file_bytes;) {
+    const int64_t want = std::min(file_bytes - done, kTextChunkBytes);
+    in.read(chunk.data(), want);
+    if (in.gcount() != want) {
+      const int64_t read = done + in.gcount();
+      ORIGAMI_USER_ERROR(path, ": byte offset ", read, ": read ", read, " of ", file_bytes,
+                         " bytes (rule: inputs must not change while preprocess runs)");
+    }
+    sink.append(std::string_view(chunk.data(), static_cast<size_t>(want)));
+    done += want;
+    sink.advance(want);
   }
-  sink.document(text);
-  sink.advance(file_bytes);
+  sink.end_document();
 }
 
 void read_jsonl(const std::string& path, Sink& sink) {
@@ -112,7 +148,7 @@ void read_jsonl(const std::string& path, Sink& sink) {
         ORIGAMI_USER_ERROR(where(), "field \"text\" is a JSON ", it->type_name(), ", not a string (rule: ",
                            kJsonlRule, ")");
       }
-      sink.document(it->get_ref<const std::string&>());
+      sink.document(it->get_ref<const std::string&>(), path, offset);
     }
     offset += line_bytes;
     sink.advance(line_bytes);
@@ -126,15 +162,17 @@ void read_fortune(const std::string& path, Sink& sink) {
   std::ifstream in = open_input(path);
   std::string line;
   std::string entry;
+  int64_t offset = 0;
+  int64_t entry_offset = 0;  // where the entry's first line starts
   auto flush = [&] {
-    if (!is_blank(entry)) sink.document(entry);
+    if (!is_blank(entry)) sink.document(entry, path, entry_offset);
     entry.clear();
   };
-  int64_t offset = 0;
   while (std::getline(in, line)) {
     const int64_t line_bytes = static_cast<int64_t>(line.size()) + 1;
     if (line == "%" || line == "%\r") {
       flush();
+      entry_offset = offset + line_bytes;
     } else {
       entry += line;
       entry += '\n';
@@ -153,12 +191,6 @@ PreprocessOptions::Format parse_preprocess_format(std::string_view name) {
   if (name == "jsonl") return PreprocessOptions::Format::jsonl;
   if (name == "fortune") return PreprocessOptions::Format::fortune;
   ORIGAMI_USER_ERROR("--format: unknown format \"", name, "\" (rule: one of text, jsonl, fortune)");
-}
-
-void byte_tokenize_document(std::string_view text, std::vector<int32_t>& out) {
-  out.reserve(out.size() + text.size() + 1);
-  for (char c : text) out.push_back(static_cast<int32_t>(static_cast<unsigned char>(c)));
-  out.push_back(kEodToken);
 }
 
 PreprocessStats run_preprocess(const PreprocessOptions& options,

@@ -44,9 +44,6 @@ struct PreprocessStats {
 // Parses "text" | "jsonl" | "fortune"; UserError otherwise.
 PreprocessOptions::Format parse_preprocess_format(std::string_view name);
 
-// Appends the byte tokens of `text` and one EOD to `out`.
-void byte_tokenize_document(std::string_view text, std::vector<int32_t>& out);
-
 // Runs the conversion. `progress` (may be empty) is called with input bytes
 // done and total, now and then and once at the end with done == total.
 PreprocessStats run_preprocess(const PreprocessOptions& options,

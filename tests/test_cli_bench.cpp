@@ -76,6 +76,21 @@ TEST(CliBench, KernelsOnCudaWithoutADeviceIsAUserError) {
   EXPECT_NE(r.output.find("bench kernels --device cuda"), std::string::npos) << r.output;
 }
 
+// bench moe-layer sizes its own buffers: an expert layer this machine cannot
+// hold is refused before it allocates, naming the parts (under Linux's
+// overcommit the allocations would succeed and the OOM killer end the run).
+TEST(CliBench, MoeLayerRefusesALayerThisMachineCannotHold) {
+  const std::string src = ORIGAMI_SOURCE_DIR;
+  auto r = testing::run_command(std::string(ORIGAMI_BINARY) + " bench moe-layer --config " + src +
+                                "/configs/deepseek-v3.toml --set parallel.pp=1 --set parallel.ep=1 --set "
+                                "moe.ffn_hidden_size=1048576 --steps 1 --warmup 0");
+  EXPECT_EQ(r.status, 2) << r.output;
+  for (const std::string& needle :
+       {"deepseek-v3.toml: bench moe-layer: needs at least", "this rank's 256 experts of 3 x 1048576 x 7168",
+        "one micro-batch's 4096 tokens and 32768 routed rows", "rank(s) share this machine's", "(--ep)"})
+    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
+}
+
 // The host-engine benchmarks time the CPU engine: a config asking for CUDA
 // is refused (exit 2, naming where the setting came from and what measures
 // a GPU) rather than timed on the CPU under a GPU config's name.

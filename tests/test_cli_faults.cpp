@@ -301,7 +301,8 @@ TEST_F(CliFaults, RanksWithDifferentConfigsOrCommandLinesAreRefusedNamingTheDiff
   r = run(kMpirun + " -np 1 " + cmd + " : -np 1 " + cmd + " --no-such-option");
   expect_outcome("MPMD: rank 1's options do not parse", r, 2,
                  {"The following argument was not expected: --no-such-option",
-                  "error: the command line of 1 of 2 ranks (the first: rank 1, which printed why) did not parse"});
+                  "the job stops: the command line of 1 of 2 ranks (the first: rank 1, which printed why) did not "
+                  "parse"});
   r = run(kMpirun + " -np 1 " + cmd + " --no-such-option : -np 1 " + cmd);
   expect_outcome("MPMD: rank 0's options do not parse", r, 2,
                  {"The following argument was not expected: --no-such-option"});
@@ -580,7 +581,9 @@ TEST_F(CliFaults, CommandLineMistakesNameThemselves) {
       {"bench comm --min-bytes 1K --max-bytes 2G", "--max-bytes <= 1G"},
       {"bench imbalance --experts 4000000000", "--experts: Value 4000000000 not in range 1 to 4096"},
       {"bench imbalance --size-mb 9223372036854775807", "--size-mb: Value 9223372036854775807 not in range"},
-      {"groups --world 8 --rank -1", "--rank: Value -1 not in range 0 to"},
+      {"groups --world 8 --rank -1", "error: origami groups: --rank: Value -1 not in range 0 to"},
+      {"plan --params 2e18 --world 8", "--params 2e+18: must be a whole number of parameters in [1, 576460752303423480]"},
+      {"plan --params 576460752303423488 --world 1", "in [1, 576460752303423487]"},
       {"bench kernels --only nosuchop --samples 1 --warmup 0", "--only nosuchop: no op's key starts with it"},
       {"plan " + path("moe.toml") + " --world 1 --set model.num_layers=10000000", "the planner takes at most 4194304"},
   };
@@ -588,6 +591,20 @@ TEST_F(CliFaults, CommandLineMistakesNameThemselves) {
     r = run(kBinary + " " + args);
     expect_outcome(args, r, 2, {needle});
   }
+  // The parser's errors read like the engine's: `error:`, the command, where
+  // its options are described.
+  r = run(kBinary + " preprocess --input " + path("no-such-file") + " --output-prefix " + path("pre"));
+  expect_outcome("preprocess of a missing file", r, 2,
+                 {"error: origami preprocess: --input: File does not exist: " + path("no-such-file"),
+                  "(origami preprocess --help describes the options)"});
+  r = run(kBinary + " plan --params 7e9 --world 8 --link-gbs 10 --intra-gbs 5");
+  expect_outcome("one bandwidth and a node's", r, 2, {"error: origami plan: --link-gbs excludes --intra-gbs"});
+  // Just under the bound (2^59 - 512, exact in the double the option is
+  // read into): every stage's bytes still count in 64 bits.
+  r = run(kBinary + " plan --params 576460752303422976 --world 8 --json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto planned = nlohmann::json::parse(r.output);
+  for (const auto& st : planned.at("stages")) EXPECT_GT(st.at("total").get<int64_t>(), 0) << st.dump();
   for (const char* help : {"--help", "train --help", "imbalance --help"}) {
     r = run("sh -c '" + kBinary + " " + help + " >/dev/full'");
     expect_outcome(std::string(help) + " to /dev/full", r, 2, {"writing standard output failed"});

@@ -112,5 +112,35 @@ TEST(CliBenchComm, EveryOpReportsCheckedBandwidthBesideMpi) {
   }
 }
 
+// Sizes are rounded to whole floats per rank: every row is distinct, ascending
+// and within [unit, --max-bytes], even where the sweep starts below one
+// float per rank; a range under that unit is refused naming it.
+TEST(CliBenchComm, SweptSizesAreDistinctAndWithinTheRange) {
+  auto r = testing::run_command(kMpirun + "3 " + kBin +
+                                " bench comm --op reduce_scatter --min-bytes 1 --max-bytes 100 --factor 2 --iters 1 "
+                                "--warmup 0 --json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::vector<int64_t> sizes;
+  const auto swept = parse_json(r.output);
+  for (const auto& row : swept["rows"]) sizes.push_back(row["bytes"].get<int64_t>());
+  EXPECT_EQ(sizes, (std::vector<int64_t>{12, 24, 60})) << r.output;  // 1..16 -> 12 (one float each of 3), 32, 64
+  r = testing::run_command(kMpirun + "3 " + kBin + " bench comm --op reduce_scatter --min-bytes 1 --max-bytes 10");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("error: bench comm: --max-bytes 10 is under the smallest reduce_scatter message over 3 "
+                          "rank(s): 12 bytes (one float per rank)"),
+            std::string::npos)
+      << r.output;
+  // One rank: no bus traffic, and the ratio is still the baseline's time over ours.
+  r = testing::run_command(kBin + " bench comm --op all_to_all_v --min-bytes 1K --max-bytes 1K --iters 2 --json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto one_rank = parse_json(r.output);
+  const auto& row = one_rank["rows"].at(0);
+  EXPECT_EQ(row["busbw_gbs"].get<double>(), 0.0);
+  EXPECT_TRUE(row["ratio_to_mpi"].is_number()) << row.dump();
+  EXPECT_NEAR(row["ratio_to_mpi"].get<double>(), row["mpi_time_us"].get<double>() / row["time_us"].get<double>(),
+              1e-9 * row["ratio_to_mpi"].get<double>());
+  EXPECT_EQ(r.output.find("nan"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace origami

@@ -14,6 +14,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -530,6 +531,64 @@ TEST_F(DataTest, PreprocessText) {
   EXPECT_EQ(stats.idx_path, path("text") + ".idx");
   log.check(24);
   expect_sequences(path("text"), {"hello world\n", bin_text});
+}
+
+// A text input is streamed in 1 MiB pieces: a document over several pieces,
+// its last one partial, comes out whole and in order.
+TEST_F(DataTest, PreprocessTextStreamsADocumentLargerThanItsPieces) {
+  std::string text((3 << 20) + 17, '\0');
+  for (char& c : text) c = static_cast<char>(std::uniform_int_distribution<int>(0, 255)(rng_));
+  write_bytes(path("big.txt"), text);
+  write_bytes(path("small.txt"), "after\n");
+  ProgressLog log;
+  const auto stats =
+      preprocess({path("big.txt"), path("small.txt")}, path("big"), PreprocessOptions::Format::text, &log);
+  EXPECT_EQ(stats.documents, 2);
+  EXPECT_EQ(stats.tokens, static_cast<int64_t>(text.size()) + 1 + 6 + 1);
+  log.check(static_cast<int64_t>(text.size()) + 6);
+  expect_sequences(path("big"), {text, "after\n"});
+}
+
+// A text file is one document, and a document's size is an i32: a larger
+// file is refused by its size, before any of it is read (a sparse file, so
+// the test writes nothing).
+TEST_F(DataTest, PreprocessRefusesATextFileOverTheDocumentLimitUpFront) {
+  {
+    std::ofstream f(path("huge.txt"), std::ios::binary);
+    ASSERT_TRUE(f.good());
+  }
+  fs::resize_file(path("huge.txt"), uint64_t{1} << 31);
+  expect_user_error([&] { preprocess({path("huge.txt")}, path("o"), PreprocessOptions::Format::text); },
+                    {path("huge.txt"), "byte offset 0", "a document of 2147483648 bytes", "2^31-1 tokens"});
+  EXPECT_FALSE(fs::exists(path("o.bin")));
+  EXPECT_FALSE(fs::exists(path("o.bin.tmp")));
+}
+
+// A document written in pieces equals the same tokens added at once.
+TEST_F(DataTest, WriterDocumentInPiecesEqualsOneDocument) {
+  const Docs docs = random_docs(6, 300, 1000);
+  write_dataset(path("whole"), docs, IndexDType::u16);
+  {
+    IndexedDatasetWriter w(path("pieces"), IndexDType::u16);
+    for (const auto& d : docs) {
+      const std::span<const int32_t> all(d);
+      const size_t cut = d.empty() ? 0 : std::uniform_int_distribution<size_t>(0, d.size())(rng_);
+      w.append(all.first(cut));
+      w.append(all.subspan(cut));
+      w.end_document();
+    }
+    w.finalize();
+  }
+  for (const char* ext : {".bin", ".idx"}) {
+    std::ifstream a(path("whole") + ext, std::ios::binary), b(path("pieces") + ext, std::ios::binary);
+    const std::string whole((std::istreambuf_iterator<char>(a)), {}), pieces((std::istreambuf_iterator<char>(b)), {});
+    EXPECT_EQ(whole, pieces) << ext;
+  }
+  // A token that does not fit is named by its index in the document, not in the piece.
+  IndexedDatasetWriter w(path("bad"), IndexDType::u8);
+  const std::vector<int32_t> ok(10, 7), bad{1, 300};
+  w.append(ok);
+  expect_user_error([&] { w.append(bad); }, {"document 0, token 11", "300"});
 }
 
 TEST_F(DataTest, PreprocessJsonl) {

@@ -204,6 +204,12 @@ void run_bench_comm(const BenchCommArgs& a) {
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   b->rank = rank;
   b->n = n;
+  // Messages are whole floats (all_reduce) or n equal float blocks (the others).
+  const bool whole = a.op == "all_reduce";
+  const int64_t unit = whole ? 4 : 4 * int64_t{n};
+  if (a.max_bytes < unit)
+    ORIGAMI_USER_ERROR("bench comm: --max-bytes ", a.max_bytes, " is under the smallest ", a.op, " message over ", n,
+                       " rank(s): ", unit, " bytes (one float", whole ? "" : " per rank", ")");
   // Separate communicators, so the baseline shares no state with ours.
   MPI_Comm ours_comm, mpi_comm;
   MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &ours_comm));
@@ -222,11 +228,18 @@ void run_bench_comm(const BenchCommArgs& a) {
                 "algbw", "busbw", "mpi(us)", "mpi bus", "ratio", "#wrong");
   }
   int64_t total_wrong = 0;
-  // Block sizes double-for-double with the sweep: S rounded down to n equal float blocks.
-  for (int64_t s = a.min_bytes; s <= a.max_bytes; s *= a.factor) {
-    const bool whole = a.op == "all_reduce";
-    b->block = std::max<int64_t>(1, whole ? s / 4 : s / 4 / n);
+  // S rounded down to whole units, and up to one unit below it; a size that rounds to the
+  // previous row's is skipped, so rows are distinct and none passes --max-bytes.
+  int64_t last_bytes = 0;
+  for (int64_t s = a.min_bytes;; s *= a.factor) {
+    const bool final_size = s > a.max_bytes / a.factor;  // the next size would pass max (or overflow)
+    b->block = std::max<int64_t>(1, s / unit);
     const int64_t bytes = b->bytes();
+    if (bytes == last_bytes) {
+      if (final_size) break;
+      continue;
+    }
+    last_bytes = bytes;
     ours.reset_stats();
     const std::string what = a.op + " of " + std::to_string(bytes) + " bytes";
     const Timing t_ours = time_op(*b, a, MPI_COMM_WORLD, what, [&] { b->run_ours(ours); });
@@ -234,11 +247,10 @@ void run_bench_comm(const BenchCommArgs& a) {
     const Timing t_mpi = time_op(*b, a, MPI_COMM_WORLD, what + " (the MPI baseline)", [&] { b->run_mpi(mpi_comm); });
     const double algbw = bytes / t_ours.median_s / 1e9, busbw = algbw * b->bus_factor();
     const double mpi_busbw = bytes / t_mpi.median_s / 1e9 * b->bus_factor();
-    const double ratio = busbw / mpi_busbw;
+    const double ratio = t_mpi.median_s / t_ours.median_s;  // = busbw / mpi busbw, and defined on one rank
     const int64_t wrong = t_ours.wrong + t_mpi.wrong;
     total_wrong += wrong;
-    if (rank != 0) continue;
-    if (a.json) {
+    if (rank == 0 && a.json) {
       rows.push_back({{"bytes", bytes},
                       {"bytes_per_peer", whole ? bytes : bytes / n},
                       {"count", whole ? b->block : b->block * n},
@@ -251,13 +263,13 @@ void run_bench_comm(const BenchCommArgs& a) {
                       {"ratio_to_mpi", ratio},
                       {"wrong", t_ours.wrong},
                       {"mpi_wrong", t_mpi.wrong}});
-    } else {
+    } else if (rank == 0) {
       std::printf("  %10lld %10lld %10lld | %10.1f %8.3f %8.3f | %10.1f %8.3f | %6.2f %7lld\n",
                   static_cast<long long>(bytes), static_cast<long long>(whole ? bytes : bytes / n),
                   static_cast<long long>(whole ? b->block : b->block * n), t_ours.median_s * 1e6, algbw, busbw,
                   t_mpi.median_s * 1e6, mpi_busbw, ratio, static_cast<long long>(wrong));
     }
-    if (s > a.max_bytes / a.factor) break;  // no overflow past max
+    if (final_size) break;
   }
   MPI_Comm_free(&mpi_comm);
   if (rank == 0 && a.json) {

@@ -327,6 +327,25 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
   const Exchange xch{&groups[comm::GroupKind::ep], &groups[comm::GroupKind::etp], &groups[comm::GroupKind::tp_ep]};
   const moe::AllToAllDispatcher disp(ctx, E, xch.ep, xch.etp);
   const int64_t El = disp.num_local_experts(), Fl = F / par.etp;
+  {
+    // What the loop below allocates, at least: this rank's experts and the
+    // gate, each with its gradient, and per micro-batch its tokens and
+    // output gradient, and the T·k routed rows (balanced routing) that the
+    // experts' backward keeps (input, gate and up outputs).
+    const long double weights = 2.0L * 4 *
+                                (static_cast<long double>(El) * 3 * Fl * D + static_cast<long double>(E) * D +
+                                 3.0L * m.shared_expert_hidden_size * D);
+    const long double rows = static_cast<long double>(T) * m.router.top_k;
+    const long double activations = 4.0L * (2.0L * T * D + rows * (D + 2.0L * Fl));
+    const MemoryNeed need[] = {
+        {detail::concat("this rank's ", El, " experts of 3 x ", Fl, " x ", D, " and the router, with their gradients"),
+         weights},
+        {detail::concat("one micro-batch's ", T, " tokens and ", static_cast<int64_t>(rows), " routed rows"), activations}};
+    check_fits_host_memory(a.config + ": bench moe-layer", need,
+                           "check moe.num_experts, moe.ffn_hidden_size, training.micro_batch and seq_len, or "
+                           "spread the experts over more ranks (--ep)",
+                           ranks_on_this_node());
+  }
 
   moe::MoeLayerOptions opt;
   opt.router = m.router;

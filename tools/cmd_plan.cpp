@@ -77,8 +77,16 @@ std::string group_str(comm::GroupKind g) { return std::string(comm::group_name(g
 // ---- --params: the §6 table. -----------------------------------------------
 
 void run_params(const PlanArgs& a, plan::Recipe recipe, bool print) {
-  if (!(a.params >= 1 && a.params <= 9e18 && std::floor(a.params) == a.params))
-    ORIGAMI_USER_ERROR("--params ", a.params, ": must be a whole number of parameters >= 1 (e.g. 7e9)");
+  // Every parameter takes up to 16 bytes of training state, and a stage's
+  // bytes are counted in int64 after padding to a multiple of N (the config
+  // rule's bound, less the padding).
+  // (The double is compared below 2^59, exact in a double, before the
+  // integer bound: a double cannot tell 2^59 - 1 from 2^59.)
+  const int64_t max_params = INT64_MAX / 16 - (a.world - 1);
+  if (!(a.params >= 1 && a.params < 0x1p59 && std::floor(a.params) == a.params) ||
+      static_cast<int64_t>(a.params) > max_params)
+    ORIGAMI_USER_ERROR("--params ", a.params, ": must be a whole number of parameters in [1, ", max_params,
+                       "] (e.g. 7e9): their training state, 16 bytes each, is counted in 64-bit sizes");
   const auto P = static_cast<int64_t>(a.params), N = a.world;
   const plan::RecipeBytes b = plan::recipe_bytes(recipe);
   const char* formula[4];
@@ -518,12 +526,15 @@ void add_plan_command(CLI::App& app) {
       ->check(finite_positive());
   cmd->add_option("--flops-per-rank", a->machine.flops_per_rank, "Sustained FLOP/s per rank (default 4e14)")
       ->check(finite_positive());
-  cmd->add_option("--link-gbs", a->link_gbs, "One bandwidth for every group, GB/s per rank")
-      ->check(finite_positive());
+  CLI::Option* link = cmd->add_option("--link-gbs", a->link_gbs, "One bandwidth for every group, GB/s per rank")
+                          ->check(finite_positive());
+  // One bandwidth for every group, or the two of a node and between nodes: not both.
   cmd->add_option("--intra-gbs", a->machine.intra_gbs, "Intra-node bandwidth, GB/s per rank (default 150)")
-      ->check(finite_positive());
+      ->check(finite_positive())
+      ->excludes(link);
   cmd->add_option("--inter-gbs", a->machine.inter_gbs, "Inter-node bandwidth, GB/s per rank (default 25)")
-      ->check(finite_positive());
+      ->check(finite_positive())
+      ->excludes(link);
   cmd->add_option("--ranks-per-node", a->machine.ranks_per_node, "Ranks per node (default 8)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--memory-gb", a->machine.memory_gb, "Per-rank memory limit, GB (default 80)")

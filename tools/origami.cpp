@@ -234,14 +234,23 @@ int main(int argc, char** argv) {
     const ParseOutcome o = share_parse_outcome(*exit_comm, /*parsed=*/true);
     if (o.failed > 0)
       throw origami::JobError(
-          origami::detail::concat("error: the command line of ", o.failed, " of ", exit_comm->size(),
+          origami::detail::concat("the job stops: the command line of ", o.failed, " of ", exit_comm->size(),
                                   " ranks (the first: rank ", o.first_failed,
                                   ", which printed why) did not parse, and rank 0's did (rule: every rank of a job runs "
                                   "the same command line)"),
           origami::kExitUserError);
   });
+  // The parser's own errors ("--world: Value 0 not in range 1 to 1048576")
+  // read like the engine's: `error:`, the command, and where the options are
+  // described.
+  std::string command_path = "origami";
+  app.failure_message([&command_path](const CLI::App*, const CLI::Error& e) {
+    return origami::detail::concat("error: ", command_path, ": ", e.what(), " (", command_path,
+                                   " --help describes the options)\n");
+  });
   try {
     const std::string path = check_subcommand(app, argc, argv);
+    command_path = path;
     if (exit_comm) check_same_subcommand(*exit_comm, path);
     app.parse(argc, argv);
     // Output that never reached its file is a failure too (stdout on a full disk).
