@@ -161,13 +161,12 @@ std::vector<LayerPlacement> advise_placement(const RunReport& run, int64_t ranks
     if (run.shape.ep == ranks)
       for (const auto& [layer, placed] : run.shape.placement) {
         if (layer != L.layer) continue;
-        int64_t placed_experts = 0;  // the config's rules made it a permutation of [0, its experts)
+        // The config's rules made it a permutation of [0, moe.num_experts),
+        // and the reader refused a config whose expert count is not the records'.
+        int64_t placed_experts = 0;
         for (const std::vector<int64_t>& r : placed) placed_experts += static_cast<int64_t>(r.size());
-        if (placed_experts != L.experts)
-          ORIGAMI_USER_ERROR((std::filesystem::path(run.path).parent_path() / "config.toml").string(),
-                             ": moe.expert_placement.layers.", layer, " places ", placed_experts, " experts, but ",
-                             run.path, " records ", L.experts, " for layer ", layer,
-                             " (rule: the run's config and metrics belong to the same run)");
+        ORIGAMI_CHECK(placed_experts == L.experts, "layer ", layer, ": the run's placement holds ", placed_experts,
+                      " experts, its records ", L.experts);
         lp.before = placed, lp.before_from_run = true;
       }
     lp.after = balanced_placement(L.kept, ranks);

@@ -33,6 +33,7 @@
 // first and the last `window` steps of S, per layer and averaged over layers.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -53,6 +54,8 @@ struct Options {
 struct RunShape {
   bool known = false;
   int64_t hidden_size = 0, expert_ffn = 0, top_k = 0, etp = 1, ep = 1;
+  int64_t num_experts = 0, num_layers = 0;
+  std::function<bool(int64_t)> is_moe_layer;  // the config's rule for layer indices
   std::string load_balancing;  // "aux_loss", "none", ... (the run's moe.load_balancing)
   bool expert_bias = false;
   // Per MoE layer: the experts of each EP rank the run used (empty: contiguous).

@@ -81,9 +81,13 @@ class RunReader {
   void parse_layer(od::object obj, int64_t line, LayerStep& ls);
   void add(const StepRecord& rec, int64_t line);
   void add_to_heat(LayerAcc& a, const LayerStep& ls);
+  void check_shape(const RunShape& shape) const;
 
   std::string path_;
   const Options& opt_;
+  // The field being read and the rule for it, for a value of the wrong type
+  // (simdjson's own message names neither); null between fields.
+  const char* field_ = nullptr;
   int64_t records_ = 0, last_seen_step_ = -1, selected_ = 0;
   std::vector<int64_t> steps_;
   std::vector<double> step_time_, gflops_, aux_, lm_;
@@ -110,12 +114,23 @@ void RunReader::parse_layer(od::object obj, int64_t line, LayerStep& ls) {
   ls.layer = kAbsent;
   ls.routed.clear(), ls.kept.clear(), ls.ep.clear();
   for (auto field : obj) {
+    field_ = nullptr;
     const std::string_view key = field.unescaped_key().value();
-    if (key == "layer") ls.layer = field.value().get_int64().value();
-    else if (key == "tokens_per_expert") read_ints(field.value().get_array().value(), ls.routed);
-    else if (key == "kept_per_expert") read_ints(field.value().get_array().value(), ls.kept);
-    else if (key == "tokens_per_ep_rank") read_ints(field.value().get_array().value(), ls.ep);
+    if (key == "layer") {
+      field_ = "a moe entry's \"layer\" must be an integer";
+      ls.layer = field.value().get_int64().value();
+    } else if (key == "tokens_per_expert") {
+      field_ = "a moe entry's \"tokens_per_expert\" must be an array of integers";
+      read_ints(field.value().get_array().value(), ls.routed);
+    } else if (key == "kept_per_expert") {
+      field_ = "a moe entry's \"kept_per_expert\" must be an array of integers";
+      read_ints(field.value().get_array().value(), ls.kept);
+    } else if (key == "tokens_per_ep_rank") {
+      field_ = "a moe entry's \"tokens_per_ep_rank\" must be an array of integers";
+      read_ints(field.value().get_array().value(), ls.ep);
+    }
   }
+  field_ = nullptr;
   if (ls.layer == kAbsent) fail(line, "a moe entry without \"layer\"");
   if (ls.layer < 0) fail(line, "a moe entry's \"layer\" is " + std::to_string(ls.layer) + " (rule: >= 0)");
   if (ls.routed.empty()) fail(line, "moe layer " + std::to_string(ls.layer) + " has no tokens_per_expert");
@@ -142,32 +157,50 @@ bool RunReader::parse(od::document& doc, int64_t line, StepRecord& rec) {
   rec.step_time_s = rec.gflops = rec.aux_loss = rec.lm_loss = rec.ep_bytes = rec.ep_a2a_s = 0;
   rec.has_a2a = false;
   rec.moe_count = 0;
+  field_ = "the record must be a JSON object";
   od::object obj = doc.get_object().value();
   for (auto field : obj) {
+    field_ = nullptr;
     const std::string_view key = field.unescaped_key().value();
     if (key == "step") {
+      field_ = "\"step\" must be an integer";
       rec.step = field.value().get_int64().value();
       // Outside the selection: the rest of the record is not needed.
       if ((opt_.first_step && rec.step < *opt_.first_step) || (opt_.last_step && rec.step > *opt_.last_step))
         return false;
-    } else if (key == "tokens") rec.tokens = field.value().get_int64().value();
-    else if (key == "step_time_s") rec.step_time_s = field.value().get_double().value();
-    else if (key == "gflops") rec.gflops = field.value().get_double().value();
-    else if (key == "lm_loss") rec.lm_loss = field.value().get_double().value();
-    else if (key == "aux_loss") rec.aux_loss = field.value().get_double().value();
-    else if (key == "comm_bytes") {
+    } else if (key == "tokens") {
+      field_ = "\"tokens\" must be an integer";
+      rec.tokens = field.value().get_int64().value();
+    } else if (key == "step_time_s") {
+      field_ = "\"step_time_s\" must be a number";
+      rec.step_time_s = field.value().get_double().value();
+    } else if (key == "gflops") {
+      field_ = "\"gflops\" must be a number";
+      rec.gflops = field.value().get_double().value();
+    } else if (key == "lm_loss") {
+      field_ = "\"lm_loss\" must be a number";
+      rec.lm_loss = field.value().get_double().value();
+    } else if (key == "aux_loss") {
+      field_ = "\"aux_loss\" must be a number";
+      rec.aux_loss = field.value().get_double().value();
+    } else if (key == "comm_bytes") {
+      field_ = "\"comm_bytes\" must be an object of numbers by group";
       for (auto g : field.value().get_object().value())
         if (g.unescaped_key().value() == "ep") rec.ep_bytes = g.value().get_double().value();
     } else if (key == "comm_a2a_s") {
+      field_ = "\"comm_a2a_s\" must be an object of numbers by group";
       for (auto g : field.value().get_object().value())
         if (g.unescaped_key().value() == "ep") rec.ep_a2a_s = g.value().get_double().value(), rec.has_a2a = true;
     } else if (key == "moe") {
+      field_ = "\"moe\" must be an array of objects";
       for (auto entry : field.value().get_array().value()) {
         if (rec.moe_count == rec.moe.size()) rec.moe.emplace_back();
+        field_ = "a \"moe\" entry must be an object";
         parse_layer(entry.get_object().value(), line, rec.moe[rec.moe_count++]);
       }
     }
   }
+  field_ = nullptr;
   return true;
 }
 
@@ -285,6 +318,9 @@ RunShape read_shape(const std::filesystem::path& dir) {
   // and key), and the placement comes out resolved.
   const Config cfg = load_config(file.string());
   s.known = true;
+  s.num_experts = cfg.moe.router.num_experts;
+  s.num_layers = cfg.model.num_layers;
+  s.is_moe_layer = [moe = cfg.moe](int64_t l) { return moe.is_moe_layer(l); };
   s.hidden_size = cfg.model.hidden_size;
   s.expert_ffn = cfg.moe.expert_ffn(cfg.model.ffn_hidden_size);
   s.top_k = cfg.moe.router.top_k;
@@ -298,6 +334,28 @@ RunShape read_shape(const std::filesystem::path& dir) {
     s.placement.emplace_back(layer, std::move(ranks));
   }
   return s;
+}
+
+// The config beside the metrics describes the run that wrote them: its
+// estimates (time, top-k, load balancing) are refused for records of
+// another shape (a config edited or copied since).
+void RunReader::check_shape(const RunShape& shape) const {
+  const std::string config = (std::filesystem::path(path_).parent_path() / "config.toml").string();
+  auto refuse = [&](const std::string& what) {
+    ORIGAMI_USER_ERROR(config, ": ", what, " (rule: the config.toml beside metrics.jsonl is the one of the run that "
+                       "wrote it; move or remove a config edited or copied since)");
+  };
+  for (const LayerAcc& a : layers_) {
+    if (a.layer >= shape.num_layers || !shape.is_moe_layer(a.layer))
+      refuse(detail::concat(path_, " records MoE layer ", a.layer, ", which is not a MoE layer of this config (",
+                            shape.num_layers, " layers)"));
+    if (a.experts != shape.num_experts)
+      refuse(detail::concat("moe.num_experts = ", shape.num_experts, ", but ", path_, " records ", a.experts,
+                            " experts in layer ", a.layer));
+    if (a.ep > 1 && a.ep != shape.ep)
+      refuse(detail::concat("parallel.ep = ", shape.ep, ", but ", path_, " records ", a.ep, " EP ranks in layer ",
+                            a.layer));
+  }
 }
 
 RunReport RunReader::read() {
@@ -340,6 +398,12 @@ RunReport RunReader::read() {
         if (parse(doc, line, rec) && !doc.current_location().error()) fail(line, "text after the JSON record");
       } catch (const simdjson::simdjson_error& e) {
         if (!nl) break;  // the last line, still being written
+        // A value of the wrong type in valid JSON ("step": "5") names its
+        // field and the rule; a syntax error is the line's.
+        const bool typed = e.error() == simdjson::INCORRECT_TYPE || e.error() == simdjson::NUMBER_ERROR ||
+                           e.error() == simdjson::NUMBER_OUT_OF_RANGE;
+        if (typed && field_ != nullptr)
+          fail(line, detail::concat(field_, ", as origami train writes it (", e.what(), ")"));
         fail(line, std::string("malformed JSON: ") + e.what());
       }
       if (rec.step == kAbsent) fail(line, "a record without \"step\"");
@@ -380,6 +444,7 @@ RunReport RunReader::read() {
   r.last_step = steps_.back();
   r.window = opt_.window > 0 ? std::min(opt_.window, r.steps) : std::max<int64_t>(1, r.steps / 10);
   r.shape = read_shape(std::filesystem::path(path_).parent_path());
+  if (r.shape.known) check_shape(r.shape);
   r.top_k = r.shape.top_k > 0 ? r.shape.top_k : std::max<int64_t>(1, top_k_);
   r.mean_aux_loss = nan_mean(aux_, 0, aux_.size());
   r.first_lm_loss = lm_.front();

@@ -585,6 +585,9 @@ TEST_F(CliFaults, CommandLineMistakesNameThemselves) {
       {"plan --params 2e18 --world 8", "--params 2e+18: must be a whole number of parameters in [1, 576460752303423480]"},
       {"plan --params 576460752303423488 --world 1", "in [1, 576460752303423487]"},
       {"bench kernels --only nosuchop --samples 1 --warmup 0", "--only nosuchop: no op's key starts with it"},
+      {"bench kernels --only gemm --skip gemm --samples 1 --warmup 0",
+       "--skip leaves out every op --only selects (nothing would be measured)"},
+      {"bench imbalance --size-mb 1 --dir " + path("moe.toml"), "cannot create it as a directory"},
       {"plan " + path("moe.toml") + " --world 1 --set model.num_layers=10000000", "the planner takes at most 4194304"},
   };
   for (const auto& [args, needle] : bounded) {

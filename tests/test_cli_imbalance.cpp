@@ -96,7 +96,8 @@ uint64_t write_run(const std::string& dir, const Synthetic& s, uint64_t seed = f
   }
   write_file(dir + "/metrics.jsonl", text);
   write_file(dir + "/config.toml",
-             "[model]\nhidden_size = 64\nffn_hidden_size = 128\n[moe]\nnum_experts = " + std::to_string(s.experts) +
+             "[model]\nhidden_size = 64\nffn_hidden_size = 128\nnum_layers = " + std::to_string(s.layers + 1) +
+                 "\n[moe]\nfirst_dense_layers = 1\nnum_experts = " + std::to_string(s.experts) +
                  "\ntop_k = " + std::to_string(s.top_k) + "\nffn_hidden_size = 32\nload_balancing = \"aux_loss\"\n" +
                  "[parallel]\nep = " + std::to_string(s.ep) + "\netp = 1\n" +
                  "[data]\npath = \"corpus\"\n");  // as every run's: train needs data (the file is never read)
@@ -243,6 +244,16 @@ TEST(Imbalance, BadInputExitsTwoNamingTheFileAndLine) {
                "{\"step\":1,\"moe\":[{\"layer\":1,\"tokens_per_expert\":[4611686018427387904,4611686018427387904]}]}\n",
                "overflow" + file + ":1: moe layer 1: tokens_per_expert sums past 2^40 at expert 0");
   expect_error("missing", "", "missing" + file + ": no step records");
+  // Valid JSON with a value of the wrong type names the field and its rule.
+  expect_error("stepstring", replaced(lines[0], "\"step\":1", "\"step\":\"1\"") + "\n",
+               "stepstring" + file + ":1: \"step\" must be an integer, as origami train writes it");
+  expect_error("stepfloat", replaced(lines[0], "\"step\":1", "\"step\":1.5") + "\n",
+               "stepfloat" + file + ":1: \"step\" must be an integer");
+  expect_error("countfloat", replaced(lines[0], "\"tokens_per_expert\":[", "\"tokens_per_expert\":[1e30,") + "\n",
+               "countfloat" + file + ":1: a moe entry's \"tokens_per_expert\" must be an array of integers");
+  expect_error("moeobject", "{\"step\":1,\"moe\":{\"layer\":1}}\n",
+               "moeobject" + file + ":1: \"moe\" must be an array of objects");
+  expect_error("notobject", "[1, 2]\n", "notobject" + file + ":1: the record must be a JSON object");
   const CommandResult steps = run_command(kBinary + " imbalance " + (dir / "good") + " --steps 9:x");
   EXPECT_EQ(steps.status, 2) << steps.output;
   EXPECT_NE(steps.output.find("--steps 9:x"), std::string::npos) << steps.output;
@@ -291,6 +302,7 @@ TEST(Imbalance, PlacementIsNearTheBestPackingAndWritesTheConfigEntry) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   const json got = run_json(dir / "run" + " --place --ep 4 --out " + (dir / "placement.toml"), 1);  // skewed: alerts
   ASSERT_TRUE(got.contains("placement")) << got.dump();
+  EXPECT_EQ(got["placement"]["run"], dir / "run/metrics.jsonl");  // whose loads it placed
   const toml::table t = toml::parse_file(dir / "placement.toml");
   EXPECT_EQ(t["moe"]["expert_placement"]["ep"].value_or(0), 4);
   for (const json& lp : got["placement"]["layers"]) {
@@ -371,14 +383,34 @@ TEST(Imbalance, TheRunsPlacementIsTheBeforeAndObeysTheConfigsRules) {
     EXPECT_NE(r.output.find(file + ": moe.expert_placement."), std::string::npos) << r.output;
     EXPECT_NE(r.output.find(needle), std::string::npos) << "wanted '" << needle << "' in\n" << r.output;
   }
-  // A valid placement of another run's 16 experts against these 8.
+  // A config of another shape than the records' (edited or copied since):
+  // refused, naming the key and the records, not used for the estimates.
+  for (const auto& [from, to, needle] :
+       {std::tuple<std::string, std::string, std::string>{"ep = 4", "ep = 2", "parallel.ep = 2, but "},
+        {"first_dense_layers = 1", "first_dense_layers = 2", "records MoE layer 1, which is not a MoE layer"}}) {
+    std::string edited = config;
+    edited.replace(edited.find(from), from.size(), to);
+    write_file(file, edited);
+    const CommandResult r = run_command(kBinary + " imbalance " + (dir / "run"));
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find(file + ": " + (needle.starts_with("records") ? (dir / "run/metrics.jsonl") + " " : "") +
+                            needle),
+              std::string::npos)
+        << needle << "\n" << r.output;
+    EXPECT_NE(r.output.find("rule: the config.toml beside metrics.jsonl is the one of the run"), std::string::npos)
+        << r.output;
+  }
+  // A valid placement of another run's 16 experts against these 8: the
+  // config's expert count already differs from the records'.
   std::string sixteen = config;
   sixteen.replace(sixteen.find("num_experts = 8"), 15, "num_experts = 16");
   write_file(file, sixteen + "[moe.expert_placement]\nep = 4\n[moe.expert_placement.layers]\n" +
                        "1 = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]\n");
   const CommandResult r = run_command(kBinary + " imbalance " + (dir / "run") + " --place --ep 4");
   EXPECT_EQ(r.status, 2) << r.output;
-  EXPECT_NE(r.output.find(file + ": moe.expert_placement.layers.1 places 16 experts, but "), std::string::npos)
+  EXPECT_NE(r.output.find(file + ": moe.num_experts = 16, but " + (dir / "run/metrics.jsonl") +
+                          " records 8 experts in layer 1"),
+            std::string::npos)
       << r.output;
 }
 

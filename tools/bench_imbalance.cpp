@@ -149,7 +149,11 @@ int64_t write_synthetic(const std::string& path, const Args& a, int64_t bytes) {
 void run_bench(const Args& a) {
   if (a.ep <= 0 || a.experts % a.ep != 0) ORIGAMI_USER_ERROR("bench imbalance: --ep ", a.ep, " must divide --experts ", a.experts);
   const std::string dir = a.dir.empty() ? (std::filesystem::temp_directory_path() / ("origami-bench-imbalance-" + std::to_string(::getpid()))).string() : a.dir;
-  std::filesystem::create_directories(dir);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir))
+    ORIGAMI_USER_ERROR("bench imbalance --dir ", dir, ": cannot create it as a directory: ",
+                       ec ? ec.message() : "a file of that name exists", " (rule: --dir names a directory to write in)");
   const std::string file = dir + "/metrics.jsonl";
   const auto g0 = std::chrono::steady_clock::now();
   const int64_t steps = write_synthetic(file, a, a.size_mb << 20);

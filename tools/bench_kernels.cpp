@@ -378,6 +378,9 @@ void run_bench_kernels(BenchOptions o) {
                            "; the table lists every key)");
       }
 
+  if (r.results.empty())
+    ORIGAMI_USER_ERROR("bench kernels: --skip leaves out every op --only selects (nothing would be measured)");
+
   int64_t wrong = 0;
   for (const Result& x : r.results) wrong += !x.wrong.empty();
   if (o.json) {

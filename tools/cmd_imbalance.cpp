@@ -115,9 +115,9 @@ void print_report(const im::RunReport& r) {
   for (const im::Alert& a : r.alerts) std::printf("  ALERT %s\n", a.message.c_str());
 }
 
-void print_placement(const std::vector<im::LayerPlacement>& plan, int64_t ranks) {
-  std::printf("placement for EP %lld (predicted per-EP-rank max/mean of kept tokens over the window):\n",
-              static_cast<long long>(ranks));
+void print_placement(const std::vector<im::LayerPlacement>& plan, int64_t ranks, const std::string& run) {
+  std::printf("placement for EP %lld from %s (predicted per-EP-rank max/mean of kept tokens over the window):\n",
+              static_cast<long long>(ranks), run.c_str());
   for (const im::LayerPlacement& lp : plan) {
     std::string ranks_text;
     for (const auto& r : lp.after) {
@@ -139,6 +139,7 @@ int run_imbalance(const Args& a) {
   opt.rise = a.rise;
   if (a.place && a.ep <= 0) ORIGAMI_USER_ERROR("--place needs --ep N: the EP size to place the experts on");
   if (!a.out.empty() && !a.place) ORIGAMI_USER_ERROR("--out writes the placement: it needs --place");
+
   std::vector<im::RunReport> reports;
   for (const std::string& run : a.runs) reports.push_back(im::analyze(run, opt));
   std::vector<im::LayerPlacement> plan;
@@ -147,7 +148,10 @@ int run_imbalance(const Args& a) {
   if (a.json) {
     nlohmann::ordered_json j = {{"runs", nlohmann::ordered_json::array()}};
     for (const im::RunReport& r : reports) j["runs"].push_back(im::to_json(r, /*with_series=*/false));
-    if (a.place) j["placement"] = im::to_json(plan, a.ep);
+    if (a.place) {
+      j["placement"] = im::to_json(plan, a.ep);
+      j["placement"]["run"] = reports.front().path;  // with several RUNs, the first's loads
+    }
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     for (const im::RunReport& r : reports) print_report(r);
@@ -162,7 +166,7 @@ int run_imbalance(const Args& a) {
                     r.p95, ep, r.mean_aux_loss);
       }
     }
-    if (a.place) print_placement(plan, a.ep);
+    if (a.place) print_placement(plan, a.ep, reports.front().path);
   }
   if (a.place) {
     const std::string toml = im::placement_toml(reports.front(), plan, a.ep);
@@ -199,7 +203,7 @@ void add_imbalance_command(CLI::App& app, int& exit_status) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--html", args->html, "Write a self-contained HTML report here");
   cmd->add_flag("--json", args->json, "Print the statistics as JSON instead of the terminal report");
-  cmd->add_flag("--place", args->place, "Advise a balanced moe.expert_placement for --ep N ranks (first RUN)");
+  cmd->add_flag("--place", args->place, "Advise a balanced moe.expert_placement for --ep N ranks (from the first RUN)");
   cmd->add_option("--out", args->out, "With --place: write the placement TOML here (default: print it)");
   cmd->add_option("--collapse-share", args->collapse_share,
                   "Alert when one expert sees more than this share of a layer's tokens")
