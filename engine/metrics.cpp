@@ -68,12 +68,21 @@ nlohmann::ordered_json to_json(const StepMetrics& m) {
   }
   j["samples"] = {{"first", m.first_sample}, {"count", m.samples}, {"epoch", m.epoch}};
   if (m.checkpoint) {
-    j["checkpoint"] = {{"dir", m.checkpoint->dir},
-                       {"async", m.checkpoint->background},
-                       {"max_rank_bytes", m.checkpoint->max_rank_bytes},
-                       {"total_bytes", m.checkpoint->total_bytes},
-                       {"blocked_s", m.checkpoint->blocked_s},
-                       {"host_staged_bytes", m.checkpoint->host_staged_bytes}};
+    // A background save's sizes over the ranks are known when it completes
+    // (checkpoint_done); its record has rank 0's share, which it is writing.
+    if (m.checkpoint->background)
+      j["checkpoint"] = {{"dir", m.checkpoint->dir},
+                         {"async", true},
+                         {"rank_bytes", m.checkpoint->max_rank_bytes},
+                         {"blocked_s", m.checkpoint->blocked_s},
+                         {"host_staged_bytes", m.checkpoint->host_staged_bytes}};
+    else
+      j["checkpoint"] = {{"dir", m.checkpoint->dir},
+                         {"async", false},
+                         {"max_rank_bytes", m.checkpoint->max_rank_bytes},
+                         {"total_bytes", m.checkpoint->total_bytes},
+                         {"blocked_s", m.checkpoint->blocked_s},
+                         {"host_staged_bytes", m.checkpoint->host_staged_bytes}};
   }
   if (m.checkpoint_done)
     j["checkpoint_done"] = {{"dir", m.checkpoint_done->dir},
@@ -144,10 +153,10 @@ std::string format_step_line(const StepMetrics& m) {
   std::string line = buf;
   if (m.checkpoint) {
     char ck[160];
-    std::snprintf(ck, sizeof ck, " | %s %s (%s/rank, %s%.2f s)", m.checkpoint->background ? "saving" : "saved",
+    std::snprintf(ck, sizeof ck, " | %s %s (%s%s, %s%.2f s)", m.checkpoint->background ? "saving" : "saved",
                   std::filesystem::path(m.checkpoint->dir).filename().string().c_str(),
-                  format_bytes(m.checkpoint->max_rank_bytes).c_str(), m.checkpoint->background ? "blocked " : "",
-                  m.checkpoint->blocked_s);
+                  format_bytes(m.checkpoint->max_rank_bytes).c_str(), m.checkpoint->background ? " on rank 0" : "/rank",
+                  m.checkpoint->background ? "blocked " : "", m.checkpoint->blocked_s);
     line += ck;
   }
   if (!m.stopped_by.empty()) line += " | stopped by " + m.stopped_by;

@@ -19,8 +19,8 @@ namespace origami {
 struct CheckpointRecord {
   std::string dir;                // the step directory
   bool background = false;        // checkpoint.async: still being written (bytes: see CheckpointDone)
-  int64_t max_rank_bytes = 0;     // the largest rank's files (a background save: rank 0's tensors)
-  int64_t total_bytes = 0;        // every rank's (a background save: 0)
+  int64_t max_rank_bytes = 0;     // the largest rank's files (a background save: rank 0's, JSON rank_bytes)
+  int64_t total_bytes = 0;        // every rank's (a background save: 0, not in its JSON)
   double blocked_s = 0;           // how long the save held up training
   int64_t host_staged_bytes = 0;  // this rank's host memory for the save at its peak (CheckpointSaveStats)
 };

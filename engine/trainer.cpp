@@ -499,7 +499,22 @@ StepMetrics Trainer::run_step() {
       status = std::max(status, kExitDiverged);
       message += (message.empty() ? "" : "; ") + diverged;
     }
-    comm::agree(*r.everyone, status, message);
+    try {
+      comm::agree(*r.everyone, status, message);
+    } catch (const JobError& stop) {
+      // Every rank stops here alike. A background save still in flight holds
+      // an earlier, finished step: it completes first, so `latest` is the
+      // step before this one as with synchronous saves (a .tmp would be
+      // removed by the restart, which would go back a save further).
+      if (r.writer && r.writer->pending()) {
+        try {
+          r.writer->wait(*r.everyone);
+        } catch (const JobError& save) {
+          throw JobError(detail::concat(stop.what(), "\n", save.what()), std::max(stop.exit_status(), save.exit_status()));
+        }
+      }
+      throw;
+    }
   }
   const StepStats st = r.optimizer->update(ctx, model.params(), grad_norm);
   zero.finish_step();
