@@ -2,6 +2,7 @@
 // by key, the files' digests, and each rank's held state filled from the
 // pieces that overlap it, whatever layout wrote them.
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <set>
 #include <string>
@@ -13,6 +14,8 @@
 #include "engine/checkpoint_format.h"
 #include "engine/export.h"
 #include "engine/files.h"
+#include "engine/optimizer.h"
+#include "engine/plan.h"
 
 namespace origami {
 
@@ -262,6 +265,34 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
       m.bad("config", "its " + key + " = " + std::to_string(value) + " differs from the " + std::to_string(it->second) +
                           " recorded under \"model\"");
   }
+  // The layout and the training state beside it are the saved config's:
+  // the layout's sizes and its stages' layers (which unit each rank saved),
+  // the schedule's learning rate at this step, the data position's epoch.
+  const ParallelConfig& par = saved.parallel;
+  const std::pair<const char*, std::pair<int64_t, int64_t>> same[] = {
+      {"tp", {info.tp, par.tp}}, {"cp", {info.cp, par.cp}}, {"pp", {info.pp, par.pp}}, {"ep", {info.ep, par.ep}},
+      {"etp", {info.etp, par.etp}}, {"zero_stage", {info.zero_stage, par.zero_stage}}};
+  for (const auto& [key, v] : same)
+    if (v.first != v.second)
+      m.bad(std::string("layout.") + key, std::to_string(v.first) + " differs from the config's parallel." + key +
+                                              " = " + std::to_string(v.second));
+  if (info.order != par.order)
+    m.bad("layout.order", "\"" + shorten(info.order) + "\" differs from the config's parallel.order = \"" + par.order + "\"");
+  const std::vector<int64_t> stages =
+      plan::stage_layers(saved.model.num_layers, par.pp * par.virtual_stages, par.pp_layers);
+  if (info.stage_layers != stages)
+    m.bad("layout.stage_layers", shape_string(info.stage_layers) + " differs from the config's stages " +
+                                     shape_string(stages) + " (model.num_layers, parallel.pp, pp_layers, virtual_stages)");
+  const double scheduled = learning_rate(saved.optimizer, saved.lr_schedule, saved.training.steps, info.step);
+  if (!(std::abs(info.train.lr - scheduled) <= 1e-12 * std::abs(scheduled)))
+    m.bad("train.lr",
+          detail::concat(info.train.lr, " differs from the config's schedule at step ", info.step, ": ", scheduled));
+  const int64_t windows = info.train.windows_per_epoch, consumed = info.train.consumed_samples;
+  for (const auto& [key, value] : {std::pair<const char*, int64_t>{"epoch", windows > 0 ? consumed / windows : 0},
+                                   {"epoch_offset", windows > 0 ? consumed % windows : 0}})
+    if (train.contains(key) && m.integer(train, key, "train") != value)
+      m.bad(std::string("train.") + key, detail::concat(m.integer(train, key, "train"), " differs from ", value,
+                                                        ", what consumed_samples and windows_per_epoch give"));
   const std::vector<std::string> names = export_tensor_order(UnitTable(saved.model, saved.moe), saved.model, saved.moe);
   const std::set<std::string> expected(names.begin(), names.end());
   for (const std::string& name : info.order_of_tensors)

@@ -431,6 +431,22 @@ TEST_F(Checkpoint, DamagedCheckpointsAreRefusedNamingTheFileOrKey) {
        {"metadata.json: layout.tp: must be in 1..layout.world (1), got 0"}},
       {"other-world", "", [&](const std::string& d) { edit_metadata(d, "layout", "world", 2); },
        {"metadata.json: layout: tp·cp·dp·pp and etp·ep·edp·pp must both equal world (2)"}},
+      // Values that contradict the config recorded beside them.
+      {"stage-layers", "", [&](const std::string& d) {
+         edit_json(d, [](nlohmann::ordered_json& j) { j["layout"]["stage_layers"] = {1}; });
+       }, {"metadata.json: layout.stage_layers: [1] differs from the config's stages ["}},
+      {"layout-order", "", [&](const std::string& d) {
+         edit_json(d, [](nlohmann::ordered_json& j) { j["layout"]["order"] = "tp-cp-dp-ep-pp"; });
+       }, {"metadata.json: layout.order: \"tp-cp-dp-ep-pp\" differs from the config's parallel.order"}},
+      {"layout-zero", "", [&](const std::string& d) { edit_metadata(d, "layout", "zero_stage", 1); },
+       {"metadata.json: layout.zero_stage: 1 differs from the config's parallel.zero_stage"}},
+      {"lr", "", [&](const std::string& d) {
+         edit_json(d, [](nlohmann::ordered_json& j) { j["train"]["lr"] = 5.0; });
+       }, {"metadata.json: train.lr: 5 differs from the config's schedule at step 10"}},
+      {"epoch", "", [&](const std::string& d) { edit_metadata(d, "train", "epoch", 7); },
+       {"metadata.json: train.epoch: 7 differs from 0, what consumed_samples and windows_per_epoch give"}},
+      {"epoch-offset", "", [&](const std::string& d) { edit_metadata(d, "train", "epoch_offset", 99999999); },
+       {"metadata.json: train.epoch_offset: 99999999 differs from"}},
       {"config-text", "", [&](const std::string& d) {
          edit_json(d, [](nlohmann::ordered_json& j) {
            std::string text = j["config"];
