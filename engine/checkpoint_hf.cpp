@@ -27,9 +27,12 @@ void export_checkpoint(const std::string& step_dir, const std::string& out_dir, 
   const std::vector<std::string> names = export_tensor_order(table, cfg.model, cfg.moe);
   std::filesystem::create_directories(out_dir);
   // A failed export (a full disk) leaves the previous one whole (files.h).
+  // Without --optimizer, an earlier export's moments are removed: they
+  // would sit beside other weights with nothing to tell them apart.
   std::vector<std::string> destinations = {out_dir + "/model.safetensors", out_dir + "/config.json"};
-  if (with_optimizer) destinations.push_back(out_dir + "/optimizer.safetensors");
-  ReplacedFiles files(destinations);
+  const std::string optimizer = out_dir + "/optimizer.safetensors";
+  if (with_optimizer) destinations.push_back(optimizer);
+  ReplacedFiles files(destinations, with_optimizer ? std::vector<std::string>{} : std::vector<std::string>{optimizer});
   CheckpointReader reader(info);
   auto write = [&](const std::string& path, const std::vector<std::string>& moments) {
     std::vector<std::pair<std::string, Shape>> entries;

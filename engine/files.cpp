@@ -224,8 +224,10 @@ void ReplacedFiles::check_replaceable(const std::string& path) {
                        "file, replaced whole once complete)");
 }
 
-ReplacedFiles::ReplacedFiles(std::vector<std::string> destinations) : destinations_(std::move(destinations)) {
+ReplacedFiles::ReplacedFiles(std::vector<std::string> destinations, std::vector<std::string> stale)
+    : destinations_(std::move(destinations)), stale_(std::move(stale)) {
   for (const std::string& d : destinations_) check_replaceable(d);
+  for (const std::string& d : stale_) check_replaceable(d);
 }
 
 ReplacedFiles::~ReplacedFiles() {
@@ -237,6 +239,16 @@ ReplacedFiles::~ReplacedFiles() {
 void ReplacedFiles::commit() {
   for (size_t i = 0; i < destinations_.size(); ++i) rename_durably(tmp(i), destinations_[i]);
   committed_ = true;
+  for (const std::string& path : stale_) {
+    std::error_code ec;
+    if (!std::filesystem::remove(path, ec)) {
+      if (ec)
+        ORIGAMI_USER_ERROR(shown(path), ": cannot remove it (an earlier write's, beside the files that replaced it): ",
+                           ec.message());
+      continue;  // not there
+    }
+    sync_dir(std::filesystem::path(path).parent_path().string());
+  }
 }
 
 void unmap_file(const void* data, size_t bytes) {

@@ -109,9 +109,12 @@ class MappedFile {
 // full disk) leaves the previous files as they were and removes the partial
 // ones. A destination that exists and is not a regular file (a FIFO, a
 // directory) is refused before anything is written. Exports use it.
+// `stale`: files of the same set that this write leaves out (an earlier
+// export's optimizer.safetensors beside new weights): removed at commit, so
+// what is there afterwards is this write's alone.
 class ReplacedFiles {
  public:
-  explicit ReplacedFiles(std::vector<std::string> destinations);
+  explicit ReplacedFiles(std::vector<std::string> destinations, std::vector<std::string> stale = {});
   ~ReplacedFiles();  // not committed: removes the .tmp files
   ReplacedFiles(const ReplacedFiles&) = delete;
   ReplacedFiles& operator=(const ReplacedFiles&) = delete;
@@ -123,6 +126,7 @@ class ReplacedFiles {
 
  private:
   std::vector<std::string> destinations_;
+  std::vector<std::string> stale_;
   bool committed_ = false;
 };
 

@@ -153,6 +153,13 @@ TEST_F(Checkpoint, ResumeOnOneRankIsBitExact) {
   }
   for (const char* f : {"/model.safetensors", "/optimizer.safetensors"})
     EXPECT_TRUE(testing::read_file(*dir_ / "base-export" + f) == testing::read_file(*dir_ / "resumed-export" + f)) << f;
+  // Exported again without --optimizer, from another step: step 10's moments
+  // are not left beside step 15's weights.
+  r = run_command(std::string(ORIGAMI_BINARY) + " export --checkpoint " + step_dir("base", 15) + " --out " +
+                  (*dir_ / "base-export"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(fs::exists(*dir_ / "base-export/model.safetensors"));
+  EXPECT_FALSE(fs::exists(*dir_ / "base-export/optimizer.safetensors")) << "an earlier export's moments were kept";
 }
 
 // checkpoint.load = "latest" without a `latest` file (the job died between
