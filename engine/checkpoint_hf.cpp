@@ -64,54 +64,11 @@ void export_checkpoint(const std::string& step_dir, const std::string& out_dir, 
   files.commit();
 }
 
-namespace {
-
-// The files of a consolidated directory and which holds each tensor.
-struct HfFiles {
-  std::vector<std::unique_ptr<SafetensorsFile>> files;
-  std::map<std::string, const SafetensorsFile*> by_tensor;
-};
-
-HfFiles open_hf(const std::string& dir) {
-  HfFiles hf;
-  const std::string index = dir + "/model.safetensors.index.json";
-  std::vector<std::string> names;
-  if (std::filesystem::exists(index)) {
-    const InputFile in(index, "Hugging Face index");
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in.read_all(int64_t{256} << 20));
-    } catch (const nlohmann::json::exception& e) {
-      ORIGAMI_USER_ERROR(index, ": not valid JSON: ", e.what());
-    }
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      ORIGAMI_USER_ERROR(index, ": weight_map: missing (rule: {\"weight_map\": {tensor: file}})");
-    std::set<std::string> files;
-    for (const auto& [tensor, file] : j["weight_map"].items()) {
-      if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
-        ORIGAMI_USER_ERROR(index, ": weight_map.", tensor, ": must name a file in ", dir);
-      files.insert(file.get<std::string>());
-    }
-    names.assign(files.begin(), files.end());
-  } else {
-    names = {"model.safetensors"};
-  }
-  for (const std::string& n : names) {
-    hf.files.push_back(std::make_unique<SafetensorsFile>(dir + "/" + n));
-    for (const auto& [tensor, entry] : hf.files.back()->entries()) {
-      const auto [it, fresh] = hf.by_tensor.emplace(tensor, hf.files.back().get());
-      if (!fresh) ORIGAMI_USER_ERROR(dir, "/", n, ": tensor '", tensor, "' is also in ", it->second->path());
-    }
-  }
-  return hf;
-}
-
-}  // namespace
 
 void load_hf_init(const std::string& dir, const Config& cfg, Model& model, const comm::Groups& groups,
                   comm::Communicator& world) {
   comm::run_agreed(world, [&] {
-    const HfFiles hf = open_hf(dir);
+    const HfFiles hf = open_hf_dir(dir);
     const std::vector<std::string> wanted = export_tensor_order(model.units(), cfg.model, cfg.moe);
     const std::set<std::string> known(wanted.begin(), wanted.end());
     for (const auto& [tensor, file] : hf.by_tensor)

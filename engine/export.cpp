@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "engine/files.h"
 #include "engine/safetensors.h"
@@ -297,39 +299,41 @@ void check_config_matches_export(const Config& cfg, const std::string& dir) {
 }
 
 void load_hf_weights(Model& model, const std::string& dir) {
-  const std::string path = dir + "/model.safetensors";
-  auto tensors = read_safetensors(path);
+  const HfFiles hf = open_hf_dir(dir);
+  std::set<std::string> loaded;
+  // One tensor in memory at a time, from whichever file holds it.
+  auto take = [&](const std::string& name, const Shape& shape) {
+    const auto it = hf.by_tensor.find(name);
+    if (it == hf.by_tensor.end())
+      ORIGAMI_USER_ERROR(dir, ": missing tensor '", name, "' (no file of the directory holds it)");
+    const SafetensorsFile& file = *it->second;
+    const SafetensorsFile::Entry& e = file.entry(name);
+    if (e.shape != shape)
+      ORIGAMI_USER_ERROR(file.path(), ": tensor '", name, "' has shape ", shape_string(e.shape), ", the config needs ",
+                         shape_string(shape));
+    Tensor t = Tensor::empty(shape, DType::f32, MemCategory::workspace);
+    std::memcpy(t.raw(), file.data(e), static_cast<size_t>(e.end - e.begin));
+    check_finite(file.path(), name, t);
+    loaded.insert(name);
+    return t;
+  };
   for (ParamUnit& u : model.params().units()) {
     for (size_t i = 0; i < u.params.size(); ++i) {
       const ParamInfo& p = u.params[i];
-      auto it = tensors.find(p.name);
-      if (it == tensors.end()) ORIGAMI_USER_ERROR(path, ": missing tensor '", p.name, "'");
-      if (it->second.shape() != p.shape)
-        ORIGAMI_USER_ERROR(path, ": tensor '", p.name, "' has shape ", shape_string(it->second.shape()),
-                           ", the config needs ", shape_string(p.shape));
-      check_finite(path, p.name, it->second);
-      u.param_view(i).assign_f32(it->second);  // rounded into a bf16 working copy
+      const Tensor t = take(p.name, p.shape);
+      u.param_view(i).assign_f32(t);  // rounded into a bf16 working copy
       if (u.master.defined()) {
         ORIGAMI_CHECK(!u.shard.optim, "load_hf_weights: unit ", u.name, " is ZeRO-sharded");
-        u.view_of(u.master, i).assign_f32(it->second);
+        u.view_of(u.master, i).assign_f32(t);
       }
-      tensors.erase(it);
     }
   }
   for (size_t l = 0; l < model.expert_bias().size(); ++l) {
     Tensor bias = model.expert_bias()[l];
-    if (!bias.defined()) continue;
-    auto it = tensors.find(bias_name(static_cast<int64_t>(l)));
-    if (it == tensors.end()) ORIGAMI_USER_ERROR(path, ": missing tensor '", bias_name(static_cast<int64_t>(l)), "'");
-    if (it->second.shape() != bias.shape())
-      ORIGAMI_USER_ERROR(path, ": tensor '", it->first, "' has shape ", shape_string(it->second.shape()),
-                         ", the config needs ", shape_string(bias.shape()));
-    check_finite(path, it->first, it->second);
-    bias.copy_from(it->second);
-    tensors.erase(it);
+    if (bias.defined()) bias.copy_from(take(bias_name(static_cast<int64_t>(l)), bias.shape()));
   }
-  if (!tensors.empty())
-    ORIGAMI_USER_ERROR(path, ": unexpected tensor '", tensors.begin()->first, "' for this model config");
+  for (const auto& [name, file] : hf.by_tensor)
+    if (!loaded.count(name)) ORIGAMI_USER_ERROR(file->path(), ": unexpected tensor '", name, "' for this model config");
 }
 
 }  // namespace origami

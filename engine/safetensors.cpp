@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <cstring>
 #include <optional>
+#include <set>
 #include <xxhash.h>
 
 #include "engine/files.h"
@@ -244,5 +245,40 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path) {
   }
   return out;
 }
+
+HfFiles open_hf_dir(const std::string& dir) {
+  HfFiles hf;
+  const std::string index = dir + "/model.safetensors.index.json";
+  std::vector<std::string> names;
+  if (std::filesystem::exists(index)) {
+    const InputFile in(index, "Hugging Face index");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in.read_all(int64_t{256} << 20));
+    } catch (const nlohmann::json::exception& e) {
+      ORIGAMI_USER_ERROR(index, ": not valid JSON: ", e.what());
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      ORIGAMI_USER_ERROR(index, ": weight_map: missing (rule: {\"weight_map\": {tensor: file}})");
+    std::set<std::string> files;
+    for (const auto& [tensor, file] : j["weight_map"].items()) {
+      if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
+        ORIGAMI_USER_ERROR(index, ": weight_map.", tensor, ": must name a file in ", dir);
+      files.insert(file.get<std::string>());
+    }
+    names.assign(files.begin(), files.end());
+  } else {
+    names = {"model.safetensors"};
+  }
+  for (const std::string& n : names) {
+    hf.files.push_back(std::make_unique<SafetensorsFile>(dir + "/" + n));
+    for (const auto& [tensor, entry] : hf.files.back()->entries()) {
+      const auto [it, fresh] = hf.by_tensor.emplace(tensor, hf.files.back().get());
+      if (!fresh) ORIGAMI_USER_ERROR(dir, "/", n, ": tensor '", tensor, "' is also in ", it->second->path());
+    }
+  }
+  return hf;
+}
+
 
 }  // namespace origami

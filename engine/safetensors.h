@@ -83,4 +83,14 @@ class SafetensorsFile {
 // the file and the rule for malformed headers or out-of-range offsets.
 std::map<std::string, Tensor> read_safetensors(const std::string& path);
 
+// A consolidated Hugging Face directory: model.safetensors, or HF's shards
+// as model.safetensors.index.json's weight_map names them; each file mapped,
+// and which holds each tensor. UserError naming the file for a bad index, a
+// malformed file or a tensor in two files.
+struct HfFiles {
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::map<std::string, const SafetensorsFile*> by_tensor;
+};
+HfFiles open_hf_dir(const std::string& dir);
+
 }  // namespace origami

@@ -683,6 +683,17 @@ TEST_F(Checkpoint, InitFromHfLoadsAConsolidatedExportIntoAnyLayout) {
     const double got = read_jsonl(*dir_ / (tag + "/metrics.jsonl")).at(0).at("lm_loss").get<double>();
     EXPECT_LE(std::abs(got - one), 1e-6 * one) << got << " vs " << one;
   }
+  // eval reads both layouts too, to the same loss.
+  fs::copy_file(*dir_ / "hf/config.json", *dir_ / "hf-sharded/config.json");
+  std::string eval_out[2];
+  for (int k = 0; k < 2; ++k) {
+    r = run_command(std::string(ORIGAMI_BINARY) + " eval " + ORIGAMI_SOURCE_DIR + "/configs/tiny-moe.toml --weights " +
+                    (*dir_ / (k == 0 ? "hf" : "hf-sharded")) + " --data " + (*dir_ / "fortunes") +
+                    " --samples 8 --json");
+    ASSERT_EQ(r.status, 0) << r.output;
+    eval_out[k] = nlohmann::json::parse(r.output).at("loss").dump();
+  }
+  EXPECT_EQ(eval_out[0], eval_out[1]) << "eval of the sharded copy differs from the single file's";
   // A file of another model is refused, naming it.
   r = train("hf-wrong", 1, one_step + (*dir_ / "hf") + " --set model.ffn_hidden_size=256");
   EXPECT_EQ(r.status, 2) << r.output;
