@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -193,6 +194,15 @@ struct Config {
   const std::string& origin(std::string_view key) const {
     auto it = set_by.find(std::string(key));
     return it == set_by.end() ? source : it->second;
+  }
+  // The file and every override: where a rule of many keys (a layout, a
+  // memory need) came from, "c.toml with --set parallel.tp=2".
+  std::string sources() const {
+    std::set<std::string> sets;  // an override may be recorded under its section too
+    for (const auto& [key, set] : set_by) sets.insert(set);
+    std::string s = source;
+    for (const std::string& set : sets) s += (s.size() == source.size() ? " with " : ", ") + set;
+    return s;
   }
   ModelConfig model;
   MoeConfig moe;

@@ -485,7 +485,7 @@ void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node,
                                     : pages * static_cast<long double>(::sysconf(_SC_PAGE_SIZE));
   const int sharing = on_gpu ? 1 : std::max(1, ranks_per_node);
   if (pages > 0 && memory > 0 && (state + activations) * sharing > memory)
-    ORIGAMI_USER_ERROR(cfg.source, ": the model (", fmt_count(dense + expert), " parameters) needs at least ",
+    ORIGAMI_USER_ERROR(cfg.sources(), ": the model (", fmt_count(dense + expert), " parameters) needs at least ",
                        fmt_bytes(state + activations), " per rank (training state at ZeRO stage ", p.zero_stage, ": ",
                        fmt_bytes(state), "; activations of one micro-batch: ", fmt_bytes(activations), ") on ",
                        world_size, " rank(s) (tp ", p.tp, ", cp ", p.cp, ", pp ", p.pp, ", ep ", p.ep, ", etp ", p.etp,
@@ -509,7 +509,7 @@ void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node,
   const long double need = static_cast<long double>(worst->total());
   auto bytes = [](int64_t b) { return fmt_bytes(static_cast<long double>(b)); };
   if (need * sharing > memory)
-    ORIGAMI_USER_ERROR(cfg.source, ": training needs ", fmt_bytes(need), " per rank (pipeline stage ", worst->stage,
+    ORIGAMI_USER_ERROR(cfg.sources(), ": training needs ", fmt_bytes(need), " per rank (pipeline stage ", worst->stage,
                        ": training state ", bytes(worst->state.total()), ", ZeRO working buffers ",
                        bytes(worst->transient), ", activations held for backward ", bytes(worst->activations),
                        worst->rebuild > 0 ? concat(", one layer rebuilt in backward ", bytes(worst->rebuild)) : "",
@@ -578,7 +578,7 @@ std::string layout_problem(const Config& cfg, int64_t world_size) {
 
 void validate_for_world(const Config& cfg, int world_size) {
   if (std::string p = layout_problem(cfg, world_size); !p.empty())
-    ORIGAMI_USER_ERROR(cfg.source, ": on ", world_size, " rank(s): ", p);
+    ORIGAMI_USER_ERROR(cfg.sources(), ": on ", world_size, " rank(s): ", p);
 }
 
 }  // namespace origami

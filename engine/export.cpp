@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -311,8 +310,7 @@ void load_hf_weights(Model& model, const std::string& dir) {
     if (e.shape != shape)
       ORIGAMI_USER_ERROR(file.path(), ": tensor '", name, "' has shape ", shape_string(e.shape), ", the config needs ",
                          shape_string(shape));
-    Tensor t = Tensor::empty(shape, DType::f32, MemCategory::workspace);
-    std::memcpy(t.raw(), file.data(e), static_cast<size_t>(e.end - e.begin));
+    Tensor t = file.read(e, MemCategory::workspace);
     check_finite(file.path(), name, t);
     loaded.insert(name);
     return t;

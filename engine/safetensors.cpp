@@ -235,14 +235,16 @@ const SafetensorsFile::Entry& SafetensorsFile::entry(const std::string& name) co
   return it->second;
 }
 
+Tensor SafetensorsFile::read(const Entry& e, MemCategory category) const {
+  Tensor t = Tensor::empty(e.shape, DType::f32, category);
+  std::memcpy(t.raw(), data(e), static_cast<size_t>(e.end - e.begin));
+  return t;
+}
+
 std::map<std::string, Tensor> read_safetensors(const std::string& path) {
   const SafetensorsFile file(path);
   std::map<std::string, Tensor> out;
-  for (const auto& [name, e] : file.entries()) {
-    Tensor t = Tensor::empty(e.shape, DType::f32, MemCategory::param);
-    std::memcpy(t.raw(), file.data(e), static_cast<size_t>(e.end - e.begin));
-    out.emplace(name, t);
-  }
+  for (const auto& [name, e] : file.entries()) out.emplace(name, file.read(e, MemCategory::param));
   return out;
 }
 

@@ -71,6 +71,8 @@ class SafetensorsFile {
   const Entry& entry(const std::string& name) const;
   // The tensor's data (little-endian F32, possibly unaligned: copy with memcpy).
   const unsigned char* data(const Entry& e) const { return map_.data() + data_start_ + e.begin; }
+  // The tensor copied out of the mapping (host f32, of `category`).
+  Tensor read(const Entry& e, MemCategory category) const;
 
  private:
   MappedFile map_;

@@ -32,6 +32,15 @@ TEST(Config, ValidateForWorld) {
               std::string::npos)
         << e.what();
   }
+  // A rule of several keys names the file and every override it was read with.
+  try {
+    validate_for_world(parse_config(kMinimal, kFile, {"parallel.tp=2", "optimizer.lr=1e-3"}), 1);
+    FAIL() << "no UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("test.toml with --set optimizer.lr=1e-3, --set parallel.tp=2: on 1 rank(s): "),
+              std::string::npos)
+        << e.what();
+  }
   // Layout rules (comm::Layout) come before what the engine supports today.
   c.parallel.tp = 2;
   try {

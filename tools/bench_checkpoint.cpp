@@ -33,6 +33,7 @@
 #include "engine/config.h"
 #include "engine/metrics.h"
 #include "engine/model.h"
+#include "engine/optimizer.h"
 #include "kernels/threads.h"
 #include "tools/commands.h"
 
@@ -131,6 +132,7 @@ void run(const Args& a) {
   const std::string plain = dir + "/plain-rank-" + std::to_string(rank) + ".bin";
   for (int it = 0; it <= a.repeat; ++it) {  // iteration 0 warms up
     state.step = it + 1;
+    state.lr = learning_rate(cfg.optimizer, cfg.lr_schedule, cfg.training.steps, state.step);  // what a run saves
     CheckpointWriter sync(dir + "/sync", 1, false, io_meeting_wait(cfg));
     CheckpointSaveStats s;
     const double save = timed(*everyone, [&] { s = sync.save(cfg, model, state, groups, *everyone); });
