@@ -28,11 +28,14 @@ void export_checkpoint(const std::string& step_dir, const std::string& out_dir, 
   std::filesystem::create_directories(out_dir);
   // A failed export (a full disk) leaves the previous one whole (files.h).
   // Without --optimizer, an earlier export's moments are removed: they
-  // would sit beside other weights with nothing to tell them apart.
+  // would sit beside other weights with nothing to tell them apart. So is
+  // an HF index: its shards' weights are what this file replaces.
   std::vector<std::string> destinations = {out_dir + "/model.safetensors", out_dir + "/config.json"};
   const std::string optimizer = out_dir + "/optimizer.safetensors";
   if (with_optimizer) destinations.push_back(optimizer);
-  ReplacedFiles files(destinations, with_optimizer ? std::vector<std::string>{} : std::vector<std::string>{optimizer});
+  std::vector<std::string> stale = {out_dir + "/model.safetensors.index.json"};  // its shards are replaced
+  if (!with_optimizer) stale.push_back(optimizer);
+  ReplacedFiles files(destinations, stale);
   CheckpointReader reader(info);
   auto write = [&](const std::string& path, const std::vector<std::string>& moments) {
     std::vector<std::pair<std::string, Shape>> entries;

@@ -181,8 +181,10 @@ void export_hf(const Model& model, const std::string& dir, const comm::Groups* g
   });
   // A failed export (a full disk) leaves the previous one whole (files.h).
   std::filesystem::create_directories(dir);
+  // Left from earlier: `origami export --optimizer`'s moments, and an HF
+  // index whose shards this file replaces.
   ReplacedFiles files({dir + "/model.safetensors", dir + "/config.json"},
-                      {dir + "/optimizer.safetensors"});  // an earlier `origami export --optimizer`'s moments
+                      {dir + "/optimizer.safetensors", dir + "/model.safetensors.index.json"});
   write_safetensors(files.tmp(0), tensors);
   OutputFile out(files.tmp(1), OutputFile::Mode::truncate);
   out.write(hf_config(model.config(), model.moe_config()).dump(2) + "\n");

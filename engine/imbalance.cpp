@@ -269,7 +269,8 @@ nlohmann::ordered_json to_json(const RunReport& r, bool with_series) {
       {"cost", cost},
       {"losses", {{"aux_loss_mean", r.mean_aux_loss}, {"lm_loss_first", r.first_lm_loss}, {"lm_loss_last", r.last_lm_loss}}},
       {"alerts", alerts},
-      {"healthy", r.alerts.empty()}};
+      {"healthy", r.alerts.empty()},
+      {"notes", r.notes}};
   if (r.shape.known)
     j["config"] = {{"load_balancing", r.shape.load_balancing}, {"expert_bias", r.shape.expert_bias},
                    {"ep", r.shape.ep}, {"placement", !r.shape.placement.empty()}};

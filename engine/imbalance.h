@@ -130,6 +130,7 @@ struct RunReport {
   Cost cost;
   double mean_aux_loss = 0, first_lm_loss = 0, last_lm_loss = 0;
   std::vector<Alert> alerts;
+  std::vector<std::string> notes;  // how the run's config was read (a resume under another EP size)
 };
 
 // Reads RUN (a run directory holding metrics.jsonl, or the file itself) and

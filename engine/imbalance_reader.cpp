@@ -338,7 +338,8 @@ RunShape read_shape(const std::filesystem::path& dir) {
 
 // The config beside the metrics describes the run that wrote them: its
 // estimates (time, top-k, load balancing) are refused for records of
-// another shape (a config edited or copied since).
+// another model shape (a config edited or copied since; a resume keeps the
+// shape, its EP size may change, see read()).
 void RunReader::check_shape(const RunShape& shape) const {
   const std::string config = (std::filesystem::path(path_).parent_path() / "config.toml").string();
   auto refuse = [&](const std::string& what) {
@@ -352,9 +353,6 @@ void RunReader::check_shape(const RunShape& shape) const {
     if (a.experts != shape.num_experts)
       refuse(detail::concat("moe.num_experts = ", shape.num_experts, ", but ", path_, " records ", a.experts,
                             " experts in layer ", a.layer));
-    if (a.ep > 1 && a.ep != shape.ep)
-      refuse(detail::concat("parallel.ep = ", shape.ep, ", but ", path_, " records ", a.ep, " EP ranks in layer ",
-                            a.layer));
   }
 }
 
@@ -445,6 +443,16 @@ RunReport RunReader::read() {
   r.window = opt_.window > 0 ? std::min(opt_.window, r.steps) : std::max<int64_t>(1, r.steps / 10);
   r.shape = read_shape(std::filesystem::path(path_).parent_path());
   if (r.shape.known) check_shape(r.shape);
+  // A run resumed under another EP size rewrote config.toml: the selected
+  // steps ran at the records' EP, under the contiguous placement or one
+  // this config does not describe.
+  if (r.shape.known && !layers_.empty() && layers_.front().ep > 1 && layers_.front().ep != r.shape.ep) {
+    r.notes.push_back(detail::concat("config.toml has parallel.ep = ", r.shape.ep, " (a resume under another layout); ",
+                                     "the selected steps ran at ep ", layers_.front().ep,
+                                     ": their placement is taken as contiguous"));
+    r.shape.ep = layers_.front().ep;
+    r.shape.placement.clear();
+  }
   r.top_k = r.shape.top_k > 0 ? r.shape.top_k : std::max<int64_t>(1, top_k_);
   r.mean_aux_loss = nan_mean(aux_, 0, aux_.size());
   r.first_lm_loss = lm_.front();

@@ -101,8 +101,7 @@ void check_document_bytes(int64_t bytes, const std::string& path, int64_t offset
 // The whole file is one document, streamed: memory stays at one chunk
 // whatever the file's size.
 void read_text(const std::string& path, int64_t file_bytes, Sink& sink) {
-  if (file_bytes == 0) return;  // an empty document
-  check_document_bytes(file_bytes, path, 0);
+  if (file_bytes == 0) return;  // an empty document (and run_preprocess checked the size)
   std::ifstream in = open_input(path);
   std::string chunk(static_cast<size_t>(std::min(file_bytes, kTextChunkBytes)), '\0');
   for (int64_t done = 0; done < file_bytes;) {
@@ -210,6 +209,8 @@ PreprocessStats run_preprocess(const PreprocessOptions& options,
       ORIGAMI_USER_ERROR(path, ": cannot read: ", ec ? ec.message() : "not a regular file",
                          " (rule: every input must be an existing, readable file)");
     }
+    // A text file is one document: one too large is refused before any input is read.
+    if (options.format == PreprocessOptions::Format::text) check_document_bytes(static_cast<int64_t>(bytes), path, 0);
     sizes.push_back(static_cast<int64_t>(bytes));
     total += static_cast<int64_t>(bytes);
   }

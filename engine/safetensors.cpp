@@ -252,7 +252,9 @@ HfFiles open_hf_dir(const std::string& dir) {
   HfFiles hf;
   const std::string index = dir + "/model.safetensors.index.json";
   std::vector<std::string> names;
-  if (std::filesystem::exists(index)) {
+  // As Hugging Face's loader: the single file first, the index's shards only
+  // without one (an export into a sharded download leaves both).
+  if (!std::filesystem::exists(dir + "/model.safetensors") && std::filesystem::exists(index)) {
     const InputFile in(index, "Hugging Face index");
     nlohmann::json j;
     try {

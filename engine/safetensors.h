@@ -85,8 +85,9 @@ class SafetensorsFile {
 // the file and the rule for malformed headers or out-of-range offsets.
 std::map<std::string, Tensor> read_safetensors(const std::string& path);
 
-// A consolidated Hugging Face directory: model.safetensors, or HF's shards
-// as model.safetensors.index.json's weight_map names them; each file mapped,
+// A consolidated Hugging Face directory: model.safetensors, or, without
+// one, HF's shards as model.safetensors.index.json's weight_map names them
+// (Hugging Face's own order of preference); each file mapped,
 // and which holds each tensor. UserError naming the file for a bad index, a
 // malformed file or a tensor in two files.
 struct HfFiles {

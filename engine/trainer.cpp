@@ -508,7 +508,10 @@ StepMetrics Trainer::run_step() {
       // removed by the restart, which would go back a save further).
       if (r.writer && r.writer->pending()) {
         try {
-          r.writer->wait(*r.everyone);
+          // Its record will not come (this step has none): a note says it completed.
+          if (const auto done = r.writer->wait(*r.everyone); done && r.rank == 0)
+            std::fprintf(stderr, "origami: the checkpoint being written, %s, completed before the job stopped\n",
+                         done->dir.c_str());
         } catch (const JobError& save) {
           throw JobError(detail::concat(stop.what(), "\n", save.what()), std::max(stop.exit_status(), save.exit_status()));
         }

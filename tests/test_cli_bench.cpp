@@ -86,7 +86,9 @@ TEST(CliBench, MoeLayerRefusesALayerThisMachineCannotHold) {
                                 "moe.ffn_hidden_size=1048576 --steps 1 --warmup 0");
   EXPECT_EQ(r.status, 2) << r.output;
   for (const std::string& needle :
-       {"deepseek-v3.toml: bench moe-layer: needs at least", "this rank's 256 experts of 3 x 1048576 x 7168",
+       {"deepseek-v3.toml with --set moe.ffn_hidden_size=1048576, --set parallel.ep=1, --set parallel.pp=1: bench "
+        "moe-layer: needs at least",
+        "this rank's 256 experts of 3 x 1048576 x 7168",
         "one micro-batch's 4096 tokens and 32768 routed rows", "rank(s) share this machine's", "(--ep)"})
     EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
 }

@@ -643,6 +643,9 @@ TEST_F(Checkpoint, ARunStoppedForDivergenceResumesFromItsLastCheckpoint) {
     EXPECT_EQ(latest(tag), "step-00000012\n");
     EXPECT_FALSE(fs::exists(step_dir(tag, 13)));
     EXPECT_FALSE(fs::exists(step_dir(tag, 12) + ".tmp"));
+    EXPECT_EQ(r.output.find(step_dir(tag, 12) + ", completed before the job stopped") != std::string::npos,
+              async == "true")
+        << r.output;
     r = train(tag, 1, sets + " --set checkpoint.load=latest");
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find("resumed from " + step_dir(tag, 12) + " at step 12"), std::string::npos) << r.output;

@@ -123,7 +123,7 @@ TEST(CliBenchComm, SweptSizesAreDistinctAndWithinTheRange) {
   std::vector<int64_t> sizes;
   const auto swept = parse_json(r.output);
   for (const auto& row : swept["rows"]) sizes.push_back(row["bytes"].get<int64_t>());
-  EXPECT_EQ(sizes, (std::vector<int64_t>{12, 24, 60})) << r.output;  // 1..16 -> 12 (one float each of 3), 32, 64
+  EXPECT_EQ(sizes, (std::vector<int64_t>{12, 24, 60})) << r.output;  // 1..16 -> 12 (a float each of 3); 32 -> 24, 64 -> 60
   r = testing::run_command(kMpirun + "3 " + kBin + " bench comm --op reduce_scatter --min-bytes 1 --max-bytes 10");
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_NE(r.output.find("error: bench comm: --max-bytes 10 is under the smallest reduce_scatter message over 3 "

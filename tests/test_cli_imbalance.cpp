@@ -386,8 +386,8 @@ TEST(Imbalance, TheRunsPlacementIsTheBeforeAndObeysTheConfigsRules) {
   // A config of another shape than the records' (edited or copied since):
   // refused, naming the key and the records, not used for the estimates.
   for (const auto& [from, to, needle] :
-       {std::tuple<std::string, std::string, std::string>{"ep = 4", "ep = 2", "parallel.ep = 2, but "},
-        {"first_dense_layers = 1", "first_dense_layers = 2", "records MoE layer 1, which is not a MoE layer"}}) {
+       {std::tuple<std::string, std::string, std::string>{"first_dense_layers = 1", "first_dense_layers = 2",
+                                                          "records MoE layer 1, which is not a MoE layer"}}) {
     std::string edited = config;
     edited.replace(edited.find(from), from.size(), to);
     write_file(file, edited);
@@ -399,6 +399,23 @@ TEST(Imbalance, TheRunsPlacementIsTheBeforeAndObeysTheConfigsRules) {
         << needle << "\n" << r.output;
     EXPECT_NE(r.output.find("rule: the config.toml beside metrics.jsonl is the one of the run"), std::string::npos)
         << r.output;
+  }
+  // A run resumed under another EP size rewrote its config: its steps are
+  // read at the records' EP, the config's placement set aside, and a note
+  // says so (a resume keeps the model's shape, not its layout).
+  {
+    std::string ep2 = config;
+    ep2.replace(ep2.find("ep = 4"), 6, "ep = 2");
+    write_file(file, ep2 + "[moe.expert_placement]\nep = 2\n[moe.expert_placement.layers]\n1 = [[0, 1, 2, 7], [3, 4, 5, 6]]\n");
+    const json resumed = run_json(dir / "run --place --ep 4", 1);  // skewed: alerts
+    ASSERT_TRUE(resumed.contains("runs")) << resumed.dump();
+    const json& run = resumed["runs"][0];
+    EXPECT_EQ(run["config"]["ep"], 4);
+    EXPECT_EQ(run["config"]["placement"], false);
+    ASSERT_EQ(run["notes"].size(), 1u) << run.dump();
+    EXPECT_NE(run["notes"][0].get<std::string>().find("config.toml has parallel.ep = 2 (a resume under another layout)"),
+              std::string::npos);
+    for (const json& lp : resumed["placement"]["layers"]) EXPECT_FALSE(lp["before_from_run"].get<bool>());
   }
   // A valid placement of another run's 16 experts against these 8: the
   // config's expert count already differs from the records'.

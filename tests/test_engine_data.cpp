@@ -550,16 +550,21 @@ TEST_F(DataTest, PreprocessTextStreamsADocumentLargerThanItsPieces) {
 }
 
 // A text file is one document, and a document's size is an i32: a larger
-// file is refused by its size, before any of it is read (a sparse file, so
-// the test writes nothing).
+// file is refused by its size, before any input is read (a sparse file, so
+// the test writes nothing; the file before it is not read either: no
+// progress was reported, which reading its 2 MiB would have been).
 TEST_F(DataTest, PreprocessRefusesATextFileOverTheDocumentLimitUpFront) {
   {
     std::ofstream f(path("huge.txt"), std::ios::binary);
     ASSERT_TRUE(f.good());
   }
   fs::resize_file(path("huge.txt"), uint64_t{1} << 31);
-  expect_user_error([&] { preprocess({path("huge.txt")}, path("o"), PreprocessOptions::Format::text); },
-                    {path("huge.txt"), "byte offset 0", "a document of 2147483648 bytes", "2^31-1 tokens"});
+  write_bytes(path("small.txt"), std::string(2 << 20, 'a'));
+  ProgressLog log;
+  expect_user_error(
+      [&] { preprocess({path("small.txt"), path("huge.txt")}, path("o"), PreprocessOptions::Format::text, &log); },
+      {path("huge.txt"), "byte offset 0", "a document of 2147483648 bytes", "2^31-1 tokens"});
+  EXPECT_TRUE(log.calls.empty()) << "input was read before the size was checked";
   EXPECT_FALSE(fs::exists(path("o.bin")));
   EXPECT_FALSE(fs::exists(path("o.bin.tmp")));
 }

@@ -37,6 +37,7 @@
 #include <optional>
 #include <span>
 
+#include "comm/agreement.h"
 #include "comm/groups.h"
 #include "comm/mpi_communicator.h"
 #include "engine/config.h"
@@ -291,11 +292,10 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
   if (a.etp > 0) overrides.push_back("parallel.etp=" + std::to_string(a.etp));
   Config cfg = load_config(a.config, overrides);
   require_host_engine(cfg, "bench moe-layer");
-  {
-    // Every rank benchmarks the same layer, or the exchange tables mean nothing.
-    const auto everyone = comm::whole_mpi(MPI_COMM_WORLD, "everyone", comm::CommOptions{cfg.runtime.collective_timeout_s});
-    check_same_run(*everyone, cfg);
-  }
+  // Every rank benchmarks the same layer, or the exchange tables mean nothing.
+  auto everyone = comm::whole_mpi(MPI_COMM_WORLD, "everyone", comm::CommOptions{cfg.runtime.collective_timeout_s});
+  check_same_run(*everyone, cfg);
+
   const MoeConfig& m = cfg.moe;
   const ParallelConfig& par = cfg.parallel;
   if (m.router.num_experts == 0)
@@ -322,16 +322,13 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
   }
   if (F % par.etp != 0)
     ORIGAMI_USER_ERROR(a.config, ": expert ffn width ", F, " does not divide over parallel.etp = ", par.etp);
-  comm::Groups groups = comm::Groups::create(*layout, MPI_COMM_WORLD, comm::Backend::mpi,
-                                             comm::CommOptions{cfg.runtime.collective_timeout_s});
-  const Exchange xch{&groups[comm::GroupKind::ep], &groups[comm::GroupKind::etp], &groups[comm::GroupKind::tp_ep]};
-  const moe::AllToAllDispatcher disp(ctx, E, xch.ep, xch.etp);
-  const int64_t El = disp.num_local_experts(), Fl = F / par.etp;
   {
     // What the loop below allocates, at least: this rank's experts and the
     // gate, each with its gradient, and per micro-batch its tokens and
     // output gradient, and the T·k routed rows (balanced routing) that the
-    // experts' backward keeps (input, gate and up outputs).
+    // experts' backward keeps (input, gate and up outputs). Agreed: a rank
+    // whose node cannot hold it stops every rank before the exchanges.
+    const int64_t El = E / par.ep, Fl = F / par.etp;
     const long double weights = 2.0L * 4 *
                                 (static_cast<long double>(El) * 3 * Fl * D + static_cast<long double>(E) * D +
                                  3.0L * m.shared_expert_hidden_size * D);
@@ -340,12 +337,21 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
     const MemoryNeed need[] = {
         {detail::concat("this rank's ", El, " experts of 3 x ", Fl, " x ", D, " and the router, with their gradients"),
          weights},
-        {detail::concat("one micro-batch's ", T, " tokens and ", static_cast<int64_t>(rows), " routed rows"), activations}};
-    check_fits_host_memory(a.config + ": bench moe-layer", need,
-                           "check moe.num_experts, moe.ffn_hidden_size, training.micro_batch and seq_len, or "
-                           "spread the experts over more ranks (--ep)",
-                           ranks_on_this_node());
+        {detail::concat("one micro-batch's ", T, " tokens and ", static_cast<int64_t>(rows), " routed rows"),
+         activations}};
+    comm::run_agreed(*everyone, [&] {
+      check_fits_host_memory(cfg.sources() + ": bench moe-layer", need,
+                             "check moe.num_experts, moe.ffn_hidden_size, training.micro_batch and seq_len, or "
+                             "spread the experts over more ranks (--ep)",
+                             ranks_on_this_node());
+    });
+    everyone.reset();
   }
+  comm::Groups groups = comm::Groups::create(*layout, MPI_COMM_WORLD, comm::Backend::mpi,
+                                             comm::CommOptions{cfg.runtime.collective_timeout_s});
+  const Exchange xch{&groups[comm::GroupKind::ep], &groups[comm::GroupKind::etp], &groups[comm::GroupKind::tp_ep]};
+  const moe::AllToAllDispatcher disp(ctx, E, xch.ep, xch.etp);
+  const int64_t El = disp.num_local_experts(), Fl = F / par.etp;
 
   moe::MoeLayerOptions opt;
   opt.router = m.router;

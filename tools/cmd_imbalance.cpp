@@ -73,6 +73,7 @@ void print_report(const im::RunReport& r) {
   if (r.shape.known)
     std::printf("  config: load_balancing %s%s%s\n", r.shape.load_balancing.c_str(),
                 r.shape.expert_bias ? " + expert_bias" : "", r.shape.placement.empty() ? "" : ", moe.expert_placement");
+  for (const std::string& note : r.notes) std::printf("  note: %s\n", note.c_str());
   const bool what_if = L0.what_if.ranks > 0;
   std::printf("  %5s %8s %8s %8s %6s %9s %5s  %-27s %8s %12s%s\n", "layer", "util min", "util max", "max_vio", "CV",
               "batch vio", "dead", "hottest (share of tokens)", "dropped", "EP max/mean",
