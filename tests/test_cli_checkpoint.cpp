@@ -700,6 +700,19 @@ TEST_F(Checkpoint, InitFromHfLoadsAConsolidatedExportIntoAnyLayout) {
     eval_out[k] = nlohmann::json::parse(r.output).at("loss").dump();
   }
   EXPECT_EQ(eval_out[0], eval_out[1]) << "eval of the sharded copy differs from the single file's";
+  // Beside model.safetensors an index is not read (Hugging Face's order), and
+  // an export over a sharded directory removes it.
+  testing::write_file(*dir_ / "hf/model.safetensors.index.json", "{not an index");
+  r = run_command(std::string(ORIGAMI_BINARY) + " eval " + ORIGAMI_SOURCE_DIR + "/configs/tiny-moe.toml --weights " +
+                  (*dir_ / "hf") + " --data " + (*dir_ / "fortunes") + " --samples 8 --json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(r.output).at("loss").dump(), eval_out[0]);
+  ASSERT_EQ(base().size(), 20u);
+  r = run_command(std::string(ORIGAMI_BINARY) + " export --checkpoint " + step_dir("base", 20) + " --out " +
+                  (*dir_ / "hf-sharded"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(fs::exists(*dir_ / "hf-sharded/model.safetensors"));
+  EXPECT_FALSE(fs::exists(*dir_ / "hf-sharded/model.safetensors.index.json")) << "the replaced shards' index was kept";
   // A file of another model is refused, naming it.
   r = train("hf-wrong", 1, one_step + (*dir_ / "hf") + " --set model.ffn_hidden_size=256");
   EXPECT_EQ(r.status, 2) << r.output;
