@@ -277,7 +277,8 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
       m.bad(std::string("layout.") + key, std::to_string(v.first) + " differs from the config's parallel." + key +
                                               " = " + std::to_string(v.second));
   if (info.order != par.order)
-    m.bad("layout.order", "\"" + shorten(info.order) + "\" differs from the config's parallel.order = \"" + par.order + "\"");
+    m.bad("layout.order",
+          "\"" + shorten(info.order) + "\" differs from the config's parallel.order = \"" + par.order + "\"");
   const std::vector<int64_t> stages =
       plan::stage_layers(saved.model.num_layers, par.pp * par.virtual_stages, par.pp_layers);
   if (info.stage_layers != stages)

@@ -513,7 +513,8 @@ StepMetrics Trainer::run_step() {
             std::fprintf(stderr, "origami: the checkpoint being written, %s, completed before the job stopped\n",
                          done->dir.c_str());
         } catch (const JobError& save) {
-          throw JobError(detail::concat(stop.what(), "\n", save.what()), std::max(stop.exit_status(), save.exit_status()));
+          throw JobError(detail::concat(stop.what(), "\n", save.what()),
+                         std::max(stop.exit_status(), save.exit_status()));
         }
       }
       throw;

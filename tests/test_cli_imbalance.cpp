@@ -406,7 +406,8 @@ TEST(Imbalance, TheRunsPlacementIsTheBeforeAndObeysTheConfigsRules) {
   {
     std::string ep2 = config;
     ep2.replace(ep2.find("ep = 4"), 6, "ep = 2");
-    write_file(file, ep2 + "[moe.expert_placement]\nep = 2\n[moe.expert_placement.layers]\n1 = [[0, 1, 2, 7], [3, 4, 5, 6]]\n");
+    write_file(file,
+               ep2 + "[moe.expert_placement]\nep = 2\n[moe.expert_placement.layers]\n1 = [[0, 1, 2, 7], [3, 4, 5, 6]]\n");
     const json resumed = run_json(dir / "run --place --ep 4", 1);  // skewed: alerts
     ASSERT_TRUE(resumed.contains("runs")) << resumed.dump();
     const json& run = resumed["runs"][0];

@@ -21,7 +21,9 @@ void add_eval_command(CLI::App& app) {
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("eval", "Mean token loss of exported weights on a dataset");
   cmd->add_option("config", args->config, "TOML config the weights were trained with")->required();
-  cmd->add_option("--weights", args->weights, "Directory with model.safetensors (or HF's shards and model.safetensors.index.json)")->required();
+  cmd->add_option("--weights", args->weights,
+                  "Directory with model.safetensors (or HF's shards and model.safetensors.index.json)")
+      ->required();
   cmd->add_option("--data", args->data, "Dataset prefix (.bin/.idx)")->required();
   cmd->add_option("--samples", args->samples, "Number of windows of seq_len+1 tokens, in file order")->required();
   cmd->add_option("--set", args->overrides, "Override a config value: section.key=value");

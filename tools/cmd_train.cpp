@@ -32,7 +32,8 @@ void add_train_command(CLI::App& app) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (rank != 0 || args->json) return;
     if (s.stop_signal)
-      std::printf("stopped by %s after %zu steps (at step %lld of %lld)%s%s%s\n", stop_signal_name(s.stop_signal).c_str(),
+      std::printf("stopped by %s after %zu steps (at step %lld of %lld)%s%s%s\n",
+                  stop_signal_name(s.stop_signal).c_str(),
                   s.losses.size(), static_cast<long long>(std::max<int64_t>(0, s.resumed_step) + std::ssize(s.losses)),
                   static_cast<long long>(cfg.training.steps),
                   s.checkpoint.empty() ? " (no checkpoint.dir: nothing saved)" : "; checkpoint ",
