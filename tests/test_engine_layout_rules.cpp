@@ -76,7 +76,7 @@ TEST(LayoutRules, TrainAndPlanAcceptAndRejectTheSameLayoutsWithTheSameMessage) {
                 const std::string rule = layout_problem(c, world);
                 EXPECT_EQ(train_error.empty(), rule.empty());
                 if (!rule.empty()) {
-                  EXPECT_EQ(train_error, base.source + ": on " + std::to_string(world) + " rank(s): " + rule);
+                  EXPECT_EQ(train_error, base.sources() + ": on " + std::to_string(world) + " rank(s): " + rule);
                 }
                 // The planner, on every layout comm::Layout itself accepts.
                 std::optional<comm::Layout> layout;
