@@ -14,6 +14,7 @@
 #include "engine/checkpoint_format.h"
 #include "engine/export.h"
 #include "engine/files.h"
+#include "engine/json_file.h"
 #include "engine/optimizer.h"
 #include "engine/plan.h"
 
@@ -146,13 +147,7 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
   if (!fs::exists(path))
     ORIGAMI_USER_ERROR(path, ": missing (rule: a checkpoint is complete only once rank 0 wrote metadata.json, "
                              "after every rank's files; this directory is an unfinished save or not a checkpoint)");
-  const InputFile in(path, "checkpoint metadata");
-  nlohmann::ordered_json j;
-  try {
-    j = nlohmann::ordered_json::parse(in.read_all(int64_t{1} << 31));
-  } catch (const nlohmann::ordered_json::exception& e) {
-    ORIGAMI_USER_ERROR(path, ": not valid JSON: ", e.what());
-  }
+  const auto j = read_json_file<nlohmann::ordered_json>(path, "checkpoint metadata", int64_t{1} << 31);
   const MetaReader m{path};
   if (m.text(j, "format") != kFormat) m.bad("format", std::string("must be \"") + kFormat + "\"");
   if (m.integer(j, "version") != kFormatVersion)

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "engine/files.h"
+#include "engine/json_file.h"
 #include "engine/safetensors.h"
 
 namespace origami {
@@ -252,13 +253,7 @@ nlohmann::ordered_json hf_config(const ModelConfig& c, const MoeConfig& m) {
 
 void check_config_matches_export(const Config& cfg, const std::string& dir) {
   const std::string path = dir + "/config.json";
-  const InputFile in(path, "Hugging Face config.json");
-  nlohmann::json got;
-  try {
-    got = nlohmann::json::parse(in.read_all(int64_t{1} << 20));
-  } catch (const nlohmann::json::exception& e) {
-    ORIGAMI_USER_ERROR(path, ": not valid JSON: ", e.what());
-  }
+  const nlohmann::json got = read_json_file(path, "Hugging Face config.json", int64_t{1} << 20);
   if (!got.is_object()) ORIGAMI_USER_ERROR(path, ": must be a JSON object (an exported config.json)");
   const nlohmann::ordered_json expected = hf_config(cfg.model, cfg.moe);
   // The keys that change the forward pass, and the config key behind each.

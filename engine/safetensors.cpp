@@ -14,6 +14,7 @@
 #include <xxhash.h>
 
 #include "engine/files.h"
+#include "engine/json_file.h"
 
 namespace origami {
 
@@ -255,13 +256,7 @@ HfFiles open_hf_dir(const std::string& dir) {
   // As Hugging Face's loader: the single file first, the index's shards only
   // without one (an export into a sharded download leaves both).
   if (!std::filesystem::exists(dir + "/model.safetensors") && std::filesystem::exists(index)) {
-    const InputFile in(index, "Hugging Face index");
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in.read_all(int64_t{256} << 20));
-    } catch (const nlohmann::json::exception& e) {
-      ORIGAMI_USER_ERROR(index, ": not valid JSON: ", e.what());
-    }
+    const nlohmann::json j = read_json_file(index, "Hugging Face index", int64_t{256} << 20);
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       ORIGAMI_USER_ERROR(index, ": weight_map: missing (rule: {\"weight_map\": {tensor: file}})");
     std::set<std::string> files;
