@@ -44,7 +44,12 @@ bool is_blank(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; });
 }
 
-void check_document_bytes(int64_t bytes, const std::string& path, int64_t offset);
+void check_document_bytes(int64_t bytes, const std::string& path, int64_t offset) {
+  if (bytes > kMaxDocumentBytes)
+    ORIGAMI_USER_ERROR(path, ": byte offset ", offset, ": a document of ", bytes,
+                       " bytes (rule: a document holds at most 2^31-1 tokens, one per byte and its EOD, since the "
+                       "index stores its size as an i32; split it)");
+}
 
 // Tokenizes documents into the writer and reports progress in input bytes.
 class Sink {
@@ -90,13 +95,6 @@ class Sink {
   int64_t reported_ = 0;
   std::vector<int32_t> tokens_;
 };
-
-void check_document_bytes(int64_t bytes, const std::string& path, int64_t offset) {
-  if (bytes > kMaxDocumentBytes)
-    ORIGAMI_USER_ERROR(path, ": byte offset ", offset, ": a document of ", bytes,
-                       " bytes (rule: a document holds at most 2^31-1 tokens, one per byte and its EOD, since the "
-                       "index stores its size as an i32; split it)");
-}
 
 // The whole file is one document, streamed: memory stays at one chunk
 // whatever the file's size.
