@@ -104,8 +104,11 @@ TEST(GpuCheckReport, TrainingNotesFromOrigamisAndPyTorchsRecords) {
   };
   // gpu_check's 4 steps: 2 of warm-up, then the median of steps 3 and 4.
   train(configs[0], "gpu-whole", 4, "");
-  train(configs[1], "gpu-cut", 2, "");                            // stopped before the last step
-  train(configs[2], "gpu-fit-L2", 4, " --set model.num_layers=2");  // origami again at PyTorch's layers
+  train(configs[1], "gpu-cut", 2, "");  // stopped before the last step
+  // As on a GPU smaller than the config's: the layers that fit (3 of 4),
+  // then origami again at the fewer layers PyTorch fitted.
+  train(configs[2], "gpu-fit", 4, " --set model.num_layers=3");
+  train(configs[2], "gpu-fit-L2", 4, " --set model.num_layers=2");
   if (HasFatalFailure()) return;
 
   // origami's side, as on an H200 SXM (datasheet MFU beside the measured one).
@@ -113,8 +116,12 @@ TEST(GpuCheckReport, TrainingNotesFromOrigamisAndPyTorchsRecords) {
   r = report("train-gpu " + ours + " " + build + " 4" + config_args, "GPU_NAME='NVIDIA H200'");
   ASSERT_EQ(r.status, 0) << r.output;
   const nlohmann::json runs = read_json(ours);
-  ASSERT_EQ(runs.size(), 1u) << runs.dump();
+  ASSERT_EQ(runs.size(), 2u) << runs.dump();
   const nlohmann::json& whole = runs.at("gpu-whole");
+  EXPECT_EQ(whole.at("layers"), 4);
+  EXPECT_EQ(whole.at("config_layers"), 4);
+  EXPECT_EQ(runs.at("gpu-fit").at("layers"), 3);
+  EXPECT_EQ(runs.at("gpu-fit").at("config_layers"), 4);
   const std::vector<nlohmann::json> records = testing::read_jsonl(build + "/train-gpu-whole/metrics.jsonl");
   ASSERT_EQ(records.size(), 4u);
   // The median of the two timed steps is their mean.
@@ -132,8 +139,9 @@ TEST(GpuCheckReport, TrainingNotesFromOrigamisAndPyTorchsRecords) {
   EXPECT_NE(r.output.find(tok_s), std::string::npos) << r.output;
   EXPECT_TRUE(std::regex_search(r.output, std::regex("MFU [0-9.]+% of the measured [0-9]+ TFLOP/s \\([0-9.]+% of the "
                                                      "989 TFLOP/s datasheet\\), peak [0-9.]+ GB, comm exposed "
-                                                     "0\\.000 s; gpu-cut: stopped after step 2 of 4; gpu-fit: no "
-                                                     "metrics; gpu-absent: no metrics\n$")))
+                                                     "0\\.000 s; gpu-cut: stopped after step 2 of 4; gpu-fit at 3 of 4 "
+                                                     "layers \\(what fits this GPU\\): [0-9]+ tok/s, .*; "
+                                                     "gpu-absent: no metrics\n$")))
       << r.output;
   r = report("train-gpu " + (dir / "nvl.json") + " " + build + " 4 " + configs[0], "GPU_NAME='NVIDIA H200 NVL'");
   ASSERT_EQ(r.status, 0) << r.output;
@@ -148,7 +156,7 @@ TEST(GpuCheckReport, TrainingNotesFromOrigamisAndPyTorchsRecords) {
   testing::write_file(build + "/torch-gpu-cut.json", R"({"config": "gpu-cut", "skipped": "no CUDA device"})");
   testing::write_file(build + "/torch-gpu-fit.json",
                       R"({"config": "gpu-fit", "tokens_per_s": 1000.0, "peak_memory_bytes": 2.5e9, "layers": 2,
-                          "oom_layers": [4, 3], "alloc_retries": 3})");
+                          "oom_layers": [3], "alloc_retries": 3})");
   const std::string theirs = dir / "train_torch.json";
   r = report("train-torch " + theirs + " " + ours + " " + build + " 4" + config_args);
   ASSERT_EQ(r.status, 0) << r.output;
@@ -165,10 +173,41 @@ TEST(GpuCheckReport, TrainingNotesFromOrigamisAndPyTorchsRecords) {
   EXPECT_FALSE(torch.contains("gpu-absent"));
   EXPECT_TRUE(std::regex_search(r.output, std::regex("^gpu-whole: torch [0-9]+ tok/s, peak 0\\.0 GB, origami/torch "
                                                      "[0-9.]+x; gpu-cut: no CUDA device; gpu-fit: torch 1000 tok/s at "
-                                                     "2 layers \\(out of memory at 4, 3\\), peak 2\\.5 GB, 3 "
+                                                     "2 layers \\(out of memory at 3\\), peak 2\\.5 GB, 3 "
                                                      "allocator retries, origami/torch [0-9.]+x; gpu-absent: no "
                                                      "result\n$")))
       << r.output;
+}
+
+// fit-layers: the GPU configs are sized for an H200; on a smaller GPU the
+// check runs each at the most layers whose planned peak fits the memory
+// less the reserve. The answer is the boundary the plan draws (L fits, L + 1
+// does not), for an H100's 81559 MiB, an H200's 143771 MiB, and a memory
+// that not one layer fits.
+TEST(GpuCheckReport, FitLayersIsTheMostLayersThePlanFitsInTheGpu) {
+  const std::string mixtral = std::string(ORIGAMI_SOURCE_DIR) + "/configs/gpu-mixtral-h200.toml";
+  const int64_t reserve = 6'000'000'000;
+  const auto planned_peak = [&](int layers) {
+    auto r = run_command(kOrigami + " plan " + mixtral + " --world 1 --recipe bf16 --json --set model.num_layers=" +
+                         std::to_string(layers));
+    EXPECT_EQ(r.status, 0) << r.output;
+    const nlohmann::json ledger = nlohmann::json::parse(r.output).at("ledger");
+    return ledger.at("stages").at(ledger.at("worst_stage").get<size_t>()).at("total").get<int64_t>();
+  };
+  const auto fit = [&](int64_t memory) {
+    auto r = report("fit-layers " + kOrigami + " " + mixtral + " " + std::to_string(memory) + " " +
+                    std::to_string(reserve));
+    EXPECT_EQ(r.status, 0) << r.output;
+    return std::stoi(r.output);
+  };
+  const int64_t h100 = 81559LL << 20, h200 = 143771LL << 20;
+  const int on_h100 = fit(h100);
+  EXPECT_EQ(on_h100, 3);
+  EXPECT_LE(planned_peak(on_h100), h100 - reserve);
+  EXPECT_GT(planned_peak(on_h100 + 1), h100 - reserve);
+  EXPECT_EQ(fit(h200), 5) << "the config's own layers on the GPU it is sized for";
+  EXPECT_EQ(fit(reserve + planned_peak(1) - 1), 0);
+  EXPECT_EQ(fit(reserve + planned_peak(1)), 1);
 }
 
 // The kernel table: origami's ops (a real CPU run at the tiny shapes) beside

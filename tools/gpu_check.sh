@@ -16,7 +16,8 @@
 #                a broken bundle shows apart from a broken CUDA op
 #   cuda_tests   ctest -L cuda (4 at a time on the one GPU)
 #   train_gpu    4 steps of each GPU config (configs/gpu-*.toml, Mixtral-like first; its global
-#                batch) on cuda:0 in bf16 (the CUDA recipe), on a corpus made from this
+#                batch; on a GPU smaller than the H200 they are sized for, the most
+#                layers that fit) on cuda:0 in bf16 (the CUDA recipe), on a corpus made from this
 #                checkout's text: tokens/s, TFLOP/s, MFU, peak memory, exposed
 #                communication (medians of steps 3 and 4)
 #   train_torch  tools/train_torch.py: the same configs in PyTorch eager on the
@@ -103,7 +104,9 @@ orig_ld_path=${LD_LIBRARY_PATH:-}
 gpu=""  # "name, driver, memory" of GPU 0, empty without one
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU 0'; then
   gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1)
+  gpu_memory_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1 | tr -d ' ')
 fi
+case ${gpu_memory_mib:-} in '' | *[!0-9]*) gpu_memory_mib="" ;; esac  # MiB of GPU 0, empty when unknown
 
 # ---- steps: each prints to the log; returns 0 ok, 77 skipped, else failed;
 # sets note[STEP] for the table.
@@ -473,6 +476,54 @@ origami_gpu_train() {
     --set export.dir= --set logging.dir="$build/train-$run" "$@"
 }
 
+# The layers each GPU config runs with: its own on an H200, the most that
+# fit on a smaller GPU (an H100's 80 GB holds 3 of the Mixtral-like
+# config's 5), so that the per-layer figures still come back. What fits is
+# the plan's peak within the GPU's memory less fit_reserve, the part the
+# plan does not count (CUDA context, cuBLAS workspaces, op transients,
+# allocator slack: a guess, unmeasured); a run that still runs out of
+# memory is tried once more at a layer fewer.
+declare -A layers=()  # config name -> layers its runs use
+fit_reserve=6000000000  # bytes
+config_layers() { sed -n 's/^num_layers *= *\([0-9]*\).*/\1/p' "$1" | head -n 1; }
+
+# Config $2 as run $1 at the layers that fit GPU 0 (without a GPU, the
+# config's own); sets layers[$1].
+origami_gpu_train_fitted() {
+  local run=$1 c=$2 full fit retried=0 rc out
+  full=$(config_layers "$c")
+  fit=$full
+  if [ -n "$gpu_memory_mib" ] && [ -n "$full" ]; then
+    fit=$(python3 "$report" fit-layers "$build/tools/origami" "$c" "$((gpu_memory_mib * 1048576))" "$fit_reserve") ||
+      return 1
+    if [ "$fit" -eq 0 ]; then
+      echo "$run: not one layer fits the GPU's $gpu_memory_mib MiB less the $fit_reserve-byte reserve"
+      layers[$run]=0
+      return 1
+    fi
+  fi
+  out=$(mktemp)
+  while :; do
+    layers[$run]=$fit
+    if [ -n "$full" ] && [ "$fit" -lt "$full" ]; then
+      echo "$run: at $fit of its $full layers (this GPU has $gpu_memory_mib MiB)"
+      origami_gpu_train "$run" "$c" --set model.num_layers="$fit" 2>&1 | tee "$out"
+    else
+      origami_gpu_train "$run" "$c" 2>&1 | tee "$out"
+    fi
+    rc=${PIPESTATUS[0]}
+    # Out of memory (the allocator's or the start-up check's "... of memory"):
+    # the reserve was short.
+    if [ "$rc" -eq 2 ] && [ "$fit" -gt 1 ] && [ $retried -eq 0 ] && grep -q "of memory" "$out"; then
+      retried=1 fit=$((fit - 1))
+      echo "$run: out of memory; once more at $fit layers"
+      continue
+    fi
+    rm -f "$out"
+    return "$rc"
+  done
+}
+
 # Each GPU config for a few steps; the last step's record of each, its rates
 # the median of the timed steps, into train_gpu.json ({config: record}),
 # its figures into the note.
@@ -486,7 +537,7 @@ step_train_gpu() {
     { note[train_gpu]="origami preprocess of the checkout's text failed"; return 1; }
   local c rc=0 out
   for c in "${gpu_configs[@]}"; do
-    origami_gpu_train "$(basename "$c" .toml)" "$c" || rc=1
+    origami_gpu_train_fitted "$(basename "$c" .toml)" "$c" || rc=1
   done
   out=$(GPU_NAME="$gpu" python3 "$report" train-gpu "$results/train_gpu.json" "$build" "$train_steps" "${gpu_configs[@]}")
   echo "$out"
@@ -507,15 +558,17 @@ twin_out_of_memory() {  # its JSON
 # PyTorch's per config. The configs fill the GPU with origami's 16 bytes of
 # state per parameter; eager PyTorch also holds autocast's bf16 weight copies
 # and more activations, so the twin runs with --fit (one layer fewer after
-# each out-of-memory), and where it ran fewer layers than the config origami
-# runs again at that count (train-NAME-LN): the ratio is like for like, and
-# the layers PyTorch could not fit are reported. PyTorch running out of
-# memory even at one layer is a finding, not a failure of the check.
+# each out-of-memory), starting at the layers origami ran (step_train_gpu),
+# and where it ran fewer, origami runs again at that count (train-NAME-LN):
+# the ratio is like for like, and the layers PyTorch could not fit are
+# reported. PyTorch running out of memory even at one layer is a finding,
+# not a failure of the check.
 step_train_torch() {
   [ -f tools/train_torch.py ] || { note[train_torch]="no tools/train_torch.py"; return 1; }
   local c name rc=0 fitted full
   for c in "${gpu_configs[@]}"; do
     name=$(basename "$c" .toml)
+    full=${layers[$name]:-$(config_layers "$c")}
     rm -f "$build/torch-$name.json"
     # expandable_segments: PyTorch's own advice against fragmentation, which
     # a model filling the card would otherwise pay for in allocator retries.
@@ -523,11 +576,10 @@ step_train_torch() {
       if [ -n "$orig_ld_path" ]; then export LD_LIBRARY_PATH=$orig_ld_path; else unset LD_LIBRARY_PATH; fi
       PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONUNBUFFERED=1 \
         timeout -k "$kill_after" "$(budget 180)" python3 tools/train_torch.py "$c" --steps 2 --warmup 1 \
-        --precision bf16 --fit --json "$build/torch-$name.json"
+        --precision bf16 --fit ${full:+--layers "$full"} --json "$build/torch-$name.json"
     ) || twin_out_of_memory "$build/torch-$name.json" || rc=1
     fitted=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("layers", 0))' \
                "$build/torch-$name.json" 2>/dev/null || echo 0)
-    full=$(sed -n 's/^num_layers *= *\([0-9]*\).*/\1/p' "$c" | head -1)
     if [ "${fitted:-0}" -gt 0 ] && [ -n "$full" ] && [ "$fitted" -lt "$full" ]; then
       origami_gpu_train "$name-L$fitted" "$c" --set model.num_layers="$fitted" || rc=1
     fi

@@ -6,10 +6,15 @@ Standard library only: the GPU machine's python3 is not ours.
   ctest-counts XML                  "passed failed skipped total" of CTest's JUnit file
   ctest-figures XML                 the "[ measured ] " lines of the tests that printed one
   unexpected-skips XML [ALLOWED..]  the skipped tests not in ALLOWED, one per line
+  fit-layers ORIGAMI CONFIG MEMORY_BYTES RESERVE_BYTES
+      the most layers, up to CONFIG's, whose planned peak on one rank in bf16
+      (`origami plan`) is within MEMORY_BYTES less RESERVE_BYTES; 0 when not
+      even one layer is
   train-gpu OUT BUILD STEPS CONFIG..
       per config, the last step's record of BUILD/train-NAME/metrics.jsonl
       with the median rates of the steps after the warm-up (_timed) into OUT
-      ({name: record}); prints one note line (GPU_NAME: the device)
+      ({name: record}, with the layers the run had and the config's);
+      prints one note line (GPU_NAME: the device)
   train-torch OUT OURS BUILD STEPS CONFIG..
       BUILD/torch-NAME.json per config into OUT with origami's tokens/s over
       PyTorch's (OURS: train-gpu's OUT); prints one note line
@@ -20,7 +25,9 @@ the output, so the summary comes back whatever ran.
 """
 import json
 import os
+import re
 import statistics
+import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
@@ -94,6 +101,45 @@ def _config_name(path):
     return os.path.basename(path)[:-len(".toml")]
 
 
+def _config_layers(path):
+    """model.num_layers of a config file ([model] num_layers = N), or of a
+    run's resolved config.toml (model.num_layers = N); None without one."""
+    section = ""
+    with open(path) as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if line.startswith("["):
+                section = line.strip("[] ")
+                continue
+            m = re.fullmatch(r"([\w.]+)\s*=\s*(\d+)", line)
+            if m and (section + "." + m.group(1)).lstrip(".") == "model.num_layers":
+                return int(m.group(2))
+    return None
+
+
+def fit_layers(origami, config, memory, reserve):
+    """The GPU configs are sized for an H200; on a smaller card (an H100's
+    80 GB) the check runs each at the most layers that fit, so that the
+    per-layer figures (MFU, tokens/s, the ratio to PyTorch) still come back.
+    The plan counts the training state, ZeRO buffers and held activations;
+    RESERVE is for what it does not (the CUDA context, cuBLAS workspaces,
+    op transients, the caching allocator's slack)."""
+    room = int(memory) - int(reserve)
+    full = _config_layers(config)
+    if full is None:
+        sys.exit(f"fit-layers: no model.num_layers in {config}")
+    for layers in range(full, 0, -1):
+        out = subprocess.run([origami, "plan", config, "--world", "1", "--recipe", "bf16", "--json",
+                              "--set", f"model.num_layers={layers}"], capture_output=True, text=True)
+        if out.returncode != 0:
+            sys.exit(f"fit-layers: origami plan {config} at {layers} layers failed: {out.stderr.strip()[-300:]}")
+        ledger = json.loads(out.stdout)["ledger"]
+        if ledger["stages"][ledger["worst_stage"]]["total"] <= room:
+            print(layers)
+            return
+    print(0)
+
+
 def train_gpu(out, build, steps, *configs):
     steps = int(steps)
     # MFU is against the GEMM peak measured at start-up (the issue's
@@ -118,12 +164,22 @@ def train_gpu(out, build, steps, *configs):
             notes.append(f"{name}: stopped after step {step} of {steps}")
             continue
         mem = last.get("mem", {}).get("total", 0)
+        # A config fitted to a smaller GPU (fit-layers) is named with the
+        # layers it ran.
+        try:
+            last["layers"] = _config_layers(os.path.join(build, "train-" + name, "config.toml"))
+        except OSError:
+            last["layers"] = None
+        last["config_layers"] = _config_layers(c)
+        fitted = ""
+        if last["layers"] and last["config_layers"] and last["layers"] < last["config_layers"]:
+            fitted = f" at {last['layers']} of {last['config_layers']} layers (what fits this GPU)"
         sheet = ""
         if datasheet:
             last["mfu_datasheet"] = last["gflops"] / datasheet
             sheet = f" ({100 * last['mfu_datasheet']:.1f}% of the 989 TFLOP/s datasheet)"
         runs[name] = last
-        notes.append(f"{name}: {last['tokens_per_s']:.0f} tok/s, {last['gflops'] / 1e3:.1f} TFLOP/s, "
+        notes.append(f"{name}{fitted}: {last['tokens_per_s']:.0f} tok/s, {last['gflops'] / 1e3:.1f} TFLOP/s, "
                      f"MFU {100 * last.get('mfu', 0):.1f}% of the measured {last.get('peak_gflops', 0) / 1e3:.0f} "
                      f"TFLOP/s{sheet}, peak {mem / 1e9:.1f} GB, comm exposed {last.get('comm_exposed_s', 0):.3f} s")
     with open(out, "w") as f:
@@ -278,6 +334,7 @@ COMMANDS = {
     "ctest-counts": ctest_counts,
     "ctest-figures": ctest_figures,
     "unexpected-skips": unexpected_skips,
+    "fit-layers": fit_layers,
     "train-gpu": train_gpu,
     "train-torch": train_torch,
     "kernel-table": kernel_table,
