@@ -71,7 +71,12 @@ void export_checkpoint(const std::string& step_dir, const std::string& out_dir, 
 void load_hf_init(const std::string& dir, const Config& cfg, Model& model, const comm::Groups& groups,
                   comm::Communicator& world) {
   comm::run_agreed(world, [&] {
-    const HfFiles hf = open_hf_dir(dir);
+    HfFiles hf;
+    try {
+      hf = open_hf_dir(dir);
+    } catch (const UserError& e) {
+      ORIGAMI_USER_ERROR(cfg.origin("checkpoint.init_from_hf"), ": checkpoint.init_from_hf: ", e.what());
+    }
     const std::vector<std::string> wanted = export_tensor_order(model.units(), cfg.model, cfg.moe);
     const std::set<std::string> known(wanted.begin(), wanted.end());
     for (const auto& [tensor, file] : hf.by_tensor)

@@ -11,6 +11,7 @@
 #include <cctype>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <sstream>
 #include <string_view>
@@ -304,7 +305,10 @@ std::optional<std::string_view> closest(std::string_view typed, const std::vecto
 
 void assign(const Field& f, const toml::node& v, const std::string& key, const std::string& origin) {
   auto wrong = [&](std::string_view expected) {
-    ORIGAMI_USER_ERROR(origin, ": ", key, " = ", show(v), ": expected ", expected, ", got ", type_name(v));
+    // A --set value that reads as TOML is taken as one: 2024 is an integer.
+    const bool quote = expected == "a string" && origin.starts_with("--set ") && !v.is_table() && !v.is_array();
+    ORIGAMI_USER_ERROR(origin, ": ", key, " = ", show(v), ": expected ", expected, ", got ", type_name(v),
+                       quote ? concat(" (quote it as TOML: --set '", key, "=\"", show(v), "\"')") : "");
   };
   std::visit(
       [&](auto* p) {
@@ -436,16 +440,27 @@ void apply_override(toml::table& root, const std::string& ov, Origins& origins) 
                        type_name(*root.get(section)));
 
   // A TOML value if the text is one (200, 3e-4, true, "quoted"); otherwise,
-  // e.g. a bare word or a path, the text itself as a string.
+  // e.g. a bare word or a path, the text itself as a string. A text that
+  // only a TOML value begins or looks like (a quote, a bracket or brace, a
+  // number) but does not parse is a mistake, not a string: taken as one, an
+  // unclosed quote would become part of a path.
   std::optional<toml::table> parsed;
+  std::string parse_problem;
   try {
     const std::string doc = "v = " + text;
     parsed = toml::parse(std::string_view(doc), std::string_view("--set"));
-  } catch (const toml::parse_error&) {
+  } catch (const toml::parse_error& err) {
+    parse_problem = std::string(err.description());
   }
   if (parsed && parsed->size() == 1 && parsed->contains("v")) {
     sec->insert_or_assign(key, std::move(*parsed->get("v")));
   } else {
+    const bool numeric = !text.empty() && text.find_first_not_of("+-0123456789._eExXoObBabcdefABCDEF") == std::string::npos &&
+                         std::string_view("+-0123456789.").find(text[0]) != std::string_view::npos;
+    if (!text.empty() && (std::string_view("\"'[{").find(text[0]) != std::string_view::npos || numeric))
+      ORIGAMI_USER_ERROR(origin, ": ", lhs, " = ", shorten(text), ": not a TOML value (", parse_problem,
+                         "; rule: a value that begins as a string, array, table or number must be one whole; "
+                         "integers are 64-bit signed)");
     sec->insert_or_assign(key, text);
   }
   origins.set(concat(section, ".", key), origin);
@@ -461,6 +476,15 @@ Config parse_table(toml::table root, const std::string& source, const std::vecto
   // Megatron's default: expert_tensor_parallel_size = tensor_model_parallel_size.
   const toml::table* par = root["parallel"].as_table();
   if (!par || !par->contains("etp")) cfg.parallel.etp = cfg.parallel.tp;
+  // The cosine's floor follows the peak unless given: a tenth of it, the
+  // usual recipe (Mixtral's, Llama's), so lowering optimizer.lr alone works.
+  const toml::table* sched = root["lr_schedule"].as_table();
+  // Rounded to 15 digits, so 3e-3 gives 3e-4 as written, not 3.0000000000000003e-4.
+  if (!sched || !sched->contains("min_lr")) {
+    char tenth[32];
+    std::snprintf(tenth, sizeof tenth, "%.15g", cfg.optimizer.lr / 10);
+    cfg.lr_schedule.min_lr = std::strtod(tenth, nullptr);
+  }
   config_detail::validate(cfg, origins);
   cfg.moe.expert_placement = config_detail::resolve_placement(placement, cfg, origins);
   cfg.set_by = origins.overridden();

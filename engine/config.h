@@ -130,7 +130,7 @@ struct OptimizerConfig {
 struct LrScheduleConfig {
   int64_t warmup_steps = 0;   // linear warmup lr·t/warmup at 1-based step t
   int64_t decay_steps = 0;    // cosine from warmup to this step; 0 means training.steps
-  double min_lr = 3e-4;
+  double min_lr = 3e-4;        // unset in a config: optimizer.lr / 10 (parse_config)
 };
 
 struct DataConfig {

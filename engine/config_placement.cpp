@@ -85,6 +85,9 @@ PlacementInput read_placement(const toml::node& value, const std::string& origin
   const toml::table* table = value.as_table();
   if (const auto* path = value.as_string()) {
     const std::string file = path->get();
+    if (file.empty())
+      ORIGAMI_USER_ERROR(origin, ": ", kKey, " = \"\": an empty path names no placement file (leave the key out "
+                         "for contiguous blocks of experts)");
     std::string text;
     try {
       text = InputFile(file, "expert placement file").read_all(kMaxFileBytes);

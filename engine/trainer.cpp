@@ -221,7 +221,11 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
     validate_for_machine(cfg, r.world, ranks_on_this_node());
     validate_for_training(cfg);
     if (tc.steps > 0) {
-      r.indexed = std::make_unique<IndexedDataset>(IndexedDataset::open(cfg.data.path, cfg.model.vocab_size));
+      try {
+        r.indexed = std::make_unique<IndexedDataset>(IndexedDataset::open(cfg.data.path, cfg.model.vocab_size));
+      } catch (const UserError& e) {
+        ORIGAMI_USER_ERROR(cfg.origin("data.path"), ": data.path: ", e.what());
+      }
       r.data = std::make_unique<GptDataset>(*r.indexed, tc.seq_len, cfg.data.shuffle, tc.seed);
     }
     const CheckpointConfig& ck = cfg.checkpoint;

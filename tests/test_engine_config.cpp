@@ -339,6 +339,36 @@ TEST(Config, MinLrAboveLr) {
                {kFile, "lr_schedule.min_lr = 0.01", "must be <= optimizer.lr = 0.001"});
 }
 
+// Unset, the cosine's floor is a tenth of the peak (as written: 3e-4 from
+// 3e-3), so lowering optimizer.lr alone is not refused; a given one is kept.
+TEST(Config, MinLrDefaultsToATenthOfTheLr) {
+  EXPECT_EQ(parse_config(kMinimal, kFile).lr_schedule.min_lr, 3e-4);
+  EXPECT_EQ(parse_config(kMinimal, kFile, {"optimizer.lr=1e-4"}).lr_schedule.min_lr, 1e-5);
+  EXPECT_EQ(parse_config(std::string(kMinimal) + "[optimizer]\nlr = 7e-4\n", kFile).lr_schedule.min_lr, 7e-5);
+  EXPECT_EQ(parse_config(kMinimal, kFile, {"optimizer.lr=1e-4", "lr_schedule.min_lr=0"}).lr_schedule.min_lr, 0.0);
+  EXPECT_EQ(parse_config(std::string(kMinimal) + "[lr_schedule]\nmin_lr = 2e-5\n", kFile, {"optimizer.lr=1e-4"})
+                .lr_schedule.min_lr,
+            2e-5);
+}
+
+// Megatron's rule: the cosine starts after the warmup. decay_steps = 0
+// (training.steps) stays free, so a short run of a long schedule runs.
+TEST(Config, DecayStepsMustFollowTheWarmup) {
+  for (const char* decay : {"5", "10"}) {
+    SCOPED_TRACE(decay);
+    expect_error(std::string(kMinimal) + "[lr_schedule]\nwarmup_steps = 10\ndecay_steps = " + decay + "\n",
+                 {kFile, std::string("lr_schedule.decay_steps = ") + decay + " must be > lr_schedule.warmup_steps = 10"});
+  }
+  EXPECT_NO_THROW(parse_config(std::string(kMinimal) + "[lr_schedule]\nwarmup_steps = 10\ndecay_steps = 11\n", kFile));
+  EXPECT_NO_THROW(parse_config(std::string(kMinimal) + "[lr_schedule]\nwarmup_steps = 10\n", kFile,
+                               {"training.steps=3"}));
+}
+
+TEST(Config, ExpertParallelismNeedsExperts) {
+  expect_error(kMinimal, {"--set parallel.ep=2", "parallel.ep = 2 needs moe.num_experts > 0"}, {"parallel.ep=2"});
+  EXPECT_NO_THROW(parse_config(kMinimal, kFile, {"parallel.ep=2", "moe.num_experts=4"}));
+}
+
 TEST(Config, HeadsMustDivideHidden) {
   expect_error(std::string(kMinimal) + "[model]\nhidden_size = 100\nnum_heads = 3\nnum_kv_heads = 3\n",
                {kFile, "model.hidden_size = 100 must be divisible by model.num_heads = 3"});
@@ -427,6 +457,31 @@ TEST(Config, SetBareWordIsAString) {
   EXPECT_EQ(c.parallel.order, "tp-cp-dp-ep-pp");
   // An empty value is the empty string.
   EXPECT_EQ(parse_config(kMinimal, kFile, {"logging.dir="}).logging.dir, "");
+  // A text only a TOML value starts like is not a string, but a bare word
+  // starting with a digit is.
+  EXPECT_EQ(parse_config(kMinimal, kFile, {"data.path=2024/corpus"}).data.path, "2024/corpus");
+  EXPECT_EQ(parse_config(kMinimal, kFile, {"data.path=3rd"}).data.path, "3rd");
+}
+
+// What begins as a TOML value (a quote, bracket, brace, number) but does not
+// parse is refused with the parser's reason: taken as a string, an unclosed
+// quote would become part of a path, and a seed past 64 bits would be
+// reported as a string where an integer belongs.
+TEST(Config, SetTextThatBeginsAsATomlValueMustBeOne) {
+  for (const auto& [ov, reason] : {std::pair{"data.path=\"runs/x", "string"},
+                                   std::pair{"data.path='runs/x", "string"},
+                                   std::pair{"parallel.pp_layers=[1, 2", "array"},
+                                   std::pair{"training.seed=18446744073709551615", "64 bits"},
+                                   std::pair{"optimizer.lr=1e999", "1e999"},
+                                   std::pair{"optimizer.lr=3e-4.5", "3e-4.5"}}) {
+    SCOPED_TRACE(ov);
+    expect_error(kMinimal, {std::string("--set ") + ov + ":", "not a TOML value (", reason, "must be one whole"}, {ov});
+  }
+  // A string key given another TOML type: the message says how to quote it.
+  expect_error(kMinimal, {"--set data.path=2024: data.path = 2024: expected a string, got an integer",
+                          "(quote it as TOML: --set 'data.path=\"2024\"')"},
+               {"data.path=2024"});
+  EXPECT_EQ(parse_config(kMinimal, kFile, {"data.path=\"2024\""}).data.path, "2024");
 }
 
 TEST(Config, SetMalformed) {

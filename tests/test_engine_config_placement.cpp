@@ -151,6 +151,8 @@ TEST(Placement, EveryRuleNamesTheFileTheKeyAndTheRule) {
   expect_error(kMoe, {"--set moe.expert_placement=", ": moe.expert_placement = \"" + missing + "\": " + missing,
                       "cannot open the expert placement file"},
                {"moe.expert_placement=" + missing});
+  expect_error(kMoe, {"--set moe.expert_placement=: moe.expert_placement = \"\": an empty path names no placement file"},
+               {"moe.expert_placement="});
   const std::vector<std::pair<std::string, std::string>> files = {
       {"[moe.expert_placement\nep = 4\n", "TOML syntax error"},
       {kPlacementFile + "[training]\nsteps = 3\n", "unknown key 'training': a placement file holds only"},

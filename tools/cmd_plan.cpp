@@ -369,8 +369,8 @@ void print_ledger(const plan::PlanInput& in, const LayoutPlan& p) {
   // Both CP methods side by side (engine/plan.h, KvMemory), U = one rank's K and V.
   const plan::KvMemory& kv = p.kv;
   const bool ring = in.cp_comm == dense::CpComm::ring;
-  std::printf("\nCP attention K/V per rank (U = 2*T*Hkv/tp*hd*4 = %s; parallel.cp_comm = \"%s\"):\n",
-              human(kv.block).c_str(), ring ? "ring" : "all_gather");
+  std::printf("\nCP attention K/V per rank (U = 2*T*Hkv/tp*hd*%d = %s; parallel.cp_comm = \"%s\"):\n",
+              in.recipe == plan::Recipe::bf16 ? 2 : 4, human(kv.block).c_str(), ring ? "ring" : "all_gather");
   std::printf("  %-12s %16s %24s %12s %14s\n", "cp_comm", "saved per layer", "transient (of it wire)", "peak",
               "cp bytes/step");
   for (const bool r : {false, true})
