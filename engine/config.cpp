@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <string_view>
 #include <variant>
@@ -455,8 +456,10 @@ void apply_override(toml::table& root, const std::string& ov, Origins& origins) 
   if (parsed && parsed->size() == 1 && parsed->contains("v")) {
     sec->insert_or_assign(key, std::move(*parsed->get("v")));
   } else {
-    const bool numeric = !text.empty() && text.find_first_not_of("+-0123456789._eExXoObBabcdefABCDEF") == std::string::npos &&
-                         std::string_view("+-0123456789.").find(text[0]) != std::string_view::npos;
+    // A number in TOML's form that TOML could not hold (past 64 bits, past
+    // a double); "1f1b" or "3rd" stay words.
+    static const std::regex number(R"([+-]?[0-9][0-9_]*(\.[0-9][0-9_]*)?([eE][+-]?[0-9][0-9_]*)?)");
+    const bool numeric = std::regex_match(text, number);
     if (!text.empty() && (std::string_view("\"'[{").find(text[0]) != std::string_view::npos || numeric))
       ORIGAMI_USER_ERROR(origin, ": ", lhs, " = ", shorten(text), ": not a TOML value (", parse_problem,
                          "; rule: a value that begins as a string, array, table or number must be one whole; "

@@ -410,7 +410,7 @@ RunPlacement resolve_placement(const Config& cfg, int local_rank, int ranks_per_
                          "(configure with -DORIGAMI_CUDA=ON on a machine with the CUDA toolkit)");
     if (devices == 0)
       ORIGAMI_USER_ERROR(at, ": runtime.device = \"cuda\", but this process sees no CUDA device (no driver, no GPU, "
-                         "or CUDA_VISIBLE_DEVICES hides them)");
+                         "or CUDA_VISIBLE_DEVICES hides them; ", cuda_unavailable_reason(), ")");
     // Local rank mod the visible devices: cuda:(local rank) when every rank
     // sees the node's GPUs, cuda:0 when a launcher gives each rank its own
     // (CUDA_VISIBLE_DEVICES per rank). Two ranks on one GPU are refused

@@ -37,7 +37,7 @@ ExecContext ExecContext::cuda(int device_index, int host_threads) {
   const int count = cuda_device_count();
   if (device_index < 0 || device_index >= count)
     ORIGAMI_USER_ERROR("cuda:", device_index, " requested, but this process sees ", count, " CUDA device(s)",
-                       count == 0 ? " (no driver or no GPU)" : "");
+                       count == 0 ? " (" + cuda_unavailable_reason() + ")" : "");
   ExecContext ctx(Device::cuda(device_index), host_threads);
 #if ORIGAMI_WITH_CUDA
   ctx.cuda_ = std::unique_ptr<CudaState, void (*)(CudaState*)>(cuda::create_state(device_index), cuda::destroy_state);

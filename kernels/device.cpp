@@ -32,6 +32,14 @@ int cuda_device_count() {
 #endif
 }
 
+std::string cuda_unavailable_reason() {
+#if ORIGAMI_WITH_CUDA
+  return cuda::device_count_problem();
+#else
+  return "this origami was built without the CUDA backend";
+#endif
+}
+
 size_t cuda_device_memory(int index) {
 #if ORIGAMI_WITH_CUDA
   if (index >= 0 && index < cuda_device_count()) return cuda::device_memory_bytes(index);

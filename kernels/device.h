@@ -26,6 +26,10 @@ bool built_with_cuda();
 // CUDA devices this process can use: 0 without the backend, a driver or a
 // device.
 int cuda_device_count();
+// Why cuda_device_count() is 0, for messages: "" when it is not; without the
+// backend, that; else what the CUDA runtime said (no device, a driver that
+// does not start or does not match the runtime).
+std::string cuda_unavailable_reason();
 // Total memory of CUDA device `index` in bytes; 0 without the backend or the
 // device.
 size_t cuda_device_memory(int index);

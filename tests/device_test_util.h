@@ -31,7 +31,7 @@ inline bool same_bits(const Tensor& a, const Tensor& b) {
 // Why the CUDA half cannot run here, or "" when it can.
 inline std::string no_cuda_reason() {
   if (!built_with_cuda()) return "built without CUDA (-DORIGAMI_CUDA=OFF or no toolkit)";
-  if (cuda_device_count() == 0) return "built with CUDA, but this machine has no CUDA device";
+  if (cuda_device_count() == 0) return "built with CUDA, but this machine has no CUDA device (" + cuda_unavailable_reason() + ")";
   return "";
 }
 

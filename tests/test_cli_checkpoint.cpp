@@ -335,10 +335,11 @@ TEST_F(Checkpoint, ReshardingKeepsTheStateBitwiseAndTheLossesOfOneRank) {
       {ep4P, {ep4, {"ep4-Q", 4, "--set parallel.ep=4 --set moe.expert_placement=" + Q}}},
   };
   // Lighter steps than the other tests (8 samples of 64 tokens), and one LR
-  // schedule (decaying to step 20) for runs of 3 and 8 steps. The one-rank
+  // schedule (tiny-moe's 20 warmup steps, then decaying to step 21, so not
+  // training.steps) for runs of 3 and 8 steps. The one-rank
   // reference runs 8 steps uninterrupted.
   const std::string schedule =
-      " --set lr_schedule.decay_steps=20 --set training.global_batch=8 --set training.micro_batch=1"
+      " --set lr_schedule.decay_steps=21 --set training.global_batch=8 --set training.micro_batch=1"
       " --set training.seq_len=64";
   auto r0 = train("reshard-base", 1, schedule + " --set training.steps=8");
   ASSERT_EQ(r0.status, 0) << r0.output;

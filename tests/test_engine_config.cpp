@@ -461,6 +461,7 @@ TEST(Config, SetBareWordIsAString) {
   // starting with a digit is.
   EXPECT_EQ(parse_config(kMinimal, kFile, {"data.path=2024/corpus"}).data.path, "2024/corpus");
   EXPECT_EQ(parse_config(kMinimal, kFile, {"data.path=3rd"}).data.path, "3rd");
+  EXPECT_EQ(parse_config(kMinimal, kFile, {"parallel.pp_schedule=1f1b"}).parallel.pp_schedule, PipeSchedule::one_f_one_b);
 }
 
 // What begins as a TOML value (a quote, bracket, brace, number) but does not
@@ -473,7 +474,7 @@ TEST(Config, SetTextThatBeginsAsATomlValueMustBeOne) {
                                    std::pair{"parallel.pp_layers=[1, 2", "array"},
                                    std::pair{"training.seed=18446744073709551615", "64 bits"},
                                    std::pair{"optimizer.lr=1e999", "1e999"},
-                                   std::pair{"optimizer.lr=3e-4.5", "3e-4.5"}}) {
+                                   std::pair{"training.steps=99999999999999999999", "64 bits"}}) {
     SCOPED_TRACE(ov);
     expect_error(kMinimal, {std::string("--set ") + ov + ":", "not a TOML value (", reason, "must be one whole"}, {ov});
   }

@@ -50,7 +50,11 @@
 # Usage: tools/gpu_check.sh [--no-gpu-ok] [RESULTS_DIR]
 #        ORIGAMI_PREFIX (default /tmp/origami-prefix), ORIGAMI_GPU_BUILD (default build-gpu),
 #        ORIGAMI_GPU_BUILD_TIMEOUT (seconds, default 330: the build's limit on 16 cores),
-#        ORIGAMI_GPU_DEADLINE (seconds from the start, default 470)
+#        ORIGAMI_GPU_DEADLINE (seconds from the start, default 470),
+#        ORIGAMI_GPU_STEPS (the steps after the build to run, default all: a second call
+#          on the still-warm machine, right after a first one the deadline cut short,
+#          runs the rest, e.g. ORIGAMI_GPU_STEPS="bench_kernels bench_torch"; build-gpu/ is
+#          kept between calls, so its build takes seconds)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -102,9 +106,10 @@ L=$prefix/usr/lib/$multiarch
 orig_ld_path=${LD_LIBRARY_PATH:-}
 
 gpu=""  # "name, driver, memory" of GPU 0, empty without one
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU 0'; then
-  gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1)
-  gpu_memory_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1 | tr -d ' ')
+smi=$(command -v nvidia-smi || ls /usr/local/nvidia/bin/nvidia-smi /usr/bin/nvidia-smi 2>/dev/null | head -n 1 || true)
+if [ -n "$smi" ] && "$smi" -L 2>/dev/null | grep -q '^GPU 0'; then
+  gpu=$("$smi" --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1)
+  gpu_memory_mib=$("$smi" --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1 | tr -d ' ')
 fi
 case ${gpu_memory_mib:-} in '' | *[!0-9]*) gpu_memory_mib="" ;; esac  # MiB of GPU 0, empty when unknown
 
@@ -113,6 +118,14 @@ case ${gpu_memory_mib:-} in '' | *[!0-9]*) gpu_memory_mib="" ;; esac  # MiB of G
 declare -A status=() secs=() note=()
 steps=()  # the steps run so far, in order
 all_steps=(tools unpack configure build cpu_ops mpi_np2 cuda_tests train_gpu train_torch bench_kernels bench_torch)
+# ORIGAMI_GPU_STEPS: the steps after the build to run (default all), for a
+# second call on the still-warm machine when the deadline cut the first
+# short: build-gpu/ is still there, so the set-up steps take seconds.
+wanted_steps=${ORIGAMI_GPU_STEPS:-cpu_ops mpi_np2 cuda_tests train_gpu train_torch bench_kernels bench_torch}
+for s in $wanted_steps; do
+  case " ${all_steps[*]:4} " in *" $s "*) ;; *) echo "gpu_check: ORIGAMI_GPU_STEPS names '$s'; the steps after the build are: ${all_steps[*]:4}" >&2; exit 2 ;; esac
+done
+wanted() { [[ " $wanted_steps " == *" $1 "* ]]; }
 cxx="" cc="" nvcc="" cmake_version=""
 
 # A version at least a minimum (both dotted numbers).
@@ -195,9 +208,16 @@ step_unpack() {
   # A library the machine already has (same soname in ldconfig's cache) is
   # taken from the machine: the prefix's copy becomes a link to it, so no
   # process mixes an older Debian copy with the machine's newer libraries.
+  # Not the libraries the build compiles against (their headers are the
+  # bundle's) nor OpenMPI's and PMIx's own, whose plugins and helpers in the
+  # prefix must match their library's exact version.
   local cache soname host shared=()
   cache=$(ldconfig -p 2>/dev/null)
   while read -r f; do
+    case $(basename "$f") in
+      libmpi* | libopen-* | libompitrace* | liboshmem* | libmca_* | libpmix* | libdnnl* | libtomlplusplus* | \
+        libsimdjson* | libxxhash*) continue ;;
+    esac
     soname=$(readelf -d "$f" 2>/dev/null | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
     [ -n "$soname" ] || continue
     host=$(awk -v s="$soname" '$1 == s && /x86-64/ {print $NF; exit}' <<<"$cache")
@@ -232,8 +252,18 @@ find_cuda_files() {
   cuda_files=$(find "$toolkit" /usr/local/cuda*/ /usr/local/nvidia /usr/lib/$multiarch /usr/include /opt /usr/local/lib \
     \( -name libcudart.so.13 -o -name libcublas.so.13 -o -name libcublasLt.so.13 -o -name libcuda.so.1 \
        -o -name nccl.h -o -name libnccl.so -o -name libnccl.so.2 -o -name cublasLt.h \) 2>/dev/null)
+  # The driver's libcuda is the loader's business: a toolkit's compat/ copy
+  # (NVIDIA's images carry one for older drivers) put ahead of a newer
+  # driver makes every CUDA call fail (error 803), and stubs/ holds a
+  # link-time stand-in. Its folder is added only when the loader cannot
+  # find it otherwise.
+  cuda_files=$(grep -v -e '/compat/' -e '/stubs/' <<<"$cuda_files")
   for l in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcuda.so.1; do
     p=$(first_file "$l")
+    if [ "$l" = libcuda.so.1 ] && ldconfig -p 2>/dev/null | grep -q '^[[:space:]]*libcuda\.so\.1 '; then
+      echo "$l: the loader's ($(ldconfig -p | awk '$1 == "libcuda.so.1" {print $NF; exit}'))"
+      continue
+    fi
     echo "$l: ${p:-not found}"
     [ -n "$p" ] || continue
     d=$(dirname "$p")
@@ -270,6 +300,27 @@ use_prefix() {
 step_configure() {
   find_cuda_files
   use_prefix
+  # The driver must start under the library path every later step runs
+  # with, or the CUDA tests would only skip and the build be for nothing:
+  # cuInit through ctypes, before the build.
+  if [ -n "$gpu" ]; then
+    local probe
+    probe=$(python3 -c 'import ctypes
+cuda = ctypes.CDLL("libcuda.so.1")
+version = ctypes.c_int(0)
+rc = cuda.cuInit(0)
+cuda.cuDriverGetVersion(ctypes.byref(version))
+print(rc, version.value)' 2>&1 | tail -n 1)
+    echo "cuInit under the check's LD_LIBRARY_PATH: $probe (status, driver CUDA version; 0 = it starts)"
+    case $probe in
+      "0 "*) ;;
+      [0-9]*" "[0-9]*)
+        note[configure]="the CUDA driver does not start with the check's libraries (cuInit status, version: $probe; LD_LIBRARY_PATH in the log)"
+        echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+        return 1 ;;
+      *) echo "the cuInit probe did not run (python3 ctypes): going on" ;;
+    esac
+  fi
   mpicxx -showme:compile | grep -q "$prefix" || { note[configure]="mpicxx does not point into $prefix (OPAL_PREFIX)"; return 1; }
   local args=(-S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
     -DORIGAMI_CUDA=ON -DORIGAMI_CUDA_ARCHITECTURES=90-real -DCMAKE_CUDA_ARCHITECTURES=90-real
@@ -388,7 +439,7 @@ step_cuda_tests() {
   limit=$(budget 240)
   stop=$(date -d "+$((limit > 30 ? limit - 15 : limit)) seconds" +%H:%M:%S)  # a time before now is tomorrow's
   timeout -k "$kill_after" "$limit" ctest --test-dir "$build" -L cuda --no-tests=error --output-on-failure -j 4 \
-    --stop-time "$stop" --test-output-size-passed 65536 --output-junit "$results/ctest_cuda.xml"
+    --stop-time "$stop" --test-output-size-passed 65536 --test-output-size-failed 65536 --output-junit "$results/ctest_cuda.xml"
   local rc=$?
   [ $rc -eq 124 ] && return 124
   # passed failed skipped total, from CTest's JUnit file
@@ -494,8 +545,10 @@ origami_gpu_train_fitted() {
   full=$(config_layers "$c")
   fit=$full
   if [ -n "$gpu_memory_mib" ] && [ -n "$full" ]; then
+    # Should the plan fail, the config's own layers: origami's start-up
+    # check and the one retry below still keep the run inside the GPU.
     fit=$(python3 "$report" fit-layers "$build/tools/origami" "$c" "$((gpu_memory_mib * 1048576))" "$fit_reserve") ||
-      return 1
+      { echo "$run: fit-layers failed; trying the config's $full layers"; fit=$full; }
     if [ "$fit" -eq 0 ]; then
       echo "$run: not one layer fits the GPU's $gpu_memory_mib MiB less the $fit_reserve-byte reserve"
       layers[$run]=0
@@ -570,6 +623,10 @@ step_train_torch() {
     name=$(basename "$c" .toml)
     full=${layers[$name]:-$(config_layers "$c")}
     rm -f "$build/torch-$name.json"
+    if [ "$full" = 0 ]; then  # not one layer fits: nothing of origami's to compare with
+      printf '{"config": "%s", "skipped": "not one layer fits this GPU"}\n' "$name" > "$build/torch-$name.json"
+      continue
+    fi
     # expandable_segments: PyTorch's own advice against fragmentation, which
     # a model filling the card would otherwise pay for in allocator retries.
     (
@@ -647,7 +704,12 @@ write_summary() {
       total=$((total + secs[$n]))
     done
     for n in "${all_steps[@]}"; do
-      [ -n "${status[$n]:-}" ] || printf '%-14s %-8s %4s    %s\n' "$n" "not run" "" "an earlier step failed"
+      [ -n "${status[$n]:-}" ] && continue
+      if wanted "$n" || [[ " ${all_steps[*]:0:4} " == *" $n "* ]]; then
+        printf '%-14s %-8s %4s    %s\n' "$n" "not run" "" "an earlier step failed"
+      else
+        printf '%-14s %-8s %4s    %s\n' "$n" "not run" "" "not in ORIGAMI_GPU_STEPS"
+      fi
     done
     printf '%-14s %-8s %4s s\n' total "" "$total"
     [ -n "$cuda_counts" ] && echo "CUDA tests (ctest -L cuda): ${note[cuda_tests]}"
@@ -661,13 +723,9 @@ echo "gpu_check: results in $results, prefix $prefix, build $build, GPU: ${gpu:-
 ok=1
 run tools && run unpack && run configure && run build || ok=0
 if [ $ok -eq 1 ]; then
-  run cpu_ops || ok=0
-  run mpi_np2 || ok=0
-  run cuda_tests || ok=0
-  run train_gpu || ok=0
-  run train_torch || ok=0
-  run bench_kernels || ok=0
-  run bench_torch || ok=0
+  for s in "${all_steps[@]:4}"; do
+    if wanted "$s"; then run "$s" || ok=0; fi
+  done
 fi
 write_summary
 echo

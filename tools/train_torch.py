@@ -148,9 +148,14 @@ def build(torch, s, device):
             k = self.k(x).view(B, S, s["Hkv"], hd).transpose(1, 2)
             v = self.v(x).view(B, S, s["Hkv"], hd).transpose(1, 2)
 
+            # In q's dtype (bf16 under autocast), as Hugging Face's Llama
+            # does: fp32 tables would promote q and k to fp32 and the GQA
+            # copies with them, a slowdown of the twin's own making.
+            c, sn = cos.to(q.dtype), sin.to(q.dtype)
+
             def rope(t):
                 a, b = t[..., : hd // 2], t[..., hd // 2:]
-                return t * cos + torch.cat((-b, a), dim=-1) * sin
+                return t * c + torch.cat((-b, a), dim=-1) * sn
 
             q, k = rope(q), rope(k)
             rep = s["Hq"] // s["Hkv"]

@@ -31,14 +31,34 @@ void device_release(void* ptr, int device_index) {
 
 MemorySource device_memory_source() { return MemorySource{device_allocate, device_release}; }
 
-int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
+namespace {
+
+struct DeviceCount {
+  int count = 0;
+  std::string problem;
+};
+
+const DeviceCount& counted() {
+  static const DeviceCount c = [] {
+    DeviceCount out;
+    const cudaError_t rc = cudaGetDeviceCount(&out.count);
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      out.count = 0;
+      out.problem = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(rc) + ": " + cudaGetErrorString(rc);
+    } else if (out.count == 0) {
+      out.problem = "cudaGetDeviceCount: 0 devices";
+    }
+    return out;
+  }();
+  return c;
 }
+
+}  // namespace
+
+int device_count() { return counted().count; }
+
+std::string device_count_problem() { return counted().problem; }
 
 size_t device_memory_bytes(int device_index) {
   cudaDeviceProp prop{};

@@ -15,6 +15,11 @@ namespace origami::cuda {
 MemorySource device_memory_source();
 // Visible CUDA devices; 0 when there is no driver or no device (never fails).
 int device_count();
+// Why device_count() is 0: "" when it is not, else what cudaGetDeviceCount
+// said ("cudaErrorNoDevice: no CUDA-capable device is detected", a driver
+// too old for the runtime, ...): a driver that does not start must not read
+// as a machine without a GPU.
+std::string device_count_problem();
 // Total memory of device `device_index` in bytes; 0 when it cannot be asked.
 size_t device_memory_bytes(int device_index);
 // The device's UUID as nvidia-smi prints it ("GPU-xxxxxxxx-xxxx-..."): one
