@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fcntl.h>
 #include <filesystem>
 #include <functional>
 #include <thread>
@@ -215,12 +216,47 @@ void prune(const std::string& dir, int64_t keep, int64_t saved) {
       complete.emplace_back(step, e.path());
   }
   std::sort(complete.begin(), complete.end());
+  // The save is done; an old one that will not go (a file a reader holds
+  // open on NFS, permissions) costs disk, not the run: a warning.
   for (size_t i = 0; i + static_cast<size_t>(keep) < complete.size(); ++i) {
     std::error_code ec;
     fs::remove_all(complete[i].second, ec);
-    if (ec) ORIGAMI_USER_ERROR(complete[i].second.string(), ": cannot remove an old checkpoint (checkpoint.keep = ",
-                               keep, "): ", ec.message());
+    if (ec)
+      std::fprintf(stderr, "origami: warning: %s: cannot remove an old checkpoint (checkpoint.keep = %lld): %s; left in place\n",
+                   complete[i].second.c_str(), static_cast<long long>(keep), ec.message().c_str());
   }
+}
+
+// Puts the finished save `tmp` in place of the step directory `done`. When
+// `done` exists (a run resumed from an earlier step saves that step again),
+// `latest` may name it, so it is never missing: the two are swapped in one
+// atomic rename where the file system can (RENAME_EXCHANGE), else the old
+// one is moved aside first and a kill between the two renames is repaired
+// at the next start (remove_partial_checkpoints). The old one is removed
+// last; if it will not go, a warning.
+void publish_step_dir(const std::string& tmp, const std::string& done) {
+  std::string old;
+  if (!fs::exists(done)) {
+    if (::rename(tmp.c_str(), done.c_str()) != 0)
+      ORIGAMI_USER_ERROR(tmp, ": cannot rename to ", done, ": ", std::strerror(errno));
+  } else if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, done.c_str(), RENAME_EXCHANGE) == 0) {
+    old = tmp;
+  } else {
+    old = done + ".replaced.tmp";
+    std::error_code ec;
+    fs::remove_all(old, ec);
+    if (::rename(done.c_str(), old.c_str()) != 0)
+      ORIGAMI_USER_ERROR(done, ": cannot move the existing checkpoint aside to replace it: ", std::strerror(errno));
+    if (::rename(tmp.c_str(), done.c_str()) != 0)
+      ORIGAMI_USER_ERROR(tmp, ": cannot rename to ", done, ": ", std::strerror(errno));
+  }
+  sync_dir(fs::path(done).parent_path().string());
+  if (old.empty()) return;
+  std::error_code ec;
+  fs::remove_all(old, ec);
+  if (ec)
+    std::fprintf(stderr, "origami: warning: %s: cannot remove the checkpoint this save replaced: %s; left in place\n",
+                 old.c_str(), ec.message().c_str());
 }
 
 void write_text_durably(const std::string& path, const std::string& text) {
@@ -363,12 +399,7 @@ std::optional<CheckpointSaveStats> CheckpointWriter::wait(comm::Communicator& wo
     p->metadata["files"] = files_json(all);
     write_text_durably(p->tmp + "/metadata.json", p->metadata.dump(1) + "\n");
     sync_dir(p->tmp);
-    std::error_code ec;
-    if (fs::exists(p->done)) fs::remove_all(p->done, ec);
-    if (ec) ORIGAMI_USER_ERROR(p->done, ": cannot replace the existing checkpoint: ", ec.message());
-    // Both renames in one directory, made durable by one sync of it.
-    if (::rename(p->tmp.c_str(), p->done.c_str()) != 0)
-      ORIGAMI_USER_ERROR(p->tmp, ": cannot rename to ", p->done, ": ", std::strerror(errno));
+    publish_step_dir(p->tmp, p->done);
     write_text_durably(dir_ + "/latest.tmp", p->name + "\n");
     rename_durably(dir_ + "/latest.tmp", dir_ + "/latest");
     prune(dir_, keep_, p->step);
@@ -417,10 +448,27 @@ std::optional<std::string> resolve_load(const CheckpointConfig& ck) {
 void remove_partial_checkpoints(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return;
+  std::vector<fs::path> partial;
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string n = e.path().filename().string();
-    if (e.is_directory() && n.size() > 4 && n.ends_with(".tmp") && step_of(n.substr(0, n.size() - 4)) >= 0)
-      fs::remove_all(e.path(), ec);
+    // step-NNNNNNNN.tmp (a save) and step-NNNNNNNN.replaced.tmp (what a
+    // save moved aside, publish_step_dir)
+    if (e.is_directory() && n.ends_with(".tmp") && step_of(n.substr(0, n.find('.'))) >= 0) partial.push_back(e.path());
+  }
+  for (const fs::path& p : partial) {
+    const std::string n = p.filename().string();
+    const fs::path done = p.parent_path() / n.substr(0, n.find('.'));
+    // A save whose metadata.json is written is complete (rank 0 writes it
+    // after every rank's files are synced): killed before its rename, it is
+    // put in place, not thrown away, when its step directory is missing.
+    if (n == done.filename().string() + ".tmp" && !fs::exists(done, ec) && fs::exists(p / "metadata.json", ec)) {
+      if (::rename(p.c_str(), done.c_str()) == 0) {
+        sync_dir(dir);
+        std::fprintf(stderr, "origami: %s: a complete save interrupted before its rename, put in place\n", done.c_str());
+        continue;
+      }
+    }
+    fs::remove_all(p, ec);
   }
 }
 

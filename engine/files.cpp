@@ -224,10 +224,32 @@ void ReplacedFiles::check_replaceable(const std::string& path) {
                        "file, replaced whole once complete)");
 }
 
+WriterLock::WriterLock(const std::string& path, std::string_view what) {
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) ORIGAMI_USER_ERROR(shown(path), ": cannot open for writing: ", std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK)
+      ORIGAMI_USER_ERROR(shown(path), ": another process is writing it (", what,
+                         "; rule: one writer per output: give each run or job its own)");
+    ORIGAMI_USER_ERROR(shown(path), ": cannot lock: ", std::strerror(err));
+  }
+}
+
+WriterLock::~WriterLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
 ReplacedFiles::ReplacedFiles(std::vector<std::string> destinations, std::vector<std::string> stale)
     : destinations_(std::move(destinations)), stale_(std::move(stale)) {
   for (const std::string& d : destinations_) check_replaceable(d);
   for (const std::string& d : stale_) check_replaceable(d);
+  // In order, so of two writers the second is refused at the first file,
+  // before it truncates anything of the first's. A refused writer never
+  // reaches the destructor, which removes .tmp files.
+  for (size_t i = 0; i < destinations_.size(); ++i) locks_.emplace_back(tmp(i), "an export to the same directory");
 }
 
 ReplacedFiles::~ReplacedFiles() {
@@ -293,31 +315,47 @@ std::string host_name() {
 }
 }  // namespace
 
-DirectoryLock::DirectoryLock(const std::string& dir, std::string_view key) {
+DirectoryLock::DirectoryLock(const std::string& dir, std::string_view key) : dir_(dir), key_(key) { lock(false); }
+
+void DirectoryLock::lock(bool retaking) {
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) ORIGAMI_USER_ERROR(key, " = \"", shorten(dir), "\": cannot create the directory: ", ec.message());
-  const std::string path = dir + "/.origami.lock";
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-  if (fd_ < 0) ORIGAMI_USER_ERROR(shown(path), ": cannot open the run's lock file: ", std::strerror(errno));
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+  std::filesystem::create_directories(dir_, ec);
+  if (ec) ORIGAMI_USER_ERROR(key_, " = \"", shorten(dir_), "\": cannot create the directory: ", ec.message());
+  const std::string path = dir_ + "/.origami.lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) ORIGAMI_USER_ERROR(shown(path), ": cannot open the run's lock file: ", std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     char holder[512] = {};
-    const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+    const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
     std::string who(holder, n > 0 ? static_cast<size_t>(n) : 0);
     while (!who.empty() && (who.back() == '\n' || who.back() == '\0')) who.pop_back();
-    ::close(fd_);
-    fd_ = -1;
+    ::close(fd);
     if (err == EWOULDBLOCK)
-      ORIGAMI_USER_ERROR(key, " = \"", shorten(dir), "\": another origami run uses this directory (",
+      ORIGAMI_USER_ERROR(key_, " = \"", shorten(dir_), "\": ",
+                         retaking ? "was moved or removed while this run used it, and " : "",
+                         "another origami run uses this directory (",
                          who.empty() ? std::string("its lock file is ") + shown(path) : who,
                          "; rule: one run per directory: give this run its own, or wait for that one to end)");
     ORIGAMI_USER_ERROR(shown(path), ": cannot lock: ", std::strerror(err));
   }
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
   // Who holds it, for the message another run prints: a hint only, so a
   // failure to write it (a full disk) is no reason to stop.
   const std::string who = "pid " + std::to_string(::getpid()) + " on " + host_name() + "\n";
   if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, who.data(), who.size(), 0);
+}
+
+void DirectoryLock::check_held() {
+  struct stat held {}, now {};
+  const std::string path = dir_ + "/.origami.lock";
+  if (::fstat(fd_, &held) == 0 && ::stat(path.c_str(), &now) == 0 && held.st_dev == now.st_dev &&
+      held.st_ino == now.st_ino)
+    return;
+  lock(true);
+  std::fprintf(stderr, "origami: warning: %s = \"%s\" was moved or removed during the run; its lock is taken again\n",
+               key_.c_str(), shorten(dir_).c_str());
 }
 
 DirectoryLock::~DirectoryLock() {

@@ -104,6 +104,25 @@ class MappedFile {
   const unsigned char* data_ = nullptr;
 };
 
+// An exclusive advisory lock (flock) on a file about to be written, taken
+// before anything truncates it and held until the object goes: two
+// processes writing one output (two runs sharing an export.dir, an export
+// beside a run, two preprocess jobs with one prefix) would otherwise
+// interleave their bytes into one file that both call complete. The
+// kernel releases it however the process ends. UserError naming the file
+// when another process holds it.
+class WriterLock {
+ public:
+  WriterLock(const std::string& path, std::string_view what);
+  ~WriterLock();
+  WriterLock(WriterLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  WriterLock& operator=(WriterLock&&) = delete;
+  WriterLock(const WriterLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // Files written beside their destinations (<destination>.tmp) and renamed
 // over them only once all are complete (commit): a failure before that (a
 // full disk) leaves the previous files as they were and removes the partial
@@ -127,6 +146,7 @@ class ReplacedFiles {
  private:
   std::vector<std::string> destinations_;
   std::vector<std::string> stale_;
+  std::vector<WriterLock> locks_;  // on each .tmp, before it is written
   bool committed_ = false;
 };
 
@@ -153,7 +173,15 @@ class DirectoryLock {
   DirectoryLock(const DirectoryLock&) = delete;
   DirectoryLock& operator=(const DirectoryLock&) = delete;
 
+  // The directory moved away or removed during the run takes the lock with
+  // it, and a second run would then be let in: when the lock file is no
+  // longer the one held, it is taken again (a warning on stderr), or, when
+  // another run holds the new one, UserError naming the key.
+  void check_held();
+
  private:
+  void lock(bool retaking);
+  std::string dir_, key_;
   int fd_ = -1;
 };
 

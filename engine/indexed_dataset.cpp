@@ -379,7 +379,7 @@ void pack_tokens(std::span<const int32_t> tokens, int64_t doc, int64_t first, In
 }  // namespace
 
 IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, IndexDType dtype)
-    : prefix_(std::move(prefix)), dtype_(dtype) {
+    : prefix_(std::move(prefix)), dtype_(dtype), lock_(prefix_ + ".bin.tmp", "a preprocess to the same output prefix") {
   ORIGAMI_CHECK(is_token_dtype(dtype), "writer dtype must be u8, u16, i32 or i64, got ", to_string(dtype));
   bin_ = std::make_unique<OutputFile>(bin_path() + ".tmp", OutputFile::Mode::truncate);
 }

@@ -123,6 +123,7 @@ class IndexedDatasetWriter {
  private:
   std::string prefix_;
   IndexDType dtype_;
+  WriterLock lock_;                  // on prefix.bin.tmp, taken before it is truncated
   std::unique_ptr<OutputFile> bin_;  // prefix.bin.tmp, open until finalize()
   std::vector<int32_t> sizes_;
   std::vector<int64_t> pointers_;

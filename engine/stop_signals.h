@@ -22,8 +22,15 @@ std::string stop_signal_name(int sig);
 // StopSignals was installed; 0: none.
 int first_stop_signal();
 
+// Installs the preemption handlers for the process's start-up (before MPI_Init,
+// which on a large job waits for every rank): a scheduler's signal in that
+// window is noted, for the first StopSignals to act on, instead of killing
+// the rank by the default action. The first StopSignals takes over, and at
+// its end the default actions come back.
+void catch_stop_signals_from_start();
+
 // Installs the preemption handlers for its lifetime (and clears the signal
-// noted before). The first signal is noted only; the second of the same
+// noted before, except one caught since catch_stop_signals_from_start). The first signal is noted only; the second of the same
 // kind kills at once, and one of another kind is noted only: SLURM's USR1
 // warning followed by its TERM at the limit must not kill a run that is
 // saving.

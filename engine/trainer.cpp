@@ -177,7 +177,7 @@ struct Trainer::Run {
   Clock::time_point start;
   StopSignals signals;
   std::optional<CheckpointWriter> writer;  // checkpoint.dir set
-  std::vector<std::unique_ptr<DirectoryLock>> locks;  // rank 0: logging.dir and checkpoint.dir, for the run
+  std::vector<std::unique_ptr<DirectoryLock>> locks;  // rank 0: logging.dir, checkpoint.dir, export.dir, for the run
   int stop_signal = 0;  // agreed over every rank after each step
   std::string last_checkpoint;
 
@@ -231,11 +231,19 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
     const CheckpointConfig& ck = cfg.checkpoint;
     // One run per output directory, before anything in them is removed or
     // written (files.h, DirectoryLock).
+    // The export's too: two runs sharing export.dir would otherwise find
+    // out only at the end, when the second's export is refused.
     if (r.rank == 0) {
-      if (!cfg.logging.dir.empty()) r.locks.push_back(std::make_unique<DirectoryLock>(cfg.logging.dir, "logging.dir"));
-      std::error_code ec;
-      if (!ck.dir.empty() && !(r.locks.size() == 1 && std::filesystem::equivalent(ck.dir, cfg.logging.dir, ec)))
-        r.locks.push_back(std::make_unique<DirectoryLock>(ck.dir, "checkpoint.dir"));
+      std::vector<std::string> locked;
+      for (const auto& [dir, key] : {std::pair{cfg.logging.dir, "logging.dir"}, std::pair{ck.dir, "checkpoint.dir"},
+                                     std::pair{cfg.exp.dir, "export.dir"}}) {
+        if (dir.empty()) continue;
+        std::error_code ec;
+        if (std::any_of(locked.begin(), locked.end(), [&](const std::string& l) { return std::filesystem::equivalent(dir, l, ec); }))
+          continue;  // one lock per directory: a second flock of one file would refuse this very run
+        r.locks.push_back(std::make_unique<DirectoryLock>(dir, key));
+        locked.push_back(dir);
+      }
     }
     // A save killed midway, or one that filled the disk, is removed before
     // the probe, which would otherwise find that disk full. With a dir and
@@ -360,6 +368,11 @@ CheckpointRecord Trainer::Run::save() {
   st.windows_per_epoch = data ? data->num_windows() : 0;
   st.seed = tc.seed;
   st.shuffle = cfg.data.shuffle;
+  // A directory moved away mid-run would let a second run in beside this
+  // one (files.h, DirectoryLock::check_held).
+  comm::run_agreed(*everyone, [&] {
+    for (const auto& lock : locks) lock->check_held();
+  }, io_meeting_wait(cfg));
   const CheckpointSaveStats s = writer->save(cfg, *model, st, *groups, *everyone);
   saved_step = step;
   last_checkpoint = s.dir;

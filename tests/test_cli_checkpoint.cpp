@@ -211,6 +211,58 @@ TEST_F(Checkpoint, ARollbackKeepsWhatItSavesAndLeavesTheAbandonedSteps) {
   EXPECT_NE(r.output.find("the checkpoint is at step 12 = training.steps"), std::string::npos) << r.output;
 }
 
+// A file that will not go from an old checkpoint (one a reader holds open on
+// NFS; here an immutable one) costs disk, not the run: re-saving a step that
+// exists (a rollback's resume saves it again) swaps the new directory in
+// before the old is removed, so `latest` never names a missing or
+// half-deleted one, and neither that removal nor checkpoint.keep's pruning
+// ends the run; each is a warning.
+TEST_F(Checkpoint, AnOldCheckpointThatWillNotGoIsAWarningAndLatestStaysWhole) {
+  ASSERT_EQ(base().size(), 20u);
+  fs::copy(ck("base"), ck("stuck"), fs::copy_options::recursive);
+  const std::string held20 = step_dir("stuck", 20) + "/.nfs0001", held10 = step_dir("stuck", 10) + "/.nfs0002";
+  testing::write_file(held20, "held");
+  testing::write_file(held10, "held");
+  struct Unpin {
+    std::string dir;
+    ~Unpin() { (void)run_command("chattr -R -i " + dir); }
+  } unpin{ck("stuck")};
+  if (run_command("chattr +i " + held20 + " " + held10).status != 0)
+    GTEST_SKIP() << "this file system has no immutable files (chattr +i)";
+  auto r = train("stuck", 1, "--set training.steps=20 --set checkpoint.interval=5 --set checkpoint.keep=2 "
+                             "--set checkpoint.load=" + step_dir("stuck", 15));
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const std::string& warning :
+       {"origami: warning: " + step_dir("stuck", 20) + ".tmp: cannot remove the checkpoint this save replaced",
+        "origami: warning: " + step_dir("stuck", 10) + ": cannot remove an old checkpoint (checkpoint.keep = 2)"})
+    EXPECT_NE(r.output.find(warning), std::string::npos) << warning << " in:\n" << r.output;
+  EXPECT_EQ(testing::read_file(ck("stuck") + "/latest"), "step-00000020\n");
+  EXPECT_FALSE(fs::exists(step_dir("stuck", 20) + "/.nfs0001")) << "the new step-20 is in place";
+  r = run_command(std::string(ORIGAMI_BINARY) + " checkpoint inspect " + step_dir("stuck", 20) + " --verify");
+  EXPECT_EQ(r.status, 0) << r.output;
+  r = train("stuck", 1, "--set training.steps=20 --set checkpoint.load=latest");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("the checkpoint is at step 20 = training.steps"), std::string::npos) << r.output;
+}
+
+// A job killed between a save's completion (metadata.json written after
+// every rank's files are synced) and its rename leaves a complete .tmp,
+// possibly with `latest` naming the step already: the next start puts it in
+// place rather than removing it.
+TEST_F(Checkpoint, ACompleteSaveKilledBeforeItsRenameIsPutInPlaceAtStart) {
+  ASSERT_EQ(base().size(), 20u);
+  fs::copy(ck("base"), ck("torn"), fs::copy_options::recursive);
+  fs::rename(step_dir("torn", 20), step_dir("torn", 20) + ".tmp");
+  ASSERT_EQ(testing::read_file(ck("torn") + "/latest"), "step-00000020\n");
+  auto r = train("torn", 1, "--set training.steps=20 --set checkpoint.load=latest");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("origami: " + step_dir("torn", 20) + ": a complete save interrupted before its rename, put in place"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("the checkpoint is at step 20 = training.steps"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(step_dir("torn", 20) + ".tmp"));
+}
+
 // A save that failed (a full disk) leaves its .tmp; the next start removes
 // it before probing the directory (the probe would find that disk full),
 // also when only preemption saves there (interval 0).

@@ -331,7 +331,7 @@ TEST_F(CliFaults, OneProcessCommandsUnderALauncher) {
 // (here this test holds the lock, as another run would); logging.dir and
 // checkpoint.dir may be one directory; once the holder is gone, a run starts.
 TEST_F(CliFaults, ADirectoryAnotherRunUsesIsRefused) {
-  for (const char* key : {"logging.dir", "checkpoint.dir"}) {
+  for (const char* key : {"logging.dir", "checkpoint.dir", "export.dir"}) {
     const std::string dir = path(std::string("locked-") + key);
     fs::create_directories(dir);
     const int fd = ::open((dir + "/.origami.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
@@ -348,9 +348,9 @@ TEST_F(CliFaults, ADirectoryAnotherRunUsesIsRefused) {
     r = train(sets);
     EXPECT_EQ(r.status, 0) << r.output;
   }
-  const std::string both = path("one-dir");
-  auto r = train("--set training.steps=1 --set checkpoint.interval=1 --set logging.dir=" + both +
-                 " --set checkpoint.dir=" + both);
+  const std::string all = path("one-dir");
+  auto r = train("--set training.steps=1 --set checkpoint.interval=1 --set logging.dir=" + all +
+                 " --set checkpoint.dir=" + all + " --set export.dir=" + all);
   EXPECT_EQ(r.status, 0) << r.output;
 }
 
@@ -377,6 +377,11 @@ TEST_F(CliFaults, WritesThatFailAreErrors) {
   // A full disk under standard output loses the step lines: an error too.
   r = run("sh -c '" + kBinary + " train " + path("moe.toml") + " >/dev/full'");
   expect_outcome("stdout on /dev/full", r, 2, {"writing standard output failed"});
+  // A reader that goes away (`| head`): reported and exit 2, not a silent
+  // death by SIGPIPE (141). The status is origami's, the pipe's first command.
+  r = run("bash -c '" + kBinary + " train " + path("moe.toml") +
+          " --set training.steps=200 | head -c 1 >/dev/null; exit ${PIPESTATUS[0]}'");
+  expect_outcome("stdout read by a head that exits", r, 2, {"writing standard output failed: Broken pipe"});
 }
 
 TEST_F(CliFaults, FifosAndDirectoriesAreRefusedWithoutBlocking) {

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -31,12 +32,14 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/agreement.h"
 #include "comm/mpi_communicator.h"
 #include "engine/config.h"
 #include "engine/preflight.h"
+#include "engine/stop_signals.h"
 #include "kernels/check.h"
 #include "kernels/device.h"
 #include "tools/commands.h"
@@ -116,6 +119,13 @@ bool launched_by_mpi() {
 }
 
 // The subcommand (the first word that is not an option) never communicates.
+// Whether the subcommand (the first word that is not an option) is `name`.
+bool is_command(int argc, char** argv, std::string_view name) {
+  for (int i = 1; i < argc; ++i)
+    if (argv[i][0] != '-') return argv[i] == name;
+  return false;
+}
+
 bool host_only_command(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (argv[i][0] == '-') continue;
@@ -199,6 +209,12 @@ CLI::Validator finite_in(double lo, double hi) {
 }  // namespace origami::tools
 
 int main(int argc, char** argv) {
+  // A closed standard output (`| head`, a dead tee) is a failed write, which
+  // every command checks and reports (exit 2), not a silent SIGPIPE death.
+  std::signal(SIGPIPE, SIG_IGN);
+  // A preemption signal during start-up (MPI_Init waits for every rank)
+  // stops the run after its first step, as one a moment later would.
+  if (is_command(argc, argv, "train")) origami::catch_stop_signals_from_start();
   origami::choose_cuda_module_loading();  // before anything can start CUDA (MPI_Init may)
   const bool use_mpi = launched_by_mpi() || !host_only_command(argc, argv);
   if (!launched_by_mpi()) setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
