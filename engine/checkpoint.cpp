@@ -231,9 +231,11 @@ void prune(const std::string& dir, int64_t keep, int64_t saved) {
 // `done` exists (a run resumed from an earlier step saves that step again),
 // `latest` may name it, so it is never missing: the two are swapped in one
 // atomic rename where the file system can (RENAME_EXCHANGE), else the old
-// one is moved aside first and a kill between the two renames is repaired
-// at the next start (remove_partial_checkpoints). The old one is removed
-// last; if it will not go, a warning.
+// one is moved aside first (a name of its own, step-N.replaced-<pid>.tmp)
+// and a kill between the two renames is repaired at the next start
+// (remove_partial_checkpoints). The old one, no longer marked complete
+// (its metadata.json removed first), is removed last; if it will not go, a
+// warning.
 void publish_step_dir(const std::string& tmp, const std::string& done) {
   std::string old;
   if (!fs::exists(done)) {
@@ -242,9 +244,7 @@ void publish_step_dir(const std::string& tmp, const std::string& done) {
   } else if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, done.c_str(), RENAME_EXCHANGE) == 0) {
     old = tmp;
   } else {
-    old = done + ".replaced.tmp";
-    std::error_code ec;
-    fs::remove_all(old, ec);
+    old = done + ".replaced-" + std::to_string(::getpid()) + ".tmp";
     if (::rename(done.c_str(), old.c_str()) != 0)
       ORIGAMI_USER_ERROR(done, ": cannot move the existing checkpoint aside to replace it: ", std::strerror(errno));
     if (::rename(tmp.c_str(), done.c_str()) != 0)
@@ -253,6 +253,7 @@ void publish_step_dir(const std::string& tmp, const std::string& done) {
   sync_dir(fs::path(done).parent_path().string());
   if (old.empty()) return;
   std::error_code ec;
+  fs::remove(old + "/metadata.json", ec);
   fs::remove_all(old, ec);
   if (ec)
     std::fprintf(stderr, "origami: warning: %s: cannot remove the checkpoint this save replaced: %s; left in place\n",
@@ -297,6 +298,10 @@ struct CheckpointWriter::Pending {
       std::error_code ec;
       fs::create_directories(tmp, ec);  // every rank: no meeting needed before the writing
       if (ec) ORIGAMI_USER_ERROR("checkpoint.dir: cannot create ", tmp, ": ", ec.message());
+      // metadata.json marks a .tmp complete (remove_partial_checkpoints): one
+      // left from a save that could not be cleared away must not mark this one.
+      if (rank == 0 && fs::exists(tmp + "/metadata.json") && !fs::remove(tmp + "/metadata.json", ec))
+        ORIGAMI_USER_ERROR(tmp, "/metadata.json: cannot remove a stale one: ", ec.message());
       digests = write_rank_files(tmp, rank, world, step, f);
       if (describe) metadata = describe();
     } catch (const UserError& e) {
@@ -397,8 +402,10 @@ std::optional<CheckpointSaveStats> CheckpointWriter::wait(comm::Communicator& wo
   comm::run_agreed(world, [&] {
     if (world.rank() != 0) return;
     p->metadata["files"] = files_json(all);
-    write_text_durably(p->tmp + "/metadata.json", p->metadata.dump(1) + "\n");
-    sync_dir(p->tmp);
+    // Whole or absent (written aside, then renamed): its presence marks the
+    // save complete, for the repair at the next start.
+    write_text_durably(p->tmp + "/metadata.json.tmp", p->metadata.dump(1) + "\n");
+    rename_durably(p->tmp + "/metadata.json.tmp", p->tmp + "/metadata.json");
     publish_step_dir(p->tmp, p->done);
     write_text_durably(dir_ + "/latest.tmp", p->name + "\n");
     rename_durably(dir_ + "/latest.tmp", dir_ + "/latest");
@@ -455,21 +462,25 @@ void remove_partial_checkpoints(const std::string& dir) {
     // save moved aside, publish_step_dir)
     if (e.is_directory() && n.ends_with(".tmp") && step_of(n.substr(0, n.find('.'))) >= 0) partial.push_back(e.path());
   }
+  // Repairs first, removals after, and nothing removed whose repair failed.
+  // A save whose metadata.json is there is complete (rank 0 puts it there,
+  // whole, after every rank's files are synced): killed before its rename,
+  // it is put in place, not thrown away, when its step directory is missing.
+  std::vector<fs::path> removable;
   for (const fs::path& p : partial) {
     const std::string n = p.filename().string();
     const fs::path done = p.parent_path() / n.substr(0, n.find('.'));
-    // A save whose metadata.json is written is complete (rank 0 writes it
-    // after every rank's files are synced): killed before its rename, it is
-    // put in place, not thrown away, when its step directory is missing.
-    if (n == done.filename().string() + ".tmp" && !fs::exists(done, ec) && fs::exists(p / "metadata.json", ec)) {
-      if (::rename(p.c_str(), done.c_str()) == 0) {
-        sync_dir(dir);
-        std::fprintf(stderr, "origami: %s: a complete save interrupted before its rename, put in place\n", done.c_str());
-        continue;
-      }
+    if (n != done.filename().string() + ".tmp" || fs::exists(done, ec) || !fs::exists(p / "metadata.json", ec)) {
+      removable.push_back(p);
+      continue;
     }
-    fs::remove_all(p, ec);
+    if (::rename(p.c_str(), done.c_str()) != 0)
+      ORIGAMI_USER_ERROR(p.string(), ": a complete save that a kill stopped before its rename, and it cannot be put in "
+                         "place: ", std::strerror(errno));
+    sync_dir(dir);
+    std::fprintf(stderr, "origami: %s: a complete save interrupted before its rename, put in place\n", done.c_str());
   }
+  for (const fs::path& p : removable) fs::remove_all(p, ec);
 }
 
 

@@ -60,6 +60,7 @@ struct TrainState {
   int64_t windows_per_epoch = 0;  // the sampler's epoch length: epoch = consumed / windows
   uint64_t seed = 0;             // data order and init: counter-based, no stream state
   bool shuffle = true;
+  std::string config;            // loaded only: the saving run's canonical config (metadata.json)
 };
 
 struct CheckpointSaveStats {

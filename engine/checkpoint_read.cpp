@@ -440,6 +440,7 @@ TrainState load_checkpoint(const std::string& step_dir, const Config& cfg, Model
                       reader.read(name, moment, range, dst);
                     });
   }, io_meeting_wait(cfg));
+  info.train.config = info.config;
   return info.train;
 }
 

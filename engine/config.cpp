@@ -304,12 +304,18 @@ std::optional<std::string_view> closest(std::string_view typed, const std::vecto
                                                                        "export, logging, runtime)"));
 }
 
+std::string trim(std::string_view s);  // below, with the overrides
+
 void assign(const Field& f, const toml::node& v, const std::string& key, const std::string& origin) {
   auto wrong = [&](std::string_view expected) {
     // A --set value that reads as TOML is taken as one: 2024 is an integer.
-    const bool quote = expected == "a string" && origin.starts_with("--set ") && !v.is_table() && !v.is_array();
+    // The hint quotes what was typed (1e5, not the 100000.0 it parsed to).
+    const size_t eq = origin.find('=');
+    const bool quote = expected == "a string" && origin.starts_with("--set ") && eq != std::string::npos &&
+                       !v.is_table() && !v.is_array();
     ORIGAMI_USER_ERROR(origin, ": ", key, " = ", show(v), ": expected ", expected, ", got ", type_name(v),
-                       quote ? concat(" (quote it as TOML: --set '", key, "=\"", show(v), "\"')") : "");
+                       quote ? concat(" (quote it as TOML: --set '", key, "=\"", trim(origin.substr(eq + 1)), "\"')")
+                             : "");
   };
   std::visit(
       [&](auto* p) {
@@ -458,12 +464,16 @@ void apply_override(toml::table& root, const std::string& ov, Origins& origins) 
   } else {
     // A number in TOML's form that TOML could not hold (past 64 bits, past
     // a double); "1f1b" or "3rd" stay words.
-    static const std::regex number(R"([+-]?[0-9][0-9_]*(\.[0-9][0-9_]*)?([eE][+-]?[0-9][0-9_]*)?)");
+    // TOML's own grammar: no leading zeros, underscores only between digits
+    // ("0001" and "1_" are words).
+    static const std::regex number(
+        R"([+-]?(0|[1-9](_?[0-9])*)(\.[0-9](_?[0-9])*)?([eE][+-]?[0-9](_?[0-9])*)?)");
     const bool numeric = std::regex_match(text, number);
     if (!text.empty() && (std::string_view("\"'[{").find(text[0]) != std::string_view::npos || numeric))
       ORIGAMI_USER_ERROR(origin, ": ", lhs, " = ", shorten(text), ": not a TOML value (", parse_problem,
                          "; rule: a value that begins as a string, array, table or number must be one whole; "
-                         "integers are 64-bit signed)");
+                         "integers are 64-bit signed; a string that begins so is quoted: --set '", lhs, "=\"",
+                         shorten(text), "\"')");
     sec->insert_or_assign(key, text);
   }
   origins.set(concat(section, ".", key), origin);

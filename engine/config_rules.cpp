@@ -371,16 +371,6 @@ void validate(const Config& c, const Origins& o) {
   r.need_all(s.min_lr <= op.lr, {"lr_schedule.min_lr", "optimizer.lr"},
              concat("lr_schedule.min_lr = ", fmt(s.min_lr), " must be <= optimizer.lr = ", fmt(op.lr)));
 
-  // Megatron's rule (warmup < decay); decay_steps = 0 (training.steps) is
-  // left free, so a short run of a long config still runs.
-  r.need_all(s.decay_steps == 0 || s.decay_steps > s.warmup_steps, {"lr_schedule.decay_steps", "lr_schedule.warmup_steps"},
-             concat("lr_schedule.decay_steps = ", s.decay_steps, " must be > lr_schedule.warmup_steps = ",
-                    s.warmup_steps, " (the cosine runs from the warmup's end to decay_steps; 0: training.steps)"));
-  // Megatron's rule too: expert parallelism spreads experts, which a dense
-  // model has none of.
-  r.need_all(ro.num_experts > 0 || p.ep == 1, {"parallel.ep", "moe.num_experts"},
-             concat("parallel.ep = ", p.ep, " needs moe.num_experts > 0 (a dense model has no experts to spread)"));
-
   r.need_all(c.checkpoint.interval == 0 || !c.checkpoint.dir.empty(), {"checkpoint.interval", "checkpoint.dir"},
              concat("checkpoint.interval = ", c.checkpoint.interval,
                     " saves checkpoints, so checkpoint.dir must name where"));
@@ -391,9 +381,22 @@ void validate(const Config& c, const Origins& o) {
 }  // namespace config_detail
 
 void validate_for_training(const Config& cfg) {
-  if (cfg.training.steps == 0 || !cfg.data.path.empty()) return;
   Origins o(cfg.source);
   for (const auto& [key, origin] : cfg.set_by) o.set(key, origin);
+  // Rules of a run's own settings, not of a config read back from a
+  // checkpoint (whose saving run was held to the rules of its day).
+  // Megatron's (warmup < decay); decay_steps = 0 (training.steps) is left
+  // free, so a short run of a long config still runs.
+  const LrScheduleConfig& s = cfg.lr_schedule;
+  if (s.decay_steps != 0 && s.decay_steps <= s.warmup_steps)
+    ORIGAMI_USER_ERROR(o.of({"lr_schedule.decay_steps", "lr_schedule.warmup_steps"}), ": lr_schedule.decay_steps = ",
+                       s.decay_steps, " must be > lr_schedule.warmup_steps = ", s.warmup_steps,
+                       " (the cosine runs from the warmup's end to decay_steps; 0: training.steps)");
+  // Megatron's too: expert parallelism spreads experts, which a dense model has none of.
+  if (cfg.parallel.ep > 1 && cfg.moe.router.num_experts == 0)
+    ORIGAMI_USER_ERROR(o.of({"parallel.ep", "moe.num_experts"}), ": parallel.ep = ", cfg.parallel.ep,
+                       " needs moe.num_experts > 0 (a dense model has no experts to spread)");
+  if (cfg.training.steps == 0 || !cfg.data.path.empty()) return;
   ORIGAMI_USER_ERROR(o.of({"data.path", "training.steps"}), ": data.path is required to train (training.steps = ",
                      cfg.training.steps, "); set data.path, or training.steps = 0");
 }

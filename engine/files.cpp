@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
@@ -169,22 +170,33 @@ void on_sigbus(int, siginfo_t* info, void*) {
   char* digit = rank + sizeof rank;
   for (int r = world_rank_for_diagnostics(); digit == rank + sizeof rank || r > 0; r /= 10)
     *--digit = static_cast<char>('0' + r % 10);
+  // One line, one write(2): ranks sharing a pipe to the launcher (under
+  // PIPE_BUF, a write is never split) print whole lines, not interleaved pieces.
+  char line[512];
+  size_t n = 0;
+  auto put = [&](const char* s, size_t len) {
+    len = std::min(len, sizeof line - n);
+    std::memcpy(line + n, s, len);
+    n += len;
+  };
   const char* head = "error [rank ";
-  write_all_stderr(head, std::strlen(head));
-  write_all_stderr(digit, static_cast<size_t>(rank + sizeof rank - digit));
-  write_all_stderr("]: ", 3);
+  put(head, std::strlen(head));
+  put(digit, static_cast<size_t>(rank + sizeof rank - digit));
+  put("]: ", 3);
   const char* path = nullptr;
   for (const MappingSlot& m : g_mappings)
     if (at >= m.begin.load() && at < m.end.load()) path = m.path;
   if (path) {
-    write_all_stderr(path, ::strnlen(path, sizeof g_mappings[0].path));
+    put(path, ::strnlen(path, sizeof g_mappings[0].path));
     const char* rule = ": the file shrank while mapped (truncated or rewritten in place, or its disk failed; rule: "
                        "inputs must not change while origami reads them)\n";
-    write_all_stderr(rule, std::strlen(rule));
+    put(rule, std::strlen(rule));
   } else {
     const char* other = "SIGBUS outside any mapped input file\n";
-    write_all_stderr(other, std::strlen(other));
+    put(other, std::strlen(other));
   }
+  if (n == sizeof line) line[n - 1] = '\n';
+  write_all_stderr(line, n);
   ::raise(SIGBUS);  // SA_RESETHAND: the default action now, so the launcher sees the signal
 }
 
@@ -225,7 +237,7 @@ void ReplacedFiles::check_replaceable(const std::string& path) {
 }
 
 WriterLock::WriterLock(const std::string& path, std::string_view what) {
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);  // the umask decides, as for OutputFile
   if (fd_ < 0) ORIGAMI_USER_ERROR(shown(path), ": cannot open for writing: ", std::strerror(errno));
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
@@ -350,9 +362,12 @@ void DirectoryLock::lock(bool retaking) {
 void DirectoryLock::check_held() {
   struct stat held {}, now {};
   const std::string path = dir_ + "/.origami.lock";
-  if (::fstat(fd_, &held) == 0 && ::stat(path.c_str(), &now) == 0 && held.st_dev == now.st_dev &&
-      held.st_ino == now.st_ino)
-    return;
+  if (::fstat(fd_, &held) != 0) return;
+  if (::stat(path.c_str(), &now) == 0) {
+    if (held.st_dev == now.st_dev && held.st_ino == now.st_ino) return;
+  } else if (errno != ENOENT) {
+    return;  // cannot tell (a stale NFS handle, permissions): no evidence it moved
+  }
   lock(true);
   std::fprintf(stderr, "origami: warning: %s = \"%s\" was moved or removed during the run; its lock is taken again\n",
                key_.c_str(), shorten(dir_).c_str());

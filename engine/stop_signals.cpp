@@ -59,7 +59,17 @@ StopSignals::StopSignals() {
   if (!g_from_start) g_stop_signal.store(0);
   install_signal_stacks();
   install_note_handlers(old_);
-  if (g_from_start) old_ = g_original;  // at the end, the actions before start-up's
+  if (g_from_start) {
+    old_ = g_original;  // at the end, the actions before start-up's
+    // A signal start-up noted has had its one noting (SA_RESETHAND): its
+    // second still kills at once.
+    if (const int noted = g_stop_signal.load(); noted != 0) {
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      sigemptyset(&dfl.sa_mask);
+      sigaction(noted, &dfl, nullptr);
+    }
+  }
   g_from_start = false;
 }
 

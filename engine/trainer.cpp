@@ -8,8 +8,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <map>
 #include <optional>
+#include <sstream>
 
 #include "comm/agreement.h"
 #include "comm/groups.h"
@@ -177,7 +180,7 @@ struct Trainer::Run {
   Clock::time_point start;
   StopSignals signals;
   std::optional<CheckpointWriter> writer;  // checkpoint.dir set
-  std::vector<std::unique_ptr<DirectoryLock>> locks;  // rank 0: logging.dir, checkpoint.dir, export.dir, for the run
+  std::vector<std::unique_ptr<DirectoryLock>> locks;  // rank 0: logging.dir and checkpoint.dir, for the run
   int stop_signal = 0;  // agreed over every rank after each step
   std::string last_checkpoint;
 
@@ -231,12 +234,11 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
     const CheckpointConfig& ck = cfg.checkpoint;
     // One run per output directory, before anything in them is removed or
     // written (files.h, DirectoryLock).
-    // The export's too: two runs sharing export.dir would otherwise find
-    // out only at the end, when the second's export is refused.
+    // (export.dir is not: the tiny configs share a default one, and each
+    // export's files are locked while written, WriterLock.)
     if (r.rank == 0) {
       std::vector<std::string> locked;
-      for (const auto& [dir, key] : {std::pair{cfg.logging.dir, "logging.dir"}, std::pair{ck.dir, "checkpoint.dir"},
-                                     std::pair{cfg.exp.dir, "export.dir"}}) {
+      for (const auto& [dir, key] : {std::pair{cfg.logging.dir, "logging.dir"}, std::pair{ck.dir, "checkpoint.dir"}}) {
         if (dir.empty()) continue;
         std::error_code ec;
         if (std::any_of(locked.begin(), locked.end(), [&](const std::string& l) { return std::filesystem::equivalent(dir, l, ec); }))
@@ -252,12 +254,15 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
       remove_partial_checkpoints(ck.dir);
       check_writable_dir(ck.dir, "checkpoint.dir");
     }
-    r.resume_dir = resolve_load(ck);
     if (r.rank == 0 && !cfg.exp.dir.empty()) {
       check_writable_dir(cfg.exp.dir, "export.dir");
       for (const char* file : {"/model.safetensors", "/config.json"}) ReplacedFiles::check_replaceable(cfg.exp.dir + file);
     }
   }, io_meeting_wait(cfg));  // rank 0 may remove a partial save of any size
+  // Its own meeting, after rank 0's clean-up: every rank then reads the
+  // checkpoint directory as rank 0 left it (a repaired save in place).
+  const CheckpointConfig& ck = cfg.checkpoint;
+  comm::run_agreed(*r.everyone, [&] { r.resume_dir = resolve_load(ck); }, io_meeting_wait(cfg));
   r.ctx.emplace(make_context(cfg));
   {
     const auto node = comm::node_mpi(MPI_COMM_WORLD, "node", comm::CommOptions{cfg.runtime.collective_timeout_s});
@@ -328,6 +333,36 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
 
 Trainer::~Trainer() = default;
 
+namespace {
+
+// "key: saved -> now" for each setting of the forward pass (beyond the shape,
+// which a load enforces) that differs from the saving run's, "" when none.
+// Changing one on resume can be deliberate (a capacity factor, top-k); the
+// weights then continue under another model than they were trained as, and
+// eval of them refuses the mix, so the run says so.
+std::string forward_changes(const std::string& saved_text, const Config& cfg) {
+  static constexpr const char* kForward[] = {"model.rope_theta", "model.norm_eps", "moe.top_k", "moe.score_function",
+                                             "moe.normalize_topk", "moe.topk_scaling", "moe.num_groups",
+                                             "moe.group_topk", "moe.capacity_factor", "moe.drop_policy"};
+  auto values = [](const std::string& text) {
+    std::map<std::string, std::string> out;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);)
+      if (const size_t eq = line.find(" = "); eq != std::string::npos) out[line.substr(0, eq)] = line.substr(eq + 3);
+    return out;
+  };
+  const auto saved = values(saved_text), now = values(canonical_text(cfg));
+  std::string changes;
+  for (const char* key : kForward) {
+    const auto s = saved.find(key), n = now.find(key);
+    const std::string was = s == saved.end() ? "(unset)" : s->second, is = n == now.end() ? "(unset)" : n->second;
+    if (was != is) changes += detail::concat(changes.empty() ? "" : ", ", key, " ", was, " -> ", is);
+  }
+  return changes;
+}
+
+}  // namespace
+
 void Trainer::Run::resume() {
   const TrainState st = load_checkpoint(*resume_dir, cfg, *model, *groups, *everyone);
   const TrainingConfig& tc = cfg.training;
@@ -356,6 +391,9 @@ void Trainer::Run::resume() {
                 static_cast<long long>(st.windows_per_epoch), static_cast<long long>(windows),
                 static_cast<unsigned long long>(st.seed), static_cast<unsigned long long>(tc.seed), st.shuffle,
                 cfg.data.shuffle);
+  if (const std::string changes = forward_changes(st.config, cfg); !changes.empty())
+    std::fprintf(stderr, "origami: warning: the model's forward pass differs from the saving run's (%s): the weights "
+                 "continue under settings they were not trained with\n", changes.c_str());
 }
 
 CheckpointRecord Trainer::Run::save() {
@@ -608,7 +646,11 @@ void Trainer::Run::publish(const StepMetrics& m) {
     const bool due = m.step % cfg.logging.interval == 0 || m.step == 1 || m.step == m.total_steps;
     if (opts.print_steps && (due || stop_signal)) {
       std::printf("%s\n", opts.json_lines ? to_json(m).dump().c_str() : format_step_line(m).c_str());
-      std::fflush(stdout);
+      // A reader gone (`| head`: EPIPE, SIGPIPE being ignored) or a full
+      // disk stops the run at the step's meeting, as a metrics write does,
+      // rather than training on with its output lost.
+      if (std::fflush(stdout) != 0 || std::ferror(stdout))
+        pending.take(UserError(detail::concat("writing standard output failed: ", std::strerror(errno))));
     }
   }
   if (opts.on_step) opts.on_step(m);

@@ -245,6 +245,45 @@ TEST_F(Checkpoint, AnOldCheckpointThatWillNotGoIsAWarningAndLatestStaysWhole) {
   EXPECT_NE(r.output.find("the checkpoint is at step 20 = training.steps"), std::string::npos) << r.output;
 }
 
+// A setting of the forward pass changed on resume (beyond the shape, which
+// a load enforces) may be deliberate, so it is not refused; but the weights
+// then continue under another model than they were trained as (eval of
+// them refuses the mix), so the run names each change. Unchanged, nothing.
+TEST_F(Checkpoint, ResumingUnderAnotherForwardPassWarnsNamingEachChange) {
+  ASSERT_EQ(base().size(), 20u);
+  fs::copy(ck("base"), ck("forward"), fs::copy_options::recursive);
+  auto r = train("forward", 1, "--set training.steps=16 --set moe.top_k=3 --set model.rope_theta=5000 "
+                               "--set checkpoint.load=" + step_dir("forward", 15));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("origami: warning: the model's forward pass differs from the saving run's "
+                          "(model.rope_theta 10000 -> 5000, moe.top_k 2 -> 3)"),
+            std::string::npos)
+      << r.output;
+  r = train("forward", 1, "--set training.steps=16 --set checkpoint.load=" + step_dir("forward", 15));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.find("forward pass differs"), std::string::npos) << r.output;
+}
+
+// Rules added for a run's own settings (decay_steps after the warmup, EP
+// with experts) do not make an older checkpoint unreadable: its saved
+// config, read back, is not held to them.
+TEST_F(Checkpoint, ACheckpointSavedUnderOlderRulesStillLoads) {
+  ASSERT_EQ(base().size(), 20u);
+  fs::copy(ck("base"), ck("older"), fs::copy_options::recursive);
+  const std::string meta_path = step_dir("older", 20) + "/metadata.json";
+  nlohmann::ordered_json meta = nlohmann::ordered_json::parse(testing::read_file(meta_path));
+  std::string config = meta.at("config").get<std::string>();
+  const std::string from = "lr_schedule.decay_steps = 0\n", to = "lr_schedule.decay_steps = 20\n";  // = warmup_steps
+  ASSERT_NE(config.find(from), std::string::npos) << config;
+  config.replace(config.find(from), from.size(), to);
+  meta["config"] = config;
+  testing::write_file(meta_path, meta.dump(1) + "\n");
+  auto r = run_command(std::string(ORIGAMI_BINARY) + " checkpoint inspect " + step_dir("older", 20) + " --verify");
+  EXPECT_EQ(r.status, 0) << r.output;
+  r = train("older", 1, "--set training.steps=20 --set checkpoint.load=latest");
+  EXPECT_EQ(r.status, 0) << r.output;
+}
+
 // A job killed between a save's completion (metadata.json written after
 // every rank's files are synced) and its rename leaves a complete .tmp,
 // possibly with `latest` naming the step already: the next start puts it in
@@ -261,6 +300,15 @@ TEST_F(Checkpoint, ACompleteSaveKilledBeforeItsRenameIsPutInPlaceAtStart) {
       << r.output;
   EXPECT_NE(r.output.find("the checkpoint is at step 20 = training.steps"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(step_dir("torn", 20) + ".tmp"));
+  // The first save of a run (no `latest` yet), on 2 ranks: every rank looks
+  // for the newest step only after rank 0 has put it in place.
+  fs::copy(ck("base"), ck("torn2"), fs::copy_options::recursive);
+  fs::remove(ck("torn2") + "/latest");
+  for (int step : {10, 15}) fs::remove_all(step_dir("torn2", step));
+  fs::rename(step_dir("torn2", 20), step_dir("torn2", 20) + ".tmp");
+  r = train("torn2", 2, "--set training.steps=20 --set checkpoint.load=latest");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("the checkpoint is at step 20 = training.steps"), std::string::npos) << r.output;
 }
 
 // A save that failed (a full disk) leaves its .tmp; the next start removes

@@ -331,7 +331,7 @@ TEST_F(CliFaults, OneProcessCommandsUnderALauncher) {
 // (here this test holds the lock, as another run would); logging.dir and
 // checkpoint.dir may be one directory; once the holder is gone, a run starts.
 TEST_F(CliFaults, ADirectoryAnotherRunUsesIsRefused) {
-  for (const char* key : {"logging.dir", "checkpoint.dir", "export.dir"}) {
+  for (const char* key : {"logging.dir", "checkpoint.dir"}) {
     const std::string dir = path(std::string("locked-") + key);
     fs::create_directories(dir);
     const int fd = ::open((dir + "/.origami.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);

@@ -104,6 +104,12 @@ TEST(StopSignals, ASignalDuringStartUpIsKeptForTheRunAndTheDefaultsComeBackAfter
   {
     StopSignals run;
     EXPECT_EQ(first_stop_signal(), SIGUSR2) << "the start-up signal is the run's to act on";
+    struct sigaction second {};
+    ASSERT_EQ(sigaction(SIGUSR2, nullptr, &second), 0);
+    EXPECT_EQ(second.sa_handler, SIG_DFL) << "a second SIGUSR2 kills at once, as after a signal during the run";
+    struct sigaction other {};
+    ASSERT_EQ(sigaction(SIGUSR1, nullptr, &other), 0);
+    EXPECT_NE(other.sa_handler, SIG_DFL) << "another kind is still only noted";
   }
   struct sigaction after {};
   ASSERT_EQ(sigaction(SIGUSR2, nullptr, &after), 0);

@@ -215,8 +215,9 @@ step_unpack() {
   cache=$(ldconfig -p 2>/dev/null)
   while read -r f; do
     case $(basename "$f") in
-      libmpi* | libopen-* | libompitrace* | liboshmem* | libmca_* | libpmix* | libdnnl* | libtomlplusplus* | \
-        libsimdjson* | libxxhash*) continue ;;
+      libmpi* | libopen-* | libompitrace* | liboshmem* | libmca_* | libpmix* | libuc[mpst]* | libfabric* | \
+        libhwloc* | libibverbs* | librdmacm* | libpsm* | libdnnl* | libtomlplusplus* | libsimdjson* | libxxhash*)
+        continue ;;  # with the plugins and headers of their own version in the prefix
     esac
     soname=$(readelf -d "$f" 2>/dev/null | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
     [ -n "$soname" ] || continue
@@ -305,8 +306,15 @@ step_configure() {
   # cuInit through ctypes, before the build.
   if [ -n "$gpu" ]; then
     local probe
+    # "load-error ..." when libcuda itself does not load: as fatal as a
+    # failing cuInit. Anything else (python3 itself broken by the prefix's
+    # libraries) says nothing of the driver: noted, and the build goes on.
     probe=$(python3 -c 'import ctypes
-cuda = ctypes.CDLL("libcuda.so.1")
+try:
+    cuda = ctypes.CDLL("libcuda.so.1")
+except OSError as e:
+    print("load-error", e)
+    raise SystemExit
 version = ctypes.c_int(0)
 rc = cuda.cuInit(0)
 cuda.cuDriverGetVersion(ctypes.byref(version))
@@ -314,8 +322,8 @@ print(rc, version.value)' 2>&1 | tail -n 1)
     echo "cuInit under the check's LD_LIBRARY_PATH: $probe (status, driver CUDA version; 0 = it starts)"
     case $probe in
       "0 "*) ;;
-      [0-9]*" "[0-9]*)
-        note[configure]="the CUDA driver does not start with the check's libraries (cuInit status, version: $probe; LD_LIBRARY_PATH in the log)"
+      [0-9]*" "[0-9]* | load-error*)
+        note[configure]="the CUDA driver does not start with the check's libraries (${probe:0:120}; LD_LIBRARY_PATH in the log)"
         echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
         return 1 ;;
       *) echo "the cuInit probe did not run (python3 ctypes): going on" ;;
@@ -552,12 +560,14 @@ origami_gpu_train_fitted() {
     if [ "$fit" -eq 0 ]; then
       echo "$run: not one layer fits the GPU's $gpu_memory_mib MiB less the $fit_reserve-byte reserve"
       layers[$run]=0
+      echo 0 > "$build/layers-$run"
       return 1
     fi
   fi
   out=$(mktemp)
   while :; do
     layers[$run]=$fit
+    echo "$fit" > "$build/layers-$run"  # for a later call's train_torch (ORIGAMI_GPU_STEPS)
     if [ -n "$full" ] && [ "$fit" -lt "$full" ]; then
       echo "$run: at $fit of its $full layers (this GPU has $gpu_memory_mib MiB)"
       origami_gpu_train "$run" "$c" --set model.num_layers="$fit" 2>&1 | tee "$out"
@@ -621,6 +631,8 @@ step_train_torch() {
   local c name rc=0 fitted full
   for c in "${gpu_configs[@]}"; do
     name=$(basename "$c" .toml)
+    # The layers origami ran: this call's train_gpu, else an earlier call's.
+    [ -n "${layers[$name]:-}" ] || { [ -f "$build/layers-$name" ] && layers[$name]=$(cat "$build/layers-$name"); }
     full=${layers[$name]:-$(config_layers "$c")}
     rm -f "$build/torch-$name.json"
     if [ "$full" = 0 ]; then  # not one layer fits: nothing of origami's to compare with
@@ -642,6 +654,10 @@ step_train_torch() {
     fi
   done
   local out
+  # A second call (ORIGAMI_GPU_STEPS without train_gpu): origami's side
+  # from the runs the first left in $build.
+  [ -f "$results/train_gpu.json" ] ||
+    GPU_NAME="$gpu" python3 "$report" train-gpu "$results/train_gpu.json" "$build" "$train_steps" "${gpu_configs[@]}"
   out=$(python3 "$report" train-torch "$results/train_torch.json" "$results/train_gpu.json" "$build" \
           "$train_steps" "${gpu_configs[@]}")
   echo "$out"
