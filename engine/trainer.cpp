@@ -233,19 +233,14 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
     }
     const CheckpointConfig& ck = cfg.checkpoint;
     // One run per output directory, before anything in them is removed or
-    // written (files.h, DirectoryLock).
-    // (export.dir is not: the tiny configs share a default one, and each
-    // export's files are locked while written, WriterLock.)
+    // written (files.h, DirectoryLock). Not export.dir: the shipped configs
+    // share a default one, and an export's files are locked while written
+    // (WriterLock).
     if (r.rank == 0) {
-      std::vector<std::string> locked;
-      for (const auto& [dir, key] : {std::pair{cfg.logging.dir, "logging.dir"}, std::pair{ck.dir, "checkpoint.dir"}}) {
-        if (dir.empty()) continue;
-        std::error_code ec;
-        if (std::any_of(locked.begin(), locked.end(), [&](const std::string& l) { return std::filesystem::equivalent(dir, l, ec); }))
-          continue;  // one lock per directory: a second flock of one file would refuse this very run
-        r.locks.push_back(std::make_unique<DirectoryLock>(dir, key));
-        locked.push_back(dir);
-      }
+      if (!cfg.logging.dir.empty()) r.locks.push_back(std::make_unique<DirectoryLock>(cfg.logging.dir, "logging.dir"));
+      std::error_code ec;
+      if (!ck.dir.empty() && !(r.locks.size() == 1 && std::filesystem::equivalent(ck.dir, cfg.logging.dir, ec)))
+        r.locks.push_back(std::make_unique<DirectoryLock>(ck.dir, "checkpoint.dir"));
     }
     // A save killed midway, or one that filled the disk, is removed before
     // the probe, which would otherwise find that disk full. With a dir and
