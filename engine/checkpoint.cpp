@@ -458,8 +458,8 @@ void remove_partial_checkpoints(const std::string& dir) {
   std::vector<fs::path> partial;
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string n = e.path().filename().string();
-    // step-NNNNNNNN.tmp (a save) and step-NNNNNNNN.replaced.tmp (what a
-    // save moved aside, publish_step_dir)
+    // step-NNNNNNNN.tmp (a save, or the old copy a swap left) and
+    // step-NNNNNNNN.replaced-<pid>.tmp (what a save moved aside), publish_step_dir
     if (e.is_directory() && n.ends_with(".tmp") && step_of(n.substr(0, n.find('.'))) >= 0) partial.push_back(e.path());
   }
   // Repairs first, removals after, and nothing removed whose repair failed.
