@@ -177,20 +177,36 @@ MetricsWriter::MetricsWriter(const std::string& dir, int64_t resumed_step, const
   if (resumed_step > 0 && std::filesystem::is_regular_file(path)) {
     // Streamed line by line: the run's earlier records, up to the resumed step.
     const std::string kept = path + ".resume";
+    int64_t last_kept = 0, unreadable = 0;
     {
       std::ifstream in(path);
       OutputFile out(kept, OutputFile::Mode::truncate);
       std::string line;
       while (std::getline(in, line)) {
         const nlohmann::json rec = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-        if (rec.is_object() && rec.contains("step") && rec["step"].is_number_integer() &&
-            rec["step"].get<int64_t>() <= resumed_step)
+        if (!rec.is_object() || !rec.contains("step") || !rec["step"].is_number_integer()) {
+          unreadable += !line.empty();
+          continue;
+        }
+        if (const int64_t step = rec["step"].get<int64_t>(); step <= resumed_step) {
           out.write(line + "\n");
+          last_kept = std::max(last_kept, step);
+        }
       }
       out.sync();
       out.close();
     }
     rename_durably(kept, path);
+    // What the file lacks, said once: a torn last line (a full disk, a
+    // kill mid-write) or steps without a record (a write that failed).
+    if (unreadable > 0)
+      std::fprintf(stderr, "origami: warning: %s: %lld line(s) that are not step records dropped (a line torn by a "
+                   "full disk or a kill)\n", path.c_str(), static_cast<long long>(unreadable));
+    if (last_kept < resumed_step)
+      std::fprintf(stderr, "origami: warning: %s: the records end at step %lld and the run resumes at step %lld: "
+                   "steps %lld to %lld have none\n", path.c_str(), static_cast<long long>(last_kept),
+                   static_cast<long long>(resumed_step), static_cast<long long>(last_kept + 1),
+                   static_cast<long long>(resumed_step));
     out_ = std::make_unique<OutputFile>(path, OutputFile::Mode::append);
     return;
   }

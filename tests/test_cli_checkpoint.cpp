@@ -284,6 +284,27 @@ TEST_F(Checkpoint, ACheckpointSavedUnderOlderRulesStillLoads) {
   EXPECT_EQ(r.status, 0) << r.output;
 }
 
+// Resuming keeps metrics.jsonl's records up to the checkpoint; what the file
+// lacks there (a line torn by a full disk, steps whose record was lost) is
+// said, not passed over.
+TEST_F(Checkpoint, AResumeSaysWhatTheMetricsFileLacks) {
+  ASSERT_EQ(base().size(), 20u);
+  fs::copy(ck("base"), ck("gaps"), fs::copy_options::recursive);
+  fs::create_directories(*dir_ / "gaps");
+  std::istringstream records(testing::read_file(*dir_ / "base/metrics.jsonl"));
+  std::string kept, line;
+  for (int i = 0; i < 12 && std::getline(records, line); ++i) kept += line + "\n";
+  testing::write_file(*dir_ / "gaps/metrics.jsonl", kept + "{\"step\":13,\"lm_lo");
+  auto r = train("gaps", 1, "--set training.steps=16 --set checkpoint.load=" + step_dir("gaps", 15));
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const char* warning : {"1 line(s) that are not step records dropped",
+                              "the records end at step 12 and the run resumes at step 15: steps 13 to 15 have none"})
+    EXPECT_NE(r.output.find(warning), std::string::npos) << warning << " in:\n" << r.output;
+  const auto after = read_jsonl(*dir_ / "gaps/metrics.jsonl");
+  ASSERT_EQ(after.size(), 13u);
+  EXPECT_EQ(after.back().at("step"), 16);
+}
+
 // A job killed between a save's completion (metadata.json written after
 // every rank's files are synced) and its rename leaves a complete .tmp,
 // possibly with `latest` naming the step already: the next start puts it in
