@@ -220,6 +220,7 @@ void prune(const std::string& dir, int64_t keep, int64_t saved) {
   // open on NFS, permissions) costs disk, not the run: a warning.
   for (size_t i = 0; i + static_cast<size_t>(keep) < complete.size(); ++i) {
     std::error_code ec;
+    fs::remove(complete[i].second / "metadata.json", ec);  // first: never a complete-looking remnant
     fs::remove_all(complete[i].second, ec);
     if (ec)
       std::fprintf(stderr, "origami: warning: %s: cannot remove an old checkpoint (checkpoint.keep = %lld): %s; left in place\n",
@@ -244,9 +245,13 @@ void publish_step_dir(const std::string& tmp, const std::string& done) {
   } else if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, done.c_str(), RENAME_EXCHANGE) == 0) {
     old = tmp;
   } else {
-    old = done + ".replaced-" + std::to_string(::getpid()) + ".tmp";
-    if (::rename(done.c_str(), old.c_str()) != 0)
-      ORIGAMI_USER_ERROR(done, ": cannot move the existing checkpoint aside to replace it: ", std::strerror(errno));
+    // A name no earlier leftover holds (pids repeat across restarts).
+    for (int n = 0;; ++n) {
+      old = done + ".replaced-" + std::to_string(::getpid()) + "-" + std::to_string(n) + ".tmp";
+      if (::rename(done.c_str(), old.c_str()) == 0) break;
+      if ((errno != EEXIST && errno != ENOTEMPTY) || n == 999)
+        ORIGAMI_USER_ERROR(done, ": cannot move the existing checkpoint aside to replace it: ", std::strerror(errno));
+    }
     if (::rename(tmp.c_str(), done.c_str()) != 0)
       ORIGAMI_USER_ERROR(tmp, ": cannot rename to ", done, ": ", std::strerror(errno));
   }
@@ -452,25 +457,51 @@ std::optional<std::string> resolve_load(const CheckpointConfig& ck) {
                      " (rule: \"latest\" or a step directory)");
 }
 
+namespace {
+
+// Whether `dir` holds a metadata.json that parses: the mark of a complete save.
+bool marked_complete(const fs::path& dir) {
+  std::error_code ec;
+  const fs::path meta = dir / "metadata.json";
+  if (!fs::is_regular_file(meta, ec) || fs::file_size(meta, ec) > (int64_t{64} << 20)) return false;
+  try {
+    return nlohmann::json::accept(InputFile(meta.string(), "checkpoint metadata file").read_all(int64_t{64} << 20));
+  } catch (const UserError&) {
+    return false;
+  }
+}
+
+}  // namespace
+
 void remove_partial_checkpoints(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return;
+  // step-NNNNNNNN.tmp (a save, or the old copy a swap left),
+  // step-NNNNNNNN.replaced-<pid>-<n>.tmp (what a save moved aside,
+  // publish_step_dir) and step-NNNNNNNN.stale-<pid>-<n>.tmp (a partial one
+  // that would not go, below).
   std::vector<fs::path> partial;
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string n = e.path().filename().string();
-    // step-NNNNNNNN.tmp (a save, or the old copy a swap left) and
-    // step-NNNNNNNN.replaced-<pid>.tmp (what a save moved aside), publish_step_dir
     if (e.is_directory() && n.ends_with(".tmp") && step_of(n.substr(0, n.find('.'))) >= 0) partial.push_back(e.path());
   }
-  // Repairs first, removals after, and nothing removed whose repair failed.
-  // A save whose metadata.json is there is complete (rank 0 puts it there,
-  // whole, after every rank's files are synced): killed before its rename,
-  // it is put in place, not thrown away, when its step directory is missing.
+  // Saves first (a plain .tmp), then what a swap moved aside: a complete
+  // one (metadata.json, written whole after every rank's files are synced)
+  // whose step directory is missing, a kill having stopped it before its
+  // rename, is put in place, not thrown away; `latest` then names it if it
+  // is newer than what `latest` names (its own write was the next thing the
+  // save would have done).
+  std::sort(partial.begin(), partial.end(), [](const fs::path& a, const fs::path& b) {
+    const bool plain_a = a.filename().string().ends_with(".tmp") && a.stem().extension().empty();
+    const bool plain_b = b.filename().string().ends_with(".tmp") && b.stem().extension().empty();
+    return plain_a != plain_b ? plain_a : a < b;
+  });
   std::vector<fs::path> removable;
+  int64_t repaired = -1;
   for (const fs::path& p : partial) {
     const std::string n = p.filename().string();
     const fs::path done = p.parent_path() / n.substr(0, n.find('.'));
-    if (n != done.filename().string() + ".tmp" || fs::exists(done, ec) || !fs::exists(p / "metadata.json", ec)) {
+    if (n.find(".stale-") != std::string::npos || fs::exists(done, ec) || !marked_complete(p)) {
       removable.push_back(p);
       continue;
     }
@@ -478,9 +509,44 @@ void remove_partial_checkpoints(const std::string& dir) {
       ORIGAMI_USER_ERROR(p.string(), ": a complete save that a kill stopped before its rename, and it cannot be put in "
                          "place: ", std::strerror(errno));
     sync_dir(dir);
+    repaired = std::max(repaired, step_of(done.filename().string()));
     std::fprintf(stderr, "origami: %s: a complete save interrupted before its rename, put in place\n", done.c_str());
   }
-  for (const fs::path& p : removable) fs::remove_all(p, ec);
+  if (repaired >= 0) {
+    int64_t named = -1;
+    try {
+      std::string name = InputFile(dir + "/latest", "checkpoint latest file").read_all(4096);
+      while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+      named = step_of(name);
+    } catch (const UserError&) {
+    }
+    if (repaired > named) {
+      write_text_durably(dir + "/latest.tmp", step_dir_name(repaired) + "\n");
+      rename_durably(dir + "/latest.tmp", dir + "/latest");
+    }
+  }
+  // What will not go (a file an NFS reader holds open) is moved aside under
+  // a name of its own, so the next save of that step starts in an empty
+  // directory, and said; a later start tries it again.
+  for (const fs::path& p : removable) {
+    fs::remove(p / "metadata.json", ec);
+    fs::remove_all(p, ec);
+    if (!ec) continue;
+    const std::string n = p.filename().string();
+    std::string aside;
+    if (n.find(".stale-") == std::string::npos)
+      for (int k = 0; k < 1000; ++k) {
+        const std::string candidate = dir + "/" + n.substr(0, n.find('.')) + ".stale-" + std::to_string(::getpid()) +
+                                      "-" + std::to_string(k) + ".tmp";
+        if (::rename(p.c_str(), candidate.c_str()) == 0) {
+          aside = candidate;
+          break;
+        }
+        if (errno != EEXIST && errno != ENOTEMPTY) break;
+      }
+    std::fprintf(stderr, "origami: warning: %s: cannot remove a partial save (%s)%s\n", p.c_str(), ec.message().c_str(),
+                 aside.empty() ? "; left in place" : ("; moved aside as " + aside).c_str());
+  }
 }
 
 

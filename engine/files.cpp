@@ -237,16 +237,28 @@ void ReplacedFiles::check_replaceable(const std::string& path) {
 }
 
 WriterLock::WriterLock(const std::string& path, std::string_view what) {
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);  // the umask decides, as for OutputFile
-  if (fd_ < 0) ORIGAMI_USER_ERROR(shown(path), ": cannot open for writing: ", std::strerror(errno));
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
+  // The lock must be on the file the path names when the writer opens it:
+  // one taken on a file that its writer renamed into place meanwhile (the
+  // previous writer's commit) guards nothing, so that case opens again.
+  for (int attempt = 0;; ++attempt) {
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);  // the umask decides, as for OutputFile
+    if (fd_ < 0) ORIGAMI_USER_ERROR(shown(path), ": cannot open for writing: ", std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd_);
+      fd_ = -1;
+      if (err == EWOULDBLOCK)
+        ORIGAMI_USER_ERROR(shown(path), ": another process is writing it (", what,
+                           "; rule: one writer per output: give each run or job its own)");
+      ORIGAMI_USER_ERROR(shown(path), ": cannot lock: ", std::strerror(err));
+    }
+    struct stat held {}, named {};
+    if (::fstat(fd_, &held) == 0 && ::stat(path.c_str(), &named) == 0 && held.st_dev == named.st_dev &&
+        held.st_ino == named.st_ino)
+      return;
     ::close(fd_);
     fd_ = -1;
-    if (err == EWOULDBLOCK)
-      ORIGAMI_USER_ERROR(shown(path), ": another process is writing it (", what,
-                         "; rule: one writer per output: give each run or job its own)");
-    ORIGAMI_USER_ERROR(shown(path), ": cannot lock: ", std::strerror(err));
+    if (attempt == 100) ORIGAMI_USER_ERROR(shown(path), ": replaced by other processes while being locked (", what, ")");
   }
 }
 

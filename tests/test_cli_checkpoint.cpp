@@ -243,6 +243,19 @@ TEST_F(Checkpoint, AnOldCheckpointThatWillNotGoIsAWarningAndLatestStaysWhole) {
   r = train("stuck", 1, "--set training.steps=20 --set checkpoint.load=latest");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("the checkpoint is at step 20 = training.steps"), std::string::npos) << r.output;
+  // A partial save that will not go is moved aside at the start (and said),
+  // so the next save of its step writes into an empty directory rather than
+  // failing on the stuck file or publishing it.
+  const std::string stale = step_dir("stuck", 16) + ".tmp";
+  fs::create_directories(stale);
+  testing::write_file(stale + "/rank-00000-model.safetensors", "stuck");
+  ASSERT_EQ(run_command("chattr +i " + stale + "/rank-00000-model.safetensors").status, 0);
+  r = train("stuck", 1, "--set training.steps=16 --set checkpoint.interval=1 --set checkpoint.load=" +
+                            step_dir("stuck", 15));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("origami: warning: " + stale + ": cannot remove a partial save"), std::string::npos) << r.output;
+  r = run_command(std::string(ORIGAMI_BINARY) + " checkpoint inspect " + step_dir("stuck", 16) + " --verify");
+  EXPECT_EQ(r.status, 0) << r.output;
 }
 
 // A setting of the forward pass changed on resume (beyond the shape, which
@@ -305,6 +318,28 @@ TEST_F(Checkpoint, AResumeSaysWhatTheMetricsFileLacks) {
   EXPECT_EQ(after.back().at("step"), 16);
 }
 
+// Where the file system cannot swap two directories (NFS: renameat2 with
+// RENAME_EXCHANGE fails, here by an LD_PRELOAD shim), a re-save moves the
+// old step directory aside under a name no leftover holds, renames the new
+// one in, and removes the old: the same result, `latest` whole, nothing left.
+TEST_F(Checkpoint, ReSavingWithoutAnAtomicSwapMovesTheOldStepAside) {
+  ASSERT_EQ(base().size(), 20u);
+  fs::copy(ck("base"), ck("nfs"), fs::copy_options::recursive);
+  // A leftover of an earlier run's fallback that would not go.
+  const std::string leftover = step_dir("nfs", 20) + ".replaced-1-0.tmp";
+  fs::create_directories(leftover);
+  auto r = run_command("LD_PRELOAD=" + std::string(ORIGAMI_NO_RENAME_EXCHANGE) + " " +
+                       train_command("nfs", 1, "--set training.steps=20 --set checkpoint.interval=5 "
+                                               "--set checkpoint.load=" + step_dir("nfs", 15)));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(testing::read_file(ck("nfs") + "/latest"), "step-00000020\n");
+  r = run_command(std::string(ORIGAMI_BINARY) + " checkpoint inspect " + step_dir("nfs", 20) + " --verify");
+  EXPECT_EQ(r.status, 0) << r.output;
+  for (const auto& e : fs::directory_iterator(ck("nfs")))
+    EXPECT_EQ(e.path().filename().string().find(".replaced-"), std::string::npos)
+        << e.path() << ": the moved-aside copy is removed (and the start removed the leftover)";
+}
+
 // A job killed between a save's completion (metadata.json written after
 // every rank's files are synced) and its rename leaves a complete .tmp,
 // possibly with `latest` naming the step already: the next start puts it in
@@ -328,6 +363,34 @@ TEST_F(Checkpoint, ACompleteSaveKilledBeforeItsRenameIsPutInPlaceAtStart) {
   for (int step : {10, 15}) fs::remove_all(step_dir("torn2", step));
   fs::rename(step_dir("torn2", 20), step_dir("torn2", 20) + ".tmp");
   r = train("torn2", 2, "--set training.steps=20 --set checkpoint.load=latest");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("the checkpoint is at step 20 = training.steps"), std::string::npos) << r.output;
+
+  // Killed before `latest` moved on (it names step 15): the repaired step 20
+  // is the newest save, and `latest` is made to name it. A .tmp whose
+  // metadata.json does not parse is not a save: removed, and the run resumes
+  // where `latest` says. A lone complete copy a swap moved aside (its step
+  // directory missing) is put back rather than lost.
+  const auto case_of = [&](const std::string& tag) {
+    fs::copy(ck("base"), ck(tag), fs::copy_options::recursive);
+    testing::write_file(ck(tag) + "/latest", "step-00000015\n");
+    fs::rename(step_dir(tag, 20), step_dir(tag, 20) + ".tmp");
+  };
+  case_of("torn3");
+  r = train("torn3", 1, "--set training.steps=20 --set checkpoint.load=latest");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(testing::read_file(ck("torn3") + "/latest"), "step-00000020\n");
+  EXPECT_NE(r.output.find("the checkpoint is at step 20 = training.steps"), std::string::npos) << r.output;
+  case_of("torn4");
+  const std::string meta = step_dir("torn4", 20) + ".tmp/metadata.json";
+  testing::write_file(meta, testing::read_file(meta).substr(0, 300));
+  r = train("torn4", 1, "--set training.steps=16 --set checkpoint.load=latest");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + step_dir("torn4", 15) + " at step 15"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(step_dir("torn4", 20) + ".tmp"));
+  fs::copy(ck("base"), ck("torn5"), fs::copy_options::recursive);
+  fs::rename(step_dir("torn5", 20), step_dir("torn5", 20) + ".replaced-999-0.tmp");
+  r = train("torn5", 1, "--set training.steps=20 --set checkpoint.load=latest");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("the checkpoint is at step 20 = training.steps"), std::string::npos) << r.output;
 }
