@@ -13,6 +13,9 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <functional>
+#include <optional>
+#include <random>
+#include <sstream>
 #include <thread>
 #include <nlohmann/json.hpp>
 
@@ -194,6 +197,19 @@ nlohmann::ordered_json files_json(const std::vector<int64_t>& digests) {
                        {"xxh3", digest_hex(static_cast<uint64_t>(digests[at + 1]))}});
     }
   return files;
+}
+
+// checkpoint.dir/committing: "step-NNNNNNNN <save_id>" while rank 0 puts a
+// finished save in place and moves `latest` (CheckpointWriter::wait).
+constexpr const char* kJournal = "committing";
+
+// 64 random bits in hex: a save's id in its metadata.json and the journal.
+std::string fresh_save_id() {
+  std::random_device rd;
+  const uint64_t id = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(id));
+  return hex;
 }
 
 int64_t step_of(const std::string& name) {
@@ -407,13 +423,22 @@ std::optional<CheckpointSaveStats> CheckpointWriter::wait(comm::Communicator& wo
   comm::run_agreed(world, [&] {
     if (world.rank() != 0) return;
     p->metadata["files"] = files_json(all);
+    // This save's own id: a start after a kill tells its copy from another
+    // of the same step (the one a swap replaced, an abandoned run's).
+    const std::string save_id = fresh_save_id();
+    p->metadata["save_id"] = save_id;
     // Whole or absent (written aside, then renamed): its presence marks the
     // save complete, for the repair at the next start.
     write_text_durably(p->tmp + "/metadata.json.tmp", p->metadata.dump(1) + "\n");
     rename_durably(p->tmp + "/metadata.json.tmp", p->tmp + "/metadata.json");
+    // The journal (finish_commit): from here a kill leaves a save the next
+    // start completes, `latest` included, rather than one it redoes.
+    write_text_durably(dir_ + "/" + kJournal, p->name + " " + save_id + "\n");
     publish_step_dir(p->tmp, p->done);
     write_text_durably(dir_ + "/latest.tmp", p->name + "\n");
     rename_durably(dir_ + "/latest.tmp", dir_ + "/latest");
+    std::error_code ec;
+    fs::remove(dir_ + "/" + kJournal, ec);
     prune(dir_, keep_, p->step);
   }, io_wait_);
   stats.seconds = p->blocked_s;
@@ -459,16 +484,41 @@ std::optional<std::string> resolve_load(const CheckpointConfig& ck) {
 
 namespace {
 
-// Whether `dir` holds a metadata.json that parses: the mark of a complete save.
-bool marked_complete(const fs::path& dir) {
+// The save_id of dir/metadata.json: nullopt when the file is absent or not
+// whole JSON (a save not finished); "" for one without an id (an older
+// binary's). A file there that cannot be read is a UserError: never a
+// reason to remove what may be the only complete copy.
+std::optional<std::string> save_mark(const fs::path& dir) {
   std::error_code ec;
   const fs::path meta = dir / "metadata.json";
-  if (!fs::is_regular_file(meta, ec) || fs::file_size(meta, ec) > (int64_t{64} << 20)) return false;
-  try {
-    return nlohmann::json::accept(InputFile(meta.string(), "checkpoint metadata file").read_all(int64_t{64} << 20));
-  } catch (const UserError&) {
-    return false;
+  if (!fs::exists(meta, ec)) return std::nullopt;
+  const nlohmann::json j = nlohmann::json::parse(
+      InputFile(meta.string(), "checkpoint metadata file").read_all(int64_t{1} << 31), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  return j.contains("save_id") && j["save_id"].is_string() ? j["save_id"].get<std::string>() : std::string();
+}
+
+// A save the journal names (CheckpointWriter::wait): its copy, told by its
+// save_id from any other of that step, goes in place (swapped where another
+// is there: a rollback's abandoned step, or the old copy a swap left), and
+// `latest` names it, as the kill interrupted.
+void finish_commit(const fs::path& root) {
+  std::error_code ec;
+  const fs::path journal = root / kJournal;
+  if (!fs::exists(journal, ec)) return;
+  std::istringstream words(InputFile(journal.string(), "checkpoint commit journal").read_all(4096));
+  std::string name, id;
+  words >> name >> id;
+  if (step_of(name) >= 0 && !id.empty()) {
+    const fs::path done = root / name, tmp = root / (name + ".tmp");
+    if (save_mark(tmp) == id) publish_step_dir(tmp.string(), done.string());
+    if (save_mark(done) == id) {
+      write_text_durably((root / "latest.tmp").string(), name + "\n");
+      rename_durably((root / "latest.tmp").string(), (root / "latest").string());
+      std::fprintf(stderr, "origami: %s: a save interrupted while being committed, completed\n", done.c_str());
+    }
   }
+  fs::remove(journal, ec);
 }
 
 }  // namespace
@@ -476,6 +526,8 @@ bool marked_complete(const fs::path& dir) {
 void remove_partial_checkpoints(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return;
+  finish_commit(dir);
+  fs::remove(dir + "/latest.tmp", ec);
   // step-NNNNNNNN.tmp (a save, or the old copy a swap left),
   // step-NNNNNNNN.replaced-<pid>-<n>.tmp (what a save moved aside,
   // publish_step_dir) and step-NNNNNNNN.stale-<pid>-<n>.tmp (a partial one
@@ -485,23 +537,20 @@ void remove_partial_checkpoints(const std::string& dir) {
     const std::string n = e.path().filename().string();
     if (e.is_directory() && n.ends_with(".tmp") && step_of(n.substr(0, n.find('.'))) >= 0) partial.push_back(e.path());
   }
-  // Saves first (a plain .tmp), then what a swap moved aside: a complete
-  // one (metadata.json, written whole after every rank's files are synced)
-  // whose step directory is missing, a kill having stopped it before its
-  // rename, is put in place, not thrown away; `latest` then names it if it
-  // is newer than what `latest` names (its own write was the next thing the
-  // save would have done).
-  std::sort(partial.begin(), partial.end(), [](const fs::path& a, const fs::path& b) {
-    const bool plain_a = a.filename().string().ends_with(".tmp") && a.stem().extension().empty();
-    const bool plain_b = b.filename().string().ends_with(".tmp") && b.stem().extension().empty();
-    return plain_a != plain_b ? plain_a : a < b;
+  // Plain .tmp first, then what a swap moved aside: a complete copy whose
+  // step directory is missing (a kill before its rename, or between the two
+  // renames of a swap without RENAME_EXCHANGE) is put in place, not thrown
+  // away. `latest` is the journal's to move, never a guess from step
+  // numbers (a rollback's abandoned steps are higher).
+  const auto plain = [](const fs::path& p) { return p.stem().extension().empty(); };
+  std::sort(partial.begin(), partial.end(), [&](const fs::path& a, const fs::path& b) {
+    return plain(a) != plain(b) ? plain(a) : a < b;
   });
   std::vector<fs::path> removable;
-  int64_t repaired = -1;
   for (const fs::path& p : partial) {
     const std::string n = p.filename().string();
     const fs::path done = p.parent_path() / n.substr(0, n.find('.'));
-    if (n.find(".stale-") != std::string::npos || fs::exists(done, ec) || !marked_complete(p)) {
+    if (n.find(".stale-") != std::string::npos || fs::exists(done, ec) || !save_mark(p)) {
       removable.push_back(p);
       continue;
     }
@@ -509,21 +558,7 @@ void remove_partial_checkpoints(const std::string& dir) {
       ORIGAMI_USER_ERROR(p.string(), ": a complete save that a kill stopped before its rename, and it cannot be put in "
                          "place: ", std::strerror(errno));
     sync_dir(dir);
-    repaired = std::max(repaired, step_of(done.filename().string()));
     std::fprintf(stderr, "origami: %s: a complete save interrupted before its rename, put in place\n", done.c_str());
-  }
-  if (repaired >= 0) {
-    int64_t named = -1;
-    try {
-      std::string name = InputFile(dir + "/latest", "checkpoint latest file").read_all(4096);
-      while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-      named = step_of(name);
-    } catch (const UserError&) {
-    }
-    if (repaired > named) {
-      write_text_durably(dir + "/latest.tmp", step_dir_name(repaired) + "\n");
-      rename_durably(dir + "/latest.tmp", dir + "/latest");
-    }
   }
   // What will not go (a file an NFS reader holds open) is moved aside under
   // a name of its own, so the next save of that step starts in an empty

@@ -366,21 +366,51 @@ TEST_F(Checkpoint, ACompleteSaveKilledBeforeItsRenameIsPutInPlaceAtStart) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("the checkpoint is at step 20 = training.steps"), std::string::npos) << r.output;
 
-  // Killed before `latest` moved on (it names step 15): the repaired step 20
-  // is the newest save, and `latest` is made to name it. A .tmp whose
-  // metadata.json does not parse is not a save: removed, and the run resumes
-  // where `latest` says. A lone complete copy a swap moved aside (its step
-  // directory missing) is put back rather than lost.
+  // Killed while committing (the journal `committing` names step 20 and its
+  // save_id; `latest` still names 15): the start completes the commit,
+  // `latest` included. Without the journal a complete step 20 is put in
+  // place but `latest` is not moved on a guess (a rollback's abandoned steps
+  // are higher): the run resumes at 15.
   const auto case_of = [&](const std::string& tag) {
     fs::copy(ck("base"), ck(tag), fs::copy_options::recursive);
     testing::write_file(ck(tag) + "/latest", "step-00000015\n");
     fs::rename(step_dir(tag, 20), step_dir(tag, 20) + ".tmp");
   };
+  const auto save_id = [&](const std::string& dir) {
+    return nlohmann::json::parse(testing::read_file(dir + "/metadata.json")).at("save_id").get<std::string>();
+  };
   case_of("torn3");
+  testing::write_file(ck("torn3") + "/committing", "step-00000020 " + save_id(step_dir("torn3", 20) + ".tmp") + "\n");
   r = train("torn3", 1, "--set training.steps=20 --set checkpoint.load=latest");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(testing::read_file(ck("torn3") + "/latest"), "step-00000020\n");
+  EXPECT_NE(r.output.find("a save interrupted while being committed, completed"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("the checkpoint is at step 20 = training.steps"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(ck("torn3") + "/committing"));
+  case_of("torn3b");
+  r = train("torn3b", 1, "--set training.steps=16 --set checkpoint.load=latest");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + step_dir("torn3b", 15) + " at step 15"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(step_dir("torn3b", 20) + "/metadata.json")) << "put in place, not thrown away";
+  // Two copies of step 20, an abandoned run's in place and the journal's in
+  // .tmp (a kill before the swap), and the other way round (a kill after
+  // it): either way the journal's copy ends in place.
+  for (const bool swapped : {false, true}) {
+    const std::string tag = swapped ? "both-swapped" : "both";
+    fs::copy(ck("base"), ck(tag), fs::copy_options::recursive);
+    testing::write_file(ck(tag) + "/latest", "step-00000015\n");
+    fs::copy(step_dir(tag, 20), step_dir(tag, 20) + ".tmp", fs::copy_options::recursive);
+    const std::string ours = step_dir(tag, 20) + (swapped ? "" : ".tmp");
+    nlohmann::ordered_json meta = nlohmann::ordered_json::parse(testing::read_file(ours + "/metadata.json"));
+    meta["save_id"] = "00000000000000b2";
+    testing::write_file(ours + "/metadata.json", meta.dump(1) + "\n");
+    testing::write_file(ck(tag) + "/committing", "step-00000020 00000000000000b2\n");
+    r = train(tag, 1, "--set training.steps=20 --set checkpoint.load=latest");
+    ASSERT_EQ(r.status, 0) << tag << ": " << r.output;
+    EXPECT_EQ(save_id(step_dir(tag, 20)), "00000000000000b2") << tag;
+    EXPECT_EQ(testing::read_file(ck(tag) + "/latest"), "step-00000020\n") << tag;
+    EXPECT_FALSE(fs::exists(step_dir(tag, 20) + ".tmp")) << tag;
+  }
   case_of("torn4");
   const std::string meta = step_dir("torn4", 20) + ".tmp/metadata.json";
   testing::write_file(meta, testing::read_file(meta).substr(0, 300));
