@@ -236,11 +236,16 @@ void prune(const std::string& dir, int64_t keep, int64_t saved) {
   // open on NFS, permissions) costs disk, not the run: a warning.
   for (size_t i = 0; i + static_cast<size_t>(keep) < complete.size(); ++i) {
     std::error_code ec;
-    fs::remove(complete[i].second / "metadata.json", ec);  // first: never a complete-looking remnant
-    fs::remove_all(complete[i].second, ec);
+    // Renamed to a partial's name first: a removal cut short leaves what the
+    // next start clears away, never a step directory without its metadata.
+    const fs::path going = complete[i].second.string() + ".stale-" + std::to_string(::getpid()) + "-0.tmp";
+    fs::path removing = complete[i].second;
+    if (::rename(removing.c_str(), going.c_str()) == 0) removing = going;
+    fs::remove(removing / "metadata.json", ec);  // first: never a complete-looking remnant
+    fs::remove_all(removing, ec);
     if (ec)
-      std::fprintf(stderr, "origami: warning: %s: cannot remove an old checkpoint (checkpoint.keep = %lld): %s; left in place\n",
-                   complete[i].second.c_str(), static_cast<long long>(keep), ec.message().c_str());
+      std::fprintf(stderr, "origami: warning: %s: cannot remove an old checkpoint (checkpoint.keep = %lld): %s; left as %s\n",
+                   complete[i].second.c_str(), static_cast<long long>(keep), ec.message().c_str(), removing.c_str());
   }
 }
 
@@ -461,7 +466,8 @@ std::optional<std::string> resolve_load(const CheckpointConfig& ck) {
       std::error_code ec;
       if (fs::is_directory(ck.dir, ec))
         for (const auto& e : fs::directory_iterator(ck.dir))
-          if (const int64_t st = step_of(e.path().filename().string()); st > newest_step && e.is_directory())
+          if (const int64_t st = step_of(e.path().filename().string());
+              st > newest_step && e.is_directory() && fs::exists(e.path() / "metadata.json"))
             newest_step = st, newest = e.path().string();
       return newest;
     }
@@ -491,7 +497,9 @@ namespace {
 std::optional<std::string> save_mark(const fs::path& dir) {
   std::error_code ec;
   const fs::path meta = dir / "metadata.json";
-  if (!fs::exists(meta, ec)) return std::nullopt;
+  const bool there = fs::exists(meta, ec);
+  if (ec) ORIGAMI_USER_ERROR(meta.string(), ": cannot tell whether it exists: ", ec.message());
+  if (!there) return std::nullopt;
   const nlohmann::json j = nlohmann::json::parse(
       InputFile(meta.string(), "checkpoint metadata file").read_all(int64_t{1} << 31), nullptr, false);
   if (j.is_discarded() || !j.is_object()) return std::nullopt;
@@ -512,7 +520,12 @@ void finish_commit(const fs::path& root) {
   if (step_of(name) >= 0 && !id.empty()) {
     const fs::path done = root / name, tmp = root / (name + ".tmp");
     if (save_mark(tmp) == id) publish_step_dir(tmp.string(), done.string());
-    if (save_mark(done) == id) {
+    std::string named;
+    try {
+      named = InputFile((root / "latest").string(), "checkpoint latest file").read_all(4096);
+    } catch (const UserError&) {
+    }
+    if (save_mark(done) == id && named != name + "\n") {
       write_text_durably((root / "latest.tmp").string(), name + "\n");
       rename_durably((root / "latest.tmp").string(), (root / "latest").string());
       std::fprintf(stderr, "origami: %s: a save interrupted while being committed, completed\n", done.c_str());
