@@ -165,9 +165,27 @@ OpEntry topk_forward_entry() {
               const int64_t T = c.T, E = c.E, K = c.p.top_k;
               Problem p(topk_label(c));
               Tensor logits = randn({T, E}, g, 2.0f);
+              const Tensor bias = c.bias ? randn({E}, g, 0.1f) : Tensor();
+              // The selection is compared exactly, so no token's may hang on a
+              // near-tie that fp32 scores (exp_fast, ~1e-6 relative) could
+              // order otherwise than the double reference: a token whose
+              // selection margin (naive_ops.h) is under 1e-5 is drawn again.
+              // Some seeds gave one (E 256, groups 8/4: two experts swapped).
+              for (int redraws = 0;; ++redraws) {
+                const NaiveTopk n = naive_topk(values(logits), E, c.p, c.bias ? values(bias) : std::vector<double>{});
+                bool separated = true;
+                for (int64_t t = 0; t < T; ++t) {
+                  if (n.margin[t] >= 1e-5) continue;
+                  separated = false;
+                  const Tensor row = randn({E}, g, 2.0f);
+                  std::copy(row.f32(), row.f32() + E, logits.f32() + t * E);
+                }
+                if (separated) break;
+                ORIGAMI_CHECK(redraws < 100, "no separated selection after 100 draws: ", topk_label(c));
+              }
               for (const auto& [t, e, v] : c.nonfinite) logits.f32()[t * E + e] = v;
               p.in("logits_TE", logits);
-              if (c.bias) p.in("bias_E", randn({E}, g, 0.1f));
+              if (c.bias) p.in("bias_E", bias);
               // exp_fast and fp32 sums: < 1e-6 relative, per element.
               p.out("scores_TE", {T, E}, DType::f32, {2e-6, 1e-12, "exp_fast and an fp32 sum (scale |s|)"});
               p.out("expert_TK", {T, K}, DType::i32, {0, 0, "the selection: exact"});
