@@ -166,11 +166,13 @@ class NcclCommunicator final : public Communicator {
     cudaStreamSynchronize(stream_);
     Watchdog::detach(this);  // before the comms its entries name go
     const NcclCallScope scope;
+    // In the order they were created, which is one global order of edges: a
+    // channel's two ends must destroy it in the same sequence relative to
+    // their other channels (NCCL's destroy joins its peer's proxy; ends that
+    // destroy 0->1, 1->0 and 1->0, 0->1 can wait on each other at exit).
+    for (ncclComm_t c : channels_in_creation_order_) ncclCommDestroy(c);
     for (auto* channels : {&to_, &from_})
-      for (auto& [peer, ch] : *channels) {
-        ncclCommDestroy(ch.comm);
-        cudaStreamDestroy(ch.stream);
-      }
+      for (auto& [peer, ch] : *channels) cudaStreamDestroy(ch.stream);
     ncclCommDestroy(comm_);
     cudaFree(scratch_);
     if (inputs_ready_) cudaEventDestroy(inputs_ready_);
@@ -345,6 +347,7 @@ class NcclCommunicator final : public Communicator {
           NCCL_CHECK(ncclRecv(scratch_, 1, ncclInt32, 0, ch.comm, ch.stream));
         CUDA_CHECK(cudaStreamSynchronize(ch.stream));
         (me == src ? to_ : from_)[me == src ? dst : src] = ch;
+        channels_in_creation_order_.push_back(ch.comm);
       }
     }
   }
@@ -352,6 +355,7 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   std::map<int, Channel> to_, from_;  // by the peer's group rank: channels to and from ring neighbours
+  std::vector<ncclComm_t> channels_in_creation_order_;  // to_ and from_'s comms, for the destructor
   cudaStream_t compute_ = nullptr;      // CommOptions::compute_stream
   cudaEvent_t inputs_ready_ = nullptr;  // recorded on compute_ before each op
   std::vector<StreamWait> waits_;       // stream waits not yet settled

@@ -4,6 +4,7 @@
 #include "engine/preflight.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <sstream>
 
@@ -139,6 +140,19 @@ void check_one_rank_per_gpu(comm::Communicator& node, const Config& cfg, const s
                        " (", node.size(), " ranks on this node, each seeing ", cuda_device_count(),
                        " CUDA device(s)); start at most one rank per GPU on each node (mpirun -npernode N), ",
                        "give each rank its own GPU (CUDA_VISIBLE_DEVICES), or train on runtime.device = \"cpu\"");
+}
+
+void check_cuda_streams_run_apart(const Config& cfg) {
+  const ParallelConfig& par = cfg.parallel;
+  const bool pipeline = par.pp > 1, ring = par.cp > 1 && par.cp_comm == dense::CpComm::ring;
+  const std::string rule = cuda_stream_serialization_rule(
+      std::getenv("CUDA_DEVICE_MAX_CONNECTIONS"), std::getenv("NCCL_LAUNCH_ORDER_IMPLICIT"), pipeline || ring);
+  if (rule.empty()) return;
+  ORIGAMI_USER_ERROR(cfg.origin(pipeline ? "parallel.pp" : "parallel.cp_comm"), ": ",
+                     pipeline ? "a pipeline (parallel.pp > 1)" : "ring attention (parallel.cp > 1, cp_comm = \"ring\")",
+                     " on CUDA posts NCCL receives ahead of the compute its peers wait for, which needs the GPU's "
+                     "streams to run apart, but ", rule, ": the ranks would wait on each other at the first step; "
+                     "unset the variable (origami raises CUDA_DEVICE_MAX_CONNECTIONS to 32 when it is unset)");
 }
 
 }  // namespace origami

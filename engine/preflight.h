@@ -43,4 +43,10 @@ std::string shared_gpu_rule(const std::vector<std::string>& gpu_by_node_rank,
 // ranks of a communicator on one device, and they would share its memory).
 void check_one_rank_per_gpu(comm::Communicator& node, const Config& cfg, const std::string& gpu_uuid);
 
+// UserError naming the environment variable and parallel.pp / parallel.cp
+// when a CUDA run's point-to-point channels (a pipeline, or ring attention)
+// would meet serialised streams (cuda_stream_serialization_rule,
+// kernels/device.h). Reads this process's environment.
+void check_cuda_streams_run_apart(const Config& cfg);
+
 }  // namespace origami

@@ -70,4 +70,30 @@ std::string choose_cuda_module_loading() {
   return "EAGER";
 }
 
+std::string choose_cuda_device_max_connections() {
+  if (const char* user = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS"); user && *user) return user;
+  const bool launched = launcher_world_size() > 0 || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK");
+  if (!launched || launcher_world_size() == 1) return "";
+  ORIGAMI_CHECK(setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0) == 0,
+                "setenv CUDA_DEVICE_MAX_CONNECTIONS");
+  return "32";
+}
+
+std::string cuda_stream_serialization_rule(const char* max_connections, const char* launch_order_implicit,
+                                           bool point_to_point_channels) {
+  if (!point_to_point_channels) return "";
+  auto is_one = [](const char* v) {
+    if (!v) return false;
+    std::string t(v);
+    t.erase(0, t.find_first_not_of(" \t"));
+    t.erase(t.find_last_not_of(" \t") + 1);
+    return t == "1";
+  };
+  if (is_one(max_connections))
+    return "CUDA_DEVICE_MAX_CONNECTIONS=1 gives the GPU one hardware queue for every stream";
+  if (is_one(launch_order_implicit))
+    return "NCCL_LAUNCH_ORDER_IMPLICIT=1 runs each NCCL kernel only after the one launched before it";
+  return "";
+}
+
 }  // namespace origami

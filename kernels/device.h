@@ -60,4 +60,29 @@ int launcher_world_size();
 // lazy default's faster start and smaller context.
 std::string choose_cuda_module_loading();
 
+// Sets CUDA_DEVICE_MAX_CONNECTIONS=32 (the driver's most) under the same
+// condition as choose_cuda_module_loading, unless the user set it; returns the
+// value in effect ("" for the driver's default, 8). Call it first thing in main.
+//
+// Why: the device runs each hardware work queue in order, and with more
+// streams than queues streams share one. A rank holds a compute stream, one
+// stream per NCCL communicator and one per pipeline or ring-attention
+// channel, well over the default 8. A receive posted ahead that waits behind
+// an earlier receive of its channel then holds up whatever stream shares its
+// queue; if that is the compute stream whose output the peer needs first, the
+// two ranks wait on each other (NCCL gives no guarantee that two streams
+// progress independently). More queues make the sharing less likely; a user's
+// 1 makes it certain, which cuda_stream_serialization_rule refuses.
+std::string choose_cuda_device_max_connections();
+
+// The rule broken when a multi-rank CUDA job's pipeline or ring attention
+// (pp > 1, or cp > 1 with cp_comm ring, over NCCL's point-to-point channels)
+// would run on a device whose streams are serialised, or "": given the values
+// of CUDA_DEVICE_MAX_CONNECTIONS and NCCL_LAUNCH_ORDER_IMPLICIT (nullptr when
+// unset). One hardware queue (Megatron's CUDA_DEVICE_MAX_CONNECTIONS=1 for its
+// TP overlap) or NCCL's implicit launch order puts a receive posted ahead in
+// front of the compute its peer waits for: a deadlock at the first step.
+std::string cuda_stream_serialization_rule(const char* max_connections, const char* launch_order_implicit,
+                                           bool point_to_point_channels);
+
 }  // namespace origami

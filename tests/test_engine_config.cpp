@@ -606,5 +606,32 @@ TEST(Config, RanksSharingAGpuAreNamedWithTheGpu) {
             "ranks 0, 1 share GPU GPU-a; ranks 2, 3, 7 share GPU GPU-b");
 }
 
+// A pipeline or ring attention on serialised CUDA streams is refused naming
+// the key that asked for the channels and the variable that serialises
+// (the trainer calls this on CUDA ranks only; the rule is in kernels/device.h).
+TEST(Config, PointToPointChannelsOnSerialisedStreamsAreRefused) {
+  const char* saved = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  const std::string restore = saved ? saved : "";
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);
+  const Config pipelined = parse_config(kMinimal, kFile, {"parallel.pp=2", "model.num_layers=2"});
+  try {
+    check_cuda_streams_run_apart(pipelined);
+    ADD_FAILURE() << "pp 2 with CUDA_DEVICE_MAX_CONNECTIONS=1 passed";
+  } catch (const UserError& e) {
+    const std::string msg = e.what();
+    for (const char* f : {"--set parallel.pp=2: a pipeline (parallel.pp > 1)",
+                          "CUDA_DEVICE_MAX_CONNECTIONS=1 gives the GPU one hardware queue", "unset the variable"})
+      EXPECT_NE(msg.find(f), std::string::npos) << f << " not in: " << msg;
+  }
+  const Config ring = parse_config(kMinimal, kFile, {"parallel.cp=2", "parallel.cp_comm=ring"});
+  EXPECT_THROW(check_cuda_streams_run_apart(ring), UserError);
+  EXPECT_NO_THROW(check_cuda_streams_run_apart(parse_config(kMinimal, kFile, {"parallel.cp=2"})));  // all-gather
+  EXPECT_NO_THROW(check_cuda_streams_run_apart(parse_config(kMinimal, kFile, {"parallel.ep=2", "moe.num_experts=4"})));
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
+  EXPECT_NO_THROW(check_cuda_streams_run_apart(pipelined));
+  if (saved) setenv("CUDA_DEVICE_MAX_CONNECTIONS", restore.c_str(), 1);
+  else unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
+}
+
 }  // namespace
 }  // namespace origami

@@ -70,7 +70,8 @@ class LaunchEnv {
 
  private:
   static constexpr const char* kVars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS",
-                                          "PMIX_RANK", "PMI_RANK", "CUDA_MODULE_LOADING"};
+                                          "PMIX_RANK", "PMI_RANK", "CUDA_MODULE_LOADING",
+                                          "CUDA_DEVICE_MAX_CONNECTIONS"};
   std::map<std::string, std::string> saved_;
 };
 
@@ -111,6 +112,42 @@ TEST(Device, MultiRankJobsLoadCudaKernelsEagerlyUnlessTheUserChose) {
   EXPECT_EQ(choose_cuda_module_loading(), "EAGER");
   setenv("PMI_SIZE", "1", 1);  // the first variable set wins: MPICH's before Slurm's
   EXPECT_EQ(launcher_world_size(), 1);
+}
+
+// The driver's hardware queues: raised to its most for a multi-rank job, so
+// that fewer streams share one; a user's value is kept.
+TEST(Device, MultiRankJobsGetTheMostHardwareQueuesUnlessTheUserChose) {
+  const LaunchEnv env;
+  auto connections = [] {
+    const char* x = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    return std::string(x ? x : "(unset)");
+  };
+  EXPECT_EQ(choose_cuda_device_max_connections(), "");
+  EXPECT_EQ(connections(), "(unset)");
+  setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
+  EXPECT_EQ(choose_cuda_device_max_connections(), "");
+  EXPECT_EQ(connections(), "(unset)");
+  setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  EXPECT_EQ(choose_cuda_device_max_connections(), "32");
+  EXPECT_EQ(connections(), "32");
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);
+  EXPECT_EQ(choose_cuda_device_max_connections(), "1");
+  EXPECT_EQ(connections(), "1");
+}
+
+// Serialised streams are refused only where point-to-point channels would
+// post receives ahead (a pipeline, ring attention).
+TEST(Device, SerialisedStreamsAreRefusedWherePointToPointChannelsRun) {
+  EXPECT_EQ(cuda_stream_serialization_rule(nullptr, nullptr, true), "");
+  EXPECT_EQ(cuda_stream_serialization_rule("8", "0", true), "");
+  EXPECT_EQ(cuda_stream_serialization_rule("32", nullptr, true), "");
+  EXPECT_EQ(cuda_stream_serialization_rule("1", "1", false), "");
+  EXPECT_EQ(cuda_stream_serialization_rule("1", nullptr, true),
+            "CUDA_DEVICE_MAX_CONNECTIONS=1 gives the GPU one hardware queue for every stream");
+  EXPECT_EQ(cuda_stream_serialization_rule(" 1 ", nullptr, true),
+            "CUDA_DEVICE_MAX_CONNECTIONS=1 gives the GPU one hardware queue for every stream");
+  EXPECT_EQ(cuda_stream_serialization_rule("12", "1", true),
+            "NCCL_LAUNCH_ORDER_IMPLICIT=1 runs each NCCL kernel only after the one launched before it");
 }
 
 TEST(Dispatch, DeviceRuleNamesTheOpTheContextAndEachStrayTensor) {

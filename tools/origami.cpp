@@ -216,6 +216,7 @@ int main(int argc, char** argv) {
   // stops the run after its first step, as one a moment later would.
   if (is_command(argc, argv, "train")) origami::catch_stop_signals_from_start();
   origami::choose_cuda_module_loading();  // before anything can start CUDA (MPI_Init may)
+  origami::choose_cuda_device_max_connections();
   const bool use_mpi = launched_by_mpi() || !host_only_command(argc, argv);
   if (!launched_by_mpi()) setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
   if (use_mpi) origami::start_mpi(&argc, &argv);
