@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <string>
 #include <utility>
@@ -135,6 +136,20 @@ SliceRange range_of(const SavedShard& s, const Shape& global) {
   return r;
 }
 
+// A user who names a checkpoint.dir, or its `latest` file, where a step
+// directory belongs: the step `latest` names, as " (... DIR/step-N)", or "".
+std::string latest_hint(const fs::path& latest_file, const char* what) {
+  std::error_code ec;
+  if (!fs::is_regular_file(latest_file, ec)) return "";
+  std::ifstream in(latest_file);
+  std::string name;
+  std::getline(in, name);
+  while (!name.empty() && (name.back() == ' ' || name.back() == '\r')) name.pop_back();
+  if (name.rfind("step-", 0) != 0 || name.size() > 64) return "";
+  return std::string(" (") + what + ": name one of its steps, as `latest` does: " +
+         (latest_file.parent_path() / name).string() + ")";
+}
+
 }  // namespace
 
 CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
@@ -143,10 +158,13 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
   const std::string path = step_dir + "/metadata.json";
   if (std::error_code ec; !fs::is_directory(step_dir, ec))
     ORIGAMI_USER_ERROR(step_dir, ": no such checkpoint directory",
-                       fs::exists(step_dir, ec) ? " (it is a file)" : "", " (rule: a step directory, step-NNNNNNNN)");
+                       fs::exists(step_dir, ec) ? " (it is a file)" : "", " (rule: a step directory, step-NNNNNNNN)",
+                       fs::path(step_dir).filename() == "latest" ? latest_hint(step_dir, "a checkpoint.dir's latest file")
+                                                                 : "");
   if (!fs::exists(path))
     ORIGAMI_USER_ERROR(path, ": missing (rule: a checkpoint is complete only once rank 0 wrote metadata.json, "
-                             "after every rank's files; this directory is an unfinished save or not a checkpoint)");
+                             "after every rank's files; this directory is an unfinished save or not a checkpoint)",
+                       latest_hint(fs::path(step_dir) / "latest", "this is a checkpoint.dir"));
   const auto j = read_json_file<nlohmann::ordered_json>(path, "checkpoint metadata", int64_t{1} << 31);
   const MetaReader m{path};
   if (m.text(j, "format") != kFormat) m.bad("format", std::string("must be \"") + kFormat + "\"");

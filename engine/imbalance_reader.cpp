@@ -246,11 +246,19 @@ void RunReader::add(const StepRecord& rec, int64_t line) {
     }
     LayerAcc& a = layers_[l];
     if (ls.layer != a.layer || static_cast<int64_t>(ls.routed.size()) != a.experts ||
-        std::max<int64_t>(1, static_cast<int64_t>(ls.ep.size())) != a.ep)
-      fail(line, "moe entry " + std::to_string(l) + " is layer " + std::to_string(ls.layer) + " with " +
-                     std::to_string(ls.routed.size()) + " experts over " + std::to_string(ls.ep.size()) +
-                     " EP ranks; earlier records have layer " + std::to_string(a.layer) + " with " +
-                     std::to_string(a.experts) + " over " + std::to_string(a.ep));
+        std::max<int64_t>(1, static_cast<int64_t>(ls.ep.size())) != a.ep) {
+      std::string msg = "moe entry " + std::to_string(l) + " is layer " + std::to_string(ls.layer) + " with " +
+                        std::to_string(ls.routed.size()) + " experts over " + std::to_string(ls.ep.size()) +
+                        " EP ranks; earlier records have layer " + std::to_string(a.layer) + " with " +
+                        std::to_string(a.experts) + " over " + std::to_string(a.ep);
+      // Only the EP size changed: a resume under another layout, whose
+      // parts each read alone.
+      if (ls.layer == a.layer && static_cast<int64_t>(ls.routed.size()) == a.experts && steps_.size() >= 2)
+        msg += " (the run changed its EP size at step " + std::to_string(rec.step) +
+               ", a resume under another layout?: read each part alone, --steps " + std::to_string(steps_.front()) +
+               ":" + std::to_string(steps_[steps_.size() - 2]) + " and --steps " + std::to_string(rec.step) + ":)";
+      fail(line, msg);
+    }
     int64_t routed = 0, kept = 0;
     for (int64_t e = 0; e < a.experts; ++e) {
       a.routed[e] += ls.routed[e], a.kept[e] += ls.kept[e];

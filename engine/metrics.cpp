@@ -210,6 +210,13 @@ MetricsWriter::MetricsWriter(const std::string& dir, int64_t resumed_step, const
     out_ = std::make_unique<OutputFile>(path, OutputFile::Mode::append);
     return;
   }
+  // A resume into a logging.dir without the run's records (a new directory,
+  // or the file removed) starts the file at the resumed step: said, since
+  // `origami imbalance` then sees only part of the run.
+  if (resumed_step > 0 && !std::filesystem::exists(path))
+    std::fprintf(stderr, "origami: warning: %s did not exist: the run resumes at step %lld, so steps 1 to %lld have "
+                 "no record in it\n", path.c_str(), static_cast<long long>(resumed_step),
+                 static_cast<long long>(resumed_step));
   out_ = std::make_unique<OutputFile>(path, OutputFile::Mode::truncate);
 }
 

@@ -262,7 +262,10 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
   {
     const auto node = comm::node_mpi(MPI_COMM_WORLD, "node", comm::CommOptions{cfg.runtime.collective_timeout_s});
     if (const Device d = r.ctx->device(); !d.is_host())  // every rank's alike: same config, same rule
-      comm::run_agreed(*r.everyone, [&] { check_one_rank_per_gpu(*node, cfg, cuda_device_uuid(d.index)); });
+      comm::run_agreed(*r.everyone, [&] {
+        check_one_rank_per_gpu(*node, cfg, cuda_device_uuid(d.index));
+        check_cuda_streams_run_apart(cfg);
+      });
     r.peak = measure_gemm_peak(*r.ctx, node.get());
   }
   r.groups.emplace(make_groups(cfg, *r.ctx, r.world));
@@ -356,6 +359,42 @@ std::string forward_changes(const std::string& saved_text, const Config& cfg) {
   return changes;
 }
 
+// What changes the learning rate of the first resumed step against the
+// saving run's own schedule ("" when nothing does, or the saved config does
+// not parse): "training.steps 60 -> 100: step 41 runs at lr 2.566e-03 where
+// the saving run's schedule gives 1.632e-03", with the setting that keeps the
+// old curve when the change is the cosine's length alone.
+std::string schedule_change(const std::string& saved_text, const Config& cfg, int64_t step) {
+  Config saved;
+  try {
+    saved = parse_config(saved_text, "(saved config)");
+  } catch (const UserError&) {
+    return "";
+  }
+  const int64_t next = step + 1;
+  if (next > cfg.training.steps) return "";
+  const double was = learning_rate(saved.optimizer, saved.lr_schedule, saved.training.steps, next);
+  const double is = learning_rate(cfg.optimizer, cfg.lr_schedule, cfg.training.steps, next);
+  if (std::abs(was - is) <= 1e-9 * std::max(std::abs(was), std::abs(is))) return "";
+  std::string keys;
+  auto compare = [&](const char* key, auto a, auto b) {
+    if (a != b) keys += detail::concat(keys.empty() ? "" : ", ", key, " ", a, " -> ", b);
+  };
+  compare("optimizer.lr", saved.optimizer.lr, cfg.optimizer.lr);
+  compare("lr_schedule.warmup_steps", saved.lr_schedule.warmup_steps, cfg.lr_schedule.warmup_steps);
+  compare("lr_schedule.decay_steps", saved.lr_schedule.decay_steps, cfg.lr_schedule.decay_steps);
+  compare("lr_schedule.min_lr", saved.lr_schedule.min_lr, cfg.lr_schedule.min_lr);
+  const bool length_only = keys.empty();  // the cosine ran to training.steps in both
+  compare("training.steps", saved.training.steps, cfg.training.steps);
+  char lrs[160];
+  std::snprintf(lrs, sizeof lrs, "step %lld runs at lr %.3e where the saving run's schedule gives %.3e",
+                static_cast<long long>(next), is, was);
+  std::string out = keys + ": " + lrs;
+  if (length_only && saved.lr_schedule.decay_steps == 0 && saved.training.steps > saved.lr_schedule.warmup_steps)
+    out += detail::concat("; --set lr_schedule.decay_steps=", saved.training.steps, " keeps its curve");
+  return out;
+}
+
 }  // namespace
 
 void Trainer::Run::resume() {
@@ -389,6 +428,9 @@ void Trainer::Run::resume() {
   if (const std::string changes = forward_changes(st.config, cfg); !changes.empty())
     std::fprintf(stderr, "origami: warning: the model's forward pass differs from the saving run's (%s): the weights "
                  "continue under settings they were not trained with\n", changes.c_str());
+  if (const std::string change = schedule_change(st.config, cfg, st.step); !change.empty())
+    std::fprintf(stderr, "origami: warning: the learning-rate schedule differs from the saving run's (%s)\n",
+                 change.c_str());
 }
 
 CheckpointRecord Trainer::Run::save() {

@@ -277,6 +277,35 @@ TEST_F(Checkpoint, ResumingUnderAnotherForwardPassWarnsNamingEachChange) {
   EXPECT_EQ(r.output.find("forward pass differs"), std::string::npos) << r.output;
 }
 
+// A resume whose schedule gives its next step another learning rate than
+// the saving run's says so, naming what changed, and, where the change is
+// the cosine's length alone, the setting that keeps the old curve; with it,
+// nothing is said.
+TEST_F(Checkpoint, AResumeSaysWhenTheLearningRateScheduleChanges) {
+  ASSERT_EQ(base().size(), 20u);
+  // The base warms up for all its 20 steps; this run adds a cosine after a
+  // shorter warmup (and saves its step 22).
+  auto r = train("schedule", 1,
+                 "--set training.steps=22 --set lr_schedule.warmup_steps=5 --set checkpoint.interval=2 "
+                 "--set checkpoint.load=" + step_dir("base", 20));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("origami: warning: the learning-rate schedule differs from the saving run's "
+                          "(lr_schedule.warmup_steps 20 -> 5, training.steps 20 -> 22: step 21 runs at lr "),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("keeps its curve"), std::string::npos) << r.output;
+  // Longer again: the cosine stretches.
+  const std::string longer = "--set training.steps=24 --set lr_schedule.warmup_steps=5 --set checkpoint.load=" +
+                             step_dir("schedule", 22);
+  r = train("schedule-longer", 1, longer);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("(training.steps 22 -> 24: step 23 runs at lr "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("; --set lr_schedule.decay_steps=22 keeps its curve)"), std::string::npos) << r.output;
+  r = train("schedule-kept", 1, longer + " --set lr_schedule.decay_steps=22");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.find("learning-rate schedule differs"), std::string::npos) << r.output;
+}
+
 // Rules added for a run's own settings (decay_steps after the warmup, EP
 // with experts) do not make an older checkpoint unreadable: its saved
 // config, read back, is not held to them.
@@ -316,6 +345,13 @@ TEST_F(Checkpoint, AResumeSaysWhatTheMetricsFileLacks) {
   const auto after = read_jsonl(*dir_ / "gaps/metrics.jsonl");
   ASSERT_EQ(after.size(), 13u);
   EXPECT_EQ(after.back().at("step"), 16);
+  // A logging.dir with no metrics.jsonl at all.
+  r = train("no-records", 1, "--set training.steps=16 --set checkpoint.load=" + step_dir("gaps", 15));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("metrics.jsonl did not exist: the run resumes at step 15, so steps 1 to 15 have no record"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(read_jsonl(*dir_ / "no-records/metrics.jsonl").size(), 1u);
 }
 
 // Where the file system cannot swap two directories (NFS: renameat2 with
@@ -736,6 +772,20 @@ TEST_F(Checkpoint, DamagedCheckpointsAreRefusedNamingTheFileOrKey) {
   r = run_command(std::string(ORIGAMI_BINARY) + " checkpoint inspect " + src + "-absent");
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_NE(r.output.find(src + "-absent: no such checkpoint directory"), std::string::npos) << r.output;
+  // A checkpoint.dir, or its latest file, where a step belongs: the step it names.
+  ASSERT_EQ(base().size(), 20u);
+  r = run_command(std::string(ORIGAMI_BINARY) + " checkpoint inspect " + ck("base"));
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("(this is a checkpoint.dir: name one of its steps, as `latest` does: " + step_dir("base", 20) +
+                          ")"),
+            std::string::npos)
+      << r.output;
+  r = run_command(std::string(ORIGAMI_BINARY) + " checkpoint inspect " + ck("base") + "/latest");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("(a checkpoint.dir's latest file: name one of its steps, as `latest` does: " +
+                          step_dir("base", 20) + ")"),
+            std::string::npos)
+      << r.output;
   r = run_command(std::string(ORIGAMI_BINARY) + " checkpoint inspect --verify " + src);
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("every digest matches"), std::string::npos) << r.output;

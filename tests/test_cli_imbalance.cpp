@@ -254,6 +254,19 @@ TEST(Imbalance, BadInputExitsTwoNamingTheFileAndLine) {
   expect_error("moeobject", "{\"step\":1,\"moe\":{\"layer\":1}}\n",
                "moeobject" + file + ":1: \"moe\" must be an array of objects");
   expect_error("notobject", "[1, 2]\n", "notobject" + file + ":1: the record must be a JSON object");
+  {  // A resume under another EP size: each part reads alone, and the error says how.
+    json changed = json::parse(lines[2]);
+    for (json& entry : changed["moe"]) {
+      const auto q = entry["tokens_per_ep_rank"].get<std::vector<int64_t>>();
+      std::vector<int64_t> pairs(q.size() / 2, 0);
+      for (size_t p = 0; p < q.size(); ++p) pairs[p / 2] += q[p];
+      entry["tokens_per_ep_rank"] = pairs;
+    }
+    expect_error("ep-change", lines[0] + "\n" + lines[1] + "\n" + changed.dump() + "\n",
+                 "ep-change" + file + ":3: moe entry 0 is layer 1 with 16 experts over 2 EP ranks; earlier records "
+                 "have layer 1 with 16 over 4 (the run changed its EP size at step 3, a resume under another layout?: "
+                 "read each part alone, --steps 1:2 and --steps 3:)");
+  }
   const CommandResult steps = run_command(kBinary + " imbalance " + (dir / "good") + " --steps 9:x");
   EXPECT_EQ(steps.status, 2) << steps.output;
   EXPECT_NE(steps.output.find("--steps 9:x"), std::string::npos) << steps.output;
