@@ -407,7 +407,7 @@ void print_comm(const LayoutPlan& p, const plan::Machine& mc) {
 }
 
 void print_ranked(const PlanArgs& a, const std::vector<LayoutPlan>& ranked) {
-  std::printf("\nlayouts of %lld ranks: %zu valid, ranked by estimated step time (fitting in %.0f GB first):\n",
+  std::printf("\nlayouts of %lld ranks: %zu valid, ranked by estimated step time (fitting in %.4g GB first):\n",
               static_cast<long long>(a.world), ranked.size(), a.machine.memory_gb);
   if (ranked.empty()) {
     std::printf("  (none satisfies the model's constraints)\n");
