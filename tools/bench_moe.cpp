@@ -479,6 +479,7 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
                                   {"experts_s", experts_s},
                                   {"exchange_s", exchange_s},
                                   {"rest_s", rest_s},
+                                  {"parts_over_layer", (router_s + permute_s + experts_s + exchange_s) / layer_s},
                                   {"router_permute_fraction", routing_fraction},
                                   {"repeats", a.steps}};
       if (ep_run) {
@@ -517,6 +518,12 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
       line("expert GEMMs", experts_s);
       if (ep_run) line("dispatch/combine", exchange_s);
       line("rest", rest_s);
+      // The parts come from their own timed passes: on a busy machine their
+      // medians can outgrow the whole layer's, which is no split at all.
+      if (const double parts_s = router_s + permute_s + experts_s + exchange_s; parts_s > 1.05 * layer_s)
+        std::printf("  note: the parts, timed in passes of their own, sum to %.0f%% of the layer's time: the machine "
+                    "was busy during the run (the split is not meaningful; rerun on a quiet one)\n",
+                    100.0 * parts_s / layer_s);
       std::printf("  router + permute/un-permute: %.1f%% of the layer\n", 100.0 * routing_fraction);
       if (ep_run) {
         std::printf("  exchange (bytes sent over ep per rank: %.0f dispatch direction, %.0f combine direction;\n"
