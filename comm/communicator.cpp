@@ -147,8 +147,19 @@ void Request::wait(bool sleep_when_idle) {
   if (!op_->test()) {
     const auto t0 = Clock::now();
     const auto limit = std::chrono::duration<double>(op_->timeout_s);
+    // A gap between two polls far longer than a poll is time this process
+    // did not run (SIGSTOP, a scheduler suspending the whole job), when its
+    // peers stopped too or this rank is the one that fell behind: it is not
+    // counted as waiting. Otherwise a job suspended past the timeout and
+    // resumed ended as a collective timeout at its first poll.
+    constexpr auto kNotRunning = std::chrono::seconds(1);
+    auto last_poll = t0;
+    Clock::duration not_running{};
     for (int polls = 0; !op_->test(); ++polls) {
-      const auto waited = Clock::now() - t0;
+      const auto now = Clock::now();
+      if (now - last_poll > kNotRunning) not_running += now - last_poll;
+      last_poll = now;
+      const auto waited = now - t0 - not_running;
       if (sleep_when_idle && waited > std::chrono::milliseconds(1))
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       else if (polls >= 256)

@@ -346,6 +346,28 @@ void IndexedDataset::read_tokens(int64_t first, int64_t count, int32_t* out) con
     case IndexDType::i64: convert_tokens(reinterpret_cast<const int64_t*>(bin_) + first, count, out); break;
     default: ORIGAMI_CHECK(false, "unreachable");
   }
+  // Every token passed the scan at open, so one out of range now means the
+  // mapped file was rewritten in place since (a shrunk one is SIGBUS's). The
+  // reader may be one rank in the middle of a step, its peers waiting in a
+  // collective: the job ends here, naming the file, rather than as a failed
+  // check deeper down (a "bug", exit 4) or a timeout. An i64 read is widened
+  // before the check (the conversion to int32 may have wrapped).
+  bool bad = false;
+  for (int64_t i = 0; i < count; ++i) bad |= (out[i] < 0) | (out[i] >= vocab_size_);
+  if (dtype_ == IndexDType::i64) {
+    const auto* src = reinterpret_cast<const int64_t*>(bin_) + first;
+    for (int64_t i = 0; i < count; ++i) bad |= (src[i] < 0) | (src[i] >= vocab_size_);
+  }
+  if (!bad) return;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t t = dtype_ == IndexDType::i64 ? reinterpret_cast<const int64_t*>(bin_)[first + i] : out[i];
+    if (t >= 0 && t < vocab_size_) continue;
+    abort_job(kExitUserError,
+              detail::concat("error [rank ", world_rank_for_diagnostics(), "]: ", bin_path(), ": token ", first + i,
+                             " is ", t, ", outside [0, ", vocab_size_, "), and every token was in range when the run "
+                             "opened the file: it was rewritten during the run (rule: a data file must not change "
+                             "while a run reads it)"));
+  }
 }
 
 // ---------------------------------------------------------------- writer

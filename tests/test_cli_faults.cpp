@@ -28,6 +28,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::read_file;
+using testing::read_jsonl;
 using testing::write_file;
 
 const std::string kBinary = ORIGAMI_BINARY;
@@ -224,6 +225,33 @@ TEST_F(CliFaults, AFailureOnRankZeroAloneStopsEveryRank) {
   r = train("--set logging.dir=" + path("full2"), 2);
   expect_outcome("rank 0's metrics.jsonl on /dev/full, 2 ranks", r, 2,
                  {"error [rank 0]: " + path("full2/metrics.jsonl") + ": write failed: No space left on device"});
+}
+
+// A whole job suspended (every rank SIGSTOPped, as a gang scheduler or
+// `scontrol suspend` does) for longer than runtime.collective_timeout_s and
+// then resumed trains on: time a rank did not run is no wait. Before, a rank
+// stopped inside a wait resumed into a deadline that had run on while it was
+// stopped and ended the job as a collective timeout (exit 5; 1 in 3 single
+// suspends here, so three of them in one run).
+TEST_F(CliFaults, AJobSuspendedPastTheCollectiveTimeoutTrainsOnWhenResumed) {
+  const std::string log = path("suspended");
+  const std::string script =
+      kMpirun + " -np 2 " + kBinary + " train " + path("moe.toml") +
+      " --set parallel.ep=2 --set training.steps=200 --set runtime.collective_timeout_s=2 --set logging.dir=" + log +
+      " & M=$!\n"
+      "i=0; until [ -s " + log + "/metrics.jsonl ] || [ $i -ge 600 ]; do sleep 0.1; i=$((i+1)); done\n"
+      "for cycle in 1 2 3; do\n"
+      "  sleep 0.5; P=$(pgrep -P $M); kill -STOP $P; sleep 3; kill -CONT $P\n"
+      "done\n"
+      "wait $M\n";
+  const std::string file = path("suspend.sh");
+  write_file(file, script);
+  const Outcome r = run("sh " + file);
+  std::printf("[fault] %-58s exit %d in %.2f s\n", "a 2-rank job suspended 3 times for 3 s, timeout 2 s", r.status,
+              r.seconds);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.find("timeout"), std::string::npos) << r.output;
+  EXPECT_EQ(read_jsonl(log + "/metrics.jsonl").size(), 200u);
 }
 
 // The meetings that wait on file I/O (start-up, saves, loads, the export

@@ -376,6 +376,29 @@ TEST_F(DataTest, TooFewTokensForOneWindow) {
   expect_user_error([&] { GptDataset(ds, 4, false, 0); }, {prefix, "4 tokens", "seq_len 4", "seq_len + 1 = 5"});
 }
 
+// Tokens are checked once, at open; a file rewritten in place afterwards
+// (same size, a token out of range) ends the job at the read that meets it,
+// naming the file and the token, with exit 2 (not a failed check deeper down).
+TEST_F(DataTest, ATokenRewrittenOutOfRangeAfterOpenEndsTheJobNamingTheFile) {
+  const std::string prefix = path("rewritten");
+  write_dataset(prefix, {{1, 2, 3, 256}, {4, 5, 256}}, IndexDType::u16);
+  IndexedDataset ds = IndexedDataset::open(prefix, kVocab);
+  std::vector<int32_t> out(7);
+  ds.read_tokens(0, 7, out.data());
+  EXPECT_EQ(out, (std::vector<int32_t>{1, 2, 3, 256, 4, 5, 256}));
+  {
+    std::fstream bin(prefix + ".bin", std::ios::in | std::ios::out | std::ios::binary);
+    bin.seekp(5 * 2);  // token 5, a u16
+    const uint16_t bad = 65535;
+    bin.write(reinterpret_cast<const char*>(&bad), sizeof bad);
+    ASSERT_TRUE(bin.good());
+  }
+  ds.read_tokens(0, 5, out.data());  // before the rewritten token: read as ever
+  EXPECT_EXIT(ds.read_tokens(2, 4, out.data()), ::testing::ExitedWithCode(2),
+              "rewritten.bin: token 5 is 65535, outside \\[0, " + std::to_string(kVocab) +
+                  "\\), and every token was in range when the run opened the file: it was rewritten during the run");
+}
+
 TEST_F(DataTest, ShuffleIsSeededPermutationPerEpoch) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
   const Docs docs = random_docs(40, 100, kVocab);
