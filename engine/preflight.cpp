@@ -3,9 +3,17 @@
 // themselves travel only when the digests differ.
 #include "engine/preflight.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <map>
+#include <random>
 #include <sstream>
 
 #include "engine/version.h"
@@ -140,6 +148,51 @@ void check_one_rank_per_gpu(comm::Communicator& node, const Config& cfg, const s
                        " (", node.size(), " ranks on this node, each seeing ", cuda_device_count(),
                        " CUDA device(s)); start at most one rank per GPU on each node (mpirun -npernode N), ",
                        "give each rank its own GPU (CUDA_VISIBLE_DEVICES), or train on runtime.device = \"cpu\"");
+}
+
+void check_shared_checkpoint_dir(comm::Communicator& everyone, const Config& cfg, const comm::MeetingWait& wait) {
+  const std::string& dir = cfg.checkpoint.dir;
+  if (dir.empty() || everyone.size() == 1) return;
+  const bool root = everyone.rank() == 0;
+  int64_t nonce = 0;
+  auto probe = [&] {
+    char name[48];
+    std::snprintf(name, sizeof name, "/.origami-shared-%016llx", static_cast<unsigned long long>(nonce));
+    return dir + name;
+  };
+  // A new name: no client has cached its absence (NFS caches lookups).
+  comm::run_agreed(everyone, [&] {
+    if (!root) return;
+    std::random_device rd;
+    nonce = static_cast<int64_t>(((static_cast<uint64_t>(rd()) << 32) | rd()) >> 1) | 1;
+    const int fd = ::open(probe().c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) ORIGAMI_USER_ERROR(shorten(probe(), 240), ": cannot create (checkpoint.dir): ", std::strerror(errno));
+    ::close(fd);
+  }, wait);
+  everyone.broadcast(std::span<int64_t>(&nonce, 1), 0);
+  try {
+    comm::run_agreed(everyone, [&] {
+      if (root) return;
+      std::error_code ec;
+      if (std::filesystem::exists(probe(), ec)) return;
+      ORIGAMI_USER_ERROR(cfg.origin("checkpoint.dir"), ": checkpoint.dir = \"", shorten(dir), "\" (",
+                         std::filesystem::absolute(dir, ec).string(), " on this rank) is not the directory rank 0 "
+                         "uses: the file rank 0 just created there is missing; every rank writes its shards into "
+                         "checkpoint.dir and rank 0 commits them, so it must be one directory all ranks share (rule: a "
+                         "path on a file system every node mounts, the same on every rank; a relative path resolves "
+                         "against each rank's working directory)");
+    }, wait);
+  } catch (...) {
+    if (root) ::unlink(probe().c_str());
+    throw;
+  }
+  if (root) ::unlink(probe().c_str());
+}
+
+void check_same_corpus(comm::Communicator& everyone, int64_t documents, int64_t tokens) {
+  check_same_lines(everyone, detail::concat("data.documents = ", documents, "\ndata.tokens = ", tokens, "\n"),
+                   "the ranks of this job opened different corpora through data.path (rule: data.path names one "
+                   "corpus for every rank; a relative path resolves against each rank's working directory)");
 }
 
 void check_cuda_streams_run_apart(const Config& cfg) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/agreement.h"
 #include "comm/communicator.h"
 #include "engine/config.h"
 
@@ -48,5 +49,21 @@ void check_one_rank_per_gpu(comm::Communicator& node, const Config& cfg, const s
 // would meet serialised streams (cuda_stream_serialization_rule,
 // kernels/device.h). Reads this process's environment.
 void check_cuda_streams_run_apart(const Config& cfg);
+
+// Collective over `everyone` (the whole job), after rank 0 created
+// cfg.checkpoint.dir: rank 0 creates a file of a random name in it and every
+// other rank looks for it there. Each rank writes its shards into its own view
+// of checkpoint.dir and rank 0 commits them, so views that differ (a relative
+// path under per-rank working directories, node-local disks) would publish
+// checkpoints that name files no one can load. UserError on the ranks that do
+// not see it, agreed within `wait`; the file is removed either way. Nothing
+// without a checkpoint.dir or on one rank.
+void check_shared_checkpoint_dir(comm::Communicator& everyone, const Config& cfg, const comm::MeetingWait& wait);
+
+// Collective over `everyone`: the corpus every rank opened through data.path
+// has the same documents and tokens (counts compared; the config's text
+// alone passes a relative path that names different files per rank).
+// JobError naming the counts per rank otherwise.
+void check_same_corpus(comm::Communicator& everyone, int64_t documents, int64_t tokens);
 
 }  // namespace origami

@@ -254,6 +254,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
       for (const char* file : {"/model.safetensors", "/config.json"}) ReplacedFiles::check_replaceable(cfg.exp.dir + file);
     }
   }, io_meeting_wait(cfg));  // rank 0 may remove a partial save of any size
+  // The same relative path can name different files on different ranks.
+  if (r.indexed) check_same_corpus(*r.everyone, r.indexed->num_documents(), r.indexed->num_tokens());
+  check_shared_checkpoint_dir(*r.everyone, cfg, io_meeting_wait(cfg));
   // Its own meeting, after rank 0's clean-up: every rank then reads the
   // checkpoint directory as rank 0 left it (a repaired save in place).
   const CheckpointConfig& ck = cfg.checkpoint;

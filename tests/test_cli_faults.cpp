@@ -227,6 +227,42 @@ TEST_F(CliFaults, AFailureOnRankZeroAloneStopsEveryRank) {
                  {"error [rank 0]: " + path("full2/metrics.jsonl") + ": write failed: No space left on device"});
 }
 
+// Ranks launched in different working directories (mpirun's -wdir per app
+// context; node-local directories do the same) resolve one relative path
+// to different files: a corpus of another size is refused naming the
+// counts, and a checkpoint.dir rank 1 sees elsewhere is refused before any
+// save could publish files rank 0 never saw (before: `saved`, then a resume
+// failing on rank 1's missing shards).
+TEST_F(CliFaults, RanksWhosePathsNameDifferentFilesAreRefused) {
+  for (const char* w : {"wdir-a", "wdir-b"}) fs::create_directories(path(w));
+  for (const char* ext : {".bin", ".idx"}) fs::copy_file(path("data") + ext, path("wdir-a/data") + ext);
+  write_file(path("wdir-b/corpus.txt"), "Another corpus, long enough for one window of sixteen tokens.\n");
+  auto pre = run(kBinary + " preprocess --format text --input " + path("wdir-b/corpus.txt") + " --output-prefix " +
+                 path("wdir-b/data"));
+  ASSERT_EQ(pre.status, 0) << pre.output;
+  auto job = [&](const std::string& sets) {
+    const std::string cmd = kBinary + " train " + path("moe.toml") + " --set parallel.ep=2 --set data.path=data " + sets;
+    return run(kMpirun + " -np 1 -wdir " + path("wdir-a") + " " + cmd + " : -np 1 -wdir " + path("wdir-b") + " " + cmd);
+  };
+  expect_outcome("ranks reading different corpora through one relative data.path", job(""), 2,
+                 {"error: the ranks of this job opened different corpora through data.path",
+                  "data.tokens: 10091 on rank 0; 63 on rank 1"});  // one document each
+  for (const char* ext : {".bin", ".idx"})
+    fs::copy_file(path("data") + ext, path("wdir-b/data") + ext, fs::copy_options::overwrite_existing);
+  const Outcome r = job("--set checkpoint.dir=ck --set checkpoint.interval=2");
+  expect_outcome("ranks seeing different checkpoint.dirs through one relative path", r, 2,
+                 {"error [rank 1]: --set checkpoint.dir=ck: checkpoint.dir = \"ck\" (" + path("wdir-b/ck") +
+                      " on this rank) is not the directory rank 0 uses"});
+  EXPECT_FALSE(fs::exists(path("wdir-a/ck/step-00000002"))) << "no step saved";
+  for (const auto& e : fs::directory_iterator(path("wdir-a/ck")))
+    EXPECT_EQ(e.path().filename().string().rfind(".origami-shared-", 0), std::string::npos) << "probe left: " << e.path();
+  // Every rank in one directory: trains and saves as ever.
+  const Outcome same = run(kMpirun + " -np 2 -wdir " + path("wdir-a") + " " + kBinary + " train " + path("moe.toml") +
+                           " --set parallel.ep=2 --set data.path=data --set checkpoint.dir=ck-same --set checkpoint.interval=2");
+  EXPECT_EQ(same.status, 0) << same.output;
+  EXPECT_TRUE(fs::exists(path("wdir-a/ck-same/step-00000004/metadata.json"))) << same.output;
+}
+
 // A whole job suspended (every rank SIGSTOPped, as a gang scheduler or
 // `scontrol suspend` does) for longer than runtime.collective_timeout_s and
 // then resumed trains on: time a rank did not run is no wait. Before, a rank
