@@ -594,6 +594,20 @@ TEST_F(CliFaults, EvalRefusesSettingsThatContradictTheExport) {
   expect_outcome("eval without config.json", r, 2, {garbage + "/config.json: cannot open"});
   r = eval(path("weights"));
   EXPECT_EQ(r.status, 0) << r.output;  // and the matching config evaluates
+  // Ranks given other inputs (an MPMD launch): one whose weights do not
+  // open fails the job before rank 0 prints a loss; one evaluating another
+  // sample count is refused, not answered by rank 0's figure.
+  auto mpmd = [&](const std::string& rank1_args) {
+    const std::string cmd = kBinary + " eval " + path("moe.toml") + " --data " + path("data") + " --json ";
+    return run(kMpirun + " -np 1 " + cmd + "--weights " + path("weights") + " --samples 4 : -np 1 " + cmd + rank1_args);
+  };
+  r = mpmd("--weights " + path("no-such-weights") + " --samples 4");
+  expect_outcome("eval, rank 1's weights missing", r, 2, {"error [rank 1]: " + path("no-such-weights")});
+  EXPECT_EQ(r.output.find("\"loss\""), std::string::npos) << "no loss printed:\n" << r.output;
+  r = mpmd("--weights " + path("weights") + " --samples 2");
+  expect_outcome("eval, rank 1 evaluating another sample count", r, 2,
+                 {"error: the ranks of this eval computed losses from "});
+  EXPECT_EQ(r.output.find("\"loss\""), std::string::npos) << "no loss printed:\n" << r.output;
 }
 
 // data.path is training's rule: eval reads --data, plan reads no data, so a

@@ -2,10 +2,16 @@
 // token loss of exported weights over the first N unshuffled windows.
 #include <mpi.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "comm/agreement.h"
+#include "comm/mpi_communicator.h"
+#include "engine/checkpoint.h"
 #include "engine/config.h"
+#include "engine/preflight.h"
 #include "engine/trainer.h"
 #include "tools/commands.h"
 
@@ -29,11 +35,28 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--set", args->overrides, "Override a config value: section.key=value");
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->callback([args] {
-    Config cfg = load_config(args->config, args->overrides);
-    EvalResult r = evaluate(cfg, args->weights, args->data, args->samples);
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank != 0) return;
+    // Every rank evaluates the whole model; they meet before rank 0 prints,
+    // so a job one rank of which failed (its weights unreadable) prints no
+    // loss, and ranks given other inputs (an MPMD launch, a relative path
+    // under another working directory) are refused rather than answered by
+    // rank 0's figure.
+    Config cfg;
+    const auto world = comm::whole_mpi(MPI_COMM_WORLD, "everyone", comm::CommOptions{});
+    comm::run_agreed(*world, [&] { cfg = load_config(args->config, args->overrides); });
+    check_same_run(*world, cfg);
+    EvalResult r;
+    comm::run_agreed(*world, [&] { r = evaluate(cfg, args->weights, args->data, args->samples); },
+                     io_meeting_wait(cfg));
+    // Within 1e-6: ranks on other CPUs may sum in another order.
+    double range[2] = {r.mean_loss, -r.mean_loss};
+    world->all_reduce(std::span<double>(range, 2), comm::ReduceOp::max);
+    const double lo = -range[1], hi = range[0];
+    if (hi - lo > 1e-6 * std::max(std::abs(lo), std::abs(hi)) || !std::isfinite(hi - lo))
+      throw JobError(detail::concat("error: the ranks of this eval computed losses from ", lo, " to ", hi,
+                                    " (rule: every rank evaluates the same weights on the same data: --weights, "
+                                    "--data and --samples must name the same files and count on every rank)"),
+                     kExitUserError);
+    if (world->rank() != 0) return;
     if (args->json) {
       nlohmann::ordered_json j = {{"loss", r.mean_loss}, {"samples", r.samples}, {"tokens", r.tokens}};
       std::printf("%s\n", j.dump().c_str());
