@@ -13,14 +13,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Seconds left until `deadline`, at least a little so a last poll happens.
-double left(Clock::time_point deadline) {
-  return std::max(1e-3, std::chrono::duration<double>(deadline - Clock::now()).count());
-}
-
-// Waits for `r` until the deadline; false (the request abandoned) when late.
-bool finish(Request& r, Clock::time_point deadline) {
-  if (r.wait_for(left(deadline))) return true;
+// Waits for `r` until the deadline (moved by time this process did not
+// run); false (the request abandoned) when late.
+bool finish(Request& r, Clock::time_point& deadline) {
+  if (r.wait_until(deadline)) return true;
   r.abandon();
   return false;
 }
@@ -47,8 +43,7 @@ std::optional<std::vector<RankFailure>> share_failures(Communicator& group, int 
     if (status == 0) return std::vector<RankFailure>{};
     return std::vector<RankFailure>{{0, status, message}};
   }
-  const auto deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait_s));
+  auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait_s));
   int64_t worst = status;
   Request r = group.all_reduce_async(std::span<int64_t>(&worst, 1), ReduceOp::max);
   if (!finish(r, deadline)) return std::nullopt;

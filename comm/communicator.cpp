@@ -138,6 +138,11 @@ void PendingOp::hold_device_buffers(const InFlightRegions& regions, const std::s
 
 }  // namespace detail
 
+namespace {
+// A gap between two polls longer than this is time the process did not run.
+constexpr auto kNotRunning = std::chrono::seconds(1);
+}  // namespace
+
 // MPI_Test (or cudaEventQuery) polling with a deadline. The first polls spin
 // for latency; after that each poll yields the core, because test jobs run
 // several ranks per core and a spinning rank would starve the peer it waits on.
@@ -152,7 +157,6 @@ void Request::wait(bool sleep_when_idle) {
     // peers stopped too or this rank is the one that fell behind: it is not
     // counted as waiting. Otherwise a job suspended past the timeout and
     // resumed ended as a collective timeout at its first poll.
-    constexpr auto kNotRunning = std::chrono::seconds(1);
     auto last_poll = t0;
     Clock::duration not_running{};
     for (int polls = 0; !op_->test(); ++polls) {
@@ -185,15 +189,24 @@ void Request::wait_on(void* cuda_stream) {
 }
 
 bool Request::wait_for(double seconds) {
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+  return wait_until(deadline);
+}
+
+bool Request::wait_until(std::chrono::steady_clock::time_point& deadline) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  const auto deadline = t0 + std::chrono::duration<double>(seconds);
   if (!op_ || op_->test()) {
     op_.reset();
     return true;
   }
+  auto last_poll = t0;
   for (int polls = 0; !op_->test(); ++polls) {
-    if (Clock::now() > deadline) return false;  // counted when a later wait completes it
+    const auto now = Clock::now();
+    if (now - last_poll > kNotRunning) deadline += now - last_poll;  // not run: no wait (see wait())
+    last_poll = now;
+    if (now > deadline) return false;  // counted when a later wait completes it
     if (polls >= 256) std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   add_exposed(std::chrono::duration<double>(Clock::now() - t0).count());

@@ -244,6 +244,10 @@ class Request {
   // Waits at most `seconds` (sleeping between polls): true when complete,
   // false when still in flight, which leaves the request as it was.
   bool wait_for(double seconds);
+  // The same until `deadline`, which moves later by any time this process
+  // did not run (as wait() discounts it), so that the next wait against it
+  // (a meeting's phases share one) sees the same allowance.
+  bool wait_until(std::chrono::steady_clock::time_point& deadline);
   // Forgets an operation that will never complete, without waiting: only on
   // the way to aborting the job (its buffers must outlive the process).
   void abandon() { (void)op_.release(); }
