@@ -397,6 +397,16 @@ TEST_F(CliFaults, OneProcessCommandsUnderALauncher) {
   auto r = run(kMpirun + " -np 1 " + kBinary + " bench imbalance --size-mb 1 --layers 2 --experts 8 --repeat 1 --dir " +
                path("bench-imbalance") + " --json");
   expect_outcome("-np 1 origami bench imbalance", r, 0, {"\"imbalance_s\""});
+  // The commands rank 0 runs alone: a rank given another command line (MPMD)
+  // is refused, not ignored (export exported rank 0's --checkpoint, status 0).
+  const std::string exp = kBinary + " export --out " + path("export-mpmd") + " --checkpoint ";
+  r = run(kMpirun + " -np 1 " + exp + path("ck-a") + " : -np 1 " + exp + path("ck-b"));
+  expect_outcome("MPMD export with another --checkpoint on rank 1", r, 2,
+                 {"error: the ranks of this job were given different command lines",
+                  "word 5: " + path("ck-a") + " on rank 0; " + path("ck-b") + " on rank 1"});
+  EXPECT_EQ(r.output.find("no checkpoint"), std::string::npos) << "refused before reading:\n" << r.output;
+  r = run(kMpirun + " -np 2 " + kBinary + " plan " + path("moe.toml") + " --world 2");
+  expect_outcome("-np 2 origami plan, one command line", r, 0, {"peak"});
 }
 
 // Two runs on one output directory: the second is refused naming the first
@@ -684,6 +694,9 @@ TEST_F(CliFaults, CommandLineMistakesNameThemselves) {
   for (const auto& [args, needle] : bounded) {
     r = run(kBinary + " " + args);
     expect_outcome(args, r, 2, {needle});
+    // A selection that names no op is refused before anything is timed.
+    if (args.starts_with("bench kernels"))
+      EXPECT_EQ(r.output.find("ceiling"), std::string::npos) << "measured first:\n" << r.output;
   }
   // The parser's errors read like the engine's: `error:`, the command, where
   // its options are described.

@@ -188,16 +188,16 @@ double Runner::seconds_per_call(const std::function<void()>& run, int* repeats) 
   return median(samples);
 }
 
-bool Runner::wanted(const std::string& key) const {
+bool Runner::wanted(const BenchOptions& o, const std::string& key) {
   auto any_prefix = [&](const std::vector<std::string>& list) {
     return std::any_of(list.begin(), list.end(), [&](const std::string& p) { return key.starts_with(p); });
   };
-  return (o_.only.empty() || any_prefix(o_.only)) && !any_prefix(o_.skip);
+  return (o.only.empty() || any_prefix(o.only)) && !any_prefix(o.skip);
 }
 
 void Runner::bench(const std::string& key, const std::function<Case()>& make) {
   keys.push_back(key);
-  if (!wanted(key)) return;
+  if (listing || !wanted(o_, key)) return;
   Result r;
   {
     Case c = make();
@@ -318,6 +318,24 @@ void print_row(std::FILE* out, const Result& x, const Runner& r) {
   std::fflush(out);
 }
 
+// A prefix that names no op is a typo, not an empty selection; a selection
+// that leaves nothing is a mistake too.
+void check_selection(const std::vector<std::string>& keys, const BenchOptions& o) {
+  for (const std::vector<std::string>* list : {&o.only, &o.skip})
+    for (const std::string& p : *list)
+      if (std::none_of(keys.begin(), keys.end(), [&](const std::string& k) { return k.starts_with(p); })) {
+        std::string families;
+        for (const std::string& k : keys)
+          if (const std::string f = k.substr(0, k.find('.')); families.find(" " + f + ",") == std::string::npos)
+            families += " " + f + ",";
+        ORIGAMI_USER_ERROR("bench kernels ", list == &o.only ? "--only " : "--skip ", shorten(p),
+                           ": no op's key starts with it (keys start with:", families.substr(0, families.size() - 1),
+                           "; the table lists every key)");
+      }
+  if (std::none_of(keys.begin(), keys.end(), [&](const std::string& k) { return Runner::wanted(o, k); }))
+    ORIGAMI_USER_ERROR("bench kernels: --skip leaves out every op --only selects (nothing would be measured)");
+}
+
 void run_bench_kernels(BenchOptions o) {
   const bool on_cuda = o.device == "cuda";
   if (o.shapes.empty()) o.shapes = on_cuda ? "model" : "small";
@@ -344,6 +362,21 @@ void run_bench_kernels(BenchOptions o) {
   const std::string name = device_name(ctx), ceiling_gemm = dims({s.ceiling_n, s.ceiling_n, s.ceiling_n});
 
   Runner r(ctx, o);
+  auto every_op = [&](Runner& runner) {
+    bench_gemms(ctx, runner, s, dt);
+    bench_grouped(ctx, runner, s, dt);
+    bench_attention(ctx, runner, s, dt);
+    bench_dense(ctx, runner, s, dt);
+    bench_loss_optimizer(ctx, runner, s, dt);
+    bench_routing(ctx, runner, s, dt);
+  };
+  // The selection is checked before anything is measured: a typo in --only
+  // should not cost a whole table's run first.
+  r.listing = true;
+  every_op(r);
+  r.listing = false;
+  check_selection(r.keys, o);
+  r.keys.clear();
   measure_ceilings(ctx, r, s, dt);
   {
     // The table, a row as each op is measured; under --json on stderr, so a
@@ -358,28 +391,7 @@ void run_bench_kernels(BenchOptions o) {
     std::fprintf(out, "  %-27s %-27s %10s %17s %8s  %s\n", "key", "shape", "ms", "rate", "%ceil", "target");
     r.on_result = [&r, out](const Result& x) { print_row(out, x, r); };
   }
-  bench_gemms(ctx, r, s, dt);
-  bench_grouped(ctx, r, s, dt);
-  bench_attention(ctx, r, s, dt);
-  bench_dense(ctx, r, s, dt);
-  bench_loss_optimizer(ctx, r, s, dt);
-  bench_routing(ctx, r, s, dt);
-
-  // A prefix that names no op is a typo, not an empty selection.
-  for (const std::vector<std::string>* list : {&o.only, &o.skip})
-    for (const std::string& p : *list)
-      if (std::none_of(r.keys.begin(), r.keys.end(), [&](const std::string& k) { return k.starts_with(p); })) {
-        std::string families;
-        for (const std::string& k : r.keys)
-          if (const std::string f = k.substr(0, k.find('.')); families.find(" " + f + ",") == std::string::npos)
-            families += " " + f + ",";
-        ORIGAMI_USER_ERROR("bench kernels ", list == &o.only ? "--only " : "--skip ", shorten(p),
-                           ": no op's key starts with it (keys start with:", families.substr(0, families.size() - 1),
-                           "; the table lists every key)");
-      }
-
-  if (r.results.empty())
-    ORIGAMI_USER_ERROR("bench kernels: --skip leaves out every op --only selects (nothing would be measured)");
+  every_op(r);
 
   int64_t wrong = 0;
   for (const Result& x : r.results) wrong += !x.wrong.empty();

@@ -83,14 +83,16 @@ class Runner {
   // data, frees it, records the Result and hands it to on_result.
   void bench(const std::string& key, const std::function<Case()>& make);
   const Result* find(const std::string& key) const;
+  // Whether --only / --skip select the op of this key.
+  static bool wanted(const BenchOptions& o, const std::string& key);
 
   std::vector<Result> results;
   std::vector<std::string> keys;  // every op's key, wanted or not: what --only and --skip can name
+  bool listing = false;           // bench() only records keys (no case is built or timed)
   std::function<void(const Result&)> on_result;
   double ceiling_tflops = 0, ceiling_gbps = 0, ceiling_gemm_ms = 0, ceiling_copy_ms = 0;
 
  private:
-  bool wanted(const std::string& key) const;
   const ExecContext& ctx_;
   const BenchOptions& o_;
   double min_sample_s_ = 0;

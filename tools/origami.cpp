@@ -94,6 +94,24 @@ void check_same_subcommand(origami::comm::Communicator& world, const std::string
                             "MPMD launch of different subcommands is not one job)");
 }
 
+// Collective over `world`. The subcommands that never communicate run on
+// rank 0 alone under a launcher (export, checkpoint inspect, plan, groups,
+// preprocess): another rank's options would go unheard, so an MPMD launch
+// that gives a rank another command line (another --checkpoint) stops the job
+// instead of exporting rank 0's choice with status 0.
+void check_same_command_line(origami::comm::Communicator& world, int argc, char** argv) {
+  std::string lines;
+  for (int i = 1; i < argc; ++i) {
+    std::string word = argv[i];
+    std::replace(word.begin(), word.end(), '\n', ' ');  // one line per word
+    lines += origami::detail::concat("word ", i, " = ", word, "\n");
+  }
+  origami::check_same_lines(world, lines,
+                            "the ranks of this job were given different command lines, and this subcommand runs on "
+                            "rank 0 alone, so the others' would be ignored (rule: every rank runs the same command "
+                            "line)");
+}
+
 // Collective over `world`: every rank tells whether its command line parsed.
 // Ranks of one job normally parse the same line, but an MPMD launch can give
 // them different options: without this, those that parsed would run the
@@ -269,6 +287,7 @@ int main(int argc, char** argv) {
     const std::string path = check_subcommand(app, argc, argv);
     command_path = path;
     if (exit_comm) check_same_subcommand(*exit_comm, path);
+    if (exit_comm && host_only_command(argc, argv)) check_same_command_line(*exit_comm, argc, argv);
     app.parse(argc, argv);
     // Output that never reached its file is a failure too (stdout on a full disk).
     if (std::fflush(stdout) != 0 || std::ferror(stdout))
