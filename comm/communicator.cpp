@@ -108,8 +108,8 @@ namespace {
 [[noreturn]] void abort_on_timeout(detail::PendingOp& op, double waited_s) {
   char msg[512];
   std::snprintf(msg, sizeof msg,
-                "[rank %d] collective timeout: group %s op %s seq %lld bytes %lld memory %s after %.1f s",
-                world_rank_for_diagnostics(), op.group.c_str(), std::string(op_name(op.op)).c_str(),
+                "[rank %d] collective timeout: group %s op %s%s seq %lld bytes %lld memory %s after %.1f s",
+                world_rank_for_diagnostics(), op.group.c_str(), std::string(op_name(op.op)).c_str(), op.peer_note.c_str(),
                 static_cast<long long>(op.seq), static_cast<long long>(op.bytes), to_string(op.memory).c_str(),
                 waited_s);
   // The message goes out first: a backend abort that itself stalls must not
@@ -342,6 +342,11 @@ Request Communicator::launch(Call c, int64_t bytes) {
   op->op = c.op;
   op->seq = seq;
   op->bytes = bytes;
+  if (c.op == CommOp::send || c.op == CommOp::recv)
+    op->peer_note = origami::detail::concat(" (", c.op == CommOp::send ? "to" : "from", " world rank ", members_[c.peer],
+                                            ", ", (c.op == CommOp::send ? c.send_count : c.recv_count) *
+                                                      static_cast<int64_t>(elem_size(c.type)),
+                                            " bytes)");
   op->memory = *c.memory;
   if (!c.memory->is_host() && c.op != CommOp::barrier)
     op->hold_device_buffers(in_flight_regions(c),

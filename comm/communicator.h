@@ -7,7 +7,8 @@
 // waits on it. Waits are bounded by CommOptions::timeout_s: a call that does
 // not complete in time prints
 //   [rank R] collective timeout: group G op OP seq N bytes B memory M after T s
-// (M = cpu or cuda:N, where the op's buffers live) to stderr and aborts the
+// (M = cpu or cuda:N, where the op's buffers live; a send or receive's OP
+// also names its peer's world rank and the bytes it moves) to stderr and aborts the
 // whole job (MPI_Abort) — never a silent hang.
 //
 // Where the memory lives: a Tensor call carries its tensor's device; a span
@@ -195,6 +196,9 @@ class PendingOp {
   CommOp op = CommOp::barrier;
   int64_t seq = 0;
   int64_t bytes = 0;
+  // A send's or receive's other end: " (to world rank 3, 64 bytes)"; "" for
+  // collectives. A stuck receive's line then names whom it waits for.
+  std::string peer_note;
   Device memory;  // where the op's buffers live
   double timeout_s = 0;
   // A device op's buffers, held on that device's allocator until this op is

@@ -92,6 +92,7 @@ class NcclPending final : public detail::PendingOp {
     e.op = op;
     e.seq = seq;
     e.bytes = bytes;
+    e.peer_note = peer_note;
     Watchdog::watch(std::move(e));
   }
   // The part of the host's wait the op itself took: the wait also covers

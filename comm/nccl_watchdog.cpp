@@ -111,9 +111,9 @@ void Watchdog::forget(const void* owner) {
 
 // The message goes out first: an abort that stalls must not swallow it.
 void Watchdog::fail(const Entry& e, const char* what, int exit_status) {
-  std::fprintf(stderr, "[rank %d] %s: group %s op %s seq %lld bytes %lld%s\n", world_rank_for_diagnostics(),
+  std::fprintf(stderr, "[rank %d] %s: group %s op %s%s seq %lld bytes %lld%s\n", world_rank_for_diagnostics(),
                exit_status == kExitTimeout ? "collective timeout (NCCL watchdog)" : "NCCL error (watchdog)",
-               e.group.c_str(), std::string(op_name(e.op)).c_str(), static_cast<long long>(e.seq),
+               e.group.c_str(), std::string(op_name(e.op)).c_str(), e.peer_note.c_str(), static_cast<long long>(e.seq),
                static_cast<long long>(e.bytes), what);
   std::fflush(stderr);
   abort_nccl_comm_bounded(e.comm);

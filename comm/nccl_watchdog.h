@@ -71,6 +71,7 @@ class Watchdog {
     std::string group;
     CommOp op = CommOp::barrier;
     int64_t seq = 0, bytes = 0;
+    std::string peer_note;  // PendingOp::peer_note
   };
   // The communicators' count keeps the thread: started with the first,
   // stopped (joined) with the last.

@@ -39,6 +39,10 @@ int run_child(const std::string& scenario, double timeout_s) {
     kind = GroupKind::ep;
     skipper = 3;
   }
+  if (scenario == "pp_recv") {  // W = 2, pp = 2: stage 0 receives what stage 1 never sends
+    o.pp = 2;
+    kind = GroupKind::pp;
+  }
   if (scenario == "groups_setup" && rank == 1) {  // never joins the groups' set-up
     std::this_thread::sleep_for(std::chrono::duration<double>(timeout_s + 60));
     std::printf("[rank %d] still alive\n", rank);
@@ -52,7 +56,10 @@ int run_child(const std::string& scenario, double timeout_s) {
   std::vector<float> v(std::max<size_t>(8, 2 * n), 1.0f), out(2 * n, 1.0f);
   const std::vector<int64_t> counts(n, 2);
   auto step = [&] {
-    if (scenario == "ep_all_to_all_v")
+    if (scenario == "pp_recv") {  // 8 floats from stage 1 to stage 0
+      if (c.rank() == 0) c.recv(std::span(v.data(), 8), 1);
+      else c.send(std::span<const float>(v.data(), 8), 0);
+    } else if (scenario == "ep_all_to_all_v")
       c.all_to_all_v(std::span<const float>(out), counts, std::span(v.data(), 2 * n), counts);
     else
       c.all_reduce(std::span(v.data(), 8));
@@ -128,6 +135,18 @@ TEST(CommTimeout, SkippedExpertAllToAllAbortsNamingTheExpertGroup) {
   // Rank 2's ep group is [2, 3]; it sends its 2 floats to rank 3: 8 bytes.
   EXPECT_TRUE(std::regex_search(o.result.output, std::regex(R"(\[rank 2\] collective timeout: group ep op )"
                                                             R"(all_to_all_v seq 2 bytes 8 memory cpu after 3\.\d s)")))
+      << o.result.output;
+  EXPECT_EQ(o.result.output.find("still alive"), std::string::npos) << o.result.output;
+}
+
+// A receive waits on one peer: its line names that peer and what it expected.
+TEST(CommTimeout, AReceiveNeverSentAbortsNamingThePeer) {
+  const Outcome o = launch("pp_recv", 2, kTimeout);
+  EXPECT_NE(o.result.status, 0) << o.result.output;
+  EXPECT_LT(o.seconds, kTimeout + 10) << o.result.output;
+  EXPECT_TRUE(std::regex_search(o.result.output, std::regex(R"(\[rank 0\] collective timeout: group pp op recv )"
+                                                            R"(\(from world rank 1, 32 bytes\) seq 2 bytes 0 )"
+                                                            R"(memory cpu after 3\.\d s)")))
       << o.result.output;
   EXPECT_EQ(o.result.output.find("still alive"), std::string::npos) << o.result.output;
 }
