@@ -105,7 +105,14 @@ class InitWatchdog {
 
 static_assert(MPI_THREAD_MULTIPLE == 3, "start_mpi's default names MPI_THREAD_MULTIPLE by value (check.h has no mpi.h)");
 
+bool launched_by_mpi() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
+    if (std::getenv(var)) return true;
+  return false;
+}
+
 void start_mpi(int* argc, char*** argv, int required) {
+  if (!launched_by_mpi()) setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
   int initialized = 0, provided = MPI_THREAD_SINGLE;
   MPI_Initialized(&initialized);
   // Through the node split below too: the first collective over the world,

@@ -55,8 +55,15 @@ class JobError : public UserError {
 // makes no MPI call but the abort itself, and makes none at all from another
 // thread when the library grants less (see abort_job). Where MPI is already
 // up, records the same from it. `required` is lower only in the test of the
-// fallback.
+// fallback. Outside a launcher (launched_by_mpi) it starts OpenMPI
+// isolated: a singleton never spawns processes, and without that it forks an
+// orted first (~0.4 s; from a relocated OpenMPI, one that must find its
+// install prefix, as the GPU check's bundle is).
 void start_mpi(int* argc, char*** argv, int required = 3 /* MPI_THREAD_MULTIPLE */);
+
+// Whether an MPI launcher started this process: OpenMPI's mpirun (and PMIx
+// launchers such as srun), or MPICH's hydra.
+bool launched_by_mpi();
 
 // The thread level MPI granted (MPI_THREAD_*), -1 before start_mpi.
 int mpi_thread_level();

@@ -128,14 +128,6 @@ ParseOutcome share_parse_outcome(origami::comm::Communicator& world, bool parsed
   return {v[0] == 0 ? -1 : static_cast<int>(n - v[0]), static_cast<int>(v[1])};
 }
 
-// An MPI launcher's environment: OpenMPI's mpirun (and PMIx launchers such as
-// srun), or MPICH's hydra.
-bool launched_by_mpi() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
-    if (std::getenv(var)) return true;
-  return false;
-}
-
 // The subcommand (the first word that is not an option) never communicates.
 // Whether the subcommand (the first word that is not an option) is `name`.
 bool is_command(int argc, char** argv, std::string_view name) {
@@ -235,8 +227,7 @@ int main(int argc, char** argv) {
   if (is_command(argc, argv, "train")) origami::catch_stop_signals_from_start();
   origami::choose_cuda_module_loading();  // before anything can start CUDA (MPI_Init may)
   origami::choose_cuda_device_max_connections();
-  const bool use_mpi = launched_by_mpi() || !host_only_command(argc, argv);
-  if (!launched_by_mpi()) setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
+  const bool use_mpi = origami::launched_by_mpi() || !host_only_command(argc, argv);
   if (use_mpi) origami::start_mpi(&argc, &argv);
   const int rank = origami::tools::job_rank();
   // The exit meeting's own communicator: its traffic never matches the
