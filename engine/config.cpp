@@ -24,6 +24,19 @@
 
 namespace origami {
 
+std::string origins_of(const std::string& file, const std::map<std::string, std::string>& set_by,
+                       std::initializer_list<std::string_view> keys) {
+  std::string overrides;
+  bool from_file = false;
+  for (std::string_view k : keys) {
+    auto it = set_by.find(std::string(k));
+    if (it == set_by.end()) from_file = true;
+    else if (overrides.find(it->second) == std::string::npos) overrides += (overrides.empty() ? "" : ", ") + it->second;
+  }
+  if (overrides.empty()) return file;
+  return from_file ? file + " with " + overrides : overrides;
+}
+
 using detail::concat;
 
 namespace config_detail {
@@ -258,14 +271,57 @@ std::optional<std::string_view> closest(std::string_view typed, const std::vecto
   return best;
 }
 
+// The names users bring from Megatron-LM's arguments (dashes as
+// underscores, without "--"; "moe_" prefixes kept) and from Hugging Face
+// configs, for keys whose names here differ: a suggestion, not an alias (a
+// config has one spelling of each key).
+const std::map<std::string, std::string, std::less<>>& foreign_names() {
+  static const std::map<std::string, std::string, std::less<>> names = {
+      {"num_attention_heads", "model.num_heads"}, {"num_query_groups", "model.num_kv_heads"},
+      {"num_key_value_heads", "model.num_kv_heads"}, {"intermediate_size", "model.ffn_hidden_size"},
+      {"num_hidden_layers", "model.num_layers"}, {"rotary_base", "model.rope_theta"},
+      {"norm_epsilon", "model.norm_eps"}, {"rms_norm_eps", "model.norm_eps"}, {"init_method_std", "model.init_std"},
+      {"initializer_range", "model.init_std"}, {"padded_vocab_size", "model.vocab_size"},
+      {"num_local_experts", "moe.num_experts"}, {"num_experts_per_tok", "moe.top_k"},
+      {"moe_router_topk", "moe.top_k"}, {"moe_ffn_hidden_size", "moe.ffn_hidden_size"},
+      {"moe_intermediate_size", "moe.ffn_hidden_size"}, {"moe_aux_loss_coeff", "moe.aux_loss_coeff"},
+      {"router_aux_loss_coef", "moe.aux_loss_coeff"}, {"moe_z_loss_coeff", "moe.z_loss_coeff"},
+      {"moe_router_load_balancing_type", "moe.load_balancing"}, {"moe_expert_capacity_factor", "moe.capacity_factor"},
+      {"moe_token_drop_policy", "moe.drop_policy"}, {"moe_pad_expert_input_to_capacity", "moe.pad_to_capacity"},
+      {"moe_shared_expert_intermediate_size", "moe.shared_expert_hidden_size"},
+      {"moe_router_score_function", "moe.score_function"}, {"moe_router_topk_scaling_factor", "moe.topk_scaling"},
+      {"moe_router_num_groups", "moe.num_groups"}, {"moe_router_group_topk", "moe.group_topk"},
+      {"moe_router_enable_expert_bias", "moe.expert_bias"}, {"moe_router_bias_update_rate", "moe.bias_update_rate"},
+      {"moe_layer_freq", "moe.layer_freq"}, {"tensor_model_parallel_size", "parallel.tp"},
+      {"pipeline_model_parallel_size", "parallel.pp"}, {"context_parallel_size", "parallel.cp"},
+      {"expert_model_parallel_size", "parallel.ep"}, {"expert_tensor_parallel_size", "parallel.etp"},
+      {"virtual_pipeline_model_parallel_size", "parallel.virtual_stages"},
+      {"num_layers_per_virtual_pipeline_stage", "parallel.virtual_stages"}, {"seq_length", "training.seq_len"},
+      {"micro_batch_size", "training.micro_batch"}, {"global_batch_size", "training.global_batch"},
+      {"train_iters", "training.steps"}, {"max_steps", "training.steps"},
+      {"recompute_granularity", "training.recompute"}, {"learning_rate", "optimizer.lr"},
+      {"adam_beta1", "optimizer.beta1"}, {"adam_beta2", "optimizer.beta2"}, {"adam_eps", "optimizer.eps"},
+      {"adam_epsilon", "optimizer.eps"}, {"max_grad_norm", "optimizer.clip_grad"},
+      {"lr_warmup_iters", "lr_schedule.warmup_steps"}, {"warmup_steps", "lr_schedule.warmup_steps"},
+      {"lr_decay_iters", "lr_schedule.decay_steps"}, {"data_path", "data.path"}, {"save", "checkpoint.dir"},
+      {"save_interval", "checkpoint.interval"}, {"log_interval", "logging.interval"},
+  };
+  return names;
+}
+
 // ---- Reading the table into the structs. -------------------------------------
 
 [[noreturn]] void unknown_key(const std::vector<Section>& sections, const Section& sec, std::string_view key,
                               const std::string& origin) {
   const std::string full = concat(sec.name, ".", key);
   std::string hint;
+  std::string foreign = lower(key);
+  std::replace(foreign.begin(), foreign.end(), '-', '_');
+  if (foreign.starts_with("__")) foreign.erase(0, 2);
   if (sec.name == "parallel" && (key == "dp" || key == "edp")) {
     hint = " (data-parallel sizes are derived: dp = world / (tp·cp·pp), edp = world / (etp·ep·pp))";
+  } else if (auto it = foreign_names().find(foreign); it != foreign_names().end()) {
+    hint = concat(" (Megatron-LM's or Hugging Face's name; origami's key is '", it->second, "')");
   } else {
     // A key placed in the wrong section is the likeliest slip; then a typo.
     std::string elsewhere;
@@ -469,11 +525,14 @@ void apply_override(toml::table& root, const std::string& ov, Origins& origins) 
     static const std::regex number(
         R"([+-]?(0|[1-9](_?[0-9])*)(\.[0-9](_?[0-9])*)?([eE][+-]?[0-9](_?[0-9])*)?)");
     const bool numeric = std::regex_match(text, number);
-    if (!text.empty() && (std::string_view("\"'[{").find(text[0]) != std::string_view::npos || numeric))
+    if (numeric)
       ORIGAMI_USER_ERROR(origin, ": ", lhs, " = ", shorten(text), ": not a TOML value (", parse_problem,
-                         "; rule: a value that begins as a string, array, table or number must be one whole; "
-                         "integers are 64-bit signed; a string that begins so is quoted: --set '", lhs, "=\"",
-                         shorten(text), "\"')");
+                         "; rule: a number must be one whole TOML number: integers are 64-bit signed, floats finite "
+                         "doubles; where the key takes a string, quote it: --set '", lhs, "=\"", shorten(text), "\"')");
+    if (!text.empty() && std::string_view("\"'[{").find(text[0]) != std::string_view::npos)
+      ORIGAMI_USER_ERROR(origin, ": ", lhs, " = ", shorten(text), ": not a TOML value (", parse_problem,
+                         "; rule: a value that begins as a string, array or table must be one whole: close its ",
+                         text[0] == '[' ? "bracket" : text[0] == '{' ? "brace" : "quote", ")");
     sec->insert_or_assign(key, text);
   }
   origins.set(concat(section, ".", key), origin);

@@ -4,6 +4,7 @@
 // UserErrors naming the file, the key and the rule.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <set>
@@ -186,6 +187,12 @@ struct RuntimeConfig {
   Precision precision = Precision::auto_;
 };
 
+// Where the values of a rule on several keys came from, for its message:
+// the file when it wrote them all, the overrides when they wrote them all,
+// else "c.toml with --set moe.num_groups=3" (the file and the overrides).
+std::string origins_of(const std::string& file, const std::map<std::string, std::string>& set_by,
+                       std::initializer_list<std::string_view> keys);
+
 struct Config {
   std::string source;  // file the config came from (for messages)
   // Keys written by --set overrides: "optimizer.lr" -> "--set optimizer.lr=1e-3".
@@ -195,6 +202,7 @@ struct Config {
     auto it = set_by.find(std::string(key));
     return it == set_by.end() ? source : it->second;
   }
+  std::string origin_of(std::initializer_list<std::string_view> keys) const { return origins_of(source, set_by, keys); }
   // The file and every override: where a rule of many keys (a layout, a
   // memory need) came from, "c.toml with --set parallel.tp=2".
   std::string sources() const {
@@ -247,6 +255,9 @@ std::string_view load_balancing_name(moe::LoadBalancing lb);
 // before it allocates them (on a CPU, where Linux overcommits, it would
 // otherwise meet the OOM killer).
 void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node, bool trains = true);
+// runtime.threads against this machine's logical CPUs (part of
+// validate_for_machine; alone for a command that runs a part of the model).
+void validate_threads(const Config& cfg);
 
 // For programs that size their own buffers (benchmarks): refuses, naming
 // `source`, each part of the need and `advice`, a host need per rank (the

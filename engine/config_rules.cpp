@@ -17,6 +17,7 @@
 #include "comm/layout.h"
 #include "engine/config_rules.h"
 #include "engine/plan.h"
+#include "kernels/attention.h"
 #include "kernels/check.h"
 #include "kernels/moe_ops.h"
 #include "kernels/threads.h"
@@ -392,10 +393,6 @@ void validate_for_training(const Config& cfg) {
     ORIGAMI_USER_ERROR(o.of({"lr_schedule.decay_steps", "lr_schedule.warmup_steps"}), ": lr_schedule.decay_steps = ",
                        s.decay_steps, " must be > lr_schedule.warmup_steps = ", s.warmup_steps,
                        " (the cosine runs from the warmup's end to decay_steps; 0: training.steps)");
-  // Megatron's too: expert parallelism spreads experts, which a dense model has none of.
-  if (cfg.parallel.ep > 1 && cfg.moe.router.num_experts == 0)
-    ORIGAMI_USER_ERROR(o.of({"parallel.ep", "moe.num_experts"}), ": parallel.ep = ", cfg.parallel.ep,
-                       " needs moe.num_experts > 0 (a dense model has no experts to spread)");
   if (cfg.training.steps == 0 || !cfg.data.path.empty()) return;
   ORIGAMI_USER_ERROR(o.of({"data.path", "training.steps"}), ": data.path is required to train (training.steps = ",
                      cfg.training.steps, "); set data.path, or training.steps = 0");
@@ -447,12 +444,16 @@ void check_fits_host_memory(const std::string& source, std::span<const MemoryNee
                        " rank(s) share this machine's ", fmt_bytes(memory), " of memory; ", advice);
 }
 
-void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node, bool trains) {
+void validate_threads(const Config& cfg) {
   const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (cfg.runtime.threads > cpus)
     ORIGAMI_USER_ERROR(cfg.origin("runtime.threads"), ": runtime.threads = ", cfg.runtime.threads, ": must be <= ",
                        cpus, ", the logical CPUs of this machine (more threads only time-slice; 0 picks max(1, ",
                        "cores / ranks on the node))");
+}
+
+void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node, bool trains) {
+  validate_threads(cfg);
   // The host's memory, shared by the node's ranks; or one rank's own GPU.
   const RunPlacement placement = resolve_placement(cfg, local_rank_on_this_node(), ranks_per_node);
   const bool on_gpu = !placement.device.is_host();
@@ -463,6 +464,14 @@ void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node,
                        ": the CUDA router keeps a token's scores in shared memory, which holds 2·num_experts + "
                        "2·num_groups + top_k <= ", kMoeCudaRouterWords,
                        " values (about 6,000 experts); use fewer experts, or runtime.device = \"cpu\"");
+  if (const size_t smem = on_gpu ? cuda_device_shared_memory_per_block(placement.device.index) : 0;
+      smem > 0 && attention_cuda_backward_smem(cfg.model.head_dim()) > smem)
+    ORIGAMI_USER_ERROR(cfg.origin_of({"model.hidden_size", "model.num_heads"}), ": head_dim = model.hidden_size / "
+                       "model.num_heads = ", cfg.model.hidden_size, " / ", cfg.model.num_heads, " = ",
+                       cfg.model.head_dim(), " on ", to_string(placement.device),
+                       ": the CUDA attention keeps fp32 tiles of that width in shared memory, and a block there may ",
+                       "use ", smem, " bytes: head_dim <= ", attention_cuda_max_head_dim(smem),
+                       " (use more heads, or runtime.device = \"cpu\")");
   const bool bf16 = placement.precision == Precision::bf16;
   // A lower bound of the worst rank's persistent state (§6, no padding, the
   // layout's splits and shards perfectly even): dense parameters split over
@@ -543,8 +552,12 @@ std::string layout_problem(const ModelConfig& m, const MoeConfig& e, const Train
     const comm::LayoutOptions lo{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, e.router.num_experts};
     dp = comm::Layout(world_size, lo).dp();
   } catch (const UserError& err) {
-    return err.what();
+    // comm::Layout names the axes, as `origami groups`' flags do.
+    return concat(err.what(), " (TP, CP, PP, EP, ETP: parallel.tp, cp, pp, ep, etp; num_experts: moe.num_experts)");
   }
+  // Megatron's too: expert parallelism spreads experts, which a dense model has none of.
+  if (p.ep > 1 && e.router.num_experts == 0)
+    return concat("parallel.ep = ", p.ep, " needs moe.num_experts > 0 (a dense model has no experts to spread)");
   if (p.pp_schedule == PipeSchedule::interleaved && (p.pp < 2 || p.virtual_stages < 2))
     return concat("parallel.pp_schedule = \"interleaved\" needs parallel.pp >= 2 and parallel.virtual_stages >= 2 "
                   "(got pp = ", p.pp, ", virtual_stages = ", p.virtual_stages, ")");

@@ -39,15 +39,8 @@ class Origins {
     auto it = by_key_.find(std::string(key));
     return it == by_key_.end() ? file_ : it->second;
   }
-  // For a rule on several keys: the overrides involved, else the file.
-  std::string of(std::initializer_list<std::string_view> keys) const {
-    std::string r;
-    for (std::string_view k : keys) {
-      const std::string& o = of(k);
-      if (&o != &file_ && r.find(o) == std::string::npos) r += (r.empty() ? "" : ", ") + o;
-    }
-    return r.empty() ? file_ : r;
-  }
+  // For a rule on several keys (origins_of, engine/config.h).
+  std::string of(std::initializer_list<std::string_view> keys) const { return origins_of(file_, by_key_, keys); }
 
  private:
   std::string file_;

@@ -13,6 +13,35 @@ struct AttentionDims {
   int64_t batch = 0, q_len = 0, kv_len = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
 };
 
+// Shared memory per block of the CUDA backend's SIMT attention kernels (any
+// head_dim; bf16 at 64 and 128 takes tensor cores, in less), which hold fp32
+// tiles of kAttentionCudaSimtRows rows (row stride hd + 1 when hd is even,
+// against bank conflicts). A device's opt-in maximum per block (227 KiB on
+// Hopper) bounds head_dim there: the config rules refuse a larger one for
+// runtime.device = "cuda" (engine/config_rules.cpp), and the launches
+// check it again (kernels/cuda/attention_tiles.cuh).
+inline constexpr int64_t kAttentionCudaSimtRows = 32;
+constexpr int64_t attention_cuda_simt_ld(int64_t hd) { return hd % 2 == 0 ? hd + 1 : hd; }
+// Q and K/V tiles, O and a second accumulator, the score tile, 3 row
+// statistics and 3 rows of positions.
+constexpr size_t attention_cuda_forward_smem(int64_t hd) {
+  constexpr int64_t r = kAttentionCudaSimtRows;
+  return static_cast<size_t>((2 * r * attention_cuda_simt_ld(hd) + 2 * r * hd + r * (r + 1) + 3 * r) * 4 + 3 * r * 4);
+}
+// Four row tiles, two score tiles, two accumulators and 4 row statistics.
+constexpr size_t attention_cuda_backward_smem(int64_t hd) {
+  constexpr int64_t r = kAttentionCudaSimtRows;
+  return static_cast<size_t>((4 * r * attention_cuda_simt_ld(hd) + 2 * r * (r + 1) + 2 * r * hd + 4 * r) * 4);
+}
+// The largest even head_dim both SIMT passes fit in `smem_per_block` bytes
+// (0 when none does): 290 at Hopper's 232448.
+constexpr int64_t attention_cuda_max_head_dim(size_t smem_per_block) {
+  int64_t hd = 0;
+  while (attention_cuda_backward_smem(hd + 2) <= smem_per_block && attention_cuda_forward_smem(hd + 2) <= smem_per_block)
+    hd += 2;
+  return hd;
+}
+
 // q_BSHd: [B, Sq, Hq, hd]; k, v: [B, Skv, Hkv, hd]; q_pos_S: i32 [Sq];
 // kv_pos_S: i32 [Skv]; o: [B, Sq, Hq, hd]; lse_BHS: [B, Hq, Sq] (natural log
 // of the softmax denominator of the scaled scores; saved for backward).

@@ -48,6 +48,14 @@ size_t cuda_device_memory(int index) {
   return 0;
 }
 
+size_t cuda_device_shared_memory_per_block(int index) {
+#if ORIGAMI_WITH_CUDA
+  if (index >= 0 && index < cuda_device_count()) return cuda::device_shared_memory_per_block(index);
+#endif
+  (void)index;
+  return 0;
+}
+
 std::string cuda_device_uuid(int index) {
 #if ORIGAMI_WITH_CUDA
   if (index >= 0 && index < cuda_device_count()) return cuda::device_uuid(index);

@@ -33,6 +33,9 @@ std::string cuda_unavailable_reason();
 // Total memory of CUDA device `index` in bytes; 0 without the backend or the
 // device.
 size_t cuda_device_memory(int index);
+// The most shared memory a block may opt in to on CUDA device `index`, in
+// bytes (227 KiB on Hopper); 0 without the backend or the device.
+size_t cuda_device_shared_memory_per_block(int index);
 // The UUID of CUDA device `index` (one per physical GPU, the same in every
 // process however CUDA_VISIBLE_DEVICES numbers it); "" without the backend or
 // the device.

@@ -46,6 +46,9 @@ inline std::vector<GroupedGemmCase> grouped_gemm_cases() {
       // Y = beta · Y (the forward); an empty dW and dX.
       {"K = 0", 3, 0, 5, {{0, 4}, {2, 3}, {1, 0}}},
       many_groups_case(),
+      // One group of 600 used: the weight gradient scales the 599 others by
+      // beta, past the 512 slices one launch takes (kernels/cuda/gemm.cu).
+      {"600 groups, one used", 600, 8, 16, {{5, 7}}},
   };
 }
 

@@ -62,6 +62,7 @@
 #include "cli_checks.h"
 #include "engine/config.h"
 #include "engine/device_peak.h"
+#include "kernels/attention.h"
 #include "kernels/context.h"
 #include "kernels/device.h"
 
@@ -460,6 +461,24 @@ TEST_F(CudaTrain, MoreExpertsThanTheCudaRouterHoldsAreRefusedBeforeTraining) {
   EXPECT_NE(r.output.find("moe.num_experts = 7000 (num_groups 1, top_k 2) on cuda:0: the CUDA router keeps"),
             std::string::npos)
       << r.output;
+}
+
+// A head_dim past what the CUDA attention's shared memory holds
+// (kernels/attention.h: 290 on Hopper) is the config's doing too: refused
+// before training; the largest that fits trains.
+TEST_F(CudaTrain, AHeadDimPastTheAttentionsSharedMemoryIsRefusedAndTheLargestTrains) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
+  const std::string heads = " --set runtime.device=cuda --set model.num_heads=2 --set model.num_kv_heads=2";
+  testing::CommandResult r = train("head-dim-320", heads + " --set model.hidden_size=640 --set training.steps=2");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("head_dim = model.hidden_size / model.num_heads = 640 / 2 = 320 on cuda:0"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("head_dim <= "), std::string::npos) << r.output;
+  const int64_t largest = attention_cuda_max_head_dim(cuda_device_shared_memory_per_block(0));
+  r = train("head-dim-largest", heads + " --set model.hidden_size=" + std::to_string(2 * largest) +
+                                    " --set training.steps=2 --set runtime.precision=fp32");
+  EXPECT_EQ(r.status, 0) << "head_dim " << largest << ":\n" << r.output;
 }
 
 // `origami bench kernels --device cuda` beyond gpu_check's run (bf16 at the

@@ -1,15 +1,22 @@
 // The NCCL backend against the same rank-tagged expectations as the MPI tests,
 // on device buffers. Skips (with the reason) in builds without NCCL and on
 // machines without a CUDA device. Runs as one rank under CTest; under
-// `mpirun -np N` on N GPUs it exercises real exchanges. Groups with a CUDA
+// `mpirun -np N` on N GPUs it exercises real exchanges, which it launches
+// itself where a machine has two GPUs. Groups with a CUDA
 // compute device route each call by its memory: host Tensors over MPI,
 // device buffers over NCCL, one sequence of call numbers for both.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <numeric>
+#include <string>
 #include <thread>
+
+#include "cli_util.h"
 
 #include "comm/groups.h"
 #include "comm/mpi_communicator.h"
@@ -179,6 +186,27 @@ void exercise(Communicator& c) {
   for (int64_t i = 0; i < 5; ++i) ASSERT_EQ(b[i], tag<float>(c.members().back(), i)) << c.name();
   // all_gather and all_gather_v: (n - 1) times the own block, 8-byte elements.
   EXPECT_EQ(c.stats(CommOp::all_gather).bytes, (n - 1) * (4 + counts[c.rank()]) * 8);
+  // send and recv around the group's ring, at two ranks and more (in a group
+  // of one, a send to itself would wait on its own receive queued behind it
+  // on the one stream). Calls on one communicator share its stream, so even
+  // ranks send first and odd ones receive first: no two neighbours both wait.
+  if (n > 1) {
+    const int next = (c.rank() + 1) % n, prev = (c.rank() + n - 1) % n;
+    std::vector<float> out(9);
+    for (int64_t i = 0; i < 9; ++i) out[i] = tag<float>(me, 100 + i);
+    DeviceVec<float> dout(out), din(std::vector<float>(9, -1.0f));
+    const std::span<const float> send_span(dout.span());
+    if (c.rank() % 2 == 0) {
+      c.send(send_span, next);
+      c.recv(din.span(), prev);
+    } else {
+      c.recv(din.span(), prev);
+      c.send(send_span, next);
+    }
+    const std::vector<float> in = din.host();
+    for (int64_t i = 0; i < 9; ++i) ASSERT_EQ(in[i], tag<float>(c.members()[prev], 100 + i)) << c.name();
+    EXPECT_EQ(c.stats(CommOp::send).bytes, 9 * 4) << c.name();
+  }
 }
 
 // Groups over the world (every rank in one expert group) computing on this
@@ -215,6 +243,33 @@ TEST(CommNccl, EveryOpOnEveryGroupMatchesTheTaggedExpectation) {
   exercise(g.world());
   for (GroupKind k : kAllGroupKinds)
     if (g.has(k)) exercise(g[k]);
+#endif
+}
+
+// The multi-rank bodies of every call (a broadcast per root in
+// all_gather_v, ncclReduce off-root in reduce_scatter_v, all_to_all_v's
+// skipped zero counts, send and recv) need real peers: this binary's
+// tagged-expectation tests again under mpirun -np 2, one GPU each. A
+// one-GPU machine (the GPU check's) skips it, by design: NCCL refuses two
+// ranks on one device.
+TEST(CommNccl, TwoRanksOnTwoGpusMatchTheTaggedExpectations) {
+#if !ORIGAMI_WITH_NCCL
+  GTEST_SKIP() << "this build has no NCCL backend (configured without CUDA)";
+#else
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2)
+    GTEST_SKIP() << "needs two CUDA devices (this machine has " << devices << ")";
+  if (std::getenv("OMPI_COMM_WORLD_SIZE")) GTEST_SKIP() << "already under mpirun (the child run)";
+  char self[4096] = {};
+  ASSERT_GT(readlink("/proc/self/exe", self, sizeof(self) - 1), 0);
+  const testing::CommandResult r = testing::run_command(
+      std::string(ORIGAMI_MPIEXEC) + " --allow-run-as-root --oversubscribe --bind-to none -np 2 " + self +
+      " --gtest_filter=CommNccl.EveryOpOnEveryGroupMatchesTheTaggedExpectation:"
+      "CommNccl.GroupsRouteHostTensorsOverMpiAndDeviceMemoryOverNccl");
+  EXPECT_EQ(r.status, 0) << r.output;
+  size_t passed = 0;
+  for (size_t at = 0; (at = r.output.find("[  PASSED  ] 2 tests", at)) != std::string::npos; ++at) ++passed;
+  EXPECT_EQ(passed, 2u) << "both ranks pass both tests:\n" << r.output;
 #endif
 }
 

@@ -241,6 +241,12 @@ TEST(Config, UnknownKeySuggestsTheClosest) {
   // A key in the wrong section points at its home.
   expect_error("[training]\nlr = 0.1\n", {kFile, "'training.lr'", "did you mean 'optimizer.lr'"});
   expect_error("[parallel]\ndp = 2\n", {kFile, "'parallel.dp'", "derived"});
+  // Megatron-LM's and Hugging Face's names, far in spelling from origami's.
+  expect_error("[optimizer]\nlearning_rate = 1e-3\n",
+               {kFile, "'optimizer.learning_rate'", "origami's key is 'optimizer.lr'"});
+  expect_error("[parallel]\ntensor-model-parallel-size = 2\n", {kFile, "origami's key is 'parallel.tp'"});
+  expect_error("[moe]\nnum_local_experts = 8\n", {kFile, "origami's key is 'moe.num_experts'"});
+  expect_error("[training]\nglobal_batch_size = 8\n", {kFile, "origami's key is 'training.global_batch'"});
 }
 
 TEST(Config, UnknownKeyFarFromAnyHasNoSuggestion) {
@@ -377,10 +383,12 @@ TEST(Config, DecayStepsMustFollowTheWarmup) {
       parse_config(std::string(kMinimal) + "[lr_schedule]\nwarmup_steps = 10\n", kFile, {"training.steps=3"})));
 }
 
+// A layout rule (layout_problem), so plan and groups refuse what train does.
 TEST(Config, ExpertParallelismNeedsExperts) {
-  expect_training_error(parse_config(kMinimal, kFile, {"parallel.ep=2"}),
-                        {"--set parallel.ep=2", "parallel.ep = 2 needs moe.num_experts > 0"});
-  EXPECT_NO_THROW(validate_for_training(parse_config(kMinimal, kFile, {"parallel.ep=2", "moe.num_experts=4"})));
+  EXPECT_EQ(layout_problem(parse_config(kMinimal, kFile, {"parallel.ep=2"}), 2),
+            "parallel.ep = 2 needs moe.num_experts > 0 (a dense model has no experts to spread)");
+  EXPECT_EQ(layout_problem(parse_config(kMinimal, kFile, {"parallel.ep=2", "moe.num_experts=4", "training.micro_batch=4"}), 2),
+            "");
 }
 
 TEST(Config, HeadsMustDivideHidden) {

@@ -145,6 +145,19 @@ void expect_backward_matches_finite_differences(const std::function<Result(const
   EXPECT_GT(checked, 12);  // keys 48..63 get a zero gradient; most probes are elsewhere
 }
 
+// The CUDA SIMT attention's shared memory (kernels/attention.h), which the
+// config rules hold head_dim to on a GPU: at Hopper's 232448 bytes a block
+// (227 KiB), head_dim 290's backward fits and 292's does not.
+TEST(Attention, CudaSharedMemoryBoundsTheHeadDim) {
+  constexpr size_t hopper = 232448;
+  EXPECT_EQ(attention_cuda_max_head_dim(hopper), 290);
+  EXPECT_LE(attention_cuda_backward_smem(290), hopper);
+  EXPECT_GT(attention_cuda_backward_smem(292), hopper);
+  EXPECT_LT(attention_cuda_forward_smem(292), attention_cuda_backward_smem(292));  // the backward binds
+  EXPECT_EQ(attention_cuda_max_head_dim(attention_cuda_backward_smem(128)), 128);  // Mixtral's and Llama's
+  EXPECT_EQ(attention_cuda_max_head_dim(0), 0);
+}
+
 TEST(Attention, BackwardMatchesFiniteDifferencesOfForward) {
   expect_backward_matches_finite_differences([](const Problem& p, bool backward) { return run_kernel(p, backward); });
 }

@@ -292,6 +292,7 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
   if (a.etp > 0) overrides.push_back("parallel.etp=" + std::to_string(a.etp));
   Config cfg = load_config(a.config, overrides);
   require_host_engine(cfg, "bench moe-layer");
+  validate_threads(cfg);
   // Every rank benchmarks the same layer, or the exchange tables mean nothing.
   auto everyone = comm::whole_mpi(MPI_COMM_WORLD, "everyone", comm::CommOptions{cfg.runtime.collective_timeout_s});
   check_same_run(*everyone, cfg);
@@ -550,7 +551,7 @@ void add_bench_moe_layer_command(CLI::App& bench) {
   auto args = std::make_shared<MoeBenchArgs>();
   CLI::App* cmd = bench.add_subcommand("moe-layer", "One MoE layer forward+backward, with the split of its time");
   cmd->add_option("--config", args->config, "TOML config with MoE layers")->required();
-  cmd->add_option("--set", args->overrides, "Override a config value: section.key=value");
+  add_set_option(cmd, args->overrides);
   cmd->add_option("--ep", args->ep, "Expert parallel size (overrides parallel.ep)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--etp", args->etp, "Expert tensor parallel size (overrides parallel.etp)")

@@ -173,7 +173,7 @@ void add_bench_command(CLI::App& app) {
   auto args = std::make_shared<Args>();
   CLI::App* step = bench->add_subcommand("step", "Full training step vs oneDNN sgemm at the step's shapes");
   step->add_option("--config", args->config, "TOML config")->required();
-  step->add_option("--set", args->overrides, "Override a config value: section.key=value");
+  add_set_option(step, args->overrides);
   step->add_option("--steps", args->steps, "Timed steps (median reported)")->check(CLI::Range(1, 1000));
   step->add_option("--warmup", args->warmup, "Untimed warm-up steps")->check(CLI::Range(0, 1000));
   step->add_flag("--json", args->json, "Print one JSON object");

@@ -32,7 +32,7 @@ void add_eval_command(CLI::App& app) {
       ->required();
   cmd->add_option("--data", args->data, "Dataset prefix (.bin/.idx)")->required();
   cmd->add_option("--samples", args->samples, "Number of windows of seq_len+1 tokens, in file order")->required();
-  cmd->add_option("--set", args->overrides, "Override a config value: section.key=value");
+  add_set_option(cmd, args->overrides);
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->callback([args] {
     // Every rank evaluates the whole model; they meet before rank 0 prints,

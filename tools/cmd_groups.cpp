@@ -101,7 +101,7 @@ void add_groups_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("groups", "Print the dense and expert rank groups of a parallel layout");
   CLI::Option* config =
       cmd->add_option("--config", args->config, "TOML config: its [parallel] section and moe.num_experts");
-  cmd->add_option("--set", args->overrides, "Override a config value: section.key=value")->needs(config);
+  add_set_option(cmd, args->overrides)->needs(config);
   cmd->add_option("--world", args->world, "World size (default: the MPI job's size)")->check(CLI::Range(1, 1 << 20));
   std::vector<CLI::Option*> sizes = {
       cmd->add_option("--tp", args->layout.tp, "Tensor parallel size"),

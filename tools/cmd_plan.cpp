@@ -435,7 +435,7 @@ void run_config(const PlanArgs& a, plan::Recipe recipe, const std::string& path,
   const long double units = static_cast<long double>(cfg.model.num_layers) *
                             static_cast<long double>(cfg.moe.router.num_experts + 8);
   if (units > kMaxPlannedUnits)
-    ORIGAMI_USER_ERROR(cfg.origin("model.num_layers"), ": model.num_layers = ", cfg.model.num_layers,
+    ORIGAMI_USER_ERROR(cfg.origin_of({"model.num_layers", "moe.num_experts"}), ": model.num_layers = ", cfg.model.num_layers,
                        " with moe.num_experts = ", cfg.moe.router.num_experts, " makes about ",
                        static_cast<int64_t>(units), " units to plan; the planner takes at most 4194304 (rule: ",
                        "num_layers × (num_experts + 8) <= 2^22)");
@@ -446,6 +446,11 @@ void run_config(const PlanArgs& a, plan::Recipe recipe, const std::string& path,
   // The configured layout meets train's rules, with train's message.
   Config configured = cfg;
   configured.parallel.pp_layers = in.pp_layers;
+  if (!a.pp_layers.empty()) {  // the flag is where the value came from
+    std::string given;
+    for (int64_t n : a.pp_layers) given += (given.empty() ? "" : ",") + std::to_string(n);
+    configured.set_by["parallel.pp_layers"] = "--pp-layers " + given;
+  }
   validate_for_world(configured, static_cast<int>(a.world));
   const ParallelConfig& pc = cfg.parallel;
   const comm::Layout layout(a.world, comm::LayoutOptions{pc.tp, pc.cp, pc.pp, pc.ep, pc.etp, pc.order,
@@ -495,6 +500,10 @@ void run_plan(const PlanArgs& a) {
         "--params 7e9 --world 8)");
   if (!path.empty() && a.params != 0)
     ORIGAMI_USER_ERROR("--params plans a bare parameter count; it does not go with a config (", path, ")");
+  if (path.empty() && (!a.overrides.empty() || a.stage >= 0 || !a.pp_layers.empty()))
+    ORIGAMI_USER_ERROR("--params plans a bare parameter count at every ZeRO stage; ",
+                       !a.overrides.empty() ? "--set" : a.stage >= 0 ? "--stage" : "--pp-layers",
+                       " goes with a config (origami plan CONFIG --world W ...)");
   if (a.world < 1) ORIGAMI_USER_ERROR("--world is required (the number of ranks to plan for)");
   PlanArgs args = a;
   if (a.link_gbs > 0) args.machine.intra_gbs = args.machine.inter_gbs = a.link_gbs;
@@ -512,7 +521,7 @@ void add_plan_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("plan", "Predict per-rank memory and communication, and rank layouts of W ranks");
   cmd->add_option("config", a->config, "TOML config file");
   cmd->add_option("--config", a->config_opt, "TOML config file (same as the positional argument)");
-  cmd->add_option("--set", a->overrides, "Override a config value: section.key=value (TOML value)");
+  add_set_option(cmd, a->overrides);
   cmd->add_option("--world", a->world, "Number of ranks to plan for")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--stage", a->stage, "ZeRO stage (default: parallel.zero_stage)")->check(CLI::Range(0, 3));
   cmd->add_option("--recipe", a->recipe,

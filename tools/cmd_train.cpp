@@ -21,7 +21,7 @@ void add_train_command(CLI::App& app) {
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("train", "Train a model from a TOML config");
   cmd->add_option("config", args->config, "TOML config file")->required();
-  cmd->add_option("--set", args->overrides, "Override a config value: section.key=value (TOML value)");
+  add_set_option(cmd, args->overrides);
   cmd->add_flag("--json", args->json, "Print each step as a JSON object (the metrics.jsonl record)");
   cmd->callback([args] {
     Config cfg = load_config(args->config, args->overrides);

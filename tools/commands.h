@@ -17,6 +17,10 @@ namespace origami::tools {
 CLI::Validator finite_positive();
 // For fractions: a finite number in [lo, hi] (CLI::Range lets "nan" through).
 CLI::Validator finite_in(double lo, double hi);
+// `--set section.key=value`, repeatable, one value each: a vector option
+// would otherwise take the words after it too, the config's path among
+// them (`plan --set a=1 CONFIG`).
+CLI::Option* add_set_option(CLI::App* cmd, std::vector<std::string>& overrides);
 // The median of benchmark repeats (the upper middle of an even count).
 double median(std::vector<double> v);
 // The host-engine benchmarks (bench step, moe-layer, checkpoint) refuse a

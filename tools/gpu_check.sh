@@ -436,11 +436,13 @@ step_mpi_np2() {
 cuda_counts=""
 cuda_figures=""  # the tests' "[ measured ]" lines, one per line
 # The cuda-labelled tests that skip on a machine with one GPU, by design: the
-# error path of a CUDA context on a machine without a device, and a copy
-# refused between two devices. Any other skip there (NCCL left out at
-# configure, say, which skips every CommNccl test) fails the step.
+# error path of a CUDA context on a machine without a device, a copy
+# refused between two devices, and NCCL between two ranks on two GPUs. Any
+# other skip there (NCCL left out at configure, say, which skips every
+# CommNccl test) fails the step.
 expected_skips=(ExecContext.CudaContextWithoutBackendOrDeviceIsAUserError
-                CudaDeviceDeathTest.AContextCopiesOnlyItsOwnDeviceAndTheHost)
+                CudaDeviceDeathTest.AContextCopiesOnlyItsOwnDeviceAndTheHost
+                CommNccl.TwoRanksOnTwoGpusMatchTheTaggedExpectations)
 step_cuda_tests() {
   # Passed tests' output is kept whole in the JUnit file: their "[ measured ]"
   # lines (tolerances met, the start-up peak) go into the summary. CTest

@@ -211,6 +211,11 @@ CLI::Validator finite_positive() {
   return finite_validator([](double v) { return v > 0; }, "> 0", "FINITE > 0");
 }
 
+CLI::Option* add_set_option(CLI::App* cmd, std::vector<std::string>& overrides) {
+  return cmd->add_option("--set", overrides, "Override a config value: section.key=value (a TOML value); repeatable")
+      ->allow_extra_args(false);
+}
+
 CLI::Validator finite_in(double lo, double hi) {
   const std::string range = detail::concat("in [", lo, ", ", hi, "]");
   return finite_validator([lo, hi](double v) { return v >= lo && v <= hi; }, range, "FINITE " + range);

@@ -45,9 +45,8 @@ static_assert(kSt == kRangeRows, "the SIMT kernels read one range slot per tile"
 
 // Both SIMT kernels: four [kSt][ld] operand tiles, two [kSt][kSt+1] P/dS
 // tiles (dQ uses one), two [kSt][D] accumulators (dQ uses one), 4 × kSt scalars.
-size_t bwd_simt_smem(int64_t D) {
-  return (4 * kSt * simt_ld(D) + 2 * kSt * (kSt + 1) + 2 * kSt * D + 4 * kSt) * sizeof(float);
-}
+static_assert(kSt == kAttentionCudaSimtRows, "kernels/attention.h states this kernel's shared memory");
+size_t bwd_simt_smem(int64_t D) { return attention_cuda_backward_smem(D); }
 
 // Loads rows [row0, row0 + kSt) of a head (stride ldg) as fp32 into a [kSt][ld]
 // tile, zeros past n rows.

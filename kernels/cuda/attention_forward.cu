@@ -48,10 +48,8 @@ constexpr int kSThreads = 256;  // 8 lanes per row for the row statistics
 static_assert(kSt == kRangeRows, "the SIMT kernels read one range slot per tile");
 
 
-size_t fwd_simt_smem(int64_t D) {
-  const int ld = simt_ld(D);
-  return (2 * kSt * ld + 2 * kSt * D + kSt * (kSt + 1) + 3 * kSt) * sizeof(float) + 3 * kSt * sizeof(int);
-}
+static_assert(kSt == kAttentionCudaSimtRows, "kernels/attention.h states this kernel's shared memory");
+size_t fwd_simt_smem(int64_t D) { return attention_cuda_forward_smem(D); }
 
 template <class T> __global__ void __launch_bounds__(kSThreads) fwd_simt_kernel(FwdArgs a) {
   extern __shared__ float smem[];

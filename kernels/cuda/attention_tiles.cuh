@@ -47,8 +47,9 @@ constexpr int32_t kPosMax = 0x7fffffff;
 __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 // Row stride of the SIMT kernels' fp32 tiles: odd, so the 16 different rows
-// one warp reads at the same column fall in 16 different banks.
-__host__ __device__ inline int simt_ld(int64_t D) { return static_cast<int>(D % 2 == 0 ? D + 1 : D); }
+// one warp reads at the same column fall in 16 different banks
+// (kernels/attention.h, which also states their shared memory).
+__host__ __device__ inline int simt_ld(int64_t D) { return static_cast<int>(attention_cuda_simt_ld(D)); }
 
 struct Ranges {
   const int2* q;   // [ceil(Sq / kRangeRows)] {lo, hi} of q_pos

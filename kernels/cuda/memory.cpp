@@ -69,6 +69,15 @@ size_t device_memory_bytes(int device_index) {
   return prop.totalGlobalMem;
 }
 
+size_t device_shared_memory_per_block(int device_index) {
+  int optin = 0;
+  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return static_cast<size_t>(optin);
+}
+
 std::string device_uuid(int device_index) {
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, device_index) != cudaSuccess) {

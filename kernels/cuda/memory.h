@@ -22,6 +22,9 @@ int device_count();
 std::string device_count_problem();
 // Total memory of device `device_index` in bytes; 0 when it cannot be asked.
 size_t device_memory_bytes(int device_index);
+// The most shared memory one block may opt in to on the device, in bytes;
+// 0 when it cannot be asked.
+size_t device_shared_memory_per_block(int device_index);
 // The device's UUID as nvidia-smi prints it ("GPU-xxxxxxxx-xxxx-..."): one
 // physical GPU has one, whichever index CUDA_VISIBLE_DEVICES gives it in a
 // process; "" when it cannot be asked.

@@ -159,6 +159,9 @@ OpEntry topk_forward_entry() {
                                       // 256 in 8 groups, top-4 groups, top-8.
                                       {40, 64, {MoeScore::sigmoid, 6, 1, 1, true, 2.5f}, true, true},
                                       {20, 256, {MoeScore::sigmoid, 8, 8, 4, true, 2.5f}, true, false},
+                                      // At the CUDA router's shared-memory bound (kernels/moe_ops.h:
+                                      // 2E + 2G + K = 12288 words), where a block holds one warp.
+                                      {3, 6142, {MoeScore::softmax, 2, 1, 1, true, 1.0f}, false, true},
                                       {5, 8, {MoeScore::softmax, 2, 1, 1, false, 1.0f}, false, true, softmax_nonfinite()},
                                       {6, 16, {MoeScore::sigmoid, 4, 4, 2, true, 1.0f}, true, true, sigmoid_nonfinite()}};
             for (const TopkCase& c : cases) {
@@ -270,6 +273,8 @@ OpEntry topk_backward_entry() {
             // Past a warp's 32 lanes (64 experts, top-6 and top-8).
             cases.push_back({{12, 64, {MoeScore::sigmoid, 6, 1, 1, true, 2.5f}, false, false}, 4, true, true, 0.07f});
             cases.push_back({{12, 64, {MoeScore::softmax, 8, 4, 2, false, 1.0f}, false, false}, 6, true, true, 0.07f});
+            // At the CUDA router's shared-memory bound, one warp per block (as forward).
+            cases.push_back({{3, 6142, {MoeScore::softmax, 2, 1, 1, true, 1.0f}, false, false}, 3, true, true, 0.07f});
             for (const Case& k : cases) {
               const int64_t T = k.c.T, E = k.c.E, K = k.c.p.top_k;
               const MoeTopkParams params = k.c.p;

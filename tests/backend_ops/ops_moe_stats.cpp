@@ -241,6 +241,10 @@ OpEntry expert_bias_update_entry() {
             std::vector<int64_t> big = loads_with_one_at_the_mean(8, 16, g);
             for (int64_t& l : big) l += int64_t{1} << 53;
             cases.push_back({"E 8, loads near 2^53, one at the mean", big, 1e-3f});
+            // Past one block of 1024 threads: a second launch's share (kernels/cuda/moe_stats.cu).
+            std::vector<int64_t> wide(1500);
+            for (int64_t& l : wide) l = d(g);
+            cases.push_back({"E 1500, past one block", wide, 1e-3f});
             cases.push_back({"E 4, balanced: no move", {7, 7, 7, 7}, 0.5f});
             cases.push_back({"E 1", {12}, 0.5f});
             for (const Case& c : cases) {
