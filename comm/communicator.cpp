@@ -138,11 +138,6 @@ void PendingOp::hold_device_buffers(const InFlightRegions& regions, const std::s
 
 }  // namespace detail
 
-namespace {
-// A gap between two polls longer than this is time the process did not run.
-constexpr auto kNotRunning = std::chrono::seconds(1);
-}  // namespace
-
 // MPI_Test (or cudaEventQuery) polling with a deadline. The first polls spin
 // for latency; after that each poll yields the core, because test jobs run
 // several ranks per core and a spinning rank would starve the peer it waits on.
@@ -151,24 +146,18 @@ void Request::wait(bool sleep_when_idle) {
   using Clock = std::chrono::steady_clock;
   if (!op_->test()) {
     const auto t0 = Clock::now();
-    const auto limit = std::chrono::duration<double>(op_->timeout_s);
-    // A gap between two polls far longer than a poll is time this process
-    // did not run (SIGSTOP, a scheduler suspending the whole job), when its
-    // peers stopped too or this rank is the one that fell behind: it is not
-    // counted as waiting. Otherwise a job suspended past the timeout and
-    // resumed ended as a collective timeout at its first poll.
-    auto last_poll = t0;
-    Clock::duration not_running{};
+    // Time this process did not run (RunningClock) is not waiting: when its
+    // peers stopped too, or this rank is the one that fell behind. Otherwise
+    // a job suspended past the timeout and resumed ended as a collective
+    // timeout at its first poll.
+    RunningClock waited(t0);
     for (int polls = 0; !op_->test(); ++polls) {
-      const auto now = Clock::now();
-      if (now - last_poll > kNotRunning) not_running += now - last_poll;
-      last_poll = now;
-      const auto waited = now - t0 - not_running;
-      if (sleep_when_idle && waited > std::chrono::milliseconds(1))
+      const double waited_s = waited.seconds();
+      if (sleep_when_idle && waited_s > 1e-3)
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       else if (polls >= 256)
         sched_yield();
-      if (waited > limit) abort_on_timeout(*op_, std::chrono::duration<double>(waited).count());
+      if (waited_s > op_->timeout_s) abort_on_timeout(*op_, waited_s);
     }
     add_exposed(std::chrono::duration<double>(Clock::now() - t0).count());
   }
@@ -201,12 +190,11 @@ bool Request::wait_until(std::chrono::steady_clock::time_point& deadline) {
     op_.reset();
     return true;
   }
-  auto last_poll = t0;
+  RunningClock running(t0);
   for (int polls = 0; !op_->test(); ++polls) {
     const auto now = Clock::now();
-    if (now - last_poll > kNotRunning) deadline += now - last_poll;  // not run: no wait (see wait())
-    last_poll = now;
-    if (now > deadline) return false;  // counted when a later wait completes it
+    deadline += running.poll_gap(now);  // not run: no wait (see wait())
+    if (now > deadline) return false;   // counted when a later wait completes it
     if (polls >= 256) std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   add_exposed(std::chrono::duration<double>(Clock::now() - t0).count());

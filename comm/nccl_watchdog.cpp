@@ -122,9 +122,13 @@ void Watchdog::fail(const Entry& e, const char* what, int exit_status) {
 
 void Watchdog::run() {
   std::unique_lock<std::mutex> lock(mutex_);
+  RunningClock running;
   while (!stop_) {
     wake_.wait_for(lock, std::chrono::milliseconds(100));
     const auto now = std::chrono::steady_clock::now();
+    // Time the process did not run (a suspended job) is no op's waiting.
+    if (const auto gap = running.poll_gap(now); gap.count() > 0)
+      for (Entry& e : entries_) e.issued += gap;
     for (auto it = entries_.begin(); it != entries_.end();) {
       if (int current = -1; cudaGetDevice(&current) != cudaSuccess || current != it->device) cudaSetDevice(it->device);
       const cudaError_t rc = cudaEventQuery(it->done);

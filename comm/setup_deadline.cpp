@@ -11,7 +11,10 @@ namespace origami::comm {
 SetupDeadline::SetupDeadline(double timeout_s, std::string what, std::string kind, std::string setting)
     : timer_([this, timeout_s, what = std::move(what), kind = std::move(kind), setting = std::move(setting)] {
         std::unique_lock<std::mutex> lock(mutex_);
-        if (released_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return done_; })) return;
+        // In short waits, so that time the job was suspended does not count (RunningClock).
+        RunningClock running;
+        while (running.seconds() <= timeout_s)
+          if (released_.wait_for(lock, std::chrono::milliseconds(100), [this] { return done_; })) return;
         // The message goes out first: the abort must not swallow it.
         std::fprintf(stderr,
                      "[rank %d] %s timeout: %s not done %.1f s after it began (%s): "

@@ -296,7 +296,7 @@ const std::map<std::string, std::string, std::less<>>& foreign_names() {
       {"pipeline_model_parallel_size", "parallel.pp"}, {"context_parallel_size", "parallel.cp"},
       {"expert_model_parallel_size", "parallel.ep"}, {"expert_tensor_parallel_size", "parallel.etp"},
       {"virtual_pipeline_model_parallel_size", "parallel.virtual_stages"},
-      {"num_layers_per_virtual_pipeline_stage", "parallel.virtual_stages"}, {"seq_length", "training.seq_len"},
+      {"seq_length", "training.seq_len"},
       {"micro_batch_size", "training.micro_batch"}, {"global_batch_size", "training.global_batch"},
       {"train_iters", "training.steps"}, {"max_steps", "training.steps"},
       {"recompute_granularity", "training.recompute"}, {"learning_rate", "optimizer.lr"},
@@ -318,24 +318,23 @@ const std::map<std::string, std::string, std::less<>>& foreign_names() {
   std::string foreign = lower(key);
   std::replace(foreign.begin(), foreign.end(), '-', '_');
   if (foreign.starts_with("__")) foreign.erase(0, 2);
+  // A key placed in the wrong section is the likeliest slip; then another
+  // engine's name; then a typo.
+  std::string elsewhere;
+  for (const Section& s : sections)
+    for (const Field& f : s.fields)
+      if (&s != &sec && f.key == key) elsewhere += concat(elsewhere.empty() ? "" : " or ", "'", s.name, ".", key, "'");
   if (sec.name == "parallel" && (key == "dp" || key == "edp")) {
     hint = " (data-parallel sizes are derived: dp = world / (tp·cp·pp), edp = world / (etp·ep·pp))";
+  } else if (!elsewhere.empty()) {
+    hint = concat(" (did you mean ", elsewhere, "?)");
   } else if (auto it = foreign_names().find(foreign); it != foreign_names().end()) {
     hint = concat(" (Megatron-LM's or Hugging Face's name; origami's key is '", it->second, "')");
   } else {
-    // A key placed in the wrong section is the likeliest slip; then a typo.
-    std::string elsewhere;
-    for (const Section& s : sections)
-      for (const Field& f : s.fields)
-        if (&s != &sec && f.key == key) elsewhere += concat(elsewhere.empty() ? "" : " or ", "'", s.name, ".", key, "'");
-    if (!elsewhere.empty()) {
-      hint = concat(" (did you mean ", elsewhere, "?)");
-    } else {
-      std::vector<std::string_view> keys;
-      for (const Field& f : sec.fields) keys.push_back(f.key);
-      if (sec.name == "moe") keys.push_back(kPlacementKey);
-      if (auto c = closest(key, keys)) hint = concat(" (did you mean '", sec.name, ".", *c, "'?)");
-    }
+    std::vector<std::string_view> keys;
+    for (const Field& f : sec.fields) keys.push_back(f.key);
+    if (sec.name == "moe") keys.push_back(kPlacementKey);
+    if (auto c = closest(key, keys)) hint = concat(" (did you mean '", sec.name, ".", *c, "'?)");
   }
   ORIGAMI_USER_ERROR(origin, ": unknown key '", full, "'", hint);
 }
@@ -529,10 +528,14 @@ void apply_override(toml::table& root, const std::string& ov, Origins& origins) 
       ORIGAMI_USER_ERROR(origin, ": ", lhs, " = ", shorten(text), ": not a TOML value (", parse_problem,
                          "; rule: a number must be one whole TOML number: integers are 64-bit signed, floats finite "
                          "doubles; where the key takes a string, quote it: --set '", lhs, "=\"", shorten(text), "\"')");
-    if (!text.empty() && std::string_view("\"'[{").find(text[0]) != std::string_view::npos)
+    if (!text.empty() && std::string_view("\"'[{").find(text[0]) != std::string_view::npos) {
+      const char closer = text[0] == '[' ? ']' : text[0] == '{' ? '}' : text[0];
+      const bool unclosed = text.size() < 2 || text.back() != closer;
       ORIGAMI_USER_ERROR(origin, ": ", lhs, " = ", shorten(text), ": not a TOML value (", parse_problem,
-                         "; rule: a value that begins as a string, array or table must be one whole: close its ",
-                         text[0] == '[' ? "bracket" : text[0] == '{' ? "brace" : "quote", ")");
+                         "; rule: a value that begins as a string, array or table must be one whole TOML value",
+                         unclosed ? concat(": close its ", text[0] == '[' ? "bracket" : text[0] == '{' ? "brace" : "quote")
+                                  : std::string(), ")");
+    }
     sec->insert_or_assign(key, text);
   }
   origins.set(concat(section, ".", key), origin);

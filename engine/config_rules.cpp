@@ -464,15 +464,17 @@ void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node,
                        ": the CUDA router keeps a token's scores in shared memory, which holds 2·num_experts + "
                        "2·num_groups + top_k <= ", kMoeCudaRouterWords,
                        " values (about 6,000 experts); use fewer experts, or runtime.device = \"cpu\"");
-  if (const size_t smem = on_gpu ? cuda_device_shared_memory_per_block(placement.device.index) : 0;
-      smem > 0 && attention_cuda_backward_smem(cfg.model.head_dim()) > smem)
-    ORIGAMI_USER_ERROR(cfg.origin_of({"model.hidden_size", "model.num_heads"}), ": head_dim = model.hidden_size / "
-                       "model.num_heads = ", cfg.model.hidden_size, " / ", cfg.model.num_heads, " = ",
-                       cfg.model.head_dim(), " on ", to_string(placement.device),
-                       ": the CUDA attention keeps fp32 tiles of that width in shared memory, and a block there may ",
-                       "use ", smem, " bytes: head_dim <= ", attention_cuda_max_head_dim(smem),
-                       " (use more heads, or runtime.device = \"cpu\")");
   const bool bf16 = placement.precision == Precision::bf16;
+  // The SIMT attention's fp32 tiles (kernels/attention.h); eval runs only the forward.
+  const int64_t hd = cfg.model.head_dim();
+  if (const size_t smem = on_gpu ? cuda_device_shared_memory_per_block(placement.device.index) : 0;
+      smem > 0 && !attention_cuda_on_tensor_cores(bf16, hd) && attention_cuda_smem(hd, trains) > smem)
+    ORIGAMI_USER_ERROR(cfg.origin_of({"model.hidden_size", "model.num_heads"}), ": head_dim = model.hidden_size / "
+                       "model.num_heads = ", cfg.model.hidden_size, " / ", cfg.model.num_heads, " = ", hd, " on ",
+                       to_string(placement.device), ": the CUDA attention keeps fp32 tiles of that width in shared ",
+                       "memory, and a block there may use ", smem, " bytes: head_dim <= ",
+                       attention_cuda_max_head_dim(smem, trains), trains ? " to train" : " for the forward",
+                       " (bf16 at 64 or 128 runs on tensor cores; use more heads, or runtime.device = \"cpu\")");
   // A lower bound of the worst rank's persistent state (§6, no padding, the
   // layout's splits and shards perfectly even): dense parameters split over
   // tp·pp and sharded over dp·cp, experts split over ep·etp·pp and sharded

@@ -22,8 +22,8 @@ struct AttentionDims {
 // check it again (kernels/cuda/attention_tiles.cuh).
 inline constexpr int64_t kAttentionCudaSimtRows = 32;
 constexpr int64_t attention_cuda_simt_ld(int64_t hd) { return hd % 2 == 0 ? hd + 1 : hd; }
-// Q and K/V tiles, O and a second accumulator, the score tile, 3 row
-// statistics and 3 rows of positions.
+// Q and K tiles (row stride ld), a V tile and the O accumulator (stride
+// hd), the score tile, 3 row statistics and 3 rows of positions.
 constexpr size_t attention_cuda_forward_smem(int64_t hd) {
   constexpr int64_t r = kAttentionCudaSimtRows;
   return static_cast<size_t>((2 * r * attention_cuda_simt_ld(hd) + 2 * r * hd + r * (r + 1) + 3 * r) * 4 + 3 * r * 4);
@@ -33,14 +33,23 @@ constexpr size_t attention_cuda_backward_smem(int64_t hd) {
   constexpr int64_t r = kAttentionCudaSimtRows;
   return static_cast<size_t>((4 * r * attention_cuda_simt_ld(hd) + 2 * r * (r + 1) + 2 * r * hd + 4 * r) * 4);
 }
-// The largest even head_dim both SIMT passes fit in `smem_per_block` bytes
-// (0 when none does): 290 at Hopper's 232448.
-constexpr int64_t attention_cuda_max_head_dim(size_t smem_per_block) {
+// What a run of the SIMT kernels needs: the forward's, and with `backward`
+// (training) the larger of both passes'.
+constexpr size_t attention_cuda_smem(int64_t hd, bool backward) {
+  const size_t fwd = attention_cuda_forward_smem(hd), bwd = attention_cuda_backward_smem(hd);
+  return backward && bwd > fwd ? bwd : fwd;
+}
+// The largest even head_dim that fits `smem_per_block` bytes (0 when none
+// does): for training 290 at Hopper's 232448, 118 at the 101376 of sm_86/89.
+constexpr int64_t attention_cuda_max_head_dim(size_t smem_per_block, bool backward = true) {
   int64_t hd = 0;
-  while (attention_cuda_backward_smem(hd + 2) <= smem_per_block && attention_cuda_forward_smem(hd + 2) <= smem_per_block)
-    hd += 2;
+  while (attention_cuda_smem(hd + 2, backward) <= smem_per_block) hd += 2;
   return hd;
 }
+// bf16 at head_dim 64 and 128 takes the tensor-core kernels instead, whose
+// tiles need under 100 KB a block at 128 (every GPU the build targets has
+// 99 KiB or more).
+constexpr bool attention_cuda_on_tensor_cores(bool bf16, int64_t hd) { return bf16 && (hd == 64 || hd == 128); }
 
 // q_BSHd: [B, Sq, Hq, hd]; k, v: [B, Skv, Hkv, hd]; q_pos_S: i32 [Sq];
 // kv_pos_S: i32 [Skv]; o: [B, Sq, Hq, hd]; lse_BHS: [B, Hq, Sq] (natural log

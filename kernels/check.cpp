@@ -86,7 +86,9 @@ class InitWatchdog {
  private:
   void watch(double seconds) {
     std::unique_lock lock(mu_);
-    if (cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) return;
+    RunningClock running;  // time the job was suspended does not count
+    while (running.seconds() <= seconds)
+      if (cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return done_; })) return;
     std::fprintf(stderr,
                  "[rank %s] start-up timeout: MPI_Init not done %g s after it began (ORIGAMI_MPI_INIT_TIMEOUT_S): it "
                  "waits for every rank of the job, and one has not reached it\n",

@@ -13,6 +13,7 @@
 //   0 success, 2 bad input, 3 training diverged, 4 internal check failed
 //   (a bug), 5 a collective timed out (a rank stopped answering).
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <sstream>
@@ -90,6 +91,35 @@ int world_rank_for_diagnostics();
 // last characters around "...", with the full length, so a 10,000-character
 // value cannot bury the rule it broke.
 std::string shorten(std::string_view value, size_t max_chars = 80);
+
+// Seconds a process ran since a start: wall time less every gap of over
+// 1 s between two polls, which is time it did not run (SIGSTOP, a scheduler
+// suspending the whole job: `scontrol suspend`). Every timeout counts this
+// (collective waits, meetings, set-up and start-up deadlines, the NCCL
+// watchdog), so a job suspended past one and resumed trains on instead of
+// ending as a timeout. The owner polls far more often than once a second.
+class RunningClock {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr Clock::duration kNotRunning = std::chrono::seconds(1);
+  explicit RunningClock(Clock::time_point start = Clock::now()) : start_(start), last_(start) {}
+  // The gap since the last poll when it counts as not running, else zero.
+  Clock::duration poll_gap(Clock::time_point now = Clock::now()) {
+    const Clock::duration gap = now - last_ > kNotRunning ? now - last_ : Clock::duration{};
+    not_running_ += gap;
+    last_ = now;
+    return gap;
+  }
+  // Seconds run until `now` (a poll).
+  double seconds(Clock::time_point now = Clock::now()) {
+    poll_gap(now);
+    return std::chrono::duration<double>(now - start_ - not_running_).count();
+  }
+
+ private:
+  Clock::time_point start_, last_;
+  Clock::duration not_running_{};
+};
 
 namespace detail {
 template <class... Args>

@@ -85,7 +85,7 @@ TEST(CliBench, MoeLayerRefusesALayerThisMachineCannotHold) {
                                 "/configs/deepseek-v3.toml --set parallel.pp=1 --set parallel.ep=1 --set "
                                 "moe.ffn_hidden_size=1048576 --steps 1 --warmup 0");
   EXPECT_EQ(r.status, 2) << r.output;
-  for (const std::string& needle :
+  for (const std::string needle :
        {"deepseek-v3.toml with --set moe.ffn_hidden_size=1048576, --set parallel.ep=1, --set parallel.pp=1: bench "
         "moe-layer: needs at least",
         "this rank's 256 experts of 3 x 1048576 x 7168",

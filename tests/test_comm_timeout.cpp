@@ -9,9 +9,11 @@
 // time and the message.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <regex>
@@ -19,6 +21,7 @@
 
 #include "cli_util.h"
 #include "comm/groups.h"
+#include "comm/setup_deadline.h"
 
 namespace origami::comm {
 namespace {
@@ -137,6 +140,48 @@ TEST(CommTimeout, SkippedExpertAllToAllAbortsNamingTheExpertGroup) {
                                                             R"(all_to_all_v seq 2 bytes 8 memory cpu after 3\.\d s)")))
       << o.result.output;
   EXPECT_EQ(o.result.output.find("still alive"), std::string::npos) << o.result.output;
+}
+
+// Time a process did not run (RunningClock, kernels/check.h): gaps of over
+// a second between polls are left out; shorter ones count.
+TEST(RunningClock, GapsOfOverASecondBetweenPollsAreNotRunTime) {
+  using namespace std::chrono;
+  const RunningClock::Clock::time_point t0{};
+  RunningClock c(t0);
+  EXPECT_DOUBLE_EQ(c.seconds(t0 + milliseconds(500)), 0.5);
+  EXPECT_DOUBLE_EQ(c.seconds(t0 + milliseconds(1400)), 1.4);   // 0.9 s since the last poll: ran
+  EXPECT_DOUBLE_EQ(c.seconds(t0 + milliseconds(9400)), 1.4);   // 8 s without a poll: suspended
+  EXPECT_EQ(c.poll_gap(t0 + milliseconds(9500)), RunningClock::Clock::duration{});
+  EXPECT_DOUBLE_EQ(c.seconds(t0 + milliseconds(10000)), 2.0);
+}
+
+// A set-up deadline (comm/setup_deadline.h) in a process stopped past it
+// and resumed (the job suspended while a group was being set up): the time
+// stopped does not count, and the guard released after the resume ends
+// nothing. A second process, not stopped, runs out as before.
+TEST(RunningClock, ASetUpDeadlineLeavesOutTheTimeAProcessWasStopped) {
+  auto child = [](double hold_s) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      {
+        SetupDeadline guard(1.0, "group test (a child's)");
+        std::this_thread::sleep_for(std::chrono::duration<double>(hold_s));
+      }
+      std::_Exit(0);
+    }
+    return pid;
+  };
+  const pid_t stopped = child(0.6);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_EQ(kill(stopped, SIGSTOP), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  ASSERT_EQ(kill(stopped, SIGCONT), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(stopped, &status, 0), stopped);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  const pid_t late = child(2.0);
+  ASSERT_EQ(waitpid(late, &status, 0), late);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == kExitTimeout) << "status " << status;
 }
 
 // A receive waits on one peer: its line names that peer and what it expected.

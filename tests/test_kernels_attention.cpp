@@ -155,6 +155,11 @@ TEST(Attention, CudaSharedMemoryBoundsTheHeadDim) {
   EXPECT_GT(attention_cuda_backward_smem(292), hopper);
   EXPECT_LT(attention_cuda_forward_smem(292), attention_cuda_backward_smem(292));  // the backward binds
   EXPECT_EQ(attention_cuda_max_head_dim(attention_cuda_backward_smem(128)), 128);  // Mixtral's and Llama's
+  EXPECT_EQ(attention_cuda_max_head_dim(101376), 118);  // sm_86/89's 99 KiB: bf16 128 takes tensor cores there
+  EXPECT_TRUE(attention_cuda_on_tensor_cores(true, 128));
+  EXPECT_FALSE(attention_cuda_on_tensor_cores(false, 128));
+  EXPECT_GT(attention_cuda_max_head_dim(hopper, /*backward=*/false), 290);  // eval: the forward alone
+  EXPECT_LE(attention_cuda_forward_smem(attention_cuda_max_head_dim(hopper, false)), hopper);
   EXPECT_EQ(attention_cuda_max_head_dim(0), 0);
 }
 

@@ -194,7 +194,8 @@ void add_bench_checkpoint_command(CLI::App& bench) {
   CLI::App* cmd = bench.add_subcommand("checkpoint", "Checkpoint save/load throughput vs the disk's own rate");
   cmd->add_option("--config", args->config, "TOML config (model, parallel layout)")->required();
   cmd->add_option("--dir", args->dir, "Where to write (default ./bench-checkpoint)");
-  cmd->add_option("--repeat", args->repeat, "Timed repeats after one warm-up")->check(CLI::Range(1, 1000));
+  cmd->add_option("--repeat", args->repeat, "Timed repeats after one warm-up")->check(CLI::Range(1, 1000))
+      ->capture_default_str();
   add_set_option(cmd, args->overrides);
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->callback([args] { run(*args); });

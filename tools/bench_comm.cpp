@@ -289,14 +289,21 @@ void add_bench_comm_command(CLI::App& bench) {
   auto args = std::make_shared<BenchCommArgs>();
   CLI::App* cmd = bench.add_subcommand("comm", "Collective bandwidth (nccl-tests style) vs a bare MPI baseline");
   cmd->add_option("--op", args->op, "all_to_all_v | all_gather | reduce_scatter | all_reduce")
-      ->check(CLI::IsMember({"all_to_all_v", "all_gather", "reduce_scatter", "all_reduce"}));
-  cmd->add_option("--min-bytes", args->min_bytes, "Smallest message S (e.g. 1K)")->transform(CLI::AsSizeValue(false));
-  cmd->add_option("--max-bytes", args->max_bytes, "Largest message S (e.g. 16M)")->transform(CLI::AsSizeValue(false));
-  cmd->add_option("--factor", args->factor, "Size multiplier between steps")->check(CLI::Range(2, 1024));
-  cmd->add_option("--iters", args->iters, "Timed iterations per size (median reported)")->check(CLI::Range(1, 100000));
-  cmd->add_option("--warmup", args->warmup, "Untimed iterations per size")->check(CLI::Range(0, 100000));
+      ->check(CLI::IsMember({"all_to_all_v", "all_gather", "reduce_scatter", "all_reduce"}))
+      ->capture_default_str();
+  cmd->add_option("--min-bytes", args->min_bytes, "Smallest message S (e.g. 1K)")->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  cmd->add_option("--max-bytes", args->max_bytes, "Largest message S (e.g. 16M)")->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  cmd->add_option("--factor", args->factor, "Size multiplier between steps")->check(CLI::Range(2, 1024))
+      ->capture_default_str();
+  cmd->add_option("--iters", args->iters, "Timed iterations per size (median reported)")->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  cmd->add_option("--warmup", args->warmup, "Untimed iterations per size")->check(CLI::Range(0, 100000))
+      ->capture_default_str();
   cmd->add_flag("--check,!--no-check", args->check, "Verify received data (default on; wrong data exits non-zero)");
-  cmd->add_option("--timeout", args->timeout_s, "Collective timeout in seconds")->check(finite_positive());
+  cmd->add_option("--timeout", args->timeout_s, "Collective timeout in seconds")->check(finite_positive())
+      ->capture_default_str();
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->callback([args] { run_bench_comm(*args); });
 }

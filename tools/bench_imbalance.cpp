@@ -209,7 +209,8 @@ void add_bench_imbalance_command(CLI::App& bench) {
   cmd->add_option("--layers", args->layers, "MoE layers per record")->check(CLI::Range(int64_t{1}, int64_t{1024}));
   cmd->add_option("--experts", args->experts, "Experts per layer")->check(CLI::Range(int64_t{1}, int64_t{4096}));
   cmd->add_option("--ep", args->ep, "EP ranks per record")->check(CLI::Range(int64_t{1}, int64_t{4096}));
-  cmd->add_option("--repeat", args->repeat, "Timed runs of each (median)")->check(CLI::Range(int64_t{1}, int64_t{1000}));
+  cmd->add_option("--repeat", args->repeat, "Timed runs of each (median)")->check(CLI::Range(int64_t{1}, int64_t{1000}))
+      ->capture_default_str();
   cmd->add_option("--dir", args->dir, "Keep the file in this directory (default: a temporary one, removed)");
   cmd->add_flag("--json", args->json, "Print the figures as JSON");
   cmd->callback([args] {

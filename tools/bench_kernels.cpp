@@ -431,7 +431,8 @@ void add_bench_kernels_command(CLI::App& bench) {
   cmd->add_option("--dtype", o->dtype, "Data dtype: f32 or bf16 (default: bf16 on cuda, f32 on cpu)")
       ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_option("--samples", o->samples, "Timed samples per op (median reported)")->check(CLI::Range(1, 1000));
-  cmd->add_option("--warmup", o->warmup, "Untimed calls per op first")->check(CLI::Range(0, 1000));
+  cmd->add_option("--warmup", o->warmup, "Untimed calls per op first")->check(CLI::Range(0, 1000))
+      ->capture_default_str();
   cmd->add_option("--only", o->only, "Only the ops whose key starts with one of these (comma-separated)")
       ->delimiter(',');
   cmd->add_option("--skip", o->skip, "Leave out the ops whose key starts with one of these")->delimiter(',');

@@ -556,8 +556,10 @@ void add_bench_moe_layer_command(CLI::App& bench) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--etp", args->etp, "Expert tensor parallel size (overrides parallel.etp)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  cmd->add_option("--steps", args->steps, "Timed repeats (median reported)")->check(CLI::Range(1, 1000));
-  cmd->add_option("--warmup", args->warmup, "Untimed warm-up repeats")->check(CLI::Range(0, 1000));
+  cmd->add_option("--steps", args->steps, "Timed repeats (median reported)")->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  cmd->add_option("--warmup", args->warmup, "Untimed warm-up repeats")->check(CLI::Range(0, 1000))
+      ->capture_default_str();
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->callback([args] { run_bench_moe_layer(*args); });
 }

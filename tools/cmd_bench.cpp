@@ -174,8 +174,10 @@ void add_bench_command(CLI::App& app) {
   CLI::App* step = bench->add_subcommand("step", "Full training step vs oneDNN sgemm at the step's shapes");
   step->add_option("--config", args->config, "TOML config")->required();
   add_set_option(step, args->overrides);
-  step->add_option("--steps", args->steps, "Timed steps (median reported)")->check(CLI::Range(1, 1000));
-  step->add_option("--warmup", args->warmup, "Untimed warm-up steps")->check(CLI::Range(0, 1000));
+  step->add_option("--steps", args->steps, "Timed steps (median reported)")->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  step->add_option("--warmup", args->warmup, "Untimed warm-up steps")->check(CLI::Range(0, 1000))
+      ->capture_default_str();
   step->add_flag("--json", args->json, "Print one JSON object");
   step->callback([args] {
     require_one_process("bench step");

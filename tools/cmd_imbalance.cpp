@@ -208,9 +208,11 @@ void add_imbalance_command(CLI::App& app, int& exit_status) {
   cmd->add_option("--out", args->out, "With --place: write the placement TOML here (default: print it)");
   cmd->add_option("--collapse-share", args->collapse_share,
                   "Alert when one expert sees more than this share of a layer's tokens")
-      ->check(finite_in(0.0, 1.0));
+      ->check(finite_in(0.0, 1.0))
+      ->capture_default_str();
   cmd->add_option("--rise", args->rise, "Alert when the last window's imbalance exceeds the first's by this fraction")
-      ->check(finite_positive());
+      ->check(finite_positive())
+      ->capture_default_str();
   cmd->callback([args, &exit_status] {
     require_one_process("imbalance");
     exit_status = run_imbalance(*args);

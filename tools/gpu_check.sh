@@ -449,9 +449,10 @@ step_cuda_tests() {
   # itself stops 15 s inside the step's limit (--stop-time: the tests still
   # running time out, the rest are not run), so the JUnit file and the
   # counts come back even when the tests need more time than is left.
-  local limit stop
+  local limit stop stop_at
   limit=$(budget 240)
-  stop=$(date -d "+$((limit > 30 ? limit - 15 : limit)) seconds" +%H:%M:%S)  # a time before now is tomorrow's
+  stop_at=$((SECONDS + (limit > 30 ? limit - 15 : limit)))
+  stop=$(date -d "+$((stop_at - SECONDS)) seconds" +%H:%M:%S)  # a time before now is tomorrow's
   timeout -k "$kill_after" "$limit" ctest --test-dir "$build" -L cuda --no-tests=error --output-on-failure -j 4 \
     --stop-time "$stop" --test-output-size-passed 65536 --test-output-size-failed 65536 --output-junit "$results/ctest_cuda.xml"
   local rc=$?
@@ -462,6 +463,9 @@ step_cuda_tests() {
   local passed failed skipped total
   read -r passed failed skipped total <<<"${cuda_counts:-? ? ? ?}"
   note[cuda_tests]="$passed passed, $failed failed, $skipped skipped (of $total)"
+  # Stopped at --stop-time by a limit the deadline set: the tests it did not
+  # finish are the second call's (status 75); its failures show in the note.
+  if [ $rc -ne 0 ] && [ "$limit" -lt 240 ] && [ $SECONDS -ge $((stop_at - 1)) ]; then return 75; fi
   [ $rc -eq 0 ] || return 1
   if [ -z "$gpu" ]; then
     note[cuda_tests]+="; no GPU"
@@ -514,6 +518,7 @@ step_bench_torch() {
   if [ -z "$gpu" ]; then note[bench_torch]="exit $rc"; no_gpu_verdict bench_torch; return; fi
   [ $rc -eq 0 ] || return $rc
   is_json "$results/bench_torch.json" || { note[bench_torch]="no JSON in bench_torch.json"; return 1; }
+  if grep -q '"skipped"' "$results/bench_torch.json"; then note[bench_torch]="PyTorch sees no GPU"; return 1; fi
 }
 
 # The GPU configs, Mixtral-like first: its MFU and its ratio to PyTorch are
@@ -650,9 +655,11 @@ step_train_torch() {
     (
       if [ -n "$orig_ld_path" ]; then export LD_LIBRARY_PATH=$orig_ld_path; else unset LD_LIBRARY_PATH; fi
       PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONUNBUFFERED=1 \
-        timeout -k "$kill_after" "$(budget 180)" python3 tools/train_torch.py "$c" --steps 2 --warmup 1 \
+        timeout -k "$kill_after" "$(budget 180)" python3 tools/train_torch.py "$c" --steps 2 --warmup 2 \
         --precision bf16 --fit ${full:+--layers "$full"} --json "$build/torch-$name.json"
     ) || twin_out_of_memory "$build/torch-$name.json" || rc=1
+    # With a GPU here, a twin that saw none is a broken PyTorch, not a result.
+    if [ -n "$gpu" ] && grep -q '"skipped"' "$build/torch-$name.json" 2>/dev/null; then rc=1; fi
     fitted=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("layers", 0))' \
                "$build/torch-$name.json" 2>/dev/null || echo 0)
     if [ "${fitted:-0}" -gt 0 ] && [ -n "$full" ] && [ "$fitted" -lt "$full" ]; then
@@ -699,11 +706,12 @@ run() {
     124) status[$name]=FAILED; note[$name]="timed out${note[$name]:+; ${note[$name]}}" ;;
     *) status[$name]=FAILED ;;
   esac
-  # A step that ended unfinished at the deadline (its limit was what was
-  # left, 15 s before it; CTest's --stop-time ends cuda_tests so too) is one
-  # for the second call, not a verdict on the code.
-  if [ "${status[$name]}" = FAILED ] && [ $((deadline - SECONDS)) -lt $((15 + kill_after + 5)) ]; then
-    status[$name]=deadline note[$name]="ended (exit $rc) at the ${deadline} s deadline${note[$name]:+; ${note[$name]}}"
+  # A step the deadline stopped is one for the second call, not a verdict on
+  # the code: killed by a limit that ran out with the time left (15 s
+  # before the deadline, not its own limit earlier), or a step that says so
+  # itself (status 75: cuda_tests, which CTest's --stop-time ends first).
+  if [ $rc -eq 75 ] || { { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && [ $SECONDS -ge $((deadline - 17)) ]; }; then
+    status[$name]=deadline note[$name]="stopped by the ${deadline} s deadline${note[$name]:+; ${note[$name]}}"
     cut+=("$name")
   fi
   echo "gpu_check: [$name] ${status[$name]} in ${secs[$name]} s${note[$name]:+ (${note[$name]})}"

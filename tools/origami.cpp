@@ -283,7 +283,13 @@ int main(int argc, char** argv) {
     const std::string path = check_subcommand(app, argc, argv);
     command_path = path;
     if (exit_comm) check_same_subcommand(*exit_comm, path);
-    if (exit_comm && host_only_command(argc, argv)) check_same_command_line(*exit_comm, argc, argv);
+    // From the agreed path, so every rank takes the same branch.
+    if (exit_comm && path.find(' ') != std::string::npos) {
+      std::string word = path.substr(path.find(' ') + 1);
+      word = word.substr(0, word.find(' '));  // "checkpoint inspect": its command
+      const char* args[] = {"origami", word.c_str()};
+      if (host_only_command(2, const_cast<char**>(args))) check_same_command_line(*exit_comm, argc, argv);
+    }
     app.parse(argc, argv);
     // Output that never reached its file is a failure too (stdout on a full disk).
     if (std::fflush(stdout) != 0 || std::ferror(stdout))
