@@ -136,13 +136,14 @@ bool is_command(int argc, char** argv, std::string_view name) {
   return false;
 }
 
+bool host_only_subcommand(std::string_view word) {
+  return word == "preprocess" || word == "plan" || word == "imbalance" || word == "groups" || word == "checkpoint" ||
+         word == "export";
+}
+
 bool host_only_command(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    if (argv[i][0] == '-') continue;
-    const std::string word = argv[i];
-    return word == "preprocess" || word == "plan" || word == "imbalance" || word == "groups" ||
-           word == "checkpoint" || word == "export";
-  }
+  for (int i = 1; i < argc; ++i)
+    if (argv[i][0] != '-') return host_only_subcommand(argv[i]);
   return true;  // no subcommand: usage or --help
 }
 
@@ -284,11 +285,10 @@ int main(int argc, char** argv) {
     command_path = path;
     if (exit_comm) check_same_subcommand(*exit_comm, path);
     // From the agreed path, so every rank takes the same branch.
-    if (exit_comm && path.find(' ') != std::string::npos) {
-      std::string word = path.substr(path.find(' ') + 1);
-      word = word.substr(0, word.find(' '));  // "checkpoint inspect": its command
-      const char* args[] = {"origami", word.c_str()};
-      if (host_only_command(2, const_cast<char**>(args))) check_same_command_line(*exit_comm, argc, argv);
+    if (const size_t space = path.find(' '); exit_comm && space != std::string::npos) {
+      // The subcommand's first word ("checkpoint" of "origami checkpoint inspect").
+      const std::string word = path.substr(space + 1, path.find(' ', space + 1) - space - 1);
+      if (host_only_subcommand(word)) check_same_command_line(*exit_comm, argc, argv);
     }
     app.parse(argc, argv);
     // Output that never reached its file is a failure too (stdout on a full disk).
