@@ -519,9 +519,10 @@ void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node,
   if (!trains || pages <= 0 || memory <= 0) return;
   // The bound above passed, so the model is of a size this machine could
   // build: the plan (what the trainer itself allocates, unit by unit) is
-  // affordable now. Its stage with the most memory: training state, ZeRO
-  // working buffers, held activations and, under recompute "full", the
-  // layer a backward rebuilds.
+  // affordable now. Its stage with the most memory: training state and the
+  // most live at once of ZeRO working buffers, held activations, pipeline
+  // buffers and a backward's transients (with recompute "full", the layer
+  // it rebuilds).
   plan::PlanInput in = plan::plan_input(cfg);
   in.recipe = bf16 ? plan::Recipe::bf16 : plan::Recipe::fp32;
   const comm::Layout layout(world_size, comm::LayoutOptions{p.tp, p.cp, p.pp, p.ep, p.etp, p.order, ro.num_experts});
@@ -534,10 +535,13 @@ void validate_for_machine(const Config& cfg, int world_size, int ranks_per_node,
   auto bytes = [](int64_t b) { return fmt_bytes(static_cast<long double>(b)); };
   if (need * sharing > memory)
     ORIGAMI_USER_ERROR(cfg.sources(), ": training needs ", fmt_bytes(need), " per rank (pipeline stage ", worst->stage,
-                       ": training state ", bytes(worst->state.total()), ", ZeRO working buffers ",
-                       bytes(worst->transient), ", activations held for backward ", bytes(worst->activations),
-                       worst->rebuild > 0 ? concat(", one layer rebuilt in backward ", bytes(worst->rebuild)) : "",
-                       ", as `origami plan` counts them) on ", world_size, " rank(s), and ",
+                       ": training state ", bytes(worst->state.total()), ", then ", bytes(worst->live),
+                       " at the step's busiest moment: activations held for backward (up to ",
+                       bytes(worst->activations), " between ops), ZeRO working buffers (up to ",
+                       bytes(worst->transient), ")",
+                       worst->rebuild > 0 ? concat(", one layer rebuilt in backward (", bytes(worst->rebuild), ")") : "",
+                       " and a backward's transient buffers, as `origami plan` counts them) on ", world_size,
+                       " rank(s), and ",
                        on_gpu ? concat("its ", to_string(placement.device), " has ")
                               : concat(sharing, " rank(s) share this machine's "),
                        fmt_bytes(memory), " of memory; lower training.micro_batch or seq_len",

@@ -215,6 +215,7 @@ PipelineSimulation simulate_pipeline(const PipeScheduleSpec& spec, double t_f, d
   struct Posted {
     PipeOp op;  // the sender's op (sends) or the receiver's (receives)
     double at;
+    size_t k = 0;  // its index in the sender's op list (sends)
   };
   std::map<Queue, std::vector<Posted>> sends, recvs;
   struct Rank {
@@ -223,6 +224,10 @@ PipelineSimulation simulate_pipeline(const PipeScheduleSpec& spec, double t_f, d
     size_t recv_posted = 0;   // ops before this index have their receive posted (if they need one)
     std::map<Queue, size_t> sent, received;  // per queue: sends / receives consumed so far
     int64_t saved = 0, pending = 0;
+    // Per op: its end, the receives posted after it (ops before this index),
+    // and when the receiver took its send (its consuming op's start).
+    std::vector<double> end, taken;
+    std::vector<size_t> posted_after;
   };
   std::vector<Rank> rk(p);
   PipelineSimulation sim;
@@ -244,7 +249,12 @@ PipelineSimulation simulate_pipeline(const PipeScheduleSpec& spec, double t_f, d
       }
     }
   };
-  for (int64_t s = 0; s < p; ++s) post_next_receive(s, 0);
+  for (int64_t s = 0; s < p; ++s) {
+    rk[s].taken.assign(ops[s].size(), std::numeric_limits<double>::infinity());
+    post_next_receive(s, 0);
+  }
+  std::vector<size_t> posted_first(p);  // before the first op
+  for (int64_t s = 0; s < p; ++s) posted_first[s] = rk[s].recv_posted;
   // Each rank's own order fixes its times, so the order ranks advance in
   // here does not change the result.
   for (bool progress = true; progress;) {
@@ -267,6 +277,7 @@ PipelineSimulation simulate_pipeline(const PipeScheduleSpec& spec, double t_f, d
                           " on tag " + std::to_string(io.in.tag) + " and received " + std::to_string(msg.op.micro_batch);
             ++r.received[q];
             start = std::max({start, msg.at, recvs[q][n].at});
+            rk[io.in.rank].taken[msg.k] = start;
           }
           const double d = op.kind == PipeOp::forward ? t_f : op.kind == PipeOp::backward ? backward_time : t_w;
           r.clock = start + d;
@@ -277,8 +288,10 @@ PipelineSimulation simulate_pipeline(const PipeScheduleSpec& spec, double t_f, d
             if (has_w) sim.max_pending_w[s] = std::max(sim.max_pending_w[s], ++r.pending);
           }
           if (op.kind == PipeOp::weight) --r.pending;
-          if (io.out.rank >= 0) sends[{static_cast<int>(s), io.out.rank, io.out.tag}].push_back({op, r.clock});
+          if (io.out.rank >= 0) sends[{static_cast<int>(s), io.out.rank, io.out.tag}].push_back({op, r.clock, r.k});
           post_next_receive(s, r.k + 1);
+          r.end.push_back(r.clock);
+          r.posted_after.push_back(r.recv_posted);
         }
         ++r.k;
         progress = true;
@@ -286,6 +299,31 @@ PipelineSimulation simulate_pipeline(const PipeScheduleSpec& spec, double t_f, d
     }
   }
   sim.finished = true;
+  sim.boundary_buffers.resize(p);
+  for (int64_t s = 0; s < p; ++s) {
+    const Rank& r = rk[s];
+    const size_t n = r.end.size();
+    // Op j holds the receives posted for ops j+1 .. posted_after[j-1] − 1,
+    // and every send of an op i < j not yet freed: run_pipeline frees a
+    // send after the first op m ≥ i that ends once its receiver has taken
+    // it (ends are nondecreasing; never taken: at the end of the schedule).
+    std::vector<int64_t> needs_recv(n + 1, 0), in_flight(n + 1, 0);
+    for (size_t k = 0; k < n; ++k) needs_recv[k + 1] = needs_recv[k] + (peers[s][k].in.rank >= 0);
+    for (size_t i = 0; i < n; ++i) {
+      if (peers[s][i].out.rank < 0) continue;
+      const size_t freed = static_cast<size_t>(std::lower_bound(r.end.begin() + i, r.end.end(), r.taken[i]) -
+                                               r.end.begin());  // the op after which it goes (n: never)
+      in_flight[i + 1] += 1;
+      in_flight[std::min(freed + 1, n)] -= 1;
+    }
+    std::vector<int64_t>& b = sim.boundary_buffers[s];
+    int64_t sends = 0;
+    for (size_t j = 0; j < n; ++j) {
+      sends += in_flight[j];
+      const size_t posted = std::max(j + 1, j == 0 ? posted_first[s] : r.posted_after[j - 1]);
+      b.push_back(sends + needs_recv[posted] - needs_recv[j + 1]);
+    }
+  }
   for (int64_t s = 0; s < p; ++s) {
     sim.finished = sim.finished && rk[s].k == ops[s].size();
     sim.finish[s] = rk[s].clock;

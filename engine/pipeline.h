@@ -154,6 +154,11 @@ struct PipelineSimulation {
   double makespan = 0;
   std::vector<double> busy, finish;  // per rank
   std::vector<int64_t> max_saved, max_pending_w;  // per rank: micro-batch·chunks held (F done, B not; B done, W not)
+  // Per rank and op: boundary tensors alive while the op computes besides
+  // its own input — receives posted for later ops, and sends the receiver
+  // has not yet taken, as run_pipeline frees them (after each op, the sends
+  // whose receiving op has started).
+  std::vector<std::vector<int64_t>> boundary_buffers;
   double idle_fraction(size_t rank) const { return makespan > 0 ? 1.0 - busy[rank] / makespan : 0.0; }
 };
 PipelineSimulation simulate_pipeline(const PipeScheduleSpec& spec, double t_f, double t_b, double t_w);

@@ -208,6 +208,7 @@ ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout
   a.first_stage = T * kI32;         // token ids i32 [T] (vocab-parallel lookup of the cp shard)
   // Final norm; LmHeadSaved: y [T, D] (tp-gathered), targets i32 [T], logits f32 [T, Vl], lse f32 [T].
   a.last_stage = norm + T * D * d + (T * ceil_div(m.vocab_size, tp) + T) * f + T * kI32;
+  a.last_stage_logits = T * ceil_div(m.vocab_size, tp) * f;
 
   // Pending weight gradients after a deferred backward (kernels/deferred.h):
   // the operands each pushed call keeps, each tensor once. "Gathered" tensors
@@ -240,6 +241,43 @@ ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout
     const int64_t shared_w = Fs > 0 ? (t * D + 3 * t * Fs) * d : 0;
     a.weight_pending_moe_layer = 2 * norm_w + attention_w + router_w + experts_w + shared_w;
   }
+  // Backward transients, each at its part's busiest moment (data dtype d
+  // unless said). tp > 1 first gathers the layer's output gradient [T, D].
+  const int64_t gathered_dy = tp > 1 ? T * D * d : 0;
+  a.grad_stream = t * D * d;
+  //   Attention: dm [t, D] (the MLP part's input gradient, alive to the
+  //   layer's end), the gathered dh, dO and dQ [T, Hq/tp·hd]; then either the
+  //   kernel's dK, dV (KvMemory's transient: of every gathered key, and under
+  //   cp all_gather their packed reduce-scatter) or the projections'
+  //   backward: dK, dV of the local keys [T, Hkv/tp·hd] and dx [T, D].
+  const int64_t kv_transient = in.cp_comm == dense::CpComm::ring ? kv.transient_ring : kv.transient_all_gather;
+  const int64_t attention_bwd =
+      t * D * d + gathered_dy + 2 * T * Hq * hd * d + std::max(kv_transient, (2 * T * Hkv * hd + T * D) * d);
+  //   Dense MLP: the gathered dy, dh, dgate, dup [T, F/tp] and dx [T, D].
+  a.backward_dense_layer = std::max(attention_bwd, gathered_dy + (3 * T * F + T * D) * d);
+  if (E > 0) {
+    const int64_t R = a.rows, M = R * etp, ep = layout.ep();
+    const bool recompute_moe = in.training.recompute == Recompute::moe;
+    //   MoE: the combine's backward leaves dy per routed row [R, D], dL/dp
+    //   f32 [t, k] and the dx accumulator [t, D] for the layer's end; dy
+    //   reaches the local experts in a buffer of its own [M, D] when rows
+    //   move (ep or etp > 1). Then the experts' backward: dh, dgate, dup [M,
+    //   Fe/etp] (with recompute "moe" also the rebuilt gate, up, h) and dx
+    //   [M, D]; or, after it, dx [M, D] on its way back: its etp
+    //   reduce-scatter [M/etp, D] and ep receive [R, D].
+    const int64_t combine = (R * D + t * D) * d + t * k * f + (ep > 1 || etp > 1 ? M * D * d : 0);
+    const int64_t experts = combine + (3 * M * Fe * (recompute_moe ? 2 : 1) + M * D) * d;
+    const int64_t back = combine + (M * D + (etp > 1 ? R * D : 0) + (ep > 1 ? R * D : 0)) * d;
+    //   The shared expert runs first, beside dy [R, D] and dL/dp: its dh,
+    //   dgate, dup [t, Fs] (recompute "moe": and the rebuilt three) and dx [t, D].
+    const int64_t shared = Fs > 0 ? R * D * d + t * k * f + (3 * t * Fs * (recompute_moe ? 2 : 1) + t * D) * d : 0;
+    a.backward_moe_layer = std::max({attention_bwd, experts, back, shared});
+  }
+  //   LM head: dlogits in place of the logits (bf16: a data-dtype copy [T,
+  //   Vl]), dy [T, D] and, tp > 1, its reduce-scatter [t, D].
+  a.backward_last_stage = (in.recipe == Recipe::bf16 ? T * ceil_div(m.vocab_size, tp) * d : 0) + T * D * d +
+                          (tp > 1 ? t * D * d : 0);
+
   // Embedding: ids i32 [T] and the gathered gradient [T, D] (all of it is W).
   a.weight_pending_first_stage = T * kI32 + T * D * d;
   // Final norm (norm_w) and LM head: dlogits [T, Vl] (fp32: the logits
@@ -321,10 +359,27 @@ LayoutPlan plan_layout(const PlanInput& in, const UnitTable& table, const comm::
   lp.units = plan_units(in, table, layout);
   lp.act = activation_bytes(in, layout);
   lp.kv = kv_memory(in, layout);
-  const RecipeBytes rb = recipe_bytes(in.recipe);
 
   const int64_t v = in.virtual_stages;
   lp.schedule = {in.pp_schedule, lp.pp, lp.micro_batches, v};
+  const ParamCounts pc = table.counts();
+  const double B = static_cast<double>(tr.global_batch), S = static_cast<double>(tr.seq_len);
+  lp.flops = 6.0 * static_cast<double>(pc.matmul_active) * B * S +
+             12.0 * B * static_cast<double>(in.model.num_heads * in.model.head_dim()) * S * (S + 1) / 2.0 *
+                 static_cast<double>(in.model.num_layers);
+  // Op times for the pipeline's simulation, in FLOPs of one micro-batch: a
+  // forward is the matmuls M plus attention A; the input-gradient half of
+  // backward M + 2A (attention's backward is all input gradient); the
+  // weight half M. It gives ZB-H1's bubble and, at any schedule, the
+  // boundary tensors in flight during each op (the replay's).
+  const double op_M = 2.0 * static_cast<double>(pc.matmul_active),
+               op_A = 4.0 * static_cast<double>(in.model.num_heads * in.model.head_dim()) * (S + 1) / 2.0 *
+                      static_cast<double>(in.model.num_layers);
+  const PipelineSimulation sim =
+      lp.pp > 1 ? simulate_pipeline(lp.schedule, op_M + op_A, op_M + 2 * op_A, op_M) : PipelineSimulation{};
+  lp.bubble = predicted_bubble(lp.schedule, op_M + op_A, op_M + 2 * op_A, op_M);
+  lp.bubble_one_f_one_b = predicted_bubble({PipeSchedule::one_f_one_b, lp.pp, lp.micro_batches, 1});
+
   const std::vector<int64_t> per_stage = stage_layers(in.model.num_layers, lp.pp * v, in.pp_layers);
   for (int64_t s = 0; s < lp.pp; ++s) {
     StageMemory st;
@@ -345,57 +400,11 @@ LayoutPlan plan_layout(const PlanInput& in, const UnitTable& table, const comm::
     st.rebuild = std::max(st.num_layers > st.num_moe_layers ? lp.act.rebuild_dense_layer : 0,
                           st.num_moe_layers > 0 ? lp.act.rebuild_moe_layer : 0);
     st.first_layer = chunk_first.front();
-    // ZeRO working buffers: stage 2 keeps a unit's whole gradient during its
-    // backward (two with overlap_grad_reduce: the previous unit's, in flight,
-    // beside it: the two largest); stage 3 also keeps at most two units' whole params (the one
-    // computing and the one prefetched; largest units of the stage), or all
-    // of them with reshard_after_forward = false.
-    std::vector<int64_t> gathered, whole_grads;
-    for (const UnitPlan& u : lp.units) {
-      if (u.stage != s) continue;
-      st.state += u.state;
-      if (u.group <= 1) continue;
-      gathered.push_back(u.padded * rb.param);
-      whole_grads.push_back(u.padded * rb.grad);
-    }
-    std::sort(gathered.rbegin(), gathered.rend());
-    std::sort(whole_grads.rbegin(), whole_grads.rend());
-    if (in.zero_stage >= 2)
-      for (size_t i = 0; i < std::min<size_t>(in.overlap_grad_reduce ? 2 : 1, whole_grads.size()); ++i)
-        st.transient += whole_grads[i];
-    if (in.zero_stage >= 3)
-      for (size_t i = 0; i < (in.reshard_after_forward ? std::min<size_t>(2, gathered.size()) : gathered.size()); ++i)
-        st.transient += gathered[i];
-    // Held activations: walk the stage's schedule. A forward of chunk c
-    // keeps its saved activations until its backward, which under zb-h1
-    // leaves the W operands until the W op.
-    const bool first_rank = s == 0, last_rank = s == lp.pp - 1;
-    auto saved_bytes = [&](int64_t c) {
-      return (st.chunk_layers[c] - chunk_moe[c]) * lp.act.dense_layer + chunk_moe[c] * lp.act.moe_layer +
-             lp.act.every_stage + (first_rank && c == 0 ? lp.act.first_stage : 0) +
-             (last_rank && c == v - 1 ? lp.act.last_stage : 0);
-    };
-    auto pending_bytes = [&](int64_t c) {
-      return (st.chunk_layers[c] - chunk_moe[c]) * lp.act.weight_pending_dense_layer +
-             chunk_moe[c] * lp.act.weight_pending_moe_layer +
-             (first_rank && c == 0 ? lp.act.weight_pending_first_stage : 0) +
-             (last_rank && c == v - 1 ? lp.act.weight_pending_last_stage : 0);
-    };
-    int64_t held = 0, saved = 0, pending = 0;
-    st.in_flight = 0;
-    for (const PipeOp& op : pipeline_schedule(lp.schedule, s)) {
-      switch (op.kind) {
-        case PipeOp::forward: held += saved_bytes(op.chunk), ++saved; break;
-        case PipeOp::backward:
-          held -= saved_bytes(op.chunk), --saved;
-          if (in.pp_schedule == PipeSchedule::zb_h1) held += pending_bytes(op.chunk), ++pending;
-          break;
-        case PipeOp::weight: held -= pending_bytes(op.chunk), --pending; break;
-      }
-      st.activations = std::max(st.activations, held);
-      st.in_flight = std::max(st.in_flight, saved);
-      st.pending_w = std::max(st.pending_w, pending);
-    }
+    for (const UnitPlan& u : lp.units)
+      if (u.stage == s) st.state += u.state;
+    // ZeRO working buffers and held activations: the step replayed.
+    replay_stage(in, lp.units, lp.act, lp.pp, lp.schedule,
+                 lp.pp > 1 ? &sim.boundary_buffers[static_cast<size_t>(s)] : nullptr, st);
     lp.stages.push_back(st);
   }
   for (const StageMemory& st : lp.stages)
@@ -405,22 +414,6 @@ LayoutPlan plan_layout(const PlanInput& in, const UnitTable& table, const comm::
   // bubble = (pp−1)/(m+pp−1); comm = Σ_group bytes / bandwidth (intra-node
   // when the group lies in one node of ranks_per_node ranks), no overlap;
   // the slowest stage's comm counts.
-  const ParamCounts pc = table.counts();
-  const double B = static_cast<double>(tr.global_batch), S = static_cast<double>(tr.seq_len);
-  lp.flops = 6.0 * static_cast<double>(pc.matmul_active) * B * S +
-             12.0 * B * static_cast<double>(in.model.num_heads * in.model.head_dim()) * S * (S + 1) / 2.0 *
-                 static_cast<double>(in.model.num_layers);
-  {
-    // Op times for the ZB-H1 simulation, in FLOPs of one micro-batch: a
-    // forward is the matmuls M plus attention A; the input-gradient half of
-    // backward M + 2A (attention's backward is all input gradient); the
-    // weight half M.
-    const double M = 2.0 * static_cast<double>(pc.matmul_active), A = 4.0 *
-                     static_cast<double>(in.model.num_heads * in.model.head_dim()) * (S + 1) / 2.0 *
-                     static_cast<double>(in.model.num_layers);
-    lp.bubble = predicted_bubble(lp.schedule, M + A, M + 2 * A, M);
-    lp.bubble_one_f_one_b = predicted_bubble({PipeSchedule::one_f_one_b, lp.pp, lp.micro_batches, 1});
-  }
   lp.compute_s = lp.flops / static_cast<double>(lp.world) / machine.flops_per_rank / (1.0 - lp.bubble);
   for (const StageMemory& st : lp.stages) {
     StageComm c = stage_comm(in, layout, lp.units, st, lp.act, lp.micro_batches);

@@ -153,6 +153,13 @@ struct ActivationBytes {
   int64_t weight_pending_moe_layer = 0;
   int64_t weight_pending_first_stage = 0;  // the embedding's ids and gathered gradient
   int64_t weight_pending_last_stage = 0;   // final norm and LM head
+  // Inside a backward: the gradient dh [t, D] flowing down the stage, and
+  // what one layer's backward allocates and frees at its busiest moment,
+  // beyond its saved activations and dh (plan.cpp names the buffers; kernel
+  // workspaces are not counted); the LM head's and final norm's backward.
+  int64_t grad_stream = 0;
+  int64_t last_stage_logits = 0;  // of last_stage: the logits f32 [T, Vl], which the head's backward frees
+  int64_t backward_dense_layer = 0, backward_moe_layer = 0, backward_last_stage = 0;
 };
 ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout);
 
@@ -189,12 +196,23 @@ struct KvMemory {
 };
 KvMemory kv_memory(const PlanInput& in, const comm::Layout& layout);
 
+// ZeRO's working buffers on one rank over a step, each category's peak and
+// the peak of their sum (which may come at another moment): whole params
+// gathered at stage 3, whole gradients at stages 2-3, and the
+// reduce-scatters' receive buffers (ledger category comm). Replayed from
+// engine/zero.cpp's rules along the stage's schedule (plan_zero.cpp), so
+// these are the ledger's figures, not a bound.
+struct ZeroWorking {
+  int64_t param = 0, grad = 0, comm = 0, total = 0;
+};
+
 // One stage's (pipeline rank's) ledger.
 struct StageMemory {
   int64_t stage = 0, first_layer = 0, num_layers = 0, num_moe_layers = 0;  // first_layer: of chunk 0
   std::vector<int64_t> chunk_layers;  // layers of each model chunk (one unless interleaved)
   StateBytes state;
-  int64_t transient = 0;    // ZeRO working buffers: stage 2 the largest whole grad (two largest with overlap_grad_reduce), stage 3 + two gathered units
+  ZeroWorking zero;         // ZeRO working buffers (their peaks over the step)
+  int64_t transient = 0;    // zero.total
   int64_t in_flight = 1;    // most micro-batch·chunks with saved activations at once (1F1B: min(pp − stage, m))
   int64_t pending_w = 0;    // zb-h1: most micro-batches with W operands kept at once
   // The largest activation bytes held between two ops of the stage's
@@ -206,7 +224,14 @@ struct StageMemory {
   // training.recompute = "full": the largest layer of the stage rebuilt
   // inside a B op (ActivationBytes::rebuild_*), above `activations`.
   int64_t rebuild = 0;
-  int64_t total() const { return state.total() + transient + activations + rebuild; }
+  // The most bytes live at one moment of the step beyond the state,
+  // replayed op by op and layer by layer (engine/plan_timeline.cpp): ZeRO's
+  // working buffers, saved activations, the pipeline's boundary tensors,
+  // and inside a backward the gradient flowing down, the layer's transient
+  // buffers and (recompute "full") its rebuilt activations.
+  int64_t live = 0;
+  // The ledger's peak, but for kernel workspaces and a step's scalars.
+  int64_t total() const { return state.total() + live; }
 };
 
 // One communication item of a step: `calls` calls of one op on one group.

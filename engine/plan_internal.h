@@ -67,6 +67,14 @@ inline GroupSpan span_of(const comm::Layout& layout, GroupKind k, int64_t rank) 
   return g;
 }
 
+// Replays one step of stage `st` (plan_timeline.cpp) and fills its zero,
+// transient, activations, in_flight, pending_w and live; st.stage and
+// st.chunk_layers must be set. `boundary`: per op of the stage's schedule,
+// the pipeline's boundary tensors [t, D] alive beside it
+// (PipelineSimulation::boundary_buffers); null with one stage.
+void replay_stage(const PlanInput& in, const std::vector<UnitPlan>& units, const ActivationBytes& act, int64_t pp,
+                  const PipeScheduleSpec& schedule, const std::vector<int64_t>* boundary, StageMemory& st);
+
 // One step's communication for the first rank of stage `st` (plan_comm.cpp).
 StageComm stage_comm(const PlanInput& in, const comm::Layout& layout, const std::vector<UnitPlan>& units,
                      const StageMemory& st, const ActivationBytes& act, int64_t micro_batches);

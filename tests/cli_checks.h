@@ -192,4 +192,25 @@ inline void expect_held_as_planned(const nlohmann::json& record, const nlohmann:
   }
 }
 
+// Rank 0's ledger (the record's mem, peaks of the step) against stage 0 of
+// the plan: the param and grad categories' peaks are the persistent state
+// plus ZeRO's working buffers (ledger.stages[0].zero_working, replayed from
+// engine/zero.cpp's rules), to the byte; the total peak is the plan's
+// within `rtol` (what the plan leaves out: kernel workspaces and a step's
+// scalars; with pp > 1, the pipeline's sends in flight, which follow the
+// stages' timing).
+inline void expect_ledger_as_planned(const nlohmann::json& record, const nlohmann::json& plan, double rtol) {
+  const auto& st = plan.at("ledger").at("stages").at(0);
+  const auto& mem = record.at("mem");
+  for (const char* c : {"param", "grad"})
+    EXPECT_EQ(mem.at(c).get<int64_t>(), st.at(c).get<int64_t>() + st.at("zero_working").at(c).get<int64_t>())
+        << c << " peak against the plan's state + ZeRO working buffers";
+  const double total = mem.at("total").get<double>(), planned = st.at("total").get<double>();
+  EXPECT_NEAR(total, planned, rtol * planned) << "the total peak against the plan's";
+  std::printf("  rank 0: param %lld, grad %lld as planned; total %.0f, planned %.0f (%+.3f%%)\n",
+              static_cast<long long>(mem.at("param").get<int64_t>()),
+              static_cast<long long>(mem.at("grad").get<int64_t>()), total, planned,
+              100 * (total - planned) / planned);
+}
+
 }  // namespace origami::testing

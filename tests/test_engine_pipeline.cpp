@@ -330,6 +330,39 @@ TEST(PipeSchedules, HeldActivationBounds) {
   }
 }
 
+// The boundary tensors alive beside each op (the plan's memory replay
+// counts them): receives posted for later ops, and sends the receiver has
+// not taken when the sender's latest op ended. 1F1B, p = 2, m = 3, every op
+// one time unit. Stage 0 runs F0 F1 B0 F2 B1 B2, stage 1 F0 B0 F1 B1 F2 B2.
+// Stage 0 posts B0's and B1's receives at the start (B2's once B0's is
+// taken), so it holds two until B1; F1's send, sent at t = 2, is taken
+// when stage 1 starts F1 at t = 3, during stage 0's B0 (t = 2-4), so B0
+// holds it beside B1's receive. Stage 1 holds F1's receive during F0, then
+// F1's and F2's during B0; its sends are taken as they are sent (stage 0
+// waits for each).
+TEST(PipeSchedules, BoundaryTensorsBesideEachOp) {
+  const PipelineSimulation sim = simulate_pipeline({PipeSchedule::one_f_one_b, 2, 3, 1}, 1, 1, 1);
+  ASSERT_TRUE(sim.finished);
+  ASSERT_EQ(sim.boundary_buffers.size(), 2u);
+  EXPECT_EQ(sim.boundary_buffers[0], (std::vector<int64_t>{2, 2, 2, 2, 1, 0}));
+  EXPECT_EQ(sim.boundary_buffers[1], (std::vector<int64_t>{1, 2, 1, 1, 0, 0}));
+  // Every schedule: never more than the receives posted ahead plus the
+  // sends of the ops before.
+  for (const SpecCase& c : all_specs()) {
+    SCOPED_TRACE(c.name());
+    const PipelineSimulation all = simulate_pipeline(c.spec, 1, 1, 1);
+    for (int64_t st = 0; st < c.spec.stages; ++st) {
+      const std::vector<PipeOp> ops = pipeline_schedule(c.spec, st);
+      ASSERT_EQ(all.boundary_buffers[st].size(), ops.size());
+      for (size_t k = 0; k < ops.size(); ++k) {
+        EXPECT_GE(all.boundary_buffers[st][k], 0);
+        EXPECT_LE(all.boundary_buffers[st][k], 2 + static_cast<int64_t>(k)) << "op " << k;
+      }
+      EXPECT_EQ(all.boundary_buffers[st].back(), 0) << "the last op: nothing posted, every send taken";
+    }
+  }
+}
+
 TEST(PipeSchedules, SpecRulesAreUserErrors) {
   EXPECT_THROW(pipeline_schedule({PipeSchedule::interleaved, 4, 6, 2}, 0), UserError);  // m % p
   EXPECT_THROW(pipeline_schedule({PipeSchedule::interleaved, 4, 8, 1}, 0), UserError);  // v = 1

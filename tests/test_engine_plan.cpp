@@ -461,9 +461,17 @@ TEST(Plan, GpuConfigsFitOneH200) {
   EXPECT_GT(static_cast<double>(plan::plan_layout(plan::plan_input(six), layout_of(six, 1), h200).peak_bytes()), 141e9);
 }
 
-// overlap_grad_reduce keeps a second whole gradient (the unit in flight):
-// the working buffers grow by the second-largest unit's whole gradient.
-TEST(Plan, OverlappedGradReduceAddsTheSecondLargestWholeGradient) {
+// ZeRO's working buffers, replayed (engine/plan_timeline.cpp), on tiny-moe
+// at DP 4. A MoE layer's backward holds both its units' whole gradients (the
+// layer's and its experts'), which outweigh the dense layer 0's alone. With
+// overlap_grad_reduce the unit reduced last stays in flight until the next
+// unit's reduce-scatter: the layer unit of the layer above, still whole
+// while the next MoE layer's two gradients are allocated. So the gradient
+// peak grows by one MoE layer unit, not by the second-largest unit (the
+// bound the plan used before the replay). At stage 3 a MoE layer's backward
+// also holds both its units' parameters whole (the experts' and the layer's,
+// which the expert unit's prefetch gathers), at most two units.
+TEST(Plan, ZeroWorkingBuffersFollowTheHooks) {
   for (int stage : {2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     const Config cfg = load("tiny-moe.toml", {"parallel.zero_stage=" + std::to_string(stage)});
@@ -471,12 +479,23 @@ TEST(Plan, OverlappedGradReduceAddsTheSecondLargestWholeGradient) {
     const plan::LayoutPlan plain = plan::plan_layout(in, layout_of(cfg, 4), plan::Machine{});
     in.overlap_grad_reduce = true;
     const plan::LayoutPlan overlapped = plan::plan_layout(in, layout_of(cfg, 4), plan::Machine{});
-    std::vector<int64_t> grads;
-    for (const plan::UnitPlan& u : plain.units)
-      if (u.group > 1) grads.push_back(u.padded * 4);
-    std::sort(grads.rbegin(), grads.rend());
-    ASSERT_GE(grads.size(), 2u);
-    EXPECT_EQ(overlapped.stages[0].transient - plain.stages[0].transient, grads[1]);
+    auto whole = [&](const std::string& name) {
+      for (const plan::UnitPlan& u : plain.units)
+        if (u.name == name) return u.padded * 4;
+      ADD_FAILURE() << "no unit " << name;
+      return int64_t{0};
+    };
+    const int64_t layer = whole("layers.1"), experts = whole("layers.1.experts");
+    ASSERT_GT(whole("layers.0"), layer) << "the dense layer's unit is the larger one";
+    ASSERT_LT(whole("layers.0"), layer + experts);
+    EXPECT_EQ(plain.stages[0].zero.grad, layer + experts);
+    EXPECT_EQ(overlapped.stages[0].zero.grad, 2 * layer + experts);
+    EXPECT_EQ(plain.stages[0].zero.param, stage == 3 ? layer + experts : 0);
+    // The reduce-scatter's receive buffer: the shard of the unit reduced
+    // (experts: the largest), one at a time even with overlap (the one in
+    // flight lands before the next is allocated).
+    EXPECT_EQ(plain.stages[0].zero.comm, experts / 4);
+    EXPECT_EQ(overlapped.stages[0].zero.comm, experts / 4);
   }
 }
 

@@ -235,10 +235,13 @@ ordered_json plan_json(const PlanArgs& a, const std::string& source, const plan:
                                      {"grad", s.state.grad},
                                      {"optim", s.state.optim},
                                      {"transient", s.transient},
+                                     {"zero_working",
+                                      {{"param", s.zero.param}, {"grad", s.zero.grad}, {"comm", s.zero.comm}}},
                                      {"chunk_layers", s.chunk_layers},
                                      {"in_flight", s.in_flight},
                                      {"pending_w", s.pending_w},
                                      {"activations", s.activations},
+                                     {"live", s.live},
                                      {"rebuild", s.rebuild},
                                      {"total", s.total()}});
   j["comm"] = {{"worst_stage", p.worst_comm_stage}, {"stages", ordered_json::array()}};
@@ -336,10 +339,10 @@ void print_ledger(const plan::PlanInput& in, const LayoutPlan& p) {
   }
   std::printf("  %-24s %12s (param %s, grad %s, optim %s)\n", "state", human(st.state.total()).c_str(),
               human(st.state.param).c_str(), human(st.state.grad).c_str(), human(st.state.optim).c_str());
-  std::printf("  %-24s %12s (ZeRO %s)\n", "working buffers", human(st.transient).c_str(),
-              in.zero_stage >= 3   ? "3: two gathered units + one whole grad"
-              : in.zero_stage == 2 ? "2: one whole unit grad"
-                                   : "0/1: none");
+  // Each category's peak; the line's total is their sum's, at one moment.
+  std::printf("  %-24s %12s (ZeRO %d at its peak; whole params %s, whole grads %s, reduce-scatter receive %s)\n",
+              "working buffers", human(st.transient).c_str(), in.zero_stage, human(st.zero.param).c_str(),
+              human(st.zero.grad).c_str(), human(st.zero.comm).c_str());
   std::printf("  %-24s %12s (the most held between ops: %lld micro-batch(es) x (%lld dense + %lld MoE layers + "
               "stage extras)%s)\n",
               "activations", human(st.activations).c_str(), static_cast<long long>(st.in_flight),
@@ -348,7 +351,9 @@ void print_ledger(const plan::PlanInput& in, const LayoutPlan& p) {
   if (st.rebuild > 0)
     std::printf("  %-24s %12s (recompute full: the largest layer's activations, live inside its backward)\n",
                 "rebuilt in backward", human(st.rebuild).c_str());
-  std::printf("  %-24s %12s\n", "total", human(st.total()).c_str());
+  std::printf("  %-24s %12s (state + the most live at once: working buffers, activations, pipeline buffers and a "
+              "backward's transients%s; not counted: kernel workspaces)\n",
+              "total", human(st.total()).c_str(), st.rebuild > 0 ? " and rebuilt layer" : "");
 
   const int64_t T = in.training.micro_batch * in.training.seq_len / p.cp, t = T / p.tp;
   std::printf("\nactivations saved per micro-batch (%s; T = mb*s/cp = %lld tokens, t = T/tp = %lld per rank):\n",
