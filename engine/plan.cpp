@@ -243,35 +243,67 @@ ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout
   }
   // Backward transients, each at its part's busiest moment (data dtype d
   // unless said). tp > 1 first gathers the layer's output gradient [T, D].
+  // Under zb-h1 (deferred weight gradients) the operands a part's W calls
+  // keep (below: "kept") stay alive through the layer's later parts.
+  const bool deferred = in.pp_schedule == PipeSchedule::zb_h1;
   const int64_t gathered_dy = tp > 1 ? T * D * d : 0;
   a.grad_stream = t * D * d;
   //   Attention: dm [t, D] (the MLP part's input gradient, alive to the
   //   layer's end), the gathered dh, dO and dQ [T, Hq/tp·hd]; then either the
   //   kernel's dK, dV (KvMemory's transient: of every gathered key, and under
-  //   cp all_gather their packed reduce-scatter) or the projections'
-  //   backward: dK, dV of the local keys [T, Hkv/tp·hd] and dx [T, D].
-  const int64_t kv_transient = in.cp_comm == dense::CpComm::ring ? kv.transient_ring : kv.transient_all_gather;
+  //   cp all_gather their packed reduce-scatter; ring: also its partial dQ
+  //   [T, Hq/tp·hd]) or the projections' backward: dK, dV of the local keys
+  //   [T, Hkv/tp·hd] and dx [T, D].
+  const bool ring_cp = in.cp_comm == dense::CpComm::ring && cp > 1;
+  const int64_t kv_transient = ring_cp ? kv.transient_ring + T * Hq * hd * d : kv.transient_all_gather;
   const int64_t attention_bwd =
       t * D * d + gathered_dy + 2 * T * Hq * hd * d + std::max(kv_transient, (2 * T * Hkv * hd + T * D) * d);
-  //   Dense MLP: the gathered dy, dh, dgate, dup [T, F/tp] and dx [T, D].
-  a.backward_dense_layer = std::max(attention_bwd, gathered_dy + (3 * T * F + T * D) * d);
+  //   Dense MLP: the gathered dy, dh, dgate, dup [T, F/tp] and dx [T, D];
+  //   kept: dy (the layer's dh itself at tp = 1, a residual sum going to a
+  //   fresh buffer), dgate and dup.
+  const int64_t mlp_kept = deferred ? (tp > 1 ? T * D : t * D) * d + 2 * T * F * d : 0;
+  a.backward_dense_layer = std::max(attention_bwd + mlp_kept, gathered_dy + (3 * T * F + T * D) * d);
   if (E > 0) {
     const int64_t R = a.rows, M = R * etp, ep = layout.ep();
     const bool recompute_moe = in.training.recompute == Recompute::moe;
+    // Placed experts (a non-contiguous moe.expert_placement) reorder rows
+    // into slot order and back: one more [R, D] beside the exchange.
+    bool placed = false;
+    for (int64_t l = 0; ep > 1 && l < m.num_layers; ++l)
+      placed = placed || (e.is_moe_layer(l) && !e.expert_placement.of_layer(l, E, ep).is_contiguous());
     //   MoE: the combine's backward leaves dy per routed row [R, D], dL/dp
     //   f32 [t, k] and the dx accumulator [t, D] for the layer's end; dy
     //   reaches the local experts in a buffer of its own [M, D] when rows
-    //   move (ep or etp > 1). Then the experts' backward: dh, dgate, dup [M,
-    //   Fe/etp] (with recompute "moe" also the rebuilt gate, up, h) and dx
-    //   [M, D]; or, after it, dx [M, D] on its way back: its etp
-    //   reduce-scatter [M/etp, D] and ep receive [R, D].
-    const int64_t combine = (R * D + t * D) * d + t * k * f + (ep > 1 || etp > 1 ? M * D * d : 0);
-    const int64_t experts = combine + (3 * M * Fe * (recompute_moe ? 2 : 1) + M * D) * d;
-    const int64_t back = combine + (M * D + (etp > 1 ? R * D : 0) + (ep > 1 ? R * D : 0)) * d;
-    //   The shared expert runs first, beside dy [R, D] and dL/dp: its dh,
-    //   dgate, dup [t, Fs] (recompute "moe": and the rebuilt three) and dx [t, D].
-    const int64_t shared = Fs > 0 ? R * D * d + t * k * f + (3 * t * Fs * (recompute_moe ? 2 : 1) + t * D) * d : 0;
-    a.backward_moe_layer = std::max({attention_bwd, experts, back, shared});
+    //   move (ep or etp > 1).
+    const int64_t rows_in = ep > 1 || etp > 1 ? M * D * d : 0;
+    const int64_t combine = (R * D + t * D) * d + t * k * f + rows_in;
+    //   The shared expert runs first, beside them and the ep exchange in
+    //   flight (its receive [M/etp, D], placed: the slot-order copy [R, D]):
+    //   its dh, dgate, dup [t, Fs] (recompute "moe": and the rebuilt three)
+    //   and dx [t, D]; kept: dgate, dup (and the rebuilt h).
+    const int64_t swiglu = recompute_moe ? 6 : 3, kept_swiglu = recompute_moe ? 3 : 2;
+    const int64_t shared = Fs > 0 ? (R * D + t * D + (ep > 1 ? R * D : 0) + (placed ? R * D : 0) +
+                                     swiglu * t * Fs) * d + t * k * f
+                                  : 0;
+    const int64_t shared_kept = deferred && Fs > 0 ? kept_swiglu * t * Fs * d : 0;
+    //   The routed experts: dh, dgate, dup [M, Fe/etp] (recompute "moe": and
+    //   the rebuilt three) and dx [M, D]; kept: dgate, dup (and h).
+    const int64_t experts = combine + shared_kept + (swiglu * M * Fe + M * D) * d;
+    const int64_t experts_kept = shared_kept + (deferred ? kept_swiglu * M * Fe * d : 0);
+    //   dx [M, D] on its way back: its etp reduce-scatter [M/etp, D], the ep
+    //   receive [R, D] (placed: and its copy back into expert order).
+    const int64_t back = combine + experts_kept +
+                         (M * D + (etp > 1 ? R * D : 0) + (ep > 1 ? R * D : 0) + (placed ? R * D : 0)) * d;
+    //   The router, with every buffer of the layer's backward still alive:
+    //   dx [M, D] and its [R, D] home (rows that moved), dlogits f32 [t, E]
+    //   (bf16: and a data-dtype copy, kept) and dx [t, D].
+    const int64_t router = combine + experts_kept + (M * D + (ep > 1 || etp > 1 ? R * D : 0) + t * D) * d +
+                           t * E * f + (in.recipe == Recipe::bf16 ? t * E * d : 0);
+    //   Then attention beside the MoE part's kept operands: the experts' dy
+    //   [M, D], the router's dlogits copy [t, E] and, read by a shared
+    //   expert, the layer's dh [t, D].
+    const int64_t moe_kept = deferred ? experts_kept + (M * D + t * E + (Fs > 0 ? t * D : 0)) * d : 0;
+    a.backward_moe_layer = std::max({attention_bwd + moe_kept, shared, experts, back, router});
   }
   //   LM head: dlogits in place of the logits (bf16: a data-dtype copy [T,
   //   Vl]), dy [T, D] and, tp > 1, its reduce-scatter [t, D].
@@ -377,6 +409,8 @@ LayoutPlan plan_layout(const PlanInput& in, const UnitTable& table, const comm::
                       static_cast<double>(in.model.num_layers);
   const PipelineSimulation sim =
       lp.pp > 1 ? simulate_pipeline(lp.schedule, op_M + op_A, op_M + 2 * op_A, op_M) : PipelineSimulation{};
+  ORIGAMI_CHECK(lp.pp == 1 || (sim.finished && sim.error.empty()), "plan: the pipeline simulation of ",
+                schedule_name(in.pp_schedule), " stalled: ", sim.error);
   lp.bubble = predicted_bubble(lp.schedule, op_M + op_A, op_M + 2 * op_A, op_M);
   lp.bubble_one_f_one_b = predicted_bubble({PipeSchedule::one_f_one_b, lp.pp, lp.micro_batches, 1});
 
@@ -400,6 +434,7 @@ LayoutPlan plan_layout(const PlanInput& in, const UnitTable& table, const comm::
     st.rebuild = std::max(st.num_layers > st.num_moe_layers ? lp.act.rebuild_dense_layer : 0,
                           st.num_moe_layers > 0 ? lp.act.rebuild_moe_layer : 0);
     st.first_layer = chunk_first.front();
+    st.chunk_first = chunk_first;
     for (const UnitPlan& u : lp.units)
       if (u.stage == s) st.state += u.state;
     // ZeRO working buffers and held activations: the step replayed.

@@ -200,7 +200,7 @@ KvMemory kv_memory(const PlanInput& in, const comm::Layout& layout);
 // the peak of their sum (which may come at another moment): whole params
 // gathered at stage 3, whole gradients at stages 2-3, and the
 // reduce-scatters' receive buffers (ledger category comm). Replayed from
-// engine/zero.cpp's rules along the stage's schedule (plan_zero.cpp), so
+// engine/zero.cpp's rules along the stage's schedule (plan_timeline.cpp), so
 // these are the ledger's figures, not a bound.
 struct ZeroWorking {
   int64_t param = 0, grad = 0, comm = 0, total = 0;
@@ -210,9 +210,9 @@ struct ZeroWorking {
 struct StageMemory {
   int64_t stage = 0, first_layer = 0, num_layers = 0, num_moe_layers = 0;  // first_layer: of chunk 0
   std::vector<int64_t> chunk_layers;  // layers of each model chunk (one unless interleaved)
+  std::vector<int64_t> chunk_first;   // the first layer of each chunk
   StateBytes state;
   ZeroWorking zero;         // ZeRO working buffers (their peaks over the step)
-  int64_t transient = 0;    // zero.total
   int64_t in_flight = 1;    // most micro-batch·chunks with saved activations at once (1F1B: min(pp − stage, m))
   int64_t pending_w = 0;    // zb-h1: most micro-batches with W operands kept at once
   // The largest activation bytes held between two ops of the stage's

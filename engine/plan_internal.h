@@ -68,8 +68,8 @@ inline GroupSpan span_of(const comm::Layout& layout, GroupKind k, int64_t rank) 
 }
 
 // Replays one step of stage `st` (plan_timeline.cpp) and fills its zero,
-// transient, activations, in_flight, pending_w and live; st.stage and
-// st.chunk_layers must be set. `boundary`: per op of the stage's schedule,
+// activations, in_flight, pending_w and live; st.stage, st.chunk_layers
+// and st.chunk_first must be set. `boundary`: per op of the stage's schedule,
 // the pipeline's boundary tensors [t, D] alive beside it
 // (PipelineSimulation::boundary_buffers); null with one stage.
 void replay_stage(const PlanInput& in, const std::vector<UnitPlan>& units, const ActivationBytes& act, int64_t pp,

@@ -23,11 +23,11 @@
 #include "engine/plan_internal.h"
 
 #include <algorithm>
-#include <numeric>
 #include <optional>
 #include <string>
 
 #include "engine/pipeline.h"
+#include "engine/zero.h"
 #include "kernels/check.h"
 
 namespace origami::plan::internal {
@@ -51,24 +51,24 @@ class Replay {
   void before_forward(size_t i) {
     if (!unit_[i].params) return;
     ensure_gathered(i);
-    prefetch_after(i, true);
+    prefetch_after(i, Direction::forward);
   }
   void after_forward(size_t i) {
     if (!unit_[i].params) return;
     if (in_.reshard_after_forward) release(i);
-    prefetch_after(i, true);
+    prefetch_after(i, Direction::forward);
   }
-  void before_backward(size_t i, bool fused) {
-    if (unit_[i].grads && fused) add(grad_, unit_[i].grad_bytes);
+  void before_backward(size_t i, WeightGrads grads) {
+    if (unit_[i].grads && grads == WeightGrads::fused) add(grad_, unit_[i].grad_bytes);
     if (!unit_[i].params) return;
     ensure_gathered(i);
-    prefetch_after(i, false);
+    prefetch_after(i, Direction::backward);
   }
-  void after_backward(size_t i, bool fused) {
-    if (unit_[i].grads && fused) reduce_scatter(i);
+  void after_backward(size_t i, WeightGrads grads) {
+    if (unit_[i].grads && grads == WeightGrads::fused) reduce_scatter(i);
     if (!unit_[i].params) return;
     if (in_.reshard_after_forward) release(i);
-    prefetch_after(i, false);
+    prefetch_after(i, Direction::backward);
   }
   void before_weight(size_t i) {
     if (unit_[i].grads) add(grad_, unit_[i].grad_bytes);
@@ -84,12 +84,12 @@ class Replay {
       for (size_t i = 0; i < unit_.size(); ++i)
         if (live_[i]) release(i);
     for (const Unit& u : unit_)
-      if (u.stage1) add(comm_, u.shard_bytes), add(comm_, -u.shard_bytes);
+      if (u.stage1) transient(comm_, u.shard_bytes);
   }
   // Saved activations (or W operands) kept or freed.
   void activations(int64_t bytes) { add(act_, bytes); }
-  // Allocated and freed inside one op.
-  void transient(int64_t bytes) { add(act_, bytes), add(act_, -bytes); }
+  // Activation bytes allocated and freed inside one op.
+  void transient(int64_t bytes) { transient(act_, bytes); }
   int64_t held() const { return act_; }
   ZeroWorking peaks() const { return peak_; }
   int64_t live_peak() const { return live_peak_; }
@@ -108,6 +108,11 @@ class Replay {
   ZeroWorking peak_;
   int64_t live_peak_ = 0;  // of working buffers + activations
 
+  enum class Direction { forward, backward };  // of the prefetch walk
+  void transient(int64_t& category, int64_t bytes) {
+    add(category, bytes);
+    add(category, -bytes);
+  }
   void add(int64_t& category, int64_t bytes) {
     category += bytes;
     peak_.param = std::max(peak_.param, param_);
@@ -117,21 +122,30 @@ class Replay {
     live_peak_ = std::max(live_peak_, param_ + grad_ + comm_ + act_);
   }
   void start_gather(size_t i) {
-    live_[i] = request_[i] = true;
-    ++live_count_, ++request_count_;
+    live_[i] = true;
+    request_[i] = true;
+    ++live_count_;
+    ++request_count_;
     add(param_, unit_[i].param_bytes);
+  }
+  void complete_request(size_t i) {
+    if (!request_[i]) return;
+    request_[i] = false;
+    --request_count_;
   }
   void ensure_gathered(size_t i) {
     if (!live_[i]) start_gather(i);
-    if (request_[i]) request_[i] = false, --request_count_;
+    complete_request(i);
   }
   void release(size_t i) {
-    if (request_[i]) request_[i] = false, --request_count_;
-    live_[i] = false, --live_count_;
+    complete_request(i);
+    live_[i] = false;
+    --live_count_;
     add(param_, -unit_[i].param_bytes);
   }
-  void prefetch_after(size_t i, bool forward) {
+  void prefetch_after(size_t i, Direction direction) {
     if (in_.reshard_after_forward ? live_count_ >= 2 : request_count_ > 0) return;
+    const bool forward = direction == Direction::forward;
     for (size_t k = 1; k < unit_.size(); ++k) {
       if (!forward && k > i) return;
       const size_t j = forward ? i + k : i - k;
@@ -184,15 +198,9 @@ void replay_stage(const PlanInput& in, const std::vector<UnitPlan>& units, const
     return u;
   };
   const int64_t v = static_cast<int64_t>(st.chunk_layers.size());
-  // The layers of chunk c: every virtual stage before c·pp + stage comes first.
-  std::vector<int64_t> chunk_first;
-  {
-    const std::vector<int64_t> per = stage_layers(in.model.num_layers, pp * v, in.pp_layers);
-    for (int64_t c = 0; c < v; ++c)
-      chunk_first.push_back(std::accumulate(per.begin(), per.begin() + c * pp + st.stage, int64_t{0}));
-  }
   const bool first_rank = st.stage == 0, last_rank = st.stage == pp - 1;
   const bool deferred = in.pp_schedule == PipeSchedule::zb_h1;  // B leaves the weight gradients to a W op
+  const WeightGrads grads = deferred ? WeightGrads::deferred : WeightGrads::fused;
   const auto saved = [&](int64_t l) { return in.moe.is_moe_layer(l) ? act.moe_layer : act.dense_layer; };
   const auto rebuilt = [&](int64_t l) {
     return in.moe.is_moe_layer(l) ? act.rebuild_moe_layer : act.rebuild_dense_layer;
@@ -212,14 +220,17 @@ void replay_stage(const PlanInput& in, const std::vector<UnitPlan>& units, const
     // The pipeline's receives posted ahead and sends in flight, beside the op.
     const int64_t wire = boundary ? (*boundary)[k] * act.grad_stream : 0;
     z.activations(wire);
-    const int64_t c = op.chunk, first = chunk_first[static_cast<size_t>(c)];
+    const int64_t c = op.chunk, first = st.chunk_first[static_cast<size_t>(c)];
     const int64_t end = first + st.chunk_layers[static_cast<size_t>(c)];
     const bool with_embedding = first_rank && c == 0 && embedding, with_final = last_rank && c == v - 1 && final;
     switch (op.kind) {
       case PipeOp::forward:
         ++in_flight;
         z.activations(act.every_stage + (with_embedding ? act.first_stage : 0));
-        if (with_embedding) z.before_forward(*embedding), z.after_forward(*embedding);
+        if (with_embedding) {
+          z.before_forward(*embedding);
+          z.after_forward(*embedding);
+        }
         for (int64_t l = first; l < end; ++l) {
           const std::vector<size_t> u = layer_units(l);
           for (size_t i : u) z.before_forward(i);
@@ -236,36 +247,40 @@ void replay_stage(const PlanInput& in, const std::vector<UnitPlan>& units, const
         --in_flight;
         if (deferred) ++pending_w;
         if (with_final) {
-          z.before_backward(*final, !deferred);
+          z.before_backward(*final, grads);
           z.transient(act.backward_last_stage);
           // The logits go (deferred: the W operands stay); the rest of the
           // head's and final norm's saved tensors at the op's end.
           z.activations(-act.last_stage_logits + (deferred ? act.weight_pending_last_stage : 0));
-          z.after_backward(*final, !deferred);
+          z.after_backward(*final, grads);
         }
         z.activations(act.grad_stream);
         for (int64_t l = end - 1; l >= first; --l) {
           std::vector<size_t> u = layer_units(l);
           std::reverse(u.begin(), u.end());
-          for (size_t i : u) z.before_backward(i, !deferred);
+          for (size_t i : u) z.before_backward(i, grads);
           // Recompute "full": the layer's forward runs again first, its
           // saved set (the kept input among it) alive through its backward.
           z.activations(rebuilt(l) - (rebuilt(l) > 0 ? saved(l) : 0));
           z.transient(in.moe.is_moe_layer(l) ? act.backward_moe_layer : act.backward_dense_layer);
           z.activations(-(rebuilt(l) > 0 ? rebuilt(l) : saved(l)) + (deferred ? pending(l) : 0));
-          for (size_t i : u) z.after_backward(i, !deferred);
+          for (size_t i : u) z.after_backward(i, grads);
         }
         if (with_embedding) {
-          z.before_backward(*embedding, !deferred);
+          z.before_backward(*embedding, grads);
           z.activations(deferred ? act.weight_pending_first_stage : 0);
-          z.after_backward(*embedding, !deferred);
+          z.after_backward(*embedding, grads);
         }
         z.activations(-act.grad_stream - act.every_stage - (with_embedding ? act.first_stage : 0) -
                       (with_final ? act.last_stage - act.last_stage_logits : 0));
         break;
       case PipeOp::weight:  // the steps in the order the B pass added them
         --pending_w;
-        if (with_final) z.before_weight(*final), z.activations(-act.weight_pending_last_stage), z.after_weight(*final);
+        if (with_final) {
+          z.before_weight(*final);
+          z.activations(-act.weight_pending_last_stage);
+          z.after_weight(*final);
+        }
         for (int64_t l = end - 1; l >= first; --l) {
           std::vector<size_t> u = layer_units(l);
           std::reverse(u.begin(), u.end());
@@ -273,8 +288,11 @@ void replay_stage(const PlanInput& in, const std::vector<UnitPlan>& units, const
           z.activations(-pending(l));
           for (size_t i : u) z.after_weight(i);
         }
-        if (with_embedding)
-          z.before_weight(*embedding), z.activations(-act.weight_pending_first_stage), z.after_weight(*embedding);
+        if (with_embedding) {
+          z.before_weight(*embedding);
+          z.activations(-act.weight_pending_first_stage);
+          z.after_weight(*embedding);
+        }
         break;
     }
     z.activations(-wire);
@@ -284,7 +302,6 @@ void replay_stage(const PlanInput& in, const std::vector<UnitPlan>& units, const
   }
   z.finish_gradients();
   st.zero = z.peaks();
-  st.transient = st.zero.total;
   st.live = z.live_peak();
 }
 

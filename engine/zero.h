@@ -33,6 +33,9 @@
 // first summed over tp (each tp rank saw only its sequence shard): once per
 // step at stages 0-1, per unit and micro-batch at stages 2-3.
 //
+// `origami plan` replays these rules to predict the ledger
+// (engine/plan_timeline.cpp): a change here changes it too.
+//
 // The model calls the UnitHooks around each unit's use; the trainer calls
 // begin_step / finish_gradients / the optimizer / finish_step. A unit whose
 // group has one rank is never sharded, so one rank pays nothing.

@@ -437,7 +437,7 @@ TEST_F(Parity, PipelineSchedulesMatchOneRank) {
 // its threads) joins it: +0.26% to +0.37% over tiny-moe's layouts. Within
 // 2% with pp > 1: the pipeline's sends in flight follow the stages' timing,
 // which the plan simulates with op times proportional to their FLOPs
-// (measured -0.60% interleaved, +0.59% zb-h1, 2026-12-06).
+// (measured -0.60% interleaved; zb-h1 here to 80 bytes, 2026-12-06).
 TEST_F(Parity, PlannedMemoryIsTheLedgers) {
   const std::string padded = "--set moe.capacity_factor=1.0 --set moe.pad_to_capacity=true ";
   const struct {

@@ -234,7 +234,7 @@ ordered_json plan_json(const PlanArgs& a, const std::string& source, const plan:
                                      {"param", s.state.param},
                                      {"grad", s.state.grad},
                                      {"optim", s.state.optim},
-                                     {"transient", s.transient},
+                                     {"transient", s.zero.total},
                                      {"zero_working",
                                       {{"param", s.zero.param}, {"grad", s.zero.grad}, {"comm", s.zero.comm}}},
                                      {"chunk_layers", s.chunk_layers},
@@ -341,7 +341,7 @@ void print_ledger(const plan::PlanInput& in, const LayoutPlan& p) {
               human(st.state.param).c_str(), human(st.state.grad).c_str(), human(st.state.optim).c_str());
   // Each category's peak; the line's total is their sum's, at one moment.
   std::printf("  %-24s %12s (ZeRO %d at its peak; whole params %s, whole grads %s, reduce-scatter receive %s)\n",
-              "working buffers", human(st.transient).c_str(), in.zero_stage, human(st.zero.param).c_str(),
+              "working buffers", human(st.zero.total).c_str(), in.zero_stage, human(st.zero.param).c_str(),
               human(st.zero.grad).c_str(), human(st.zero.comm).c_str());
   std::printf("  %-24s %12s (the most held between ops: %lld micro-batch(es) x (%lld dense + %lld MoE layers + "
               "stage extras)%s)\n",

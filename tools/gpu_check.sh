@@ -550,9 +550,10 @@ origami_gpu_train() {
 # fit on a smaller GPU (an H100's 80 GB holds 3 of the Mixtral-like
 # config's 5), so that the per-layer figures still come back. What fits is
 # the plan's peak within the GPU's memory less fit_reserve, the part the
-# plan does not count (CUDA context, cuBLAS workspaces, op transients,
-# allocator slack: a guess, unmeasured); a run that still runs out of
-# memory is tried once more at a layer fewer.
+# plan does not count (CUDA context, cuBLAS and attention workspaces,
+# allocator slack: a guess, unmeasured; the plan's peak is the CPU ledger's
+# but for workspaces); a run that still runs out of memory is tried once
+# more at a layer fewer.
 declare -A layers=()  # config name -> layers its runs use
 fit_reserve=6000000000  # bytes
 config_layers() { sed -n 's/^num_layers *= *\([0-9]*\).*/\1/p' "$1" | head -n 1; }

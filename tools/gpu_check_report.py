@@ -121,9 +121,10 @@ def fit_layers(origami, config, memory, reserve):
     """The GPU configs are sized for an H200; on a smaller card (an H100's
     80 GB) the check runs each at the most layers that fit, so that the
     per-layer figures (MFU, tokens/s, the ratio to PyTorch) still come back.
-    The plan counts the training state, ZeRO buffers and held activations;
-    RESERVE is for what it does not (the CUDA context, cuBLAS workspaces,
-    op transients, the caching allocator's slack)."""
+    The plan counts the training state, ZeRO buffers, activations and a
+    backward's transients; RESERVE is for what it does not (the CUDA
+    context, cuBLAS and attention workspaces, the caching allocator's
+    slack)."""
     room = int(memory) - int(reserve)
     full = _config_layers(config)
     if full is None:
