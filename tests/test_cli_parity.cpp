@@ -102,6 +102,16 @@ class Parity : public ::testing::Test {
     return records;
   }
 
+  // `origami plan --json` of tiny-moe on `np` ranks with the same `--set`s
+  // as a run (null, with a failure, when plan fails).
+  static nlohmann::json plan(int np, const std::string& extra) {
+    auto r = run_command(std::string(ORIGAMI_BINARY) + " plan " + ORIGAMI_SOURCE_DIR + "/configs/tiny-moe.toml --world " +
+                         std::to_string(np) + " --json --set export.dir= " + extra);
+    EXPECT_EQ(r.status, 0) << r.output;
+    if (r.status != 0) return nullptr;
+    return nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  }
+
   // Per MoE layer, each EP rank's experts (moe.expert_placement); layers
   // absent: contiguous blocks.
   using Placement = std::map<int64_t, std::vector<std::vector<int64_t>>>;
@@ -332,10 +342,9 @@ TEST_F(Parity, MeasuredCommBytesMatchThePlan) {
     SCOPED_TRACE(tag);
     const auto run = train(tag, 8, layout, "tiny-moe.toml", 2);
     ASSERT_EQ(run.size(), 2u);
-    auto r = run_command(std::string(ORIGAMI_BINARY) + " plan " + ORIGAMI_SOURCE_DIR +
-                         "/configs/tiny-moe.toml --world 8 --json --set export.dir= " + layout);
-    ASSERT_EQ(r.status, 0) << r.output;
-    testing::expect_comm_bytes_as_planned(run[1], nlohmann::json::parse(r.output.substr(r.output.find('{'))));
+    const auto planned = plan(8, layout);
+    ASSERT_FALSE(planned.is_null());
+    testing::expect_comm_bytes_as_planned(run[1], planned);
   }
 }
 
@@ -365,10 +374,9 @@ TEST_F(Parity, PipelineSchedulesMatchOneRank) {
     return worst;
   };
   auto expect_held_as_planned = [](const std::vector<nlohmann::json>& run, int np, const std::string& layout) {
-    auto r = run_command(std::string(ORIGAMI_BINARY) + " plan " + ORIGAMI_SOURCE_DIR + "/configs/tiny-moe.toml --world " +
-                         std::to_string(np) + " --json --set export.dir= " + layout);
-    ASSERT_EQ(r.status, 0) << r.output;
-    testing::expect_held_as_planned(run.back(), nlohmann::json::parse(r.output.substr(r.output.find('{'))));
+    const auto planned = plan(np, layout);
+    ASSERT_FALSE(planned.is_null());
+    testing::expect_held_as_planned(run.back(), planned);
   };
   const struct {
     const char* tag;
@@ -463,12 +471,10 @@ TEST_F(Parity, PlannedMemoryIsTheLedgers) {
     SCOPED_TRACE(l.tag);
     const auto run = train(l.tag, l.np, padded + l.layout, "tiny-moe.toml", 2);
     ASSERT_EQ(run.size(), 2u);
-    auto r = run_command(std::string(ORIGAMI_BINARY) + " plan " + ORIGAMI_SOURCE_DIR + "/configs/tiny-moe.toml --world " +
-                         std::to_string(l.np) + " --json " + padded + l.layout);
-    ASSERT_EQ(r.status, 0) << r.output;
-    const auto plan = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+    const auto planned = plan(l.np, padded + l.layout);
+    ASSERT_FALSE(planned.is_null());
     std::printf("%s:\n", l.tag);
-    for (const auto& record : run) testing::expect_ledger_as_planned(record, plan, l.rtol);
+    for (const auto& record : run) testing::expect_ledger_as_planned(record, planned, l.rtol);
   }
 }
 
@@ -546,12 +552,10 @@ TEST_F(Parity, PipelineIdleFractionMatchesThePlan) {
     const std::string layout = model + " " + c.schedule;
     const auto run = train(c.tag, 4, layout, "tiny-moe.toml", 5);
     ASSERT_EQ(run.size(), 5u);
-    auto r = run_command(std::string(ORIGAMI_BINARY) + " plan " + ORIGAMI_SOURCE_DIR +
-                         "/configs/tiny-moe.toml --world 4 --json --set export.dir= " + layout);
-    ASSERT_EQ(r.status, 0) << r.output;
-    const auto plan = nlohmann::json::parse(r.output.substr(r.output.find('{')));
-    const double predicted = plan.at("pipeline").at("bubble").get<double>();
-    EXPECT_EQ(plan.at("step").at("bubble").get<double>(), predicted);
+    const auto planned = plan(4, layout);
+    ASSERT_FALSE(planned.is_null());
+    const double predicted = planned.at("pipeline").at("bubble").get<double>();
+    EXPECT_EQ(planned.at("step").at("bubble").get<double>(), predicted);
     if (c.tag == std::string("bubble-1f1b")) {
       EXPECT_NEAR(predicted, 3.0 / 11.0, 1e-12);
     }
