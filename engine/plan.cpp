@@ -267,7 +267,8 @@ ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout
     const int64_t R = a.rows, M = R * etp, ep = layout.ep();
     const bool recompute_moe = in.training.recompute == Recompute::moe;
     // Placed experts (a non-contiguous moe.expert_placement) reorder rows
-    // into slot order and back: one more [R, D] beside the exchange.
+    // into slot order and back: one more [R, D] beside the exchange. Any
+    // placed layer counts for every stage (a bound where only some are).
     bool placed = false;
     for (int64_t l = 0; ep > 1 && l < m.num_layers; ++l)
       placed = placed || (e.is_moe_layer(l) && !e.expert_placement.of_layer(l, E, ep).is_contiguous());
@@ -290,10 +291,11 @@ ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout
     //   the rebuilt three) and dx [M, D]; kept: dgate, dup (and h).
     const int64_t experts = combine + shared_kept + (swiglu * M * Fe + M * D) * d;
     const int64_t experts_kept = shared_kept + (deferred ? kept_swiglu * M * Fe * d : 0);
-    //   dx [M, D] on its way back: its etp reduce-scatter [M/etp, D], the ep
-    //   receive [R, D] (placed: and its copy back into expert order).
+    //   dx [M, D] on its way back: its etp reduce-scatter [M/etp, D] and the
+    //   ep receive [R, D]; placed, the receive's copy back into expert order
+    //   (once the reduce-scatter's buffer has gone, so one more only at etp = 1).
     const int64_t back = combine + experts_kept +
-                         (M * D + (etp > 1 ? R * D : 0) + (ep > 1 ? R * D : 0) + (placed ? R * D : 0)) * d;
+                         (M * D + (etp > 1 ? R * D : 0) + (ep > 1 ? R * D : 0) + (placed && etp == 1 ? R * D : 0)) * d;
     //   The router, with every buffer of the layer's backward still alive:
     //   dx [M, D] and its [R, D] home (rows that moved), dlogits f32 [t, E]
     //   (bf16: and a data-dtype copy, kept) and dx [t, D].

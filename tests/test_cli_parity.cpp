@@ -439,8 +439,9 @@ TEST_F(Parity, PipelineSchedulesMatchOneRank) {
 // option that changes them. Routing is padded to capacity so that the rows,
 // and so the activations, are the plan's. Then the total peak (saved
 // activations, a backward's transients, recompute's rebuilt layer) is the
-// plan's within 1e-4: what the plan leaves out is the step's scalars in the
-// workspace (80 bytes here). Within 1% with cp > 1, where the busiest moment
+// plan's within 1e-4, placed experts included: what the plan leaves out is
+// the step's scalars in the workspace (80 bytes here). Within 1% with cp > 1,
+// where the busiest moment
 // can be the attention backward's and the CPU kernel's workspace (sized by
 // its threads) joins it: +0.26% to +0.37% over tiny-moe's layouts. Within
 // 2% with pp > 1: the pipeline's sends in flight follow the stages' timing,
@@ -448,6 +449,13 @@ TEST_F(Parity, PipelineSchedulesMatchOneRank) {
 // (measured -0.60% interleaved; zb-h1 here to 80 bytes, 2026-12-06).
 TEST_F(Parity, PlannedMemoryIsTheLedgers) {
   const std::string padded = "--set moe.capacity_factor=1.0 --set moe.pad_to_capacity=true ";
+  // Placed experts at EP 2, with experts narrow enough (ffn 32) that the
+  // busiest moment is their gradient's way back, reordered into expert order.
+  testing::write_file(*dir_ / "placement-ep2.toml",
+                      "[moe.expert_placement]\nep = 2\n[moe.expert_placement.layers]\n"
+                      "1 = [[0, 5, 2, 7], [1, 3, 4, 6]]\n2 = [[7, 1, 6, 0], [2, 3, 4, 5]]\n"
+                      "3 = [[6, 3, 5, 0], [7, 2, 1, 4]]\n");
+  const std::string placed = "--set moe.ffn_hidden_size=32 --set moe.expert_placement=" + (*dir_ / "placement-ep2.toml");
   const struct {
     const char* tag;
     int np;
@@ -455,6 +463,8 @@ TEST_F(Parity, PlannedMemoryIsTheLedgers) {
     double rtol;
   } runs[] = {
       {"mem-ep2", 2, "--set parallel.ep=2", 1e-4},
+      {"mem-ep2-placed", 2, "--set parallel.ep=2 " + placed, 1e-4},
+      {"mem-ep2-etp2-placed", 4, "--set parallel.ep=2 --set parallel.etp=2 " + placed, 1e-4},
       {"mem-tp2-overlap", 4, "--set parallel.tp=2 --set parallel.overlap_grad_reduce=true", 1e-4},
       {"mem-dp4-whole", 4, "--set parallel.reshard_after_forward=false", 1e-4},
       {"mem-ep2-zero1", 4, "--set parallel.ep=2 --set parallel.zero_stage=1", 1e-4},
