@@ -249,9 +249,10 @@ void replay_stage(const PlanInput& in, const std::vector<UnitPlan>& units, const
         if (with_final) {
           z.before_backward(*final, grads);
           z.transient(act.backward_last_stage);
-          // The logits go (deferred: the W operands stay); the rest of the
-          // head's and final norm's saved tensors at the op's end.
-          z.activations(-act.last_stage_logits + (deferred ? act.weight_pending_last_stage : 0));
+          // The logits go and the rest of the head's and final norm's saved
+          // tensors at the op's end; deferred, the W operands (the logits
+          // among them) take the place of them all at once.
+          z.activations(deferred ? act.weight_pending_last_stage - act.last_stage : -act.last_stage_logits);
           z.after_backward(*final, grads);
         }
         z.activations(act.grad_stream);
@@ -272,7 +273,7 @@ void replay_stage(const PlanInput& in, const std::vector<UnitPlan>& units, const
           z.after_backward(*embedding, grads);
         }
         z.activations(-act.grad_stream - act.every_stage - (with_embedding ? act.first_stage : 0) -
-                      (with_final ? act.last_stage - act.last_stage_logits : 0));
+                      (with_final && !deferred ? act.last_stage - act.last_stage_logits : 0));
         break;
       case PipeOp::weight:  // the steps in the order the B pass added them
         --pending_w;
