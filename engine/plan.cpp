@@ -266,46 +266,50 @@ ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout
   if (E > 0) {
     const int64_t R = a.rows, M = R * etp, ep = layout.ep();
     const bool recompute_moe = in.training.recompute == Recompute::moe;
-    // Placed experts (a non-contiguous moe.expert_placement) reorder rows
-    // into slot order and back: one more [R, D] beside the exchange. Any
-    // placed layer counts for every stage (a bound where only some are).
-    bool placed = false;
-    for (int64_t l = 0; ep > 1 && l < m.num_layers; ++l)
-      placed = placed || (e.is_moe_layer(l) && !e.expert_placement.of_layer(l, E, ep).is_contiguous());
+    // Placed experts (a non-contiguous moe.expert_placement on this ep)
+    // reorder rows into slot order and back: one more [R, D] beside the
+    // exchange, in those layers' backward only.
+    for (const auto& [l, placement] : e.expert_placement.layers)
+      if (ep > 1 && e.expert_placement.find(l, ep) && !placement.is_contiguous() && e.is_moe_layer(l))
+        a.placed_moe_layers.push_back(l);
     //   MoE: the combine's backward leaves dy per routed row [R, D], dL/dp
     //   f32 [t, k] and the dx accumulator [t, D] for the layer's end; dy
     //   reaches the local experts in a buffer of its own [M, D] when rows
     //   move (ep or etp > 1).
-    const int64_t rows_in = ep > 1 || etp > 1 ? M * D * d : 0;
-    const int64_t combine = (R * D + t * D) * d + t * k * f + rows_in;
-    //   The shared expert runs first, beside them and the ep exchange in
-    //   flight (its receive [M/etp, D], placed: the slot-order copy [R, D]):
-    //   its dh, dgate, dup [t, Fs] (recompute "moe": and the rebuilt three)
-    //   and dx [t, D]; kept: dgate, dup (and the rebuilt h).
-    const int64_t swiglu = recompute_moe ? 6 : 3, kept_swiglu = recompute_moe ? 3 : 2;
-    const int64_t shared = Fs > 0 ? (R * D + t * D + (ep > 1 ? R * D : 0) + (placed ? R * D : 0) +
-                                     swiglu * t * Fs) * d + t * k * f
-                                  : 0;
-    const int64_t shared_kept = deferred && Fs > 0 ? kept_swiglu * t * Fs * d : 0;
-    //   The routed experts: dh, dgate, dup [M, Fe/etp] (recompute "moe": and
-    //   the rebuilt three) and dx [M, D]; kept: dgate, dup (and h).
-    const int64_t experts = combine + shared_kept + (swiglu * M * Fe + M * D) * d;
-    const int64_t experts_kept = shared_kept + (deferred ? kept_swiglu * M * Fe * d : 0);
-    //   dx [M, D] on its way back: its etp reduce-scatter [M/etp, D] and the
-    //   ep receive [R, D]; placed, the receive's copy back into expert order
-    //   (once the reduce-scatter's buffer has gone, so one more only at etp = 1).
-    const int64_t back = combine + experts_kept +
-                         (M * D + (etp > 1 ? R * D : 0) + (ep > 1 ? R * D : 0) + (placed && etp == 1 ? R * D : 0)) * d;
-    //   The router, with every buffer of the layer's backward still alive:
-    //   dx [M, D] and its [R, D] home (rows that moved), dlogits f32 [t, E]
-    //   (bf16: and a data-dtype copy, kept) and dx [t, D].
-    const int64_t router = combine + experts_kept + (M * D + (ep > 1 || etp > 1 ? R * D : 0) + t * D) * d +
-                           t * E * f + (in.recipe == Recipe::bf16 ? t * E * d : 0);
-    //   Then attention beside the MoE part's kept operands: the experts' dy
-    //   [M, D], the router's dlogits copy [t, E] and, read by a shared
-    //   expert, the layer's dh [t, D].
-    const int64_t moe_kept = deferred ? experts_kept + (M * D + t * E + (Fs > 0 ? t * D : 0)) * d : 0;
-    a.backward_moe_layer = std::max({attention_bwd + moe_kept, shared, experts, back, router});
+    const auto moe_backward = [&](bool placed) {
+      const int64_t rows_in = ep > 1 || etp > 1 ? M * D * d : 0;
+      const int64_t combine = (R * D + t * D) * d + t * k * f + rows_in;
+      //   The shared expert runs first, beside them and the ep exchange in
+      //   flight (its receive [M/etp, D], placed: the slot-order copy [R, D]):
+      //   its dh, dgate, dup [t, Fs] (recompute "moe": and the rebuilt three)
+      //   and dx [t, D]; kept: dgate, dup (and the rebuilt h).
+      const int64_t swiglu = recompute_moe ? 6 : 3, kept_swiglu = recompute_moe ? 3 : 2;
+      const int64_t shared = Fs > 0 ? (R * D + t * D + (ep > 1 ? R * D : 0) + (placed ? R * D : 0) +
+                                       swiglu * t * Fs) * d + t * k * f
+                                    : 0;
+      const int64_t shared_kept = deferred && Fs > 0 ? kept_swiglu * t * Fs * d : 0;
+      //   The routed experts: dh, dgate, dup [M, Fe/etp] (recompute "moe": and
+      //   the rebuilt three) and dx [M, D]; kept: dgate, dup (and h).
+      const int64_t experts = combine + shared_kept + (swiglu * M * Fe + M * D) * d;
+      const int64_t experts_kept = shared_kept + (deferred ? kept_swiglu * M * Fe * d : 0);
+      //   dx [M, D] on its way back: its etp reduce-scatter [M/etp, D] and the
+      //   ep receive [R, D]; placed, the receive's copy back into expert order
+      //   (once the reduce-scatter's buffer has gone, so one more only at etp = 1).
+      const int64_t back = combine + experts_kept +
+                           (M * D + (etp > 1 ? R * D : 0) + (ep > 1 ? R * D : 0) + (placed && etp == 1 ? R * D : 0)) * d;
+      //   The router, with every buffer of the layer's backward still alive:
+      //   dx [M, D] and its [R, D] home (rows that moved), dlogits f32 [t, E]
+      //   (bf16: and a data-dtype copy, kept) and dx [t, D].
+      const int64_t router = combine + experts_kept + (M * D + (ep > 1 || etp > 1 ? R * D : 0) + t * D) * d +
+                             t * E * f + (in.recipe == Recipe::bf16 ? t * E * d : 0);
+      //   Then attention beside the MoE part's kept operands: the experts' dy
+      //   [M, D], the router's dlogits copy [t, E] and, read by a shared
+      //   expert, the layer's dh [t, D].
+      const int64_t moe_kept = deferred ? experts_kept + (M * D + t * E + (Fs > 0 ? t * D : 0)) * d : 0;
+      return std::max({attention_bwd + moe_kept, shared, experts, back, router});
+    };
+    a.backward_moe_layer = moe_backward(false);
+    a.backward_placed_moe_layer = a.placed_moe_layers.empty() ? 0 : moe_backward(true);
   }
   //   LM head: dlogits in place of the logits (bf16: a data-dtype copy [T,
   //   Vl]), dy [T, D] and, tp > 1, its reduce-scatter [t, D].
@@ -439,6 +443,8 @@ LayoutPlan plan_layout(const PlanInput& in, const UnitTable& table, const comm::
     st.chunk_first = chunk_first;
     for (const UnitPlan& u : lp.units)
       if (u.stage == s) st.state += u.state;
+    if (in.moe.expert_bias) st.expert_bias = st.num_moe_layers * in.moe.router.num_experts * kF32;
+    st.state.param += st.expert_bias;
     // ZeRO working buffers and held activations: the step replayed.
     replay_stage(in, lp.units, lp.act, lp.pp, lp.schedule,
                  lp.pp > 1 ? &sim.boundary_buffers[static_cast<size_t>(s)] : nullptr, st);

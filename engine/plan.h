@@ -41,6 +41,7 @@
 //    gradient once per micro-batch and stage 3 gathers the params twice per
 //    micro-batch. The formulas are in plan.cpp next to their code.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -160,6 +161,15 @@ struct ActivationBytes {
   int64_t grad_stream = 0;
   int64_t last_stage_logits = 0;  // of last_stage: the logits f32 [T, Vl], which the head's backward frees
   int64_t backward_dense_layer = 0, backward_moe_layer = 0, backward_last_stage = 0;
+  // MoE layers whose experts are placed (a non-contiguous
+  // moe.expert_placement at this layout's ep), ascending: their backward
+  // reorders rows into slot order and back, backward_placed_moe_layer.
+  std::vector<int64_t> placed_moe_layers;
+  int64_t backward_placed_moe_layer = 0;
+  int64_t backward_moe(int64_t layer) const {
+    return std::binary_search(placed_moe_layers.begin(), placed_moe_layers.end(), layer) ? backward_placed_moe_layer
+                                                                                          : backward_moe_layer;
+  }
 };
 ActivationBytes activation_bytes(const PlanInput& in, const comm::Layout& layout);
 
@@ -211,7 +221,8 @@ struct StageMemory {
   int64_t stage = 0, first_layer = 0, num_layers = 0, num_moe_layers = 0;  // first_layer: of chunk 0
   std::vector<int64_t> chunk_layers;  // layers of each model chunk (one unless interleaved)
   std::vector<int64_t> chunk_first;   // the first layer of each chunk
-  StateBytes state;
+  StateBytes state;          // its units' ZeRO state; param also holds expert_bias
+  int64_t expert_bias = 0;   // moe.expert_bias: f32 [E] per MoE layer, whole on every rank, no grad or moments
   ZeroWorking zero;         // ZeRO working buffers (their peaks over the step)
   int64_t in_flight = 1;    // most micro-batch·chunks with saved activations at once (1F1B: min(pp − stage, m))
   int64_t pending_w = 0;    // zb-h1: most micro-batches with W operands kept at once

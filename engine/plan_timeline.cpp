@@ -263,7 +263,7 @@ void replay_stage(const PlanInput& in, const std::vector<UnitPlan>& units, const
           // Recompute "full": the layer's forward runs again first, its
           // saved set (the kept input among it) alive through its backward.
           z.activations(rebuilt(l) - (rebuilt(l) > 0 ? saved(l) : 0));
-          z.transient(in.moe.is_moe_layer(l) ? act.backward_moe_layer : act.backward_dense_layer);
+          z.transient(in.moe.is_moe_layer(l) ? act.backward_moe(l) : act.backward_dense_layer);
           z.activations(-(rebuilt(l) > 0 ? rebuilt(l) : saved(l)) + (deferred ? pending(l) : 0));
           for (size_t i : u) z.after_backward(i, grads);
         }

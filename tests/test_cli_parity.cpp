@@ -467,7 +467,7 @@ TEST_F(Parity, PlannedMemoryIsTheLedgers) {
       {"mem-ep2-etp2-placed", 4, "--set parallel.ep=2 --set parallel.etp=2 " + placed, 1e-4},
       {"mem-tp2-overlap", 4, "--set parallel.tp=2 --set parallel.overlap_grad_reduce=true", 1e-4},
       {"mem-dp4-whole", 4, "--set parallel.reshard_after_forward=false", 1e-4},
-      {"mem-ep2-zero1", 4, "--set parallel.ep=2 --set parallel.zero_stage=1", 1e-4},
+      {"mem-ep2-zero1-bias", 4, "--set parallel.ep=2 --set parallel.zero_stage=1 --set moe.expert_bias=true", 1e-4},
       {"mem-tp2-ep2-shared", 4,
        "--set parallel.tp=2 --set parallel.ep=2 --set moe.shared_expert_hidden_size=64 --set training.recompute=moe",
        1e-4},

@@ -499,6 +499,54 @@ TEST(Plan, ZeroWorkingBuffersFollowTheHooks) {
   }
 }
 
+// Placed experts and the expert bias count only on the stages they are on.
+// tiny-moe at PP 2 × EP 2 (4 ranks, padded routing, experts narrow enough
+// that the way back is a MoE backward's busiest moment): stage 0 holds
+// layers 0-1 (MoE layer 1), stage 1 layers 2-3. A placement of layer 3
+// alone adds one [R, D] copy to stage 1's backward and nothing to stage
+// 0's; the bias adds f32 [E] per MoE layer to each stage's params.
+TEST(Plan, PlacedLayersAndExpertBiasCountOnTheirOwnStage) {
+  const Config cfg = load("tiny-moe.toml", {"parallel.pp=2", "parallel.ep=2", "moe.ffn_hidden_size=32",
+                                            "moe.capacity_factor=1.0", "moe.pad_to_capacity=true"});
+  const plan::PlanInput plain_in = plan::plan_input(cfg);
+  const comm::Layout layout = layout_of(cfg, 4);
+  const plan::LayoutPlan plain = plan::plan_layout(plain_in, layout, plan::Machine{});
+  ASSERT_EQ(plain.stages.size(), 2u);
+  ASSERT_EQ(plain.stages[0].num_moe_layers, 1);
+  ASSERT_EQ(plain.stages[1].num_moe_layers, 2);
+
+  plan::PlanInput placed_in = plain_in;
+  placed_in.moe.expert_placement.ep = 2;
+  placed_in.moe.expert_placement.layers[3] = moe::ExpertPlacement::from_ranks({{0, 5, 2, 7}, {1, 3, 4, 6}});
+  const plan::LayoutPlan placed = plan::plan_layout(placed_in, layout, plan::Machine{});
+  EXPECT_EQ(placed.act.placed_moe_layers, std::vector<int64_t>{3});
+  // The copy [R, D] joins the way back, which then passes the router's
+  // moment (the busiest unplaced).
+  const int64_t copy = placed.act.rows * cfg.model.hidden_size * 4;
+  const int64_t more = placed.act.backward_placed_moe_layer - placed.act.backward_moe_layer;
+  EXPECT_GT(more, 0);
+  EXPECT_LE(more, copy);
+  EXPECT_EQ(placed.act.backward_moe_layer, plain.act.backward_moe_layer);
+  EXPECT_EQ(placed.stages[0].live, plain.stages[0].live) << "no placed layer on stage 0";
+  EXPECT_EQ(placed.stages[1].live, plain.stages[1].live + more) << "layer 3's backward is stage 1's busiest moment";
+  // Under another EP size the placement does not apply.
+  const Config ep1 = load("tiny-moe.toml", {"parallel.pp=2"});
+  plan::PlanInput other = plan::plan_input(ep1);
+  other.moe.expert_placement = placed_in.moe.expert_placement;
+  EXPECT_TRUE(plan::plan_layout(other, layout_of(ep1, 4), plan::Machine{}).act.placed_moe_layers.empty());
+
+  plan::PlanInput bias_in = plain_in;
+  bias_in.moe.expert_bias = true;
+  const plan::LayoutPlan bias = plan::plan_layout(bias_in, layout, plan::Machine{});
+  for (size_t s = 0; s < 2; ++s) {
+    const int64_t bytes = plain.stages[s].num_moe_layers * cfg.moe.router.num_experts * 4;
+    EXPECT_EQ(bias.stages[s].expert_bias, bytes) << "stage " << s;
+    EXPECT_EQ(bias.stages[s].state.param, plain.stages[s].state.param + bytes) << "stage " << s;
+    EXPECT_EQ(bias.stages[s].state.grad, plain.stages[s].state.grad) << "stage " << s;
+    EXPECT_EQ(bias.stages[s].state.optim, plain.stages[s].state.optim) << "stage " << s;
+  }
+}
+
 TEST(Plan, StageLayers) {
   EXPECT_EQ(plan::stage_layers(10, 4), (std::vector<int64_t>{3, 3, 2, 2}));
   EXPECT_EQ(plan::stage_layers(10, 2, {7, 3}), (std::vector<int64_t>{7, 3}));

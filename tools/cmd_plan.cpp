@@ -234,6 +234,7 @@ ordered_json plan_json(const PlanArgs& a, const std::string& source, const plan:
                                      {"param", s.state.param},
                                      {"grad", s.state.grad},
                                      {"optim", s.state.optim},
+                                     {"expert_bias", s.expert_bias},
                                      {"transient", s.zero.total},
                                      {"zero_working",
                                       {{"param", s.zero.param}, {"grad", s.zero.grad}, {"comm", s.zero.comm}}},
@@ -337,6 +338,10 @@ void print_ledger(const plan::PlanInput& in, const LayoutPlan& p) {
                 count(static_cast<double>(r.local)).c_str(), r.group_name.c_str(), static_cast<long long>(r.group),
                 human(r.state.param).c_str(), human(r.state.grad).c_str(), human(r.state.optim).c_str());
   }
+  if (st.expert_bias > 0)
+    std::printf("  %-24s %5lld %14s %12s %12s %12s %12s\n", "layers.*.expert_bias",
+                static_cast<long long>(st.num_moe_layers), count(static_cast<double>(in.moe.router.num_experts)).c_str(),
+                "whole", human(st.expert_bias).c_str(), "-", "-");
   std::printf("  %-24s %12s (param %s, grad %s, optim %s)\n", "state", human(st.state.total()).c_str(),
               human(st.state.param).c_str(), human(st.state.grad).c_str(), human(st.state.optim).c_str());
   // Each category's peak; the line's total is their sum's, at one moment.
