@@ -37,6 +37,8 @@ EvalResult evaluate(const Config& cfg, const std::string& weights_dir, const std
     ModelSaved saved;
     loss_sum += model.forward(tokens, saved);
   }
+  r.device = to_string(ctx.device());
+  r.data_dtype = std::string(to_string(ctx.data_dtype()));
   r.samples = samples;
   r.tokens = samples * S;
   r.mean_loss = loss_sum / static_cast<double>(r.tokens);

@@ -70,6 +70,8 @@ TrainSummary train(const Config& cfg, const TrainOptions& opts = {});
 struct EvalResult {
   double mean_loss = 0;
   int64_t samples = 0, tokens = 0;
+  std::string device;      // where the forward ran ("cpu", "cuda:0")
+  std::string data_dtype;  // its activations' dtype ("f32", "bf16")
 };
 
 // Mean token loss over the first `samples` windows (file order, seq_len+1

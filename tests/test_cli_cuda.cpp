@@ -305,18 +305,22 @@ TEST_F(CudaTrain, EvalOnTheGpuGivesTheCpusLoss) {
   const std::string weights = *dir_ / "eval-weights";
   auto r = train("eval-train", " --set training.steps=5 --set runtime.device=cpu --set export.dir=" + weights);
   ASSERT_EQ(r.status, 0) << r.output;
-  const auto eval = [&](const std::string& sets) {
+  // Each eval's --json names where it ran: a run that fell back to the CPU
+  // would match the CPU's loss exactly and prove nothing.
+  const auto eval = [&](const std::string& sets, const char* device, const char* dtype) {
     const testing::CommandResult e =
         run_command(std::string(ORIGAMI_BINARY) + " eval " + ORIGAMI_SOURCE_DIR + "/configs/tiny-moe.toml --weights " +
                     weights + " --data " + (*dir_ / "fortunes") + " --samples 13 --json " + sets);
     EXPECT_EQ(e.status, 0) << e.output;
     const nlohmann::json j = nlohmann::json::parse(e.output.substr(e.output.rfind('{')));
     EXPECT_EQ(j.at("samples").get<int64_t>(), 13);
+    EXPECT_EQ(j.at("device").get<std::string>(), device) << sets;
+    EXPECT_EQ(j.at("data_dtype").get<std::string>(), dtype) << sets;
     return j.at("loss").get<double>();
   };
-  const double cpu = eval("--set runtime.device=cpu");
-  const double fp32 = eval("--set runtime.device=cuda --set runtime.precision=fp32");
-  const double bf16 = eval("--set runtime.device=cuda --set runtime.precision=bf16");
+  const double cpu = eval("--set runtime.device=cpu", "cpu", "f32");
+  const double fp32 = eval("--set runtime.device=cuda --set runtime.precision=fp32", "cuda:0", "f32");
+  const double bf16 = eval("--set runtime.device=cuda --set runtime.precision=bf16", "cuda:0", "bf16");
   std::printf("[ measured ] eval on cuda:0: fp32 %.3g, bf16 %.3g relative to the CPU's loss %.6f\n",
               std::abs(fp32 - cpu) / cpu, std::abs(bf16 - cpu) / cpu, cpu);
   EXPECT_TRUE(std::isfinite(cpu) && cpu > 0) << cpu;
@@ -371,6 +375,8 @@ TEST_F(CudaTrain, MoeVariantsMatchTheCpuInFp32) {
     ASSERT_EQ(gpu.size(), 10u);
     double worst = 0;
     for (size_t s = 0; s < cpu.size(); ++s) {
+      EXPECT_EQ(cpu[s].at("mem").at("device").get<std::string>(), "cpu") << "step " << s + 1;
+      EXPECT_EQ(gpu[s].at("mem").at("device").get<std::string>(), "cuda:0") << "step " << s + 1;
       for (const char* key : {"lm_loss", "aux_loss", "z_loss"}) {
         const double b = cpu[s].at(key).get<double>(), x = gpu[s].at(key).get<double>();
         if (b != 0) worst = std::max(worst, std::abs(x - b) / std::abs(b));
@@ -465,7 +471,9 @@ TEST_F(CudaTrain, MoreExpertsThanTheCudaRouterHoldsAreRefusedBeforeTraining) {
 
 // A head_dim past what the CUDA attention's shared memory holds
 // (kernels/attention.h: 290 on Hopper) is the config's doing too: refused
-// before training; the largest that fits trains.
+// before training; the largest that fits trains, in fp32 within 1e-4 of the
+// CPU's losses (the op tests stop at head_dim 128, so this is the one
+// numerical check of the widest tiles).
 TEST_F(CudaTrain, AHeadDimPastTheAttentionsSharedMemoryIsRefusedAndTheLargestTrains) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
   const std::string heads = " --set runtime.device=cuda --set model.num_heads=2 --set model.num_kv_heads=2";
@@ -476,9 +484,21 @@ TEST_F(CudaTrain, AHeadDimPastTheAttentionsSharedMemoryIsRefusedAndTheLargestTra
       << r.output;
   EXPECT_NE(r.output.find("head_dim <= "), std::string::npos) << r.output;
   const int64_t largest = attention_cuda_max_head_dim(cuda_device_shared_memory_per_block(0));
-  r = train("head-dim-largest", heads + " --set model.hidden_size=" + std::to_string(2 * largest) +
-                                    " --set training.steps=2 --set runtime.precision=fp32");
-  EXPECT_EQ(r.status, 0) << "head_dim " << largest << ":\n" << r.output;
+  const std::string widest = " --set model.num_heads=2 --set model.num_kv_heads=2 --set model.hidden_size=" +
+                             std::to_string(2 * largest) + " --set training.steps=2 --set runtime.precision=fp32";
+  r = train("head-dim-largest", widest + " --set runtime.device=cuda");
+  ASSERT_EQ(r.status, 0) << "head_dim " << largest << ":\n" << r.output;
+  r = train("head-dim-largest-cpu", widest + " --set runtime.device=cpu");
+  ASSERT_EQ(r.status, 0) << "head_dim " << largest << " on the CPU:\n" << r.output;
+  const auto gpu = read_jsonl(*dir_ / "head-dim-largest/metrics.jsonl");
+  const auto cpu = read_jsonl(*dir_ / "head-dim-largest-cpu/metrics.jsonl");
+  ASSERT_EQ(gpu.size(), 2u);
+  ASSERT_EQ(cpu.size(), 2u);
+  for (size_t s = 0; s < 2; ++s) {
+    EXPECT_EQ(gpu[s].at("mem").at("device").get<std::string>(), "cuda:0");
+    const double b = cpu[s].at("lm_loss").get<double>(), x = gpu[s].at("lm_loss").get<double>();
+    EXPECT_LE(std::abs(x - b), 1e-4 * std::abs(b)) << "head_dim " << largest << ", step " << s + 1;
+  }
 }
 
 // `origami bench kernels --device cuda` beyond gpu_check's run (bf16 at the

@@ -58,7 +58,8 @@ void add_eval_command(CLI::App& app) {
                      kExitUserError);
     if (world->rank() != 0) return;
     if (args->json) {
-      nlohmann::ordered_json j = {{"loss", r.mean_loss}, {"samples", r.samples}, {"tokens", r.tokens}};
+      nlohmann::ordered_json j = {{"loss", r.mean_loss}, {"samples", r.samples}, {"tokens", r.tokens},
+                                     {"device", r.device}, {"data_dtype", r.data_dtype}};
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf("eval: mean token loss %.6f over %lld samples (%lld tokens)\n", r.mean_loss,

@@ -316,6 +316,9 @@ OpEntry histogram_entry() {
             std::vector<Problem> ps;
             std::vector<Routing> cases = routing_cases(g);
             cases.push_back(random_routing("T 333, K 3, E 17, drops", 333, 3, 17, true, 0, g));
+            // Past the CUDA kernel's shared-memory bins (8192 experts): its
+            // global-atomics path.
+            cases.push_back(random_routing("T 700, K 4, E 9000, drops", 700, 4, 9000, true, 0, g));
             for (const Routing& r : cases) {
               Problem p(r.name);
               p.in("expert_TK", expert_tensor(r));
