@@ -246,6 +246,34 @@ void exercise(Communicator& c) {
   }
 }
 
+// Receives posted ahead from both ring neighbours, then the sends: the
+// pipeline's pattern (a stage posts its next receives before it sends).
+// On the group's one stream each receive would hold up the sends queued
+// behind it, on every rank at once; the pp and cp groups' ring channels
+// (CommOptions::ring_p2p) carry each direction on a stream of its own. At
+// two ranks both neighbours are the one peer, whose two messages arrive in
+// the order it sent them.
+void receives_posted_ahead(Communicator& c) {
+  const int n = c.size(), me = world_rank();
+  if (n < 2) return;
+  const int next = (c.rank() + 1) % n, prev = (c.rank() + n - 1) % n;
+  std::vector<float> fwd(7), bwd(7);
+  for (int64_t i = 0; i < 7; ++i) fwd[i] = tag<float>(me, 200 + i), bwd[i] = tag<float>(me, 300 + i);
+  DeviceVec<float> dfwd(fwd), dbwd(bwd), from_prev(std::vector<float>(7, -1.0f)),
+      from_next(std::vector<float>(7, -1.0f));
+  Request a = c.recv_async(from_prev.span(), prev);
+  Request b = c.recv_async(from_next.span(), next);
+  c.send(std::span<const float>(dfwd.span()), next);
+  c.send(std::span<const float>(dbwd.span()), prev);
+  a.wait();
+  b.wait();
+  const std::vector<float> p = from_prev.host(), q = from_next.host();
+  for (int64_t i = 0; i < 7; ++i) {
+    ASSERT_EQ(p[i], tag<float>(c.members()[prev], 200 + i)) << c.name() << " from the previous rank";
+    ASSERT_EQ(q[i], tag<float>(c.members()[next], 300 + i)) << c.name() << " from the next rank";
+  }
+}
+
 // Groups over the world (every rank in one expert group) computing on this
 // rank's GPU, each group routing host memory over MPI and device memory over
 // NCCL; device ops order after `compute` (null: the legacy stream).
@@ -280,12 +308,25 @@ TEST(CommNccl, EveryOpOnEveryGroupMatchesTheTaggedExpectation) {
   exercise(g.world());
   for (GroupKind k : kAllGroupKinds)
     if (g.has(k)) exercise(g[k]);
+  // Under mpirun, the world as one pipeline and then as one CP ring: the
+  // groups whose sends and receives run on ring channels (in a world of one
+  // they are groups of one, exercised above).
+  if (w > 1)
+    for (const GroupKind ring : {GroupKind::pp, GroupKind::cp}) {
+      LayoutOptions ro;
+      (ring == GroupKind::pp ? ro.pp : ro.cp) = w;
+      Groups rg = Groups::create(Layout(w, ro), MPI_COMM_WORLD, Backend::nccl, CommOptions{60});
+      ASSERT_EQ(rg[ring].size(), w);
+      exercise(rg[ring]);
+      receives_posted_ahead(rg[ring]);
+    }
 #endif
 }
 
 // The multi-rank bodies of every call (a broadcast per root in
 // all_gather_v, ncclReduce off-root in reduce_scatter_v, all_to_all_v's
-// skipped zero counts, send and recv) need real peers: this binary's
+// skipped zero counts, send and recv, the pp and cp groups' ring channels)
+// need real peers: this binary's
 // tagged-expectation tests again under mpirun -np 2, one GPU each. A
 // one-GPU machine (the GPU check's) skips it, by design: NCCL refuses two
 // ranks on one device.

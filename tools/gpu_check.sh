@@ -437,12 +437,13 @@ cuda_counts=""
 cuda_figures=""  # the tests' "[ measured ]" lines, one per line
 # The cuda-labelled tests that skip on a machine with one GPU, by design: the
 # error path of a CUDA context on a machine without a device, a copy
-# refused between two devices, and NCCL between two ranks on two GPUs. Any
-# other skip there (NCCL left out at configure, say, which skips every
-# CommNccl test) fails the step.
+# refused between two devices, NCCL between two ranks on two GPUs, and
+# training on two GPUs. Any other skip there (NCCL left out at configure,
+# say, which skips every CommNccl test) fails the step.
 expected_skips=(ExecContext.CudaContextWithoutBackendOrDeviceIsAUserError
                 CudaDeviceDeathTest.AContextCopiesOnlyItsOwnDeviceAndTheHost
-                CommNccl.TwoRanksOnTwoGpusMatchTheTaggedExpectations)
+                CommNccl.TwoRanksOnTwoGpusMatchTheTaggedExpectations
+                CudaTrain.TwoGpuLayoutsMatchOneCpuRankInFp32)
 step_cuda_tests() {
   # Passed tests' output is kept whole in the JUnit file: their "[ measured ]"
   # lines (tolerances met, the start-up peak) go into the summary. CTest
