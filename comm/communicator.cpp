@@ -324,6 +324,8 @@ Request Communicator::launch(Call c, int64_t bytes) {
     c.send = check->staged(c.send);
     c.recv = check->staged(c.recv);
   }
+  c.seq = seq;
+  c.bytes = bytes;
   std::unique_ptr<detail::PendingOp> op = start(c);
   if (check) op = detail::InFlightCheck::wrap(std::move(check), std::move(op));
   op->group = name_;

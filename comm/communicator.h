@@ -135,6 +135,10 @@ struct CommOptions {
   // failure paths a one-rank world cannot otherwise reach (PyTorch's
   // ProcessGroupNCCL tests simulate errors the same way). 0: none.
   int simulated_nccl_error = 0;
+  // NCCL only, fault injection for tests: each op's host call stands this
+  // many seconds inside its enqueue, as one does while NCCL connects to a
+  // peer that never makes its own call (a one-rank world has no such peer).
+  double simulated_nccl_call_stall_s = 0;
 };
 
 struct OpStats {
@@ -458,6 +462,10 @@ class Communicator {
     // Where send and recv live. Empty for a span call until launch() asks
     // locate(); always set when a backend's refusal() or start() sees it.
     std::optional<Device> memory;
+    // Set by launch() before start(), for a backend's diagnostics: the
+    // call's sequence number in this group and the bytes it sends (OpStats'
+    // ring convention). A routed group's backends see the group's numbers.
+    int64_t seq = -1, bytes = 0;
   };
 
   Communicator(std::string name, std::vector<int> members, int rank, CommOptions options);

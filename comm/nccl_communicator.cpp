@@ -13,6 +13,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/nccl_check.h"
@@ -149,6 +150,7 @@ class NcclCommunicator final : public Communicator {
     CUDA_CHECK(cudaGetDevice(&device));
     device_ = Device{DeviceKind::cuda, device};
     simulated_ = static_cast<ncclResult_t>(options.simulated_nccl_error);
+    simulated_stall_s_ = options.simulated_nccl_call_stall_s;
     ncclUniqueId id{};
     if (boot.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, boot.handle()));
@@ -220,6 +222,24 @@ class NcclCommunicator final : public Communicator {
     }
     cudaStream_t stream = ch ? ch->stream : stream_;
     auto p = std::make_unique<NcclPending>(ch ? ch->comm : comm_, simulated_, stream, &waits_, this);
+    // The enqueue calls below are timed as the op is (nccl_watchdog.h): the
+    // first use of an algorithm or peer connects inside them and waits for
+    // the peers' own calls.
+    Watchdog::Entry watch;
+    watch.device = device_.index;
+    watch.timeout_s = timeout_s();
+    watch.comm = ch ? ch->comm : comm_;
+    watch.simulated = simulated_;
+    watch.owner = this;
+    watch.group = name();
+    watch.op = c.op;
+    watch.seq = c.seq;
+    watch.bytes = c.bytes;
+    if (c.op == CommOp::send || c.op == CommOp::recv)
+      watch.peer_note = origami::detail::concat(" (", c.op == CommOp::send ? "to" : "from", " world rank ",
+                                                members()[static_cast<size_t>(c.peer)], ")");
+    const nccl::HostCallWatch in_call(std::move(watch));
+    if (simulated_stall_s_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(simulated_stall_s_));
     if (compute_) {  // the inputs were written by ops queued on the compute stream
       CUDA_CHECK(cudaEventRecord(inputs_ready_, compute_));
       CUDA_CHECK(cudaStreamWaitEvent(stream, inputs_ready_, 0));
@@ -363,6 +383,7 @@ class NcclCommunicator final : public Communicator {
   void* scratch_ = nullptr;
   Device device_;
   ncclResult_t simulated_ = ncclSuccess;  // CommOptions::simulated_nccl_error
+  double simulated_stall_s_ = 0;          // CommOptions::simulated_nccl_call_stall_s
 };
 
 }  // namespace

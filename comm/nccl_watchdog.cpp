@@ -84,6 +84,24 @@ void Watchdog::watch(Entry e) {
   instance()->add(std::move(e));
 }
 
+uint64_t Watchdog::enter_call(Entry e) {
+  std::lock_guard<std::mutex> lock(instance_mutex());
+  Watchdog& w = *instance();
+  std::lock_guard<std::mutex> entries(w.mutex_);
+  e.done = nullptr;
+  e.call = w.next_call_++;
+  e.issued = std::chrono::steady_clock::now();
+  const uint64_t call = e.call;
+  w.entries_.push_back(std::move(e));
+  return call;
+}
+void Watchdog::leave_call(uint64_t call) {
+  std::lock_guard<std::mutex> lock(instance_mutex());
+  Watchdog& w = *instance();
+  std::lock_guard<std::mutex> entries(w.mutex_);
+  std::erase_if(w.entries_, [&](const Entry& e) { return e.call == call; });
+}
+
 Watchdog::Watchdog() : thread_([this] { run(); }) {}
 Watchdog::~Watchdog() {
   {
@@ -92,7 +110,8 @@ Watchdog::~Watchdog() {
   }
   wake_.notify_all();
   thread_.join();
-  for (Entry& e : entries_) cudaEventDestroy(e.done);
+  for (Entry& e : entries_)
+    if (e.done) cudaEventDestroy(e.done);
 }
 
 void Watchdog::add(Entry e) {
@@ -104,7 +123,7 @@ void Watchdog::forget(const void* owner) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::erase_if(entries_, [&](Entry& e) {
     if (e.owner != owner) return false;
-    cudaEventDestroy(e.done);
+    if (e.done) cudaEventDestroy(e.done);
     return true;
   });
 }
@@ -131,7 +150,9 @@ void Watchdog::run() {
       for (Entry& e : entries_) e.issued += gap;
     for (auto it = entries_.begin(); it != entries_.end();) {
       if (int current = -1; cudaGetDevice(&current) != cudaSuccess || current != it->device) cudaSetDevice(it->device);
-      const cudaError_t rc = cudaEventQuery(it->done);
+      // An op's entry goes once its stream has passed it; a host call's when
+      // the call returns (leave_call).
+      const cudaError_t rc = it->done ? cudaEventQuery(it->done) : cudaErrorNotReady;
       if (rc != cudaErrorNotReady) {  // done, or an error the main thread reports at its next CUDA call
         cudaEventDestroy(it->done);
         it = entries_.erase(it);
@@ -149,8 +170,14 @@ void Watchdog::run() {
       }
       const double waited = std::chrono::duration<double>(now - it->issued).count();
       if (waited > it->timeout_s) {
-        char why[96];
-        std::snprintf(why, sizeof why, " not done %.1f s after it was issued", waited);
+        char why[160];
+        if (it->done)
+          std::snprintf(why, sizeof why, " not done %.1f s after it was issued", waited);
+        else
+          std::snprintf(why, sizeof why,
+                        " still being issued after %.1f s (the host inside NCCL's call: a peer that never made "
+                        "its own, while NCCL connects them)",
+                        waited);
         fail(*it, why, kExitTimeout);
       }
       ++it;

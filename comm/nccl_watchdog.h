@@ -12,6 +12,11 @@
 //  - Watchdog: a thread that polls every issued op until its stream has
 //    passed it, and ends the job naming rank, group, op and sequence on a
 //    timeout (exit kExitTimeout) or an asynchronous error (kExitInternal).
+//    It also times the host's own NCCL enqueue calls (HostCallWatch): NCCL
+//    connects a communicator's peers on its first use of an algorithm or
+//    peer, inside that call, which then blocks until each peer reaches its
+//    own; a peer that never does would hold the host there for good, before
+//    any event exists to poll.
 #pragma once
 #if ORIGAMI_WITH_NCCL
 #include <cuda_runtime.h>
@@ -61,7 +66,8 @@ inline bool is_failure(ncclResult_t async) { return async != ncclSuccess && asyn
 class Watchdog {
  public:
   struct Entry {
-    cudaEvent_t done = nullptr;  // recorded after the op on its stream; the watchdog's own
+    cudaEvent_t done = nullptr;  // recorded after the op on its stream; the watchdog's own (null: a host call)
+    uint64_t call = 0;           // a host call's id (HostCallWatch), else 0
     int device = 0;              // the event's
     std::chrono::steady_clock::time_point issued;
     double timeout_s = 0;
@@ -79,6 +85,9 @@ class Watchdog {
   // The owner's entries go (its ops are done: it synchronized its streams).
   static void detach(const void* owner);
   static void watch(Entry e);
+  // A host call's entry (e.done null), timed from now until left.
+  static uint64_t enter_call(Entry e);
+  static void leave_call(uint64_t call);
 
   Watchdog();
   ~Watchdog();
@@ -93,7 +102,20 @@ class Watchdog {
   std::condition_variable wake_;
   bool stop_ = false;
   std::vector<Entry> entries_;
+  uint64_t next_call_ = 1;
   std::thread thread_;  // last: starts once the members above exist
+};
+
+// The watchdog's entry for the enqueue calls of one op, for their duration.
+class HostCallWatch {
+ public:
+  explicit HostCallWatch(Watchdog::Entry e) : call_(Watchdog::enter_call(std::move(e))) {}
+  ~HostCallWatch() { Watchdog::leave_call(call_); }
+  HostCallWatch(const HostCallWatch&) = delete;
+  HostCallWatch& operator=(const HostCallWatch&) = delete;
+
+ private:
+  uint64_t call_;
 };
 
 }  // namespace origami::comm::nccl

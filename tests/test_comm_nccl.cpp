@@ -277,7 +277,7 @@ void receives_posted_ahead(Communicator& c) {
 // Groups over the world (every rank in one expert group) computing on this
 // rank's GPU, each group routing host memory over MPI and device memory over
 // NCCL; device ops order after `compute` (null: the legacy stream).
-Groups routed_groups(double timeout_s, cudaStream_t compute = nullptr) {
+Groups routed_groups(double timeout_s, cudaStream_t compute = nullptr, double call_stall_s = 0) {
   ensure_mpi();
   int w = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &w);
@@ -285,6 +285,7 @@ Groups routed_groups(double timeout_s, cudaStream_t compute = nullptr) {
   go.compute_device = local_cuda_device();
   go.comm = CommOptions{timeout_s};
   go.comm.compute_stream = compute;
+  go.comm.simulated_nccl_call_stall_s = call_stall_s;
   go.nccl_for_groups_of_one = true;  // one rank under CTest: every call path through NCCL all the same
   LayoutOptions o;
   o.ep = w;
@@ -489,6 +490,35 @@ TEST(CommNcclDeathTest, TheWatchdogAbortsAnOpStuckBehindItsStream) {
               "collective timeout \\(NCCL watchdog\\): group ep op all_reduce seq [0-9]+ bytes [0-9]+ not done");
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0)
       << "the watchdog fired only when the stream let the op go";
+#endif
+}
+
+// The host standing inside an NCCL call, as it does while NCCL connects a
+// communicator to a peer that never makes its matching call (NCCL connects
+// on an algorithm's or peer's first use, inside the enqueue): no event
+// exists yet, so only the watchdog's timing of the call itself can end the
+// job, with exit status 5 naming group, op and sequence, about a second
+// past the 1 s timeout. A one-rank world has no such peer, so
+// CommOptions::simulated_nccl_call_stall_s holds each call 120 s instead;
+// the 60 s bound leaves the child its start-up.
+TEST(CommNcclDeathTest, TheWatchdogEndsAHostStuckInsideAnNcclCall) {
+#if !ORIGAMI_WITH_NCCL
+  GTEST_SKIP() << "this build has no NCCL backend (configured without CUDA)";
+#else
+  if (!have_device()) GTEST_SKIP() << "no CUDA device on this machine";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the child starts afresh: CUDA and MPI do not survive fork
+  auto stuck = [] {
+    ensure_mpi();
+    Groups g = routed_groups(1.0, nullptr, 120.0);
+    DeviceVec<float> dx(std::vector<float>(9, 1.0f));
+    g[GroupKind::ep].all_reduce(dx.span());
+    std::exit(0);  // not reached: the watchdog aborts first
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EXIT(stuck(), ::testing::ExitedWithCode(5),
+              "collective timeout \\(NCCL watchdog\\): group ep op all_reduce seq [0-9]+ bytes [0-9]+ still being issued after");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0)
+      << "the watchdog fired only when the call returned";
 #endif
 }
 
