@@ -459,6 +459,18 @@ TEST(CommNccl, BlockingDeviceCollectivesWaitOnTheComputeStreamNotTheHost) {
 #endif
 }
 
+// A death-test child whose all-reduce on the ep group the watchdog must
+// end: exit status 5 naming group, op and sequence, then `what`, well
+// inside the child's 120 s stall (the 60 s bound leaves it its start-up:
+// MPI, the CUDA context, one NCCL communicator per group kind).
+template <class Child>
+void expect_watchdog_timeout(Child child, const std::string& what, const char* too_late) {
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EXIT(child(), ::testing::ExitedWithCode(5),
+              "collective timeout \\(NCCL watchdog\\): group ep op all_reduce seq [0-9]+ bytes [0-9]+ " + what);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0) << too_late;
+}
+
 // The NCCL watchdog: an all-reduce handed to a stream (wait_on, no host
 // wait) that cannot start, because the compute stream it waits on is held by
 // a host function sleeping 120 s, aborts the job with exit status 5 about a
@@ -485,11 +497,7 @@ TEST(CommNcclDeathTest, TheWatchdogAbortsAnOpStuckBehindItsStream) {
     cudaStreamSynchronize(compute);
     std::exit(0);  // not reached: the watchdog aborts first
   };
-  const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_EXIT(stuck(), ::testing::ExitedWithCode(5),
-              "collective timeout \\(NCCL watchdog\\): group ep op all_reduce seq [0-9]+ bytes [0-9]+ not done");
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0)
-      << "the watchdog fired only when the stream let the op go";
+  expect_watchdog_timeout(stuck, "not done", "the watchdog fired only when the stream let the op go");
 #endif
 }
 
@@ -514,11 +522,7 @@ TEST(CommNcclDeathTest, TheWatchdogEndsAHostStuckInsideAnNcclCall) {
     g[GroupKind::ep].all_reduce(dx.span());
     std::exit(0);  // not reached: the watchdog aborts first
   };
-  const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_EXIT(stuck(), ::testing::ExitedWithCode(5),
-              "collective timeout \\(NCCL watchdog\\): group ep op all_reduce seq [0-9]+ bytes [0-9]+ still being issued after");
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0)
-      << "the watchdog fired only when the call returned";
+  expect_watchdog_timeout(stuck, "still being issued after", "the watchdog fired only when the call returned");
 #endif
 }
 
