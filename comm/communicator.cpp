@@ -13,6 +13,7 @@
 #include <numeric>
 #include <thread>
 
+#include "comm/census.h"
 #include "comm/in_flight_check.h"
 #include "kernels/check.h"
 
@@ -105,17 +106,42 @@ int64_t broadcast(int64_t count, size_t elem, int rank, int root, int n) {
 
 namespace {
 
+// What a waiting rank answers the census with: "group dp op all_reduce seq
+// 2, 3.1 s so far" (the part before the comma names the op).
+std::string op_text(const detail::PendingOp& op) {
+  return origami::detail::concat("group ", op.group, " op ", op_name(op.op), op.peer_note, " seq ", op.seq);
+}
+std::string census_text(const detail::PendingOp& op, double waited_s) {
+  char s[32];
+  std::snprintf(s, sizeof s, ", %.1f s so far", waited_s);
+  return op_text(op) + s;
+}
+
+// How long a timed-out rank waits for the other members' answers.
+constexpr double kCensusWaitSeconds = 2.0;
+
 [[noreturn]] void abort_on_timeout(detail::PendingOp& op, double waited_s) {
   char msg[512];
+  const int me = world_rank_for_diagnostics();
   std::snprintf(msg, sizeof msg,
-                "[rank %d] collective timeout: group %s op %s%s seq %lld bytes %lld memory %s after %.1f s",
-                world_rank_for_diagnostics(), op.group.c_str(), std::string(op_name(op.op)).c_str(), op.peer_note.c_str(),
+                "[rank %d] collective timeout: group %s op %s%s seq %lld bytes %lld memory %s after %.1f s", me,
+                op.group.c_str(), std::string(op_name(op.op)).c_str(), op.peer_note.c_str(),
                 static_cast<long long>(op.seq), static_cast<long long>(op.bytes), to_string(op.memory).c_str(),
                 waited_s);
   // The message goes out first: a backend abort that itself stalls must not
   // swallow it.
   std::fprintf(stderr, "%s\n", msg);
   std::fflush(stderr);
+  // Then who the group is missing: the other members' answers (census.h).
+  if (op.members && op.members->size() > 1) {
+    const std::vector<census::Answer> answers = census::ask(*op.members, census_text(op, waited_s), kCensusWaitSeconds);
+    std::string lines = origami::detail::concat("[rank ", me, "] where the other members of group ", op.group,
+                                                " are (asked for ", kCensusWaitSeconds, " s):\n");
+    for (const std::string& l : census::report(answers, op_text(op)))
+      lines += origami::detail::concat("[rank ", me, "]   ", l, "\n");
+    std::fputs(lines.c_str(), stderr);
+    std::fflush(stderr);
+  }
   op.abort_backend();
   abort_job(kExitTimeout, "");
 }
@@ -151,6 +177,7 @@ void Request::wait(bool sleep_when_idle) {
     // a job suspended past the timeout and resumed ended as a collective
     // timeout at its first poll.
     RunningClock waited(t0);
+    double next_census_s = 0.1;  // a wait this long answers the census every 20 ms
     for (int polls = 0; !op_->test(); ++polls) {
       const double waited_s = waited.seconds();
       if (sleep_when_idle && waited_s > 1e-3)
@@ -158,6 +185,10 @@ void Request::wait(bool sleep_when_idle) {
       else if (polls >= 256)
         sched_yield();
       if (waited_s > op_->timeout_s) abort_on_timeout(*op_, waited_s);
+      if (waited_s > next_census_s) {
+        census::answer(census_text(*op_, waited_s));
+        next_census_s = waited_s + 0.02;
+      }
     }
     add_exposed(std::chrono::duration<double>(Clock::now() - t0).count());
   }
@@ -337,6 +368,7 @@ Request Communicator::launch(Call c, int64_t bytes) {
                                             ", ", (c.op == CommOp::send ? c.send_count : c.recv_count) *
                                                       static_cast<int64_t>(elem_size(c.type)),
                                             " bytes)");
+  op->members = &members_;
   op->memory = *c.memory;
   if (!c.memory->is_host() && c.op != CommOp::barrier)
     op->hold_device_buffers(in_flight_regions(c),

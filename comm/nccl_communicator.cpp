@@ -213,15 +213,12 @@ class NcclCommunicator final : public Communicator {
     return why;
   }
   std::unique_ptr<detail::PendingOp> start(const Call& c) override {
-    const NcclCallScope scope;  // the communicators may be being freed
     // A send to or a receive from a ring neighbour goes on its channel.
     const Channel* ch = nullptr;
     if (c.op == CommOp::send || c.op == CommOp::recv) {
       const auto& channels = c.op == CommOp::send ? to_ : from_;
       if (const auto it = channels.find(c.peer); it != channels.end()) ch = &it->second;
     }
-    cudaStream_t stream = ch ? ch->stream : stream_;
-    auto p = std::make_unique<NcclPending>(ch ? ch->comm : comm_, simulated_, stream, &waits_, this);
     // The enqueue calls below are timed as the op is (nccl_watchdog.h): the
     // first use of an algorithm or peer connects inside them and waits for
     // the peers' own calls.
@@ -238,7 +235,13 @@ class NcclCommunicator final : public Communicator {
     if (c.op == CommOp::send || c.op == CommOp::recv)
       watch.peer_note = origami::detail::concat(" (", c.op == CommOp::send ? "to" : "from", " world rank ",
                                                 members()[static_cast<size_t>(c.peer)], ")");
+    // Before the scope: entering and leaving take the watchdog's lock, which
+    // its thread holds through a failure's abort, and that abort needs the
+    // scope's lock alone.
     const nccl::HostCallWatch in_call(std::move(watch));
+    const NcclCallScope scope;  // the communicators may be being freed
+    cudaStream_t stream = ch ? ch->stream : stream_;
+    auto p = std::make_unique<NcclPending>(ch ? ch->comm : comm_, simulated_, stream, &waits_, this);
     if (simulated_stall_s_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(simulated_stall_s_));
     if (compute_) {  // the inputs were written by ops queued on the compute stream
       CUDA_CHECK(cudaEventRecord(inputs_ready_, compute_));

@@ -342,7 +342,10 @@ TEST(CommNccl, TwoRanksOnTwoGpusMatchTheTaggedExpectations) {
   char self[4096] = {};
   ASSERT_GT(readlink("/proc/self/exe", self, sizeof(self) - 1), 0);
   const testing::CommandResult r = testing::run_command(
-      std::string(ORIGAMI_MPIEXEC) + " --allow-run-as-root --oversubscribe --bind-to none -np 2 " + self +
+      std::string(ORIGAMI_MPIEXEC) + " --allow-run-as-root --oversubscribe --bind-to none -np 2 " +
+      // origami's own settings (kernels/device.h): enough hardware queues that
+      // the ring channels' streams and the groups' never share one.
+      "-x CUDA_DEVICE_MAX_CONNECTIONS=32 -x CUDA_MODULE_LOADING=EAGER " + self +
       " --gtest_filter=CommNccl.EveryOpOnEveryGroupMatchesTheTaggedExpectation:"
       "CommNccl.GroupsRouteHostTensorsOverMpiAndDeviceMemoryOverNccl");
   EXPECT_EQ(r.status, 0) << r.output;

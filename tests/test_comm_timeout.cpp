@@ -1,7 +1,9 @@
 // A rank that skips a collective must not hang the job: the ranks waiting in
 // it time out after collective_timeout_s, print rank, group, op, sequence
-// number, bytes and where the memory lives, and MPI_Abort takes every rank
-// down with a non-zero exit.
+// number, bytes and where the memory lives, then where the group's other
+// members are (comm/census.h: the rank that never came gives no answer, or
+// names the op it waits in instead), and MPI_Abort takes every rank down
+// with a non-zero exit.
 //
 // The test (one process, no MPI) launches this same binary under mpirun in
 // child mode (`--hang-child SCENARIO TIMEOUT`), where one rank skips a
@@ -72,7 +74,10 @@ int run_child(const std::string& scenario, double timeout_s) {
   // The skipper misses seq 2, as a rank lost in a data-dependent branch would.
   // Ranks in other groups complete it. Then everyone stays busy: only the
   // abort from the ranks stuck in seq 2 may end this job.
-  if (rank != skipper) step();  // seq 2
+  if (rank != skipper)
+    step();  // seq 2
+  else if (scenario == "dp_elsewhere")  // stuck in another group's op that no one else joins
+    g.world().all_reduce(std::span(v.data(), 8));
   std::this_thread::sleep_for(std::chrono::duration<double>(timeout_s + 60));
   std::printf("[rank %d] still alive\n", rank);
   MPI_Finalize();
@@ -128,6 +133,26 @@ TEST(CommTimeout, SkippedAllReduceAbortsEveryRankNamingTheCall) {
   EXPECT_TRUE(std::regex_search(o.result.output, std::regex(R"(\[rank (0|2)\] collective timeout: group dp op )"
                                                             R"(all_reduce seq 2 bytes (40|48) memory cpu after 3\.\d s)")))
       << o.result.output;
+  // The census: the skipper, busy elsewhere, cannot answer; the other
+  // waiting rank waits in this op too.
+  EXPECT_TRUE(std::regex_search(o.result.output, std::regex(R"(\[rank (0|2)\] where the other members of group dp are)")))
+      << o.result.output;
+  EXPECT_TRUE(std::regex_search(o.result.output, std::regex(R"(\[rank (0|2)\]   rank 1: no answer \(not waiting in any )"
+                                                            R"(collective: still computing, stopped, or gone\))")))
+      << o.result.output;
+  EXPECT_TRUE(std::regex_search(o.result.output, std::regex(R"(\[rank (0|2)\]   rank (0|2): waiting in this op too)")))
+      << o.result.output;
+  EXPECT_EQ(o.result.output.find("still alive"), std::string::npos) << o.result.output;
+}
+
+// The skipper stuck in another group's op instead: its answer names that op.
+TEST(CommTimeout, TheTimeoutReportNamesTheOpTheMissingRankWaitsIn) {
+  const Outcome o = launch("dp_elsewhere", 3, kTimeout);
+  EXPECT_NE(o.result.status, 0) << o.result.output;
+  EXPECT_LT(o.seconds, kTimeout + 10) << o.result.output;
+  EXPECT_TRUE(std::regex_search(o.result.output, std::regex(R"(\[rank (0|2)\]   rank 1: waiting in group world op )"
+                                                            R"(all_reduce seq 0, [0-9.]+ s so far)")))
+      << o.result.output;
   EXPECT_EQ(o.result.output.find("still alive"), std::string::npos) << o.result.output;
 }
 
@@ -139,6 +164,7 @@ TEST(CommTimeout, SkippedExpertAllToAllAbortsNamingTheExpertGroup) {
   EXPECT_TRUE(std::regex_search(o.result.output, std::regex(R"(\[rank 2\] collective timeout: group ep op )"
                                                             R"(all_to_all_v seq 2 bytes 8 memory cpu after 3\.\d s)")))
       << o.result.output;
+  EXPECT_NE(o.result.output.find("[rank 2]   rank 3: no answer"), std::string::npos) << o.result.output;
   EXPECT_EQ(o.result.output.find("still alive"), std::string::npos) << o.result.output;
 }
 
