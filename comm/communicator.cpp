@@ -222,11 +222,16 @@ bool Request::wait_until(std::chrono::steady_clock::time_point& deadline) {
     return true;
   }
   RunningClock running(t0);
+  double next_census_s = 0.1;  // as in wait(): a long wait answers the census
   for (int polls = 0; !op_->test(); ++polls) {
     const auto now = Clock::now();
     deadline += running.poll_gap(now);  // not run: no wait (see wait())
     if (now > deadline) return false;   // counted when a later wait completes it
     if (polls >= 256) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (const double waited_s = std::chrono::duration<double>(now - t0).count(); waited_s > next_census_s) {
+      census::answer(census_text(*op_, waited_s));
+      next_census_s = waited_s + 0.02;
+    }
   }
   add_exposed(std::chrono::duration<double>(Clock::now() - t0).count());
   op_.reset();
