@@ -1,25 +1,26 @@
 // The census of a timed-out collective (census.h).
 #include "comm/census.h"
 
-#include <mpi.h>
-
 #include <algorithm>
 #include <chrono>
 #include <thread>
 
 #include "kernels/check.h"
+#include "kernels/mpi_diagnostics.h"
 
 namespace origami::comm::census {
 
 namespace {
 
+constexpr int kAskTag = 1, kAnswerTag = 2;
 constexpr int kMaxText = 256;  // an answer's bytes at most
 
-bool mpi_running() {
+// The diagnostics communicator while MPI runs, else MPI_COMM_NULL.
+MPI_Comm census_comm() {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  return initialized && !finalized;
+  return initialized && !finalized ? diagnostics_comm() : MPI_COMM_NULL;
 }
 
 // "rank 3" or "ranks 1, 4-7".
@@ -31,7 +32,7 @@ std::string ranks_text(std::vector<int> ranks) {
     while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
     if (i > 0) s += ", ";
     s += std::to_string(ranks[i]);
-    if (j > i) s += "-" + std::to_string(ranks[j]);
+    if (j > i) s += (j == i + 1 ? ", " : "-") + std::to_string(ranks[j]);
     i = j + 1;
   }
   return s;
@@ -40,60 +41,71 @@ std::string ranks_text(std::vector<int> ranks) {
 }  // namespace
 
 void answer(const std::string& where) {
-  if (!mpi_running()) return;
-  for (;;) {
+  const MPI_Comm comm = census_comm();
+  if (comm == MPI_COMM_NULL) return;
+  // A bounded batch: the caller's wait goes on polling its own op between.
+  for (int n = 0; n < 64; ++n) {
     int found = 0;
     MPI_Message msg;
     MPI_Status st;
-    if (MPI_Improbe(MPI_ANY_SOURCE, kAskTag, MPI_COMM_WORLD, &found, &msg, &st) != MPI_SUCCESS || !found) return;
-    char none = 0;
-    MPI_Mrecv(&none, 1, MPI_CHAR, &msg, MPI_STATUS_IGNORE);
-    const std::string text = where.substr(0, kMaxText);
-    // A small message, sent eagerly: the asker posted nothing to wait on it,
-    // and it may have ended the job already, which ends this rank too.
-    MPI_Send(text.data(), static_cast<int>(text.size()), MPI_CHAR, st.MPI_SOURCE, kReplyTag, MPI_COMM_WORLD);
+    if (MPI_Improbe(MPI_ANY_SOURCE, kAskTag, comm, &found, &msg, &st) != MPI_SUCCESS || !found) return;
+    char question = 0;
+    if (MPI_Mrecv(&question, 1, MPI_CHAR, &msg, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
+    // Sent and never waited for: the asker may have ended the job (and this
+    // rank with it) before it takes the answer. The text stays allocated
+    // for the same reason; a job that asked is ending.
+    const std::string* text = new std::string(where.substr(0, kMaxText));
+    MPI_Request r;
+    if (MPI_Isend(text->data(), static_cast<int>(text->size()), MPI_CHAR, st.MPI_SOURCE, kAnswerTag, comm, &r) ==
+        MPI_SUCCESS)
+      MPI_Request_free(&r);
   }
 }
 
-std::vector<Answer> ask(std::span<const int> ranks, const std::string& where, double wait_s) {
+std::vector<int> whom_to_ask(std::span<const int> members, int me) {
+  const auto self = std::find(members.begin(), members.end(), me);
+  ORIGAMI_CHECK(self != members.end(), "census: rank ", me, " is not a member of the group it asks");
+  const size_t n = members.size(), at = static_cast<size_t>(self - members.begin());
+  std::vector<int> ranks;
+  for (size_t k = 1; k < n && k <= static_cast<size_t>(kAskAtMost); ++k) ranks.push_back(members[(at + k) % n]);
+  return ranks;
+}
+
+std::vector<Answer> ask(std::span<const int> members, const std::string& where, double wait_s) {
   std::vector<Answer> answers;
-  if (!mpi_running()) return answers;
+  const MPI_Comm comm = census_comm();
+  if (comm == MPI_COMM_NULL) return answers;
   int me = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  MPI_Comm_rank(comm, &me);
   static const char question = 1;  // outlives the sends, which are never waited for
-  std::vector<MPI_Request> sends;
-  for (const int r : ranks) {
-    if (r == me) continue;
+  for (const int r : whom_to_ask(members, me)) {
+    MPI_Request req;
+    if (MPI_Isend(const_cast<char*>(&question), 1, MPI_CHAR, r, kAskTag, comm, &req) != MPI_SUCCESS) continue;
+    MPI_Request_free(&req);  // a stopped rank never takes it; the job ends next
     answers.push_back({r, false, {}});
-    sends.emplace_back();
-    MPI_Isend(const_cast<char*>(&question), 1, MPI_CHAR, r, kAskTag, MPI_COMM_WORLD, &sends.back());
   }
-  size_t open = answers.size();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
-  while (open > 0 && std::chrono::steady_clock::now() < deadline) {
+  while (std::chrono::steady_clock::now() < deadline) {
     answer(where);
     int found = 0;
     MPI_Message msg;
     MPI_Status st;
-    if (MPI_Improbe(MPI_ANY_SOURCE, kReplyTag, MPI_COMM_WORLD, &found, &msg, &st) == MPI_SUCCESS && found) {
-      int count = 0;
-      MPI_Get_count(&st, MPI_CHAR, &count);
-      std::string text(static_cast<size_t>(std::clamp(count, 0, kMaxText)), '\0');
-      MPI_Mrecv(text.data(), static_cast<int>(text.size()), MPI_CHAR, &msg, MPI_STATUS_IGNORE);
-      for (Answer& a : answers)
-        if (a.rank == st.MPI_SOURCE && !a.answered) {
-          a.answered = true;
-          a.where = std::move(text);
-          --open;
-          break;
-        }
+    if (MPI_Improbe(MPI_ANY_SOURCE, kAnswerTag, comm, &found, &msg, &st) != MPI_SUCCESS) break;
+    if (!found) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
       continue;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    int count = 0;
+    MPI_Get_count(&st, MPI_CHAR, &count);
+    std::string text(static_cast<size_t>(std::clamp(count, 0, kMaxText)), '\0');
+    if (MPI_Mrecv(text.data(), static_cast<int>(text.size()), MPI_CHAR, &msg, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+    for (Answer& a : answers)
+      if (a.rank == st.MPI_SOURCE && !a.answered) {
+        a.answered = true;
+        a.where = std::move(text);
+        break;
+      }
   }
-  // The questions to ranks that never answered stay posted: the job ends
-  // next, and a stopped rank would never take them.
-  for (MPI_Request& r : sends) MPI_Request_free(&r);
   return answers;
 }
 
@@ -110,12 +122,10 @@ std::vector<std::string> report(const std::vector<Answer>& answers, const std::s
       elsewhere.push_back(&a);
   }
   if (!silent.empty())
-    lines.push_back(ranks_text(silent) + ": no answer (not waiting in any collective: still computing, stopped, or gone)");
-  constexpr size_t kListed = 16;
-  for (size_t i = 0; i < elsewhere.size() && i < kListed; ++i)
-    lines.push_back(ranks_text({elsewhere[i]->rank}) + ": waiting in " + elsewhere[i]->where);
-  if (elsewhere.size() > kListed)
-    lines.push_back(detail::concat(elsewhere.size() - kListed, " more waiting in other ops"));
+    lines.push_back(ranks_text(silent) +
+                    ": no answer (not in a host wait of a collective: still computing, blocked elsewhere, stopped, or "
+                    "gone)");
+  for (const Answer* a : elsewhere) lines.push_back(ranks_text({a->rank}) + ": waiting in " + a->where);
   if (!here.empty()) lines.push_back(ranks_text(here) + ": waiting in this op too");
   return lines;
 }

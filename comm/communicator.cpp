@@ -132,11 +132,14 @@ constexpr double kCensusWaitSeconds = 2.0;
   // swallow it.
   std::fprintf(stderr, "%s\n", msg);
   std::fflush(stderr);
-  // Then who the group is missing: the other members' answers (census.h).
-  if (op.members && op.members->size() > 1) {
+  // Then who the group is missing: the other members' answers (census.h;
+  // the MPI backend's ops, whose peers wait on the host too).
+  if (op.memory.is_host() && op.members && op.members->size() > 1) {
     const std::vector<census::Answer> answers = census::ask(*op.members, census_text(op, waited_s), kCensusWaitSeconds);
-    std::string lines = origami::detail::concat("[rank ", me, "] where the other members of group ", op.group,
-                                                " are (asked for ", kCensusWaitSeconds, " s):\n");
+    std::string lines = origami::detail::concat(
+        "[rank ", me, "] where ", answers.size() + 1 < op.members->size() ? "the next " : "the other ", answers.size(),
+        " member", answers.size() == 1 ? "" : "s", " of group ", op.group, " are (asked for ", kCensusWaitSeconds,
+        " s):\n");
     for (const std::string& l : census::report(answers, op_text(op)))
       lines += origami::detail::concat("[rank ", me, "]   ", l, "\n");
     std::fputs(lines.c_str(), stderr);
@@ -246,7 +249,11 @@ bool Request::test() {
 }
 
 Communicator::Communicator(std::string name, std::vector<int> members, int rank, CommOptions options)
-    : name_(std::move(name)), members_(std::move(members)), rank_(rank), options_(options) {
+    : name_(std::move(name)),
+      members_(std::move(members)),
+      shared_members_(std::make_shared<const std::vector<int>>(members_)),
+      rank_(rank),
+      options_(options) {
   ORIGAMI_CHECK(!members_.empty() && rank_ >= 0 && rank_ < static_cast<int>(members_.size()), "group ", name_,
                 ": rank ", rank_, " of ", members_.size());
   ORIGAMI_CHECK(options_.timeout_s > 0, "group ", name_, ": collective timeout must be positive, got ",
@@ -373,7 +380,7 @@ Request Communicator::launch(Call c, int64_t bytes) {
                                             ", ", (c.op == CommOp::send ? c.send_count : c.recv_count) *
                                                       static_cast<int64_t>(elem_size(c.type)),
                                             " bytes)");
-  op->members = &members_;
+  op->members = shared_members_;
   op->memory = *c.memory;
   if (!c.memory->is_host() && c.op != CommOp::barrier)
     op->hold_device_buffers(in_flight_regions(c),

@@ -203,9 +203,9 @@ class PendingOp {
   // A send's or receive's other end: " (to world rank 3, 64 bytes)"; "" for
   // collectives. A stuck receive's line then names whom it waits for.
   std::string peer_note;
-  // The group's world ranks (the communicator's members, which outlive the
-  // op's waits): whom a timed-out wait asks where they are (comm/census.h).
-  const std::vector<int>* members = nullptr;
+  // The group's world ranks, shared with the communicator: whom a
+  // timed-out wait asks where they are (comm/census.h).
+  std::shared_ptr<const std::vector<int>> members;
   Device memory;  // where the op's buffers live
   double timeout_s = 0;
   // A device op's buffers, held on that device's allocator until this op is
@@ -523,6 +523,7 @@ class Communicator {
 
   std::string name_;
   std::vector<int> members_;
+  std::shared_ptr<const std::vector<int>> shared_members_;  // members_ again, for the ops (PendingOp::members)
   int rank_ = 0;
   CommOptions options_;
   int64_t seq_ = 0;

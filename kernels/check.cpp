@@ -1,6 +1,7 @@
 // Implementation of the check family: diagnostics carry file:line and rank, and
 // a failed invariant takes the whole MPI job down instead of hanging peers.
 #include "kernels/check.h"
+#include "kernels/mpi_diagnostics.h"
 
 #include <mpi.h>
 #include <unistd.h>
@@ -28,6 +29,7 @@ std::atomic<int> g_thread_level{-1};
 std::atomic<int> g_world_rank{-1};
 std::thread::id g_main_thread;
 std::atomic<int> g_node_rank{-1}, g_node_size{-1};
+MPI_Comm g_diagnostics = MPI_COMM_NULL;  // kernels/mpi_diagnostics.h; set once, by start_mpi
 
 bool mpi_up() {
   // Both may be called from any thread, before MPI_Init and after MPI_Finalize.
@@ -138,6 +140,9 @@ void start_mpi(int* argc, char*** argv, int required) {
     MPI_Comm_size(node, &node_size);
     MPI_Comm_free(&node);
   }
+  // A collective over the world as the split is, on every rank that starts MPI.
+  if (g_diagnostics == MPI_COMM_NULL && MPI_Comm_dup(MPI_COMM_WORLD, &g_diagnostics) == MPI_SUCCESS)
+    MPI_Comm_set_errhandler(g_diagnostics, MPI_ERRORS_RETURN);
   watchdog.reset();
   g_main_thread = std::this_thread::get_id();
   g_world_rank.store(rank);
@@ -153,6 +158,8 @@ std::optional<std::pair<int, int>> mpi_node_placement() {
 }
 
 int mpi_thread_level() { return g_thread_level.load(); }
+
+MPI_Comm diagnostics_comm() { return g_diagnostics; }
 
 int world_rank_for_diagnostics() {
   const int cached = g_world_rank.load();

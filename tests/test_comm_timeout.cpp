@@ -18,11 +18,14 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <regex>
 #include <thread>
 
 #include "cli_util.h"
+#include "comm/census.h"
 #include "comm/groups.h"
+#include "comm/mpi_communicator.h"
 #include "comm/setup_deadline.h"
 
 namespace origami::comm {
@@ -57,6 +60,10 @@ int run_child(const std::string& scenario, double timeout_s) {
   Groups g = Groups::create(Layout(world, o), MPI_COMM_WORLD,
                             GroupsOptions{.comm = CommOptions{timeout_s}, .setup_timeout_s = timeout_s});
   Communicator& c = g[kind];
+  // Where the dp_elsewhere skipper waits instead: a group of its own whose
+  // timeout outlasts the others' census, so it is still there to answer.
+  const std::unique_ptr<MpiCommunicator> elsewhere =
+      whole_mpi(MPI_COMM_WORLD, "elsewhere", CommOptions{timeout_s + 60});
   const size_t n = static_cast<size_t>(c.size());
   std::vector<float> v(std::max<size_t>(8, 2 * n), 1.0f), out(2 * n, 1.0f);
   const std::vector<int64_t> counts(n, 2);
@@ -77,7 +84,7 @@ int run_child(const std::string& scenario, double timeout_s) {
   if (rank != skipper)
     step();  // seq 2
   else if (scenario == "dp_elsewhere")  // stuck in another group's op that no one else joins
-    g.world().all_reduce(std::span(v.data(), 8));
+    elsewhere->all_reduce(std::span(v.data(), 8));
   std::this_thread::sleep_for(std::chrono::duration<double>(timeout_s + 60));
   std::printf("[rank %d] still alive\n", rank);
   MPI_Finalize();
@@ -135,10 +142,11 @@ TEST(CommTimeout, SkippedAllReduceAbortsEveryRankNamingTheCall) {
       << o.result.output;
   // The census: the skipper, busy elsewhere, cannot answer; the other
   // waiting rank waits in this op too.
-  EXPECT_TRUE(std::regex_search(o.result.output, std::regex(R"(\[rank (0|2)\] where the other members of group dp are)")))
+  EXPECT_TRUE(std::regex_search(o.result.output, std::regex(R"(\[rank (0|2)\] where the other 2 members of group dp are)")))
       << o.result.output;
-  EXPECT_TRUE(std::regex_search(o.result.output, std::regex(R"(\[rank (0|2)\]   rank 1: no answer \(not waiting in any )"
-                                                            R"(collective: still computing, stopped, or gone\))")))
+  EXPECT_TRUE(std::regex_search(o.result.output, std::regex(R"(\[rank (0|2)\]   rank 1: no answer \(not in a host wait )"
+                                                            R"(of a collective: still computing, blocked elsewhere, )"
+                                                            R"(stopped, or gone\))")))
       << o.result.output;
   EXPECT_TRUE(std::regex_search(o.result.output, std::regex(R"(\[rank (0|2)\]   rank (0|2): waiting in this op too)")))
       << o.result.output;
@@ -150,8 +158,8 @@ TEST(CommTimeout, TheTimeoutReportNamesTheOpTheMissingRankWaitsIn) {
   const Outcome o = launch("dp_elsewhere", 3, kTimeout);
   EXPECT_NE(o.result.status, 0) << o.result.output;
   EXPECT_LT(o.seconds, kTimeout + 10) << o.result.output;
-  EXPECT_TRUE(std::regex_search(o.result.output, std::regex(R"(\[rank (0|2)\]   rank 1: waiting in group world op )"
-                                                            R"(all_reduce seq 0, [0-9.]+ s so far)")))
+  EXPECT_TRUE(std::regex_search(o.result.output, std::regex(R"(\[rank (0|2)\]   rank 1: waiting in group elsewhere )"
+                                                            R"(op all_reduce seq 0, [0-9.]+ s so far)")))
       << o.result.output;
   EXPECT_EQ(o.result.output.find("still alive"), std::string::npos) << o.result.output;
 }
@@ -166,6 +174,38 @@ TEST(CommTimeout, SkippedExpertAllToAllAbortsNamingTheExpertGroup) {
       << o.result.output;
   EXPECT_NE(o.result.output.find("[rank 2]   rank 3: no answer"), std::string::npos) << o.result.output;
   EXPECT_EQ(o.result.output.find("still alive"), std::string::npos) << o.result.output;
+}
+
+// The census's arithmetic (comm/census.h): whom a timed-out rank asks, and
+// how the answers read.
+TEST(Census, EachRankAsksTheNextMembersAndTheReportGroupsTheAnswers) {
+  const std::vector<int> five = {0, 2, 4, 6, 8};
+  EXPECT_EQ(census::whom_to_ask(five, 4), (std::vector<int>{6, 8, 0, 2}));
+  std::vector<int> world(40);
+  std::iota(world.begin(), world.end(), 0);
+  std::vector<int> after_38 = {39};
+  for (int r = 0; r <= 30; ++r) after_38.push_back(r);
+  EXPECT_EQ(census::whom_to_ask(world, 38), after_38) << "the next 32, wrapping";
+  // Every member is asked by the 32 ranks before it.
+  std::vector<int> asked(40, 0);
+  for (int me = 0; me < 40; ++me)
+    for (int r : census::whom_to_ask(world, me)) ++asked[static_cast<size_t>(r)];
+  EXPECT_EQ(asked, std::vector<int>(40, census::kAskAtMost));
+
+  const std::string op = "group dp op all_reduce seq 2";
+  const std::vector<census::Answer> answers = {{1, false, {}},
+                                               {2, false, {}},
+                                               {3, false, {}},
+                                               {5, false, {}},
+                                               {6, false, {}},
+                                               {4, true, op + ", 3.0 s so far"},
+                                               {7, true, "group pp op recv (from world rank 9, 64 bytes) seq 4, 2.5 s so far"},
+                                               {8, true, op + ", 3.1 s so far"}};
+  EXPECT_EQ(census::report(answers, op),
+            (std::vector<std::string>{"ranks 1-3, 5, 6: no answer (not in a host wait of a collective: still computing, "
+                                      "blocked elsewhere, stopped, or gone)",
+                                      "rank 7: waiting in group pp op recv (from world rank 9, 64 bytes) seq 4, 2.5 s so far",
+                                      "ranks 4, 8: waiting in this op too"}));
 }
 
 // Time a process did not run (RunningClock, kernels/check.h): gaps of over
