@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "comm/layout.h"
+
 namespace origami::comm {
 
 namespace {
@@ -19,20 +21,6 @@ bool finish(Request& r, Clock::time_point& deadline) {
   if (r.wait_until(deadline)) return true;
   r.abandon();
   return false;
-}
-
-// "0", "0, 2", "1-3, 5": ascending ranks, runs collapsed.
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (!s.empty()) s += ", ";
-    s += std::to_string(ranks[i]);
-    if (j > i) s += (j == i + 1 ? ", " : "-") + std::to_string(ranks[j]);
-    i = j + 1;
-  }
-  return s;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 
+#include "comm/layout.h"
 #include "kernels/check.h"
 #include "kernels/mpi_diagnostics.h"
 
@@ -26,16 +27,7 @@ MPI_Comm census_comm() {
 // "rank 3" or "ranks 1, 4-7".
 std::string ranks_text(std::vector<int> ranks) {
   std::sort(ranks.begin(), ranks.end());
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (i > 0) s += ", ";
-    s += std::to_string(ranks[i]);
-    if (j > i) s += (j == i + 1 ? ", " : "-") + std::to_string(ranks[j]);
-    i = j + 1;
-  }
-  return s;
+  return (ranks.size() == 1 ? "rank " : "ranks ") + rank_list(ranks);
 }
 
 }  // namespace

@@ -48,6 +48,19 @@ std::string format_group(const RankGroup& g) {
   return os.str();
 }
 
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!s.empty()) s += ", ";
+    s += std::to_string(ranks[i]);
+    if (j > i) s += (j == i + 1 ? ", " : "-") + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return s;
+}
+
 std::string_view axis_name(Axis a) {
   switch (a) {
     case Axis::tp: return "tp";

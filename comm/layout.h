@@ -117,6 +117,9 @@ class Layout {
 
 // "[0,2,4]".
 std::string format_group(const RankGroup& g);
+// For messages: "0", "0, 2", "1-3, 5" (ascending ranks, runs of three or
+// more collapsed).
+std::string rank_list(const std::vector<int>& ascending);
 
 // One line per group kind, e.g. "dense tp (4 groups of 2): [0,1] [2,3] ...".
 std::string describe(const Layout& layout);
