@@ -27,6 +27,7 @@ namespace origami::comm {
 #if !ORIGAMI_WITH_NCCL
 
 bool nccl_available() { return false; }
+std::string nccl_library_version() { return ""; }
 Device local_cuda_device() { ORIGAMI_USER_ERROR("this build has no CUDA support"); }
 void use_cuda_device(Device) { ORIGAMI_USER_ERROR("this build has no CUDA support"); }
 Device memory_device(const void*) { return Device::cpu(); }
@@ -392,6 +393,12 @@ class NcclCommunicator final : public Communicator {
 }  // namespace
 
 bool nccl_available() { return true; }
+
+std::string nccl_library_version() {
+  int v = 0;
+  NCCL_CHECK(ncclGetVersion(&v));  // major * 10000 + minor * 100 + patch since NCCL 2.9
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
 
 int visible_devices() {
   int count = 0;

@@ -30,6 +30,7 @@
 // A timeout's ncclCommAbort is given two seconds, then the job ends anyway.
 #pragma once
 #include <memory>
+#include <string>
 
 #include "comm/communicator.h"
 
@@ -38,6 +39,8 @@ namespace origami::comm {
 class MpiCommunicator;
 
 bool nccl_available();
+// The NCCL library this process loaded, "2.28.3"; "" in a build without NCCL.
+std::string nccl_library_version();
 
 // cuda:(local rank mod device count), the local rank this rank's index on
 // its node (kernels/threads.h). UserError when there is no device.

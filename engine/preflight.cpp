@@ -195,6 +195,35 @@ void check_same_corpus(comm::Communicator& everyone, int64_t documents, int64_t 
                    "corpus for every rank; a relative path resolves against each rank's working directory)");
 }
 
+std::string nccl_setup_lines(const std::function<const char*(const char*)>& env, const std::string& nccl_version) {
+  // From NCCL's environment variable reference: the tuning knobs whose value
+  // decides, on each rank alone, how one collective or send/recv runs.
+  static constexpr const char* kMustMatch[] = {
+      "NCCL_ALGO",           "NCCL_PROTO",            "NCCL_BUFFSIZE",          "NCCL_LL_BUFFSIZE",
+      "NCCL_LL128_BUFFSIZE", "NCCL_NTHREADS",         "NCCL_LL128_NTHREADS",    "NCCL_MIN_NCHANNELS",
+      "NCCL_MAX_NCHANNELS",  "NCCL_MIN_CTAS",         "NCCL_MAX_CTAS",          "NCCL_NCHANNELS_PER_NET_PEER",
+      "NCCL_MIN_P2P_NCHANNELS", "NCCL_MAX_P2P_NCHANNELS", "NCCL_P2P_NET_CHUNKSIZE", "NCCL_P2P_NVL_CHUNKSIZE",
+      "NCCL_P2P_PCI_CHUNKSIZE", "NCCL_P2P_LL_THRESHOLD", "NCCL_NET_OVERHEAD",     "NCCL_NVLS_ENABLE",
+      "NCCL_COLLNET_ENABLE", "NCCL_TUNER_PLUGIN",     "NCCL_LAUNCH_ORDER_IMPLICIT"};
+  std::string lines = "nccl.library = " + (nccl_version.empty() ? std::string("(none)") : nccl_version) + "\n";
+  for (const char* var : kMustMatch)
+    if (const char* v = env(var)) {
+      std::string value = v;
+      std::replace(value.begin(), value.end(), '\n', ' ');  // one line per variable
+      lines += detail::concat(var, " = ", value.empty() ? "(empty)" : value, "\n");
+    }
+  return lines;
+}
+
+void check_same_nccl_setup(comm::Communicator& world, const std::string& lines) {
+  check_same_lines(world, lines,
+                   "the ranks of this CUDA job load different NCCL libraries or set NCCL's tuning variables "
+                   "differently, and ranks that choose a different algorithm, protocol or buffer size for one "
+                   "collective wait on each other forever (rule: one NCCL version on every node, and each NCCL_* "
+                   "tuning variable set alike on every rank or on none; `mpirun -x NAME` passes this shell's value "
+                   "to every rank)");
+}
+
 void check_cuda_streams_run_apart(const Config& cfg) {
   const ParallelConfig& par = cfg.parallel;
   const bool pipeline = par.pp > 1, ring = par.cp > 1 && par.cp_comm == dense::CpComm::ring;

@@ -5,6 +5,7 @@
 // train with silently different settings, or split communicators that do not
 // fit together.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,20 @@ bool same_on_every_rank(comm::Communicator& world, const std::string& text);
 // <rule>; differing keys:" and each key that differs with its value on each
 // rank (the texts travel only then).
 void check_same_lines(comm::Communicator& world, const std::string& text, const std::string& rule);
+
+// The NCCL setup that must be alike on every rank of a CUDA job, as "key =
+// value" lines: the library's version (`nccl_version`, "" for none) and each
+// of NCCL's variables that steer its choice of algorithm, protocol, channels
+// or buffer sizes which `env` (getenv) finds set. Ranks of a communicator
+// that choose differently for one collective wait on each other forever
+// (NCCL's maintainers: set the environment alike on every rank; mpirun -x
+// passes it to other nodes). Variables that may rightly differ per node
+// (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, NCCL_DEBUG_FILE, ...) are not among them.
+std::string nccl_setup_lines(const std::function<const char*(const char*)>& env, const std::string& nccl_version);
+
+// Collective over `world`: check_same_lines over nccl_setup_lines, the
+// JobError naming each variable (or the version) that differs per rank.
+void check_same_nccl_setup(comm::Communicator& world, const std::string& lines);
 
 // The rule broken when ranks of one node would train on one GPU, or "":
 // `gpu_by_node_rank[i]` is the UUID of the GPU the node's i-th rank trains

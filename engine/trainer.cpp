@@ -17,6 +17,7 @@
 #include "comm/agreement.h"
 #include "comm/groups.h"
 #include "comm/mpi_communicator.h"
+#include "comm/nccl_communicator.h"
 #include "engine/checkpoint.h"
 #include "engine/dataset.h"
 #include "engine/device_peak.h"
@@ -264,11 +265,13 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
   r.ctx.emplace(make_context(cfg));
   {
     const auto node = comm::node_mpi(MPI_COMM_WORLD, "node", comm::CommOptions{cfg.runtime.collective_timeout_s});
-    if (const Device d = r.ctx->device(); !d.is_host())  // every rank's alike: same config, same rule
+    if (const Device d = r.ctx->device(); !d.is_host()) {  // every rank's alike: same config, same rule
+      check_same_nccl_setup(*r.everyone, nccl_setup_lines(std::getenv, comm::nccl_library_version()));
       comm::run_agreed(*r.everyone, [&] {
         check_one_rank_per_gpu(*node, cfg, cuda_device_uuid(d.index));
         check_cuda_streams_run_apart(cfg);
       });
+    }
     r.peak = measure_gemm_peak(*r.ctx, node.get());
   }
   r.groups.emplace(make_groups(cfg, *r.ctx, r.world));
