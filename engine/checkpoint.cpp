@@ -4,6 +4,7 @@
 #include "engine/checkpoint.h"
 
 #include <algorithm>
+#include <charconv>
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
@@ -212,13 +213,6 @@ std::string fresh_save_id() {
   return hex;
 }
 
-int64_t step_of(const std::string& name) {
-  if (name.size() != 13 || name.rfind("step-", 0) != 0) return -1;
-  for (size_t i = 5; i < name.size(); ++i)
-    if (name[i] < '0' || name[i] > '9') return -1;
-  return std::stoll(name.substr(5));
-}
-
 // Keeps the newest `keep` complete checkpoints up to `saved`, the step just
 // written (and named by latest). Later steps are another trajectory's (a run
 // resumed from an earlier checkpoint): never counted, so the one just saved
@@ -299,6 +293,15 @@ std::string step_dir_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
   return buf;
+}
+
+int64_t step_of(const std::string& name) {
+  if (name.size() < 13 || name.size() > 24 || name.rfind("step-", 0) != 0) return -1;
+  int64_t step = -1;
+  const char* end = name.data() + name.size();
+  if (auto [at, ec] = std::from_chars(name.data() + 5, end, step); ec != std::errc() || at != end || step < 0)
+    return -1;
+  return step_dir_name(step) == name ? step : -1;  // the one spelling a save writes
 }
 
 // A save between its start and its completion.

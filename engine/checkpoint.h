@@ -77,7 +77,10 @@ struct CheckpointSaveStats {
   int64_t host_staged_bytes = 0;
 };
 
-std::string step_dir_name(int64_t step);  // "step-00001000"
+std::string step_dir_name(int64_t step);  // "step-00001000", "step-123456789"
+// The step a step directory's name holds; -1 for any name step_dir_name
+// does not write (one spelling per step: no extra leading zeros).
+int64_t step_of(const std::string& name);
 
 // Writes checkpoints into `dir`, keeping the newest `keep` complete ones (0:
 // all). Every call is collective over `world` (every rank of the job).

@@ -2,17 +2,21 @@
 // ReplacedFiles and the dataset writer) and one run per directory
 // (DirectoryLock), including a directory moved away while a run holds it;
 // and engine/stop_signals.h's start-up window, the run's other guard
-// against losing its output.
+// against losing its output; and the step directories' names, which a run
+// finds its checkpoints by.
 // flock locks belong to an open file description, so two locks taken in
 // this one process conflict exactly as two processes' would.
 #include <gtest/gtest.h>
 
 #include <csignal>
 #include <filesystem>
+#include <fstream>
+#include <limits>
 #include <optional>
 #include <string>
 
 #include "cli_util.h"
+#include "engine/checkpoint.h"
 #include "engine/files.h"
 #include "engine/indexed_dataset.h"
 #include "engine/stop_signals.h"
@@ -118,6 +122,33 @@ TEST(StopSignals, ASignalDuringStartUpIsKeptForTheRunAndTheDefaultsComeBackAfter
     StopSignals next;  // a later run in the same process starts clean
     EXPECT_EQ(first_stop_signal(), 0);
   }
+}
+
+// Past step 99,999,999 the name grows a digit: the reader must take every
+// name the writer makes (a run of 10^8 steps could not resume, and `keep`
+// passed over its newest saves), and no other spelling of a step.
+TEST(CheckpointNames, EveryStepsDirectoryNameReadsBackAsItsStep) {
+  for (int64_t step : {int64_t{0}, int64_t{1}, int64_t{99999999}, int64_t{100000000}, int64_t{123456789012},
+                       std::numeric_limits<int64_t>::max()})
+    EXPECT_EQ(step_of(step_dir_name(step)), step) << step_dir_name(step);
+  EXPECT_EQ(step_dir_name(100000000), "step-100000000");
+  for (const char* other : {"step-", "step-1", "step-0000001", "step-000000001", "step-0100000000", "step-+0000001",
+                            "step--0000001", "step-0000001a", "step-00000001.tmp", "Step-00000001",
+                            "step-99999999999999999999", "step-00000001 "})
+    EXPECT_EQ(step_of(other), -1) << other;
+}
+
+TEST(CheckpointNames, TheNewestSaveIsFoundAcrossTheEighthDigit) {
+  ScratchDir dir("names");
+  for (const char* name : {"step-99999999", "step-100000000", "step-20000000"}) {
+    fs::create_directories(dir / name);
+    std::ofstream(dir / (std::string(name) + "/metadata.json")) << "{}";
+  }
+  CheckpointConfig ck{.dir = dir.str(), .load = "latest"};
+  // No `latest` (the job died before writing it): the newest step directory.
+  EXPECT_EQ(resolve_load(ck), dir / "step-100000000");
+  std::ofstream(dir / "latest") << "step-100000000\n";
+  EXPECT_EQ(resolve_load(ck), dir / "step-100000000");
 }
 
 }  // namespace
