@@ -454,7 +454,7 @@ RunReport RunReader::read() {
   // A run resumed under another EP size rewrote config.toml: the selected
   // steps ran at the records' EP, under the contiguous placement or one
   // this config does not describe.
-  if (r.shape.known && !layers_.empty() && layers_.front().ep > 1 && layers_.front().ep != r.shape.ep) {
+  if (r.shape.known && !layers_.empty() && layers_.front().ep != r.shape.ep) {
     r.notes.push_back(detail::concat("config.toml has parallel.ep = ", r.shape.ep, " (a resume under another layout); ",
                                      "the selected steps ran at ep ", layers_.front().ep,
                                      ": their placement is taken as contiguous"));

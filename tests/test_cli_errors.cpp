@@ -56,7 +56,7 @@ class CliErrors : public ::testing::Test {
     return run_command(kBinary + " train " + (dir / "c.toml") + " " + args);
   }
 
-  void expect_user_error(const testing::CommandResult& r, std::initializer_list<std::string> needles) {
+  void expect_user_error(const testing::CommandResult& r, const std::vector<std::string>& needles) {
     EXPECT_EQ(r.status, 2) << r.output;
     for (const std::string& n : needles) EXPECT_NE(r.output.find(n), std::string::npos) << "missing '" << n << "' in:\n"
                                                                                           << r.output;
@@ -161,6 +161,40 @@ TEST_F(CliErrors, EvalSamplesOutOfRange) {
   r = run_command(kBinary + " eval " + (dir / "c.toml") + " --weights " + (dir / "w") + " --data " + (dir / "good") +
                   " --samples 100000");
   expect_user_error(r, {"--samples", "windows"});
+}
+
+// Option values the parser would otherwise read as something else: an
+// empty value as "not given" (an --html written nowhere, --only selecting
+// every op), an integer past 64 bits as the largest one (and the message
+// quoting a number nobody typed), an empty item of a comma list as no item.
+TEST_F(CliErrors, EmptyValuesHugeIntegersAndEmptyListItemsAreRefusedAsTyped) {
+  write_file(dir / "c.toml", tiny_config(dir / "good"));
+  const std::string config = dir / "c.toml";
+  const std::pair<std::string, std::vector<std::string>> cases[] = {
+      {" imbalance " + (dir / "none") + " --html ''", {"--html: an empty value (rule: give one"}},
+      {" bench kernels --only ''", {"--only: an empty value"}},
+      {" bench checkpoint --config " + config + " --dir ''", {"--dir: an empty value"}},
+      {" plan ''", {"config: an empty value"}},
+      {" train " + config + " --set ''", {"--set: an empty value"}},
+      {" bench comm --max-bytes 99999999999999999999", {"--max-bytes: '99999999999999999999' does not fit in 64 bits"}},
+      {" eval " + config + " --weights w --data d --samples 99999999999999999999",
+       {"--samples: '99999999999999999999' does not fit in 64 bits"}},
+      {" plan " + config + " --world 2 --set parallel.pp=2 --pp-layers 1,,1",
+       {"--pp-layers '1,,1': item 2 is empty (rule: comma-separated items, none empty)"}},
+      {" plan " + config + " --world 2 --set parallel.pp=2 --pp-layers 1,", {"--pp-layers '1,': item 2 is empty"}},
+      {" plan " + config + " --world 2 --set parallel.pp=2 --pp-layers 99999999999999999999,1",
+       {"--pp-layers '99999999999999999999': not a whole number of layers"}},
+      {" bench kernels --skip attention,", {"--skip 'attention,': item 2 is empty"}},
+  };
+  for (const auto& [args, needles] : cases) {
+    SCOPED_TRACE(args);
+    const auto r = run_command(kBinary + args);
+    expect_user_error(r, needles);
+    EXPECT_EQ(r.output.find("9223372036854775807"), std::string::npos) << r.output;
+  }
+  // A list as meant still parses.
+  auto r = run_command(kBinary + " plan " + config + " --world 1 --pp-layers 1");
+  EXPECT_EQ(r.status, 0) << r.output;
 }
 
 }  // namespace

@@ -445,6 +445,69 @@ TEST(Imbalance, TheRunsPlacementIsTheBeforeAndObeysTheConfigsRules) {
       << r.output;
 }
 
+// An output that is an input would replace the run's records or config
+// (the next report then reads HTML, or a placement table as the config);
+// two outputs on one file would keep the last. Both refused before anything
+// is written. Without --out the placement is stdout's only content, so
+// `> placement.toml` gives a file the config loader takes.
+TEST(Imbalance, OutputsNeverReplaceInputsAndThePlacementAloneGoesToStdout) {
+  ScratchDir dir("imbalance-outputs");
+  Synthetic s;
+  s.experts = 8, s.skew = 1.2, s.steps = 12;
+  const uint64_t seed = write_run(dir / "run", s);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const std::string metrics = read_file(dir / "run/metrics.jsonl"), config = read_file(dir / "run/config.toml");
+  std::filesystem::create_directory_symlink(dir / "run", dir / "link");
+  const std::pair<std::string, std::string> refused[] = {
+      {" --html " + (dir / "run/metrics.jsonl"), "--html " + (dir / "run/metrics.jsonl") + ": is the metrics of RUN"},
+      {" --html " + (dir / "link/../run/metrics.jsonl"), ": is the metrics of RUN"},
+      {" --place --ep 4 --out " + (dir / "link/config.toml"), ": is the config beside RUN"},
+      {" --place --ep 4 --out " + (dir / "p.toml") + " --html " + (dir / "p.toml"), ": the same file"},
+  };
+  for (const auto& [args, needle] : refused) {
+    const CommandResult r = run_command(kBinary + " imbalance " + (dir / "run") + args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
+    EXPECT_NE(r.output.find("(rule: "), std::string::npos) << r.output;
+  }
+  EXPECT_EQ(read_file(dir / "run/metrics.jsonl"), metrics);
+  EXPECT_EQ(read_file(dir / "run/config.toml"), config);
+  EXPECT_FALSE(std::filesystem::exists(dir / "p.toml"));
+
+  const CommandResult r =
+      run_command("(" + kBinary + " imbalance " + (dir / "run") + " --place --ep 4 > " + (dir / "placement.toml") + ")");
+  EXPECT_EQ(r.status, 1) << r.output;  // skewed: alerts
+  EXPECT_NE(r.output.find("EP max/mean"), std::string::npos) << "the report, on stderr:\n" << r.output;
+  const std::string placement = read_file(dir / "placement.toml");
+  EXPECT_EQ(placement.find("EP max/mean"), std::string::npos) << placement;
+  const toml::table t = toml::parse(placement);
+  EXPECT_EQ(t["moe"]["expert_placement"]["ep"].value_or(0), 4) << placement;
+}
+
+// Records of one EP rank under a config.toml of two (a run resumed at
+// another EP size; the selection before it): read at the records' EP, with
+// the note, as for any other change of EP size.
+TEST(Imbalance, RecordsOfOneEpRankUnderAConfigOfTwoGetTheResumeNote) {
+  ScratchDir dir("imbalance-ep1");
+  Synthetic s;
+  s.experts = 8, s.ep = 1, s.steps = 12;
+  const uint64_t seed = write_run(dir / "run", s);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::string config = read_file(dir / "run/config.toml");
+  config.replace(config.find("ep = 1"), 6, "ep = 2");
+  write_file(dir / "run/config.toml", config);
+  const CommandResult r = run_command(kBinary + " imbalance " + (dir / "run") + " --json");
+  EXPECT_LE(r.status, 1) << r.output;  // alerts or none: the draw decides
+  const json got = json::parse(r.output, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(got.contains("runs")) << r.output;
+  const json& run = got["runs"][0];
+  EXPECT_EQ(run["config"]["ep"], 1);
+  ASSERT_EQ(run["notes"].size(), 1u) << run.dump();
+  EXPECT_NE(run["notes"][0].get<std::string>().find("config.toml has parallel.ep = 2 (a resume under another layout)"),
+            std::string::npos)
+      << run.dump();
+}
+
 // The values of data-key="..." data-value="..." cells of one element's subtree.
 std::map<std::string, std::string> cells(const std::string& html) {
   std::map<std::string, std::string> out;

@@ -433,11 +433,13 @@ void add_bench_kernels_command(CLI::App& bench) {
   cmd->add_option("--samples", o->samples, "Timed samples per op (median reported)")->check(CLI::Range(1, 1000));
   cmd->add_option("--warmup", o->warmup, "Untimed calls per op first")->check(CLI::Range(0, 1000))
       ->capture_default_str();
-  cmd->add_option("--only", o->only, "Only the ops whose key starts with one of these (comma-separated)")
-      ->delimiter(',');
-  cmd->add_option("--skip", o->skip, "Leave out the ops whose key starts with one of these")->delimiter(',');
+  auto only = std::make_shared<std::vector<std::string>>(), skip = std::make_shared<std::vector<std::string>>();
+  cmd->add_option("--only", *only, "Only the ops whose key starts with one of these (comma-separated)");
+  cmd->add_option("--skip", *skip, "Leave out the ops whose key starts with one of these (comma-separated)");
   cmd->add_flag("--json", o->json, "Print one JSON object");
-  cmd->callback([o] {
+  cmd->callback([o, only, skip] {
+    o->only = comma_items(*only, "--only");
+    o->skip = comma_items(*skip, "--skip");
     require_one_process("bench kernels");
     run_bench_kernels(*o);
   });

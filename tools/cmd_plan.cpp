@@ -9,6 +9,7 @@
 // of W ranks ranked by estimated step time. With --params: the §6 ZeRO state
 // of P parameters sharded over W ranks at each stage. Only rank 0 prints;
 // nothing here communicates.
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -32,7 +33,8 @@ struct PlanArgs {
   int64_t world = 0;
   int stage = -1;  // -1: parallel.zero_stage
   std::string recipe;  // empty: the config's runtime.precision (plan_input), fp32 with --params
-  std::vector<int64_t> pp_layers;
+  std::vector<std::string> pp_layers_given;  // --pp-layers as written
+  std::vector<int64_t> pp_layers;            // parsed from it
   double params = 0;
   plan::Machine machine;
   double link_gbs = 0;  // > 0: both bandwidths
@@ -538,9 +540,9 @@ void add_plan_command(CLI::App& app) {
                   "fp32 (4+4+8 bytes/param) or bf16 (2+2+4+8: master weights beside the moments); default: the "
                   "config's runtime.precision as train resolves it, fp32 with --params")
       ->check(CLI::IsMember({"fp32", "bf16"}));
-  cmd->add_option("--pp-layers", a->pp_layers,
-                  "Layers per pipeline stage of the configured layout (default: parallel.pp_layers, else even)")
-      ->delimiter(',');
+  cmd->add_option("--pp-layers", a->pp_layers_given,
+                  "Layers per pipeline stage of the configured layout, comma-separated (default: "
+                  "parallel.pp_layers, else even)");
   cmd->add_option("--params", a->params, "Without a config: ZeRO state of this many parameters over --world ranks")
       ->check(finite_positive());
   cmd->add_option("--flops-per-rank", a->machine.flops_per_rank, "Sustained FLOP/s per rank (default 4e14)")
@@ -560,7 +562,18 @@ void add_plan_command(CLI::App& app) {
       ->check(finite_positive());
   cmd->add_option("--top", a->top, "Rows of the ranked layout table (default 10)")->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--json", a->json, "Print everything as one JSON object");
-  cmd->callback([a] { run_plan(*a); });
+  cmd->callback([a] {
+    a->pp_layers.clear();
+    for (const std::string& item : comma_items(a->pp_layers_given, "--pp-layers")) {
+      int64_t n = 0;
+      const char* end = item.data() + item.size();
+      if (auto [at, ec] = std::from_chars(item.data(), end, n); ec != std::errc() || at != end)
+        ORIGAMI_USER_ERROR("--pp-layers '", shorten(item), "': not a whole number of layers (rule: a comma-separated "
+                           "count of layers per pipeline stage, e.g. 3,3,2)");
+      a->pp_layers.push_back(n);
+    }
+    run_plan(*a);
+  });
 }
 
 }  // namespace origami::tools

@@ -21,6 +21,17 @@ CLI::Validator finite_in(double lo, double hi);
 // would otherwise take the words after it too, the config's path among
 // them (`plan --set a=1 CONFIG`).
 CLI::Option* add_set_option(CLI::App* cmd, std::vector<std::string>& overrides);
+// A comma-separated list option (`--only a,b`, repeatable), registered as
+// text and split here: CLI11's own splitting drops empty items, so "2,,2"
+// read as 2,2 and "" as no list at all. UserError naming the option and
+// the text for an empty item.
+std::vector<std::string> comma_items(const std::vector<std::string>& given, std::string_view option);
+// Every value-taking option and positional of `app` and its subcommands
+// refuses an empty value (an empty --html or --out would read as "not
+// given" and write elsewhere, or nowhere), and every integer one a number
+// past 64 bits (CLI11 saturates it, and the message then quotes a value
+// nobody typed). Run once, after every subcommand is registered.
+void check_every_value(CLI::App& app);
 // The median of benchmark repeats (the upper middle of an even count).
 double median(std::vector<double> v);
 // The host-engine benchmarks (bench step, moe-layer, checkpoint) refuse a

@@ -20,6 +20,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <csignal>
 #include <cmath>
@@ -217,6 +218,44 @@ CLI::Option* add_set_option(CLI::App* cmd, std::vector<std::string>& overrides) 
       ->allow_extra_args(false);
 }
 
+std::vector<std::string> comma_items(const std::vector<std::string>& given, std::string_view option) {
+  std::vector<std::string> items;
+  for (const std::string& text : given) {
+    size_t from = 0;
+    while (true) {
+      const size_t comma = text.find(',', from);
+      const std::string item = text.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
+      if (item.empty())
+        ORIGAMI_USER_ERROR(option, " '", shorten(text), "': item ", items.size() + 1,
+                           " is empty (rule: comma-separated items, none empty)");
+      items.push_back(item);
+      if (comma == std::string::npos) break;
+      from = comma + 1;
+    }
+  }
+  return items;
+}
+
+void check_every_value(CLI::App& app) {
+  for (CLI::Option* opt : app.get_options()) {
+    if (opt->get_items_expected_min() == 0) continue;  // a flag
+    const bool integer = opt->get_type_name().starts_with("INT") || opt->get_type_name().starts_with("UINT");
+    opt->check(CLI::Validator(
+        [integer](std::string& text) -> std::string {
+          if (text.empty()) return "an empty value (rule: give one, or leave the option out)";
+          if (!integer) return "";
+          int64_t v = 0;
+          const char* end = text.data() + text.size();
+          const char* from = text.data() + (text[0] == '+' ? 1 : 0);
+          if (auto [at, ec] = std::from_chars(from, end, v); ec == std::errc::result_out_of_range)
+            return "'" + shorten(text) + "' does not fit in 64 bits";
+          return "";  // CLI11 names what is not a number at all
+        },
+        ""));
+  }
+  for (CLI::App* sub : app.get_subcommands({})) check_every_value(*sub);
+}
+
 CLI::Validator finite_in(double lo, double hi) {
   const std::string range = detail::concat("in [", lo, ", ", hi, "]");
   return finite_validator([lo, hi](double v) { return v >= lo && v <= hi; }, range, "FINITE " + range);
@@ -255,6 +294,7 @@ int main(int argc, char** argv) {
   origami::tools::add_export_command(app);
   int verdict = 0;  // a command's own non-error status (imbalance: 1 when an alert fired)
   origami::tools::add_imbalance_command(app, verdict);
+  origami::tools::check_every_value(app);
 
   int status = 0;
   std::string message;
