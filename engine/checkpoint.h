@@ -160,6 +160,8 @@ struct SavedFile {
 struct CheckpointInfo {
   std::string dir;
   int64_t step = 0;
+  std::string save_id;            // the save's 64 random bits, hex ("" in a save without one)
+  uint64_t metadata_xxh3 = 0;     // of metadata.json's bytes: which lists every file's digest
   int64_t world = 1, tp = 1, cp = 1, pp = 1, ep = 1, etp = 1, dp = 1, edp = 1, zero_stage = 0;
   std::string order;
   std::vector<int64_t> stage_layers;

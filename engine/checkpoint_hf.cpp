@@ -12,6 +12,7 @@
 #include "engine/checkpoint.h"
 #include "engine/export.h"
 #include "engine/files.h"
+#include "engine/preflight.h"
 
 namespace origami {
 
@@ -70,13 +71,24 @@ void export_checkpoint(const std::string& step_dir, const std::string& out_dir, 
 
 void load_hf_init(const std::string& dir, const Config& cfg, Model& model, const comm::Groups& groups,
                   comm::Communicator& world) {
+  HfFiles hf;
+  std::string identity;
   comm::run_agreed(world, [&] {
-    HfFiles hf;
     try {
       hf = open_hf_dir(dir);
     } catch (const UserError& e) {
       ORIGAMI_USER_ERROR(cfg.origin("checkpoint.init_from_hf"), ": checkpoint.init_from_hf: ", e.what());
     }
+    identity = hf.identity();
+  }, io_meeting_wait(cfg));
+  // Each rank opened the directory on its own file system view: copies per
+  // node are fine, other weights are not (each rank would start its shards
+  // from another model).
+  check_same_lines(world, identity,
+                   "the ranks of this job read different weights through checkpoint.init_from_hf (rule: one set of "
+                   "weights for every rank: a path every node mounts, or identical copies; a relative path "
+                   "resolves against each rank's working directory)");
+  comm::run_agreed(world, [&] {
     const std::vector<std::string> wanted = export_tensor_order(model.units(), cfg.model, cfg.moe);
     const std::set<std::string> known(wanted.begin(), wanted.end());
     for (const auto& [tensor, file] : hf.by_tensor)

@@ -15,9 +15,10 @@
 #include "engine/checkpoint_format.h"
 #include "engine/export.h"
 #include "engine/files.h"
-#include "engine/json_file.h"
 #include "engine/optimizer.h"
 #include "engine/plan.h"
+#include "engine/preflight.h"
+#include "engine/safetensors.h"
 
 namespace origami {
 
@@ -165,12 +166,20 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
     ORIGAMI_USER_ERROR(path, ": missing (rule: a checkpoint is complete only once rank 0 wrote metadata.json, "
                              "after every rank's files; this directory is an unfinished save or not a checkpoint)",
                        latest_hint(fs::path(step_dir) / "latest", "this is a checkpoint.dir"));
-  const auto j = read_json_file<nlohmann::ordered_json>(path, "checkpoint metadata", int64_t{1} << 31);
+  const std::string text = InputFile(path, "checkpoint metadata").read_all(int64_t{1} << 31);
+  info.metadata_xxh3 = digest_of(text.data(), static_cast<int64_t>(text.size()));
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::ordered_json::exception& e) {
+    ORIGAMI_USER_ERROR(path, ": not valid JSON: ", e.what());
+  }
   const MetaReader m{path};
   if (m.text(j, "format") != kFormat) m.bad("format", std::string("must be \"") + kFormat + "\"");
   if (m.integer(j, "version") != kFormatVersion)
     m.bad("version", "this build reads version " + std::to_string(kFormatVersion));
   info.step = m.integer(j, "step");
+  info.save_id = j.contains("save_id") && j["save_id"].is_string() ? j["save_id"].get<std::string>() : "";
   const nlohmann::ordered_json& lay = m.at(j, "layout", "");
   info.world = m.integer(lay, "world", "layout");
   info.tp = m.integer(lay, "tp", "layout");
@@ -204,7 +213,9 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
   info.train.lr = lr.get<double>();
   info.train.consumed_samples = m.integer(train, "consumed_samples", "train");
   info.train.windows_per_epoch = m.integer(train, "windows_per_epoch", "train");
-  info.train.seed = static_cast<uint64_t>(m.integer(train, "seed", "train"));
+  const int64_t seed = m.integer(train, "seed", "train");
+  if (seed < 0) m.bad("train.seed", "must be in 0..2^63 - 1 (training.seed's range), got " + std::to_string(seed));
+  info.train.seed = static_cast<uint64_t>(seed);
   const nlohmann::ordered_json& shuffle = m.at(train, "shuffle", "train");
   if (!shuffle.is_boolean()) m.bad("train.shuffle", "must be true or false");
   info.train.shuffle = shuffle.get<bool>();
@@ -226,6 +237,7 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
     f.name = m.text(files[i], "name", where);
     const int64_t rank = m.integer(files[i], "rank", where);
     f.bytes = m.integer(files[i], "bytes", where);
+    if (f.bytes < 0) m.bad(where + ".bytes", "must be >= 0, got " + std::to_string(f.bytes));
     const std::string hex = m.text(files[i], "xxh3", where);
     if (hex.size() != 16 || hex.find_first_not_of("0123456789abcdef") != std::string::npos)
       m.bad(where + ".xxh3", "must be 16 hex digits");
@@ -448,9 +460,26 @@ TrainState load_checkpoint(const std::string& step_dir, const Config& cfg, Model
   CheckpointInfo info;
   comm::run_agreed(world, [&] {
     info = read_checkpoint_info(step_dir);
+    // A step directory renamed by hand: the name would say one step and
+    // the run resume at another (and `latest`-less resolution, newest by
+    // name, pick it over a later save).
+    if (const int64_t named = step_of(fs::path(step_dir).filename().string()); named >= 0 && named != info.step)
+      ORIGAMI_USER_ERROR(step_dir, ": named for step ", named, ", but its metadata.json holds step ", info.step,
+                         " (rule: a step directory keeps the name its save gave it, step_dir_name(step); renamed by "
+                         "hand?)");
     check_model_shape(info, cfg);
     verify_checkpoint_files(info, groups.world_rank(), world.size());
   }, io_meeting_wait(cfg));
+  // Each rank resolved checkpoint.load on its own file system view: copies
+  // per node are fine, different saves are not (each rank would continue
+  // its own run, or wait at a step the others never reach). metadata.json
+  // lists every file's digest, so equal metadata is one save.
+  check_same_lines(world,
+                   detail::concat("checkpoint.step = ", info.step, "\ncheckpoint.save_id = ", info.save_id,
+                                  "\ncheckpoint.metadata_xxh3 = ", digest_hex(info.metadata_xxh3), "\n"),
+                   "the ranks of this job resolved checkpoint.load to different checkpoints (rule: every rank loads "
+                   "one save: checkpoint.load names the same checkpoint on every rank, e.g. a path on a file "
+                   "system every node mounts; a relative path resolves against each rank's working directory)");
   comm::run_agreed(world, [&] {
     CheckpointReader reader(info);
     fill_held_state(model, groups, /*with_moments=*/true,

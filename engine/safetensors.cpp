@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <cstring>
+#include <filesystem>
+#include <map>
 #include <optional>
 #include <set>
 #include <xxhash.h>
@@ -249,10 +251,39 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path) {
   return out;
 }
 
+uint64_t SafetensorsFile::sampled_digest() const {
+  XXH3_state_t* state = XXH3_createState();
+  ORIGAMI_CHECK(state != nullptr && XXH3_64bits_reset(state) == XXH_OK, "XXH3 state");
+  auto add = [&](const unsigned char* p, int64_t n) {
+    ORIGAMI_CHECK(XXH3_64bits_update(state, p, static_cast<size_t>(n)) == XXH_OK, "XXH3 update");
+  };
+  constexpr int64_t kSample = 4096;
+  add(map_.data(), data_start_);  // length and header: names, shapes, offsets
+  for (const auto& [name, e] : entries_) {
+    const int64_t n = e.end - e.begin;
+    add(data(e), std::min(n, kSample));
+    if (n > kSample) add(data(e) + n - std::min(n - kSample, kSample), std::min(n - kSample, kSample));
+  }
+  const uint64_t digest = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return digest;
+}
+
+std::string HfFiles::identity() const {
+  std::map<std::string, std::string> lines;  // by file name: the same order on every rank
+  for (const auto& f : files)
+    lines[std::filesystem::path(f->path()).filename().string()] =
+        detail::concat(f->size(), " bytes, sampled xxh3 ", digest_hex(f->sampled_digest()));
+  std::string text;
+  for (const auto& [name, line] : lines) text += name + " = " + line + "\n";
+  return text;
+}
+
 HfFiles open_hf_dir(const std::string& dir) {
   HfFiles hf;
   const std::string index = dir + "/model.safetensors.index.json";
   std::vector<std::string> names;
+  std::map<std::string, std::string> weight_map;  // tensor -> file, from the index
   // As Hugging Face's loader: the single file first, the index's shards only
   // without one (an export into a sharded download leaves both).
   if (!std::filesystem::exists(dir + "/model.safetensors") && std::filesystem::exists(index)) {
@@ -263,6 +294,7 @@ HfFiles open_hf_dir(const std::string& dir) {
     for (const auto& [tensor, file] : j["weight_map"].items()) {
       if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
         ORIGAMI_USER_ERROR(index, ": weight_map.", tensor, ": must name a file in ", dir);
+      weight_map[tensor] = file.get<std::string>();
       files.insert(file.get<std::string>());
     }
     names.assign(files.begin(), files.end());
@@ -275,6 +307,22 @@ HfFiles open_hf_dir(const std::string& dir) {
       const auto [it, fresh] = hf.by_tensor.emplace(tensor, hf.files.back().get());
       if (!fresh) ORIGAMI_USER_ERROR(dir, "/", n, ": tensor '", tensor, "' is also in ", it->second->path());
     }
+  }
+  // The index is what Hugging Face's loader reads: a tensor it places in
+  // another file, or leaves out, would load there differently or not at all.
+  if (!weight_map.empty()) {
+    const std::string rule = " (rule: weight_map names, for every tensor of the shards, the file holding it)";
+    for (const auto& [tensor, file] : weight_map) {
+      const auto it = hf.by_tensor.find(tensor);
+      if (it == hf.by_tensor.end())
+        ORIGAMI_USER_ERROR(index, ": weight_map.", tensor, ": names ", file, ", which holds no such tensor", rule);
+      if (const std::string holder = std::filesystem::path(it->second->path()).filename().string(); holder != file)
+        ORIGAMI_USER_ERROR(index, ": weight_map.", tensor, ": names ", file, ", but the tensor is in ", holder, rule);
+    }
+    for (const auto& [tensor, file] : hf.by_tensor)
+      if (!weight_map.count(tensor))
+        ORIGAMI_USER_ERROR(index, ": weight_map: lacks tensor '", tensor, "', which ",
+                           std::filesystem::path(file->path()).filename().string(), " holds", rule);
   }
   return hf;
 }

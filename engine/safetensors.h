@@ -73,6 +73,10 @@ class SafetensorsFile {
   const unsigned char* data(const Entry& e) const { return map_.data() + data_start_ + e.begin; }
   // The tensor copied out of the mapping (host f32, of `category`).
   Tensor read(const Entry& e, MemCategory category) const;
+  // XXH3-64 of the header and of each tensor's first and last 4 KiB: tells
+  // copies of one file from other files (another export, another step's
+  // weights change every tensor) without reading gigabytes.
+  uint64_t sampled_digest() const;
 
  private:
   MappedFile map_;
@@ -88,11 +92,15 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path);
 // A consolidated Hugging Face directory: model.safetensors, or, without
 // one, HF's shards as model.safetensors.index.json's weight_map names them
 // (Hugging Face's own order of preference); each file mapped,
-// and which holds each tensor. UserError naming the file for a bad index, a
-// malformed file or a tensor in two files.
+// and which holds each tensor. UserError naming the file for a bad index
+// (one whose weight_map does not say, for each tensor, the file holding
+// it), a malformed file or a tensor in two files.
 struct HfFiles {
   std::vector<std::unique_ptr<SafetensorsFile>> files;
   std::map<std::string, const SafetensorsFile*> by_tensor;
+  // "<file> = <bytes> bytes, sampled xxh3 <hex>" per file, by name: what
+  // ranks compare to prove they read the same weights.
+  std::string identity() const;
 };
 HfFiles open_hf_dir(const std::string& dir);
 

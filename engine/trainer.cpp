@@ -262,6 +262,12 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
   // checkpoint directory as rank 0 left it (a repaired save in place).
   const CheckpointConfig& ck = cfg.checkpoint;
   comm::run_agreed(*r.everyone, [&] { r.resume_dir = resolve_load(ck); }, io_meeting_wait(cfg));
+  // Ranks that disagree on whether to resume would call different
+  // collectives; which save each resumes from is compared as it loads.
+  check_same_lines(*r.everyone, r.resume_dir ? "checkpoint.load = resumes from a checkpoint\n"
+                                             : "checkpoint.load = finds no checkpoint (a fresh start)\n",
+                   "the ranks of this job resolved checkpoint.load differently (rule: every rank resumes from one "
+                   "save, or none does: checkpoint.dir and checkpoint.load name the same place on every rank)");
   r.ctx.emplace(make_context(cfg));
   {
     const auto node = comm::node_mpi(MPI_COMM_WORLD, "node", comm::CommOptions{cfg.runtime.collective_timeout_s});

@@ -716,6 +716,11 @@ TEST_F(Checkpoint, DamagedCheckpointsAreRefusedNamingTheFileOrKey) {
       {"config-garbage", "", [&](const std::string& d) {
          edit_json(d, [](nlohmann::ordered_json& j) { j["config"] = "[model\nhidden_size = "; });
        }, {"metadata.json (config)"}},
+      {"negative-seed", "", [&](const std::string& d) { edit_metadata(d, "train", "seed", -1); },
+       {"metadata.json: train.seed: must be in 0..2^63 - 1 (training.seed's range), got -1", "damaged"}},
+      {"negative-bytes", "", [&](const std::string& d) {
+         edit_json(d, [](nlohmann::ordered_json& j) { j["files"][0]["bytes"] = -1; });
+       }, {"metadata.json: files[0].bytes: must be >= 0, got -1"}},
       {"no-files", "", [&](const std::string& d) {
          edit_json(d, [](nlohmann::ordered_json& j) { j["files"] = nlohmann::ordered_json::array(); });
        }, {"metadata.json: files: lists 0 files; a save of 1 rank(s) writes 2"}},
@@ -763,6 +768,16 @@ TEST_F(Checkpoint, DamagedCheckpointsAreRefusedNamingTheFileOrKey) {
     EXPECT_EQ(r.status, 2) << r.output;
     for (const std::string& e : c.expected) EXPECT_NE(r.output.find(e), std::string::npos) << e << "\n" << r.output;
     EXPECT_EQ(r.output.find("step    "), std::string::npos) << "no step ran:\n" << r.output;
+  }
+  // A step directory renamed by hand: its name and its metadata disagree.
+  {
+    const std::string renamed = *dir_ / "damaged-renamed/step-00000012";
+    fs::create_directories(renamed);
+    fs::copy(src, renamed, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+    auto r = train("damaged-run-renamed", 1, "--set training.steps=14 --set checkpoint.load=" + renamed);
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find(renamed + ": named for step 12, but its metadata.json holds step 10"), std::string::npos)
+        << r.output;
   }
   // inspect --verify finds the flipped byte too; the intact checkpoint passes.
   auto r = run_command(std::string(ORIGAMI_BINARY) + " checkpoint inspect --verify " + *dir_ / "damaged-flipped/step-00000010");
@@ -978,6 +993,30 @@ TEST_F(Checkpoint, InitFromHfLoadsAConsolidatedExportIntoAnyLayout) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(fs::exists(*dir_ / "hf-sharded/model.safetensors"));
   EXPECT_FALSE(fs::exists(*dir_ / "hf-sharded/model.safetensors.index.json")) << "the replaced shards' index was kept";
+  // An index that does not say where each tensor is (Hugging Face's loader
+  // reads it): a tensor placed in the wrong file, one left out, one that no
+  // file holds. Each refused naming the index key.
+  fs::remove(*dir_ / "hf-sharded/model.safetensors");
+  for (const auto& [edit, needle] :
+       {std::pair<std::function<void(nlohmann::json&)>, std::string>{
+            [](nlohmann::json& j) { j["weight_map"]["model.embed_tokens.weight"] = "model-00002-of-00002.safetensors"; },
+            "weight_map.model.embed_tokens.weight: names model-00002-of-00002.safetensors, but the tensor is in "
+            "model-00001-of-00002.safetensors"},
+        {[](nlohmann::json& j) { j["weight_map"].erase("model.embed_tokens.weight"); },
+         "weight_map: lacks tensor 'model.embed_tokens.weight', which model-00001-of-00002.safetensors holds"},
+        {[](nlohmann::json& j) { j["weight_map"]["bogus.weight"] = "model-00001-of-00002.safetensors"; },
+         "weight_map.bogus.weight: names model-00001-of-00002.safetensors, which holds no such tensor"}}) {
+    nlohmann::json bad = index;
+    edit(bad);
+    ASSERT_TRUE(index["weight_map"].contains("model.embed_tokens.weight"));
+    testing::write_file(*dir_ / "hf-sharded/model.safetensors.index.json", bad.dump());
+    r = train("hf-bad-index", 1, one_step + (*dir_ / "hf-sharded"));
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("model.safetensors.index.json: " + needle), std::string::npos) << needle << "\n" << r.output;
+    EXPECT_NE(r.output.find("(rule: weight_map names, for every tensor of the shards, the file holding it)"),
+              std::string::npos)
+        << r.output;
+  }
   // A file of another model is refused, naming it.
   r = train("hf-wrong", 1, one_step + (*dir_ / "hf") + " --set model.ffn_hidden_size=256");
   EXPECT_EQ(r.status, 2) << r.output;
@@ -985,6 +1024,60 @@ TEST_F(Checkpoint, InitFromHfLoadsAConsolidatedExportIntoAnyLayout) {
                           "the config needs [256, 128]"),
             std::string::npos)
       << r.output;
+}
+
+// Each rank resolves checkpoint.load and init_from_hf on its own view of
+// the file system (a relative path under per-rank working directories,
+// node-local copies). Copies of one save are fine; different saves or
+// weights are refused on every rank before any step, naming what differs:
+// unchecked, each rank trained on from its own state, or waited at a step
+// the others never reached.
+TEST_F(Checkpoint, RanksThatResolveDifferentSavesOrWeightsAreRefusedAndCopiesAreNot) {
+  ASSERT_EQ(base().size(), 20u);
+  for (const char* d : {"rank0", "rank1"}) fs::create_directories(*dir_ / d);
+  auto mpmd = [&](const std::string& tag, const std::string& extra) {
+    const std::string cmd = std::string(ORIGAMI_BINARY) + " train " + ORIGAMI_SOURCE_DIR +
+                            "/configs/tiny-moe.toml --set data.path=" + (*dir_ / "fortunes") + " --set logging.dir=" +
+                            (*dir_ / tag) + " --set checkpoint.dir=" + ck(tag) + " --set export.dir= " +
+                            "--set parallel.ep=2 " + extra;
+    return run_command("ORIGAMI_HOST_STAND_IN=1 " + std::string(ORIGAMI_MPIEXEC) +
+                       " --allow-run-as-root --oversubscribe --bind-to none -np 1 --wdir " + (*dir_ / "rank0") + " " +
+                       cmd + " : -np 1 --wdir " + (*dir_ / "rank1") + " " + cmd);
+  };
+  fs::copy(step_dir("base", 10), *dir_ / "rank0/ld", fs::copy_options::recursive);
+  fs::copy(step_dir("base", 15), *dir_ / "rank1/ld", fs::copy_options::recursive);
+  auto r = mpmd("mpmd-saves", "--set training.steps=17 --set checkpoint.load=ld");
+  EXPECT_EQ(r.status, 2) << r.output;
+  for (const char* needle : {"error: the ranks of this job resolved checkpoint.load to different checkpoints",
+                             "checkpoint.step: 10 on rank 0; 15 on rank 1", "checkpoint.save_id: "})
+    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
+  EXPECT_EQ(r.output.find("step    "), std::string::npos) << "no step ran:\n" << r.output;
+  // The same save copied to each rank: resumed.
+  fs::remove_all(*dir_ / "rank1/ld");
+  fs::copy(step_dir("base", 10), *dir_ / "rank1/ld", fs::copy_options::recursive);
+  r = mpmd("mpmd-copies", "--set training.steps=11 --set checkpoint.load=ld");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from ld at step 10"), std::string::npos) << r.output;
+
+  // Initial weights: two random inits' exports, one per rank, then copies of one.
+  for (const auto& [tag, seed] : {std::pair<std::string, int>{"hf-seed1", 1}, {"hf-seed2", 2}}) {
+    r = train(tag, 1, "--set training.steps=0 --set training.seed=" + std::to_string(seed) + " --set export.dir=" +
+                          (*dir_ / tag));
+    ASSERT_EQ(r.status, 0) << r.output;
+  }
+  fs::copy(*dir_ / "hf-seed1", *dir_ / "rank0/hf", fs::copy_options::recursive);
+  fs::copy(*dir_ / "hf-seed2", *dir_ / "rank1/hf", fs::copy_options::recursive);
+  r = mpmd("mpmd-hf", "--set training.steps=1 --set checkpoint.init_from_hf=hf");
+  EXPECT_EQ(r.status, 2) << r.output;
+  for (const char* needle : {"error: the ranks of this job read different weights through checkpoint.init_from_hf",
+                             "model.safetensors: ", "sampled xxh3 "})
+    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
+  EXPECT_EQ(r.output.find("step    "), std::string::npos) << "no step ran:\n" << r.output;
+  fs::remove_all(*dir_ / "rank1/hf");
+  fs::copy(*dir_ / "hf-seed1", *dir_ / "rank1/hf", fs::copy_options::recursive);
+  r = mpmd("mpmd-hf-copies", "--set training.steps=1 --set checkpoint.init_from_hf=hf");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("initial weights from hf"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -144,7 +144,9 @@ TEST(CheckpointNames, TheNewestSaveIsFoundAcrossTheEighthDigit) {
     fs::create_directories(dir / name);
     std::ofstream(dir / (std::string(name) + "/metadata.json")) << "{}";
   }
-  CheckpointConfig ck{.dir = dir.str(), .load = "latest"};
+  CheckpointConfig ck;
+  ck.dir = dir.str();
+  ck.load = "latest";
   // No `latest` (the job died before writing it): the newest step directory.
   EXPECT_EQ(resolve_load(ck), dir / "step-100000000");
   std::ofstream(dir / "latest") << "step-100000000\n";
