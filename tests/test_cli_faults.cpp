@@ -509,6 +509,14 @@ TEST_F(CliFaults, OutputFifosWithoutAReaderAreRefusedAndOnesWithAReaderWork) {
   Outcome r = train("--set training.steps=0 --set export.dir=" + exported, 2);
   expect_outcome("export model.safetensors is a FIFO, 2 ranks", r, 2,
                  {"error [rank 0]: " + exported + "/model.safetensors: exists and is not a regular file"});
+  // The export's own .tmp, left as a FIFO: its write lock would be the
+  // FIFO's reader, and the export would fill it and wait forever.
+  const std::string tmp_fifo = path("fifo-export-tmp");
+  fs::create_directories(tmp_fifo);
+  ASSERT_EQ(::mkfifo((tmp_fifo + "/model.safetensors.tmp").c_str(), 0600), 0);
+  r = train("--set training.steps=0 --set export.dir=" + tmp_fifo);
+  expect_outcome("export's model.safetensors.tmp is a FIFO", r, 2,
+                 {tmp_fifo + "/model.safetensors.tmp: is not a regular file", "remove what is at that path"});
 
   const std::string piped = path("fifo-piped");
   fs::create_directories(piped);
