@@ -213,6 +213,19 @@ std::string fresh_save_id() {
   return hex;
 }
 
+// Removes a step directory (or a partial one): its metadata.json first, so
+// a removal cut short never leaves a complete-looking remnant. A symbolic
+// link (a step kept on another disk) goes alone: what it points to is the
+// user's, outside checkpoint.dir, and is left whole.
+void remove_save(const fs::path& p, std::error_code& ec) {
+  if (fs::is_symlink(p, ec)) {
+    fs::remove(p, ec);
+    return;
+  }
+  fs::remove(p / "metadata.json", ec);
+  fs::remove_all(p, ec);
+}
+
 // Keeps the newest `keep` complete checkpoints up to `saved`, the step just
 // written (and named by latest). Later steps are another trajectory's (a run
 // resumed from an earlier checkpoint): never counted, so the one just saved
@@ -235,8 +248,7 @@ void prune(const std::string& dir, int64_t keep, int64_t saved) {
     const fs::path going = complete[i].second.string() + ".stale-" + std::to_string(::getpid()) + "-0.tmp";
     fs::path removing = complete[i].second;
     if (::rename(removing.c_str(), going.c_str()) == 0) removing = going;
-    fs::remove(removing / "metadata.json", ec);  // first: never a complete-looking remnant
-    fs::remove_all(removing, ec);
+    remove_save(removing, ec);
     if (ec)
       std::fprintf(stderr, "origami: warning: %s: cannot remove an old checkpoint (checkpoint.keep = %lld): %s; left as %s\n",
                    complete[i].second.c_str(), static_cast<long long>(keep), ec.message().c_str(), removing.c_str());
@@ -273,8 +285,7 @@ void publish_step_dir(const std::string& tmp, const std::string& done) {
   sync_dir(fs::path(done).parent_path().string());
   if (old.empty()) return;
   std::error_code ec;
-  fs::remove(old + "/metadata.json", ec);
-  fs::remove_all(old, ec);
+  remove_save(old, ec);
   if (ec)
     std::fprintf(stderr, "origami: warning: %s: cannot remove the checkpoint this save replaced: %s; left in place\n",
                  old.c_str(), ec.message().c_str());
@@ -580,8 +591,7 @@ void remove_partial_checkpoints(const std::string& dir) {
   // a name of its own, so the next save of that step starts in an empty
   // directory, and said; a later start tries it again.
   for (const fs::path& p : removable) {
-    fs::remove(p / "metadata.json", ec);
-    fs::remove_all(p, ec);
+    remove_save(p, ec);
     if (!ec) continue;
     const std::string n = p.filename().string();
     std::string aside;

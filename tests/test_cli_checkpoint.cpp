@@ -358,6 +358,26 @@ TEST_F(Checkpoint, AResumeSaysWhatTheMetricsFileLacks) {
 // RENAME_EXCHANGE fails, here by an LD_PRELOAD shim), a re-save moves the
 // old step directory aside under a name no leftover holds, renames the new
 // one in, and removes the old: the same result, `latest` whole, nothing left.
+// A step directory that is a symbolic link (kept on another disk): pruning
+// removes the link alone. It used to remove the target's metadata.json
+// through the link and leave its shards: an unloadable save outside
+// checkpoint.dir.
+TEST_F(Checkpoint, PruningAStepThatIsALinkRemovesTheLinkAndLeavesItsTargetWhole) {
+  auto r = train("linked", 1, "--set training.steps=2 --set checkpoint.interval=2");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string target = *dir_ / "linked-step-2-elsewhere";
+  fs::rename(step_dir("linked", 2), target);
+  fs::create_directory_symlink(target, step_dir("linked", 2));
+  r = train("linked", 1,
+            "--set training.steps=6 --set checkpoint.interval=2 --set checkpoint.keep=1 --set checkpoint.load=latest");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(fs::symlink_status(step_dir("linked", 2)))) << "the link was kept";
+  EXPECT_TRUE(fs::exists(step_dir("linked", 6)));
+  r = run_command(std::string(ORIGAMI_BINARY) + " checkpoint inspect --verify " + target);
+  EXPECT_EQ(r.status, 0) << "the link's target was damaged:\n" << r.output;
+}
+
 TEST_F(Checkpoint, ReSavingWithoutAnAtomicSwapMovesTheOldStepAside) {
   ASSERT_EQ(base().size(), 20u);
   fs::copy(ck("base"), ck("nfs"), fs::copy_options::recursive);
