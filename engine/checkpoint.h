@@ -175,6 +175,9 @@ struct CheckpointInfo {
 CheckpointInfo read_checkpoint_info(const std::string& step_dir);
 // Recomputes every file's size and digest; UserError for the first mismatch.
 void verify_checkpoint_files(const CheckpointInfo& info, int rank = 0, int ranks = 1);
+// Every file present at the size metadata.json records (a stat each; the
+// digests are verify_checkpoint_files's); UserError for the first that is not.
+void check_checkpoint_file_sizes(const CheckpointInfo& info);
 
 // Reads saved tensors by element range, each file mapped once (its size
 // checked against metadata.json before its header is read).

@@ -332,17 +332,37 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
   return info;
 }
 
+namespace {
+void check_size(const std::string& path, int64_t bytes, const CheckpointInfo& info, const SavedFile& f) {
+  if (bytes != f.bytes)
+    ORIGAMI_USER_ERROR(path, ": ", bytes, " bytes, but ", info.dir, "/metadata.json records ", f.bytes,
+                       " (the file was truncated or replaced after the save)");
+}
+std::string existing(const CheckpointInfo& info, const SavedFile& f) {
+  const std::string path = info.dir + "/" + f.name;
+  if (std::error_code ec; !fs::exists(path, ec))
+    ORIGAMI_USER_ERROR(path, ": missing (", info.dir, "/metadata.json lists it with ", f.bytes, " bytes)");
+  return path;
+}
+}  // namespace
+
+void check_checkpoint_file_sizes(const CheckpointInfo& info) {
+  for (const SavedFile& f : info.files) {
+    const std::string path = existing(info, f);
+    std::error_code ec;
+    const auto bytes = fs::file_size(path, ec);
+    if (ec) ORIGAMI_USER_ERROR(path, ": cannot read its size: ", ec.message());
+    check_size(path, static_cast<int64_t>(bytes), info, f);
+  }
+}
+
 void verify_checkpoint_files(const CheckpointInfo& info, int rank, int ranks) {
   for (size_t i = 0; i < info.files.size(); ++i) {
     if (static_cast<int>(i % static_cast<size_t>(ranks)) != rank) continue;
     const SavedFile& f = info.files[i];
-    const std::string path = info.dir + "/" + f.name;
-    if (!fs::exists(path))
-      ORIGAMI_USER_ERROR(path, ": missing (", info.dir, "/metadata.json lists it with ", f.bytes, " bytes)");
+    const std::string path = existing(info, f);
     const MappedFile map(path, "checkpoint shard");
-    if (map.size() != f.bytes)
-      ORIGAMI_USER_ERROR(path, ": ", map.size(), " bytes, but ", info.dir, "/metadata.json records ", f.bytes,
-                         " (the file was truncated or replaced after the save)");
+    check_size(path, map.size(), info, f);
     const uint64_t got = digest_of(map.data(), map.size());
     if (got != f.xxh3)
       ORIGAMI_USER_ERROR(path, ": XXH3 digest ", digest_hex(got), ", but ", info.dir, "/metadata.json records ",

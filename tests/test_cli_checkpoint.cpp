@@ -799,6 +799,12 @@ TEST_F(Checkpoint, DamagedCheckpointsAreRefusedNamingTheFileOrKey) {
     EXPECT_NE(r.output.find(renamed + ": named for step 12, but its metadata.json holds step 10"), std::string::npos)
         << r.output;
   }
+  // inspect names a missing or truncated shard without --verify too (a stat each).
+  for (const char* damaged : {"damaged-no-shard", "damaged-truncated"}) {
+    auto r = run_command(std::string(ORIGAMI_BINARY) + " checkpoint inspect " + *dir_ / damaged + "/step-00000010");
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("rank-00000-model.safetensors: "), std::string::npos) << r.output;
+  }
   // inspect --verify finds the flipped byte too; the intact checkpoint passes.
   auto r = run_command(std::string(ORIGAMI_BINARY) + " checkpoint inspect --verify " + *dir_ / "damaged-flipped/step-00000010");
   EXPECT_EQ(r.status, 2) << r.output;

@@ -39,6 +39,9 @@ std::string split_of(const SavedTensor& t) {
 
 void inspect(const std::string& dir, bool verify, bool json) {
   const CheckpointInfo info = read_checkpoint_info(dir);
+  // A file missing or cut short would fail the load: said without --verify
+  // too, at the cost of a stat per file.
+  check_checkpoint_file_sizes(info);
   double verify_s = -1;
   if (verify) {
     const auto t0 = std::chrono::steady_clock::now();
