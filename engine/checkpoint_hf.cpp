@@ -26,7 +26,7 @@ void export_checkpoint(const std::string& step_dir, const std::string& out_dir, 
   const Config cfg = checkpoint_config(info);
   const UnitTable table(cfg.model, cfg.moe);
   const std::vector<std::string> names = export_tensor_order(table, cfg.model, cfg.moe);
-  std::filesystem::create_directories(out_dir);
+  check_writable_dir(out_dir, "export --out");  // created if need be; its errors name the option
   // A failed export (a full disk) leaves the previous one whole (files.h).
   // Without --optimizer, an earlier export's moments are removed: they
   // would sit beside other weights with nothing to tell them apart. So is

@@ -827,6 +827,14 @@ TEST_F(Checkpoint, DamagedCheckpointsAreRefusedNamingTheFileOrKey) {
                           step_dir("base", 20) + ")"),
             std::string::npos)
       << r.output;
+  // An export --out that cannot be a directory is named as the option, not
+  // as a library's filesystem error.
+  testing::write_file(*dir_ / "export-out-is-a-file", "x");
+  r = run_command(std::string(ORIGAMI_BINARY) + " export --checkpoint " + src + " --out " + *dir_ / "export-out-is-a-file");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("export --out = \"" + *dir_ / "export-out-is-a-file" + "\": cannot create the directory"),
+            std::string::npos)
+      << r.output;
   r = run_command(std::string(ORIGAMI_BINARY) + " checkpoint inspect --verify " + src);
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("every digest matches"), std::string::npos) << r.output;
