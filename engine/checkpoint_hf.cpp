@@ -3,6 +3,7 @@
 // read into one buffer of its global shape and written, then the next), and
 // initial weights from a consolidated file into any layout.
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -80,6 +81,16 @@ void load_hf_init(const std::string& dir, const Config& cfg, Model& model, const
       ORIGAMI_USER_ERROR(cfg.origin("checkpoint.init_from_hf"), ": checkpoint.init_from_hf: ", e.what());
     }
     identity = hf.identity();
+    // Training may change the model's settings from the weights' (a longer
+    // context's rope_theta): said, not refused as eval refuses it. Every
+    // rank reads the file, so a malformed one fails alike.
+    if (std::filesystem::exists(dir + "/config.json")) {
+      const std::vector<std::string> differences = config_differences(cfg, dir);
+      if (world.rank() == 0)
+        for (const std::string& d : differences)
+          std::fprintf(stderr, "origami: warning: checkpoint.init_from_hf: %s: training starts from these weights "
+                       "under the config's setting\n", d.c_str());
+    }
   }, io_meeting_wait(cfg));
   // Each rank opened the directory on its own file system view: copies per
   // node are fine, other weights are not (each rank would start its shards

@@ -251,10 +251,11 @@ nlohmann::ordered_json hf_config(const ModelConfig& c, const MoeConfig& m) {
   return cfg;
 }
 
-void check_config_matches_export(const Config& cfg, const std::string& dir) {
+std::vector<std::string> config_differences(const Config& cfg, const std::string& dir) {
   const std::string path = dir + "/config.json";
   const nlohmann::json got = read_json_file(path, "Hugging Face config.json", int64_t{1} << 20);
   if (!got.is_object()) ORIGAMI_USER_ERROR(path, ": must be a JSON object (an exported config.json)");
+  std::vector<std::string> differences;
   const nlohmann::ordered_json expected = hf_config(cfg.model, cfg.moe);
   // The keys that change the forward pass, and the config key behind each.
   static constexpr std::pair<const char*, const char*> kForward[] = {
@@ -286,12 +287,18 @@ void check_config_matches_export(const Config& cfg, const std::string& dir) {
     const nlohmann::json want = expected.contains(json_key) ? nlohmann::json(expected[json_key]) : nlohmann::json();
     const nlohmann::json have = got.contains(json_key) ? got[json_key] : nlohmann::json();
     if (want == have) continue;
-    ORIGAMI_USER_ERROR(cfg.origin(config_key), ": ", config_key, " gives \"", json_key, "\": ",
-                       want.is_null() ? "(absent)" : shorten(want.dump(), 60), ", but ", path, " has ",
-                       have.is_null() ? "none" : shorten(have.dump(), 60),
-                       " (rule: evaluation uses the model the weights were trained as; drop the contradicting "
-                       "setting or use the matching weights)");
+    differences.push_back(detail::concat(cfg.origin(config_key), ": ", config_key, " gives \"", json_key, "\": ",
+                                         want.is_null() ? "(absent)" : shorten(want.dump(), 60), ", but ", path,
+                                         " has ", have.is_null() ? "none" : shorten(have.dump(), 60)));
   }
+  return differences;
+}
+
+void check_config_matches_export(const Config& cfg, const std::string& dir) {
+  const std::vector<std::string> differences = config_differences(cfg, dir);
+  if (!differences.empty())
+    ORIGAMI_USER_ERROR(differences.front(), " (rule: evaluation uses the model the weights were trained as; drop the "
+                       "contradicting setting or use the matching weights)");
 }
 
 void load_hf_weights(Model& model, const std::string& dir) {

@@ -994,6 +994,19 @@ TEST_F(Checkpoint, InitFromHfLoadsAConsolidatedExportIntoAnyLayout) {
   EXPECT_NE(r.output.find("initial weights from"), std::string::npos) << r.output;
   const double one = read_jsonl(*dir_ / "hf-one/metrics.jsonl").at(0).at("lm_loss").get<double>();
   EXPECT_LT(one, base().at(1).at("lm_loss").get<double>()) << "the exported weights are trained, not the random init";
+  // A setting that differs from the weights' config.json is said (training
+  // may change it on purpose); a config.json that is no JSON is refused.
+  r = train("hf-eps", 1, one_step + (*dir_ / "hf") + " --set model.norm_eps=1e-6");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: checkpoint.init_from_hf: --set model.norm_eps=1e-6: model.norm_eps gives "
+                          "\"rms_norm_eps\": 1e-06, but " + (*dir_ / "hf/config.json") + " has 1e-05"),
+            std::string::npos)
+      << r.output;
+  fs::copy(*dir_ / "hf", *dir_ / "hf-bad-config", fs::copy_options::recursive);
+  testing::write_file(*dir_ / "hf-bad-config/config.json", "{\"vocab_size\": 257,");
+  r = train("hf-bad-config", 1, one_step + (*dir_ / "hf-bad-config"));
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find(*dir_ / "hf-bad-config/config.json" + ": not valid JSON"), std::string::npos) << r.output;
   const std::string tp2ep2 = "--set parallel.tp=2 --set parallel.ep=2 --set parallel.etp=1";
   for (const char* src : {"hf", "hf-sharded"}) {
     SCOPED_TRACE(src);
