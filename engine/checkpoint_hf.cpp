@@ -27,7 +27,7 @@ void export_checkpoint(const std::string& step_dir, const std::string& out_dir, 
   const Config cfg = checkpoint_config(info);
   const UnitTable table(cfg.model, cfg.moe);
   const std::vector<std::string> names = export_tensor_order(table, cfg.model, cfg.moe);
-  check_writable_dir(out_dir, "export --out");  // created if need be; its errors name the option
+  check_writable_dir(out_dir, "--out");  // created if need be; its errors name the option
   // A failed export (a full disk) leaves the previous one whole (files.h).
   // Without --optimizer, an earlier export's moments are removed: they
   // would sit beside other weights with nothing to tell them apart. So is
@@ -85,7 +85,7 @@ void load_hf_init(const std::string& dir, const Config& cfg, Model& model, const
     // context's rope_theta): said, not refused as eval refuses it. Every
     // rank reads the file, so a malformed one fails alike.
     if (std::filesystem::exists(dir + "/config.json")) {
-      const std::vector<std::string> differences = config_differences(cfg, dir);
+      const std::vector<std::string> differences = config_differences(cfg, dir, /*present_only=*/true);
       if (world.rank() == 0)
         for (const std::string& d : differences)
           std::fprintf(stderr, "origami: warning: checkpoint.init_from_hf: %s: training starts from these weights "

@@ -251,7 +251,7 @@ nlohmann::ordered_json hf_config(const ModelConfig& c, const MoeConfig& m) {
   return cfg;
 }
 
-std::vector<std::string> config_differences(const Config& cfg, const std::string& dir) {
+std::vector<std::string> config_differences(const Config& cfg, const std::string& dir, bool present_only) {
   const std::string path = dir + "/config.json";
   const nlohmann::json got = read_json_file(path, "Hugging Face config.json", int64_t{1} << 20);
   if (!got.is_object()) ORIGAMI_USER_ERROR(path, ": must be a JSON object (an exported config.json)");
@@ -286,7 +286,7 @@ std::vector<std::string> config_differences(const Config& cfg, const std::string
   for (const auto& [json_key, config_key] : kForward) {
     const nlohmann::json want = expected.contains(json_key) ? nlohmann::json(expected[json_key]) : nlohmann::json();
     const nlohmann::json have = got.contains(json_key) ? got[json_key] : nlohmann::json();
-    if (want == have) continue;
+    if (want == have || (present_only && have.is_null())) continue;
     differences.push_back(detail::concat(cfg.origin(config_key), ": ", config_key, " gives \"", json_key, "\": ",
                                          want.is_null() ? "(absent)" : shorten(want.dump(), 60), ", but ", path,
                                          " has ", have.is_null() ? "none" : shorten(have.dump(), 60)));
@@ -295,7 +295,7 @@ std::vector<std::string> config_differences(const Config& cfg, const std::string
 }
 
 void check_config_matches_export(const Config& cfg, const std::string& dir) {
-  const std::vector<std::string> differences = config_differences(cfg, dir);
+  const std::vector<std::string> differences = config_differences(cfg, dir, /*present_only=*/false);
   if (!differences.empty())
     ORIGAMI_USER_ERROR(differences.front(), " (rule: evaluation uses the model the weights were trained as; drop the "
                        "contradicting setting or use the matching weights)");

@@ -39,7 +39,9 @@ nlohmann::ordered_json hf_config(const ModelConfig& model, const MoeConfig& moe)
 void check_config_matches_export(const Config& cfg, const std::string& dir);
 // The same comparison, every key that differs, one line each ("c.toml:
 // model.norm_eps gives \"rms_norm_eps\": 1e-05, but DIR/config.json has
-// 1e-06"); UserError only for a config.json missing or not an object.
-std::vector<std::string> config_differences(const Config& cfg, const std::string& dir);
+// 1e-06"); with `present_only`, only keys config.json has (a published
+// Mixtral's lacks the DeepSeek-style keys an Origami export writes).
+// UserError only for a config.json missing or not an object.
+std::vector<std::string> config_differences(const Config& cfg, const std::string& dir, bool present_only);
 
 }  // namespace origami

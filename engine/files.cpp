@@ -244,13 +244,13 @@ WriterLock::WriterLock(const std::string& path, std::string_view what) {
     // O_NONBLOCK: a FIFO at the path never holds up the open.
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0666);  // the umask decides, as for OutputFile
     if (fd_ < 0) ORIGAMI_USER_ERROR(shown(path), ": cannot open for writing: ", std::strerror(errno));
-    // The writer's own file, left behind as something else (a FIFO it
-    // would fill and then wait on forever, with this lock as the reader).
-    if (struct stat own {}; ::fstat(fd_, &own) == 0 && !S_ISREG(own.st_mode)) {
+    // The writer's own file, left behind as a FIFO: the writer would fill
+    // it and then wait forever, this lock's descriptor being its reader.
+    if (struct stat own {}; ::fstat(fd_, &own) == 0 && S_ISFIFO(own.st_mode)) {
       ::close(fd_);
       fd_ = -1;
-      ORIGAMI_USER_ERROR(shown(path), ": is not a regular file (", what, " writes its data there first, then renames "
-                         "it into place; rule: remove what is at that path)");
+      ORIGAMI_USER_ERROR(shown(path), ": is a FIFO (", what, " writes its data there first, then renames it into "
+                         "place; rule: remove what is at that path)");
     }
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;

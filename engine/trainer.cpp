@@ -271,8 +271,17 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts) : run_(std::make_u
   r.ctx.emplace(make_context(cfg));
   {
     const auto node = comm::node_mpi(MPI_COMM_WORLD, "node", comm::CommOptions{cfg.runtime.collective_timeout_s});
-    if (const Device d = r.ctx->device(); !d.is_host()) {  // every rank's alike: same config, same rule
-      check_same_nccl_setup(*r.everyone, nccl_setup_lines(std::getenv, comm::nccl_library_version()));
+    // runtime.device = "auto" resolves on each rank: a node without a GPU
+    // (or a rank with CUDA_VISIBLE_DEVICES empty) would leave its ranks out
+    // of the CUDA ranks' collectives below, so every rank compares first.
+    const Device d = r.ctx->device();
+    check_same_lines(*r.everyone, d.is_host() ? "runtime.device resolves to = cpu\n" : "runtime.device resolves to = cuda\n",
+                     "the ranks of this job resolved runtime.device to different devices (rule: every rank trains on "
+                     "a GPU or none; with runtime.device = \"auto\" each rank looks for a GPU of its own: set "
+                     "\"cuda\" or \"cpu\", or give every rank a device)");
+    if (!d.is_host()) {  // every rank's alike now
+      const auto env = [](const char* name) -> const char* { return std::getenv(name); };
+      check_same_nccl_setup(*r.everyone, nccl_setup_lines(env, comm::nccl_library_version()));
       comm::run_agreed(*r.everyone, [&] {
         check_one_rank_per_gpu(*node, cfg, cuda_device_uuid(d.index));
         check_cuda_streams_run_apart(cfg);

@@ -354,10 +354,6 @@ TEST_F(Checkpoint, AResumeSaysWhatTheMetricsFileLacks) {
   EXPECT_EQ(read_jsonl(*dir_ / "no-records/metrics.jsonl").size(), 1u);
 }
 
-// Where the file system cannot swap two directories (NFS: renameat2 with
-// RENAME_EXCHANGE fails, here by an LD_PRELOAD shim), a re-save moves the
-// old step directory aside under a name no leftover holds, renames the new
-// one in, and removes the old: the same result, `latest` whole, nothing left.
 // A step directory that is a symbolic link (kept on another disk): pruning
 // removes the link alone. It used to remove the target's metadata.json
 // through the link and leave its shards: an unloadable save outside
@@ -378,6 +374,10 @@ TEST_F(Checkpoint, PruningAStepThatIsALinkRemovesTheLinkAndLeavesItsTargetWhole)
   EXPECT_EQ(r.status, 0) << "the link's target was damaged:\n" << r.output;
 }
 
+// Where the file system cannot swap two directories (NFS: renameat2 with
+// RENAME_EXCHANGE fails, here by an LD_PRELOAD shim), a re-save moves the
+// old step directory aside under a name no leftover holds, renames the new
+// one in, and removes the old: the same result, `latest` whole, nothing left.
 TEST_F(Checkpoint, ReSavingWithoutAnAtomicSwapMovesTheOldStepAside) {
   ASSERT_EQ(base().size(), 20u);
   fs::copy(ck("base"), ck("nfs"), fs::copy_options::recursive);
@@ -832,7 +832,7 @@ TEST_F(Checkpoint, DamagedCheckpointsAreRefusedNamingTheFileOrKey) {
   testing::write_file(*dir_ / "export-out-is-a-file", "x");
   r = run_command(std::string(ORIGAMI_BINARY) + " export --checkpoint " + src + " --out " + *dir_ / "export-out-is-a-file");
   EXPECT_EQ(r.status, 2) << r.output;
-  EXPECT_NE(r.output.find("export --out = \"" + *dir_ / "export-out-is-a-file" + "\": cannot create the directory"),
+  EXPECT_NE(r.output.find("--out = \"" + *dir_ / "export-out-is-a-file" + "\": cannot create the directory"),
             std::string::npos)
       << r.output;
   r = run_command(std::string(ORIGAMI_BINARY) + " checkpoint inspect --verify " + src);

@@ -183,8 +183,13 @@ TEST_F(CliErrors, EmptyValuesHugeIntegersAndEmptyListItemsAreRefusedAsTyped) {
        {"--pp-layers '1,,1': item 2 is empty (rule: comma-separated items, none empty)"}},
       {" plan " + config + " --world 2 --set parallel.pp=2 --pp-layers 1,", {"--pp-layers '1,': item 2 is empty"}},
       {" plan " + config + " --world 2 --set parallel.pp=2 --pp-layers 99999999999999999999,1",
-       {"--pp-layers '99999999999999999999': not a whole number of layers"}},
+       {"--pp-layers '99999999999999999999': does not fit in 64 bits"}},
       {" bench kernels --skip attention,", {"--skip 'attention,': item 2 is empty"}},
+      {" plan " + config + " --world 1 --pp-layers 1 --pp-layers 2,,3", {"--pp-layers '2,,3': item 2 is empty"}},
+      {" plan " + config + " --world 1 --pp-layers ' 1, '", {"--pp-layers ' 1, ': item 2 is empty"}},
+      // Hex and leading blanks: CLI11 reads those too (strtoll, base 0).
+      {" groups --world 4 --tp 0x1FFFFFFFFFFFFFFFFFFFFFFFF", {"--tp: '0x1FFFFFFFFFFFFFFFFFFFFFFFF' does not fit in 64 bits"}},
+      {" groups --world 4 --tp ' 99999999999999999999'", {"does not fit in 64 bits"}},
   };
   for (const auto& [args, needles] : cases) {
     SCOPED_TRACE(args);
@@ -192,9 +197,11 @@ TEST_F(CliErrors, EmptyValuesHugeIntegersAndEmptyListItemsAreRefusedAsTyped) {
     expect_user_error(r, needles);
     EXPECT_EQ(r.output.find("9223372036854775807"), std::string::npos) << r.output;
   }
-  // A list as meant still parses.
-  auto r = run_command(kBinary + " plan " + config + " --world 1 --pp-layers 1");
-  EXPECT_EQ(r.status, 0) << r.output;
+  // A list as meant still parses, spaced or signed as a number may be.
+  for (const char* list : {"1", "' 1'", "+1"}) {
+    auto r = run_command(kBinary + " plan " + config + " --world 1 --pp-layers " + list);
+    EXPECT_EQ(r.status, 0) << list << "\n" << r.output;
+  }
 }
 
 }  // namespace

@@ -516,7 +516,7 @@ TEST_F(CliFaults, OutputFifosWithoutAReaderAreRefusedAndOnesWithAReaderWork) {
   ASSERT_EQ(::mkfifo((tmp_fifo + "/model.safetensors.tmp").c_str(), 0600), 0);
   r = train("--set training.steps=0 --set export.dir=" + tmp_fifo);
   expect_outcome("export's model.safetensors.tmp is a FIFO", r, 2,
-                 {tmp_fifo + "/model.safetensors.tmp: is not a regular file", "remove what is at that path"});
+                 {tmp_fifo + "/model.safetensors.tmp: is a FIFO", "remove what is at that path"});
 
   const std::string piped = path("fifo-piped");
   fs::create_directories(piped);

@@ -565,9 +565,16 @@ void add_plan_command(CLI::App& app) {
   cmd->callback([a] {
     a->pp_layers.clear();
     for (const std::string& item : comma_items(a->pp_layers_given, "--pp-layers")) {
+      // "3, 3" and "+3" read as CLI11 reads a number.
+      const size_t first = item.find_first_not_of(" \t"), last = item.find_last_not_of(" \t");
+      const std::string digits = item.substr(first, last - first + 1);
+      const char* from = digits.data() + (digits[0] == '+' ? 1 : 0);
+      const char* end = digits.data() + digits.size();
       int64_t n = 0;
-      const char* end = item.data() + item.size();
-      if (auto [at, ec] = std::from_chars(item.data(), end, n); ec != std::errc() || at != end)
+      const auto [at, ec] = std::from_chars(from, end, n);
+      if (ec == std::errc::result_out_of_range)
+        ORIGAMI_USER_ERROR("--pp-layers '", shorten(item), "': does not fit in 64 bits");
+      if (ec != std::errc() || at != end || from == end)
         ORIGAMI_USER_ERROR("--pp-layers '", shorten(item), "': not a whole number of layers (rule: a comma-separated "
                            "count of layers per pipeline stage, e.g. 3,3,2)");
       a->pp_layers.push_back(n);

@@ -222,11 +222,11 @@ std::vector<std::string> comma_items(const std::vector<std::string>& given, std:
   std::vector<std::string> items;
   for (const std::string& text : given) {
     size_t from = 0;
-    while (true) {
+    for (int number = 1;; ++number) {
       const size_t comma = text.find(',', from);
       const std::string item = text.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
-      if (item.empty())
-        ORIGAMI_USER_ERROR(option, " '", shorten(text), "': item ", items.size() + 1,
+      if (item.find_first_not_of(" \t") == std::string::npos)
+        ORIGAMI_USER_ERROR(option, " '", shorten(text), "': item ", number,
                            " is empty (rule: comma-separated items, none empty)");
       items.push_back(item);
       if (comma == std::string::npos) break;
@@ -239,16 +239,19 @@ std::vector<std::string> comma_items(const std::vector<std::string>& given, std:
 void check_every_value(CLI::App& app) {
   for (CLI::Option* opt : app.get_options()) {
     if (opt->get_items_expected_min() == 0) continue;  // a flag
-    const bool integer = opt->get_type_name().starts_with("INT") || opt->get_type_name().starts_with("UINT");
+    const std::string type = opt->get_type_name();
+    const bool is_unsigned = type.starts_with("UINT"), integer = is_unsigned || type.starts_with("INT");
     opt->check(CLI::Validator(
-        [integer](std::string& text) -> std::string {
+        [integer, is_unsigned](std::string& text) -> std::string {
           if (text.empty()) return "an empty value (rule: give one, or leave the option out)";
           if (!integer) return "";
-          int64_t v = 0;
-          const char* end = text.data() + text.size();
-          const char* from = text.data() + (text[0] == '+' ? 1 : 0);
-          if (auto [at, ec] = std::from_chars(from, end, v); ec == std::errc::result_out_of_range)
-            return "'" + shorten(text) + "' does not fit in 64 bits";
+          // As CLI11 reads integers (strtoll/strtoull, base 0: hex, octal
+          // and leading blanks too), which saturate where this refuses.
+          errno = 0;
+          char* end = nullptr;
+          if (is_unsigned) std::strtoull(text.c_str(), &end, 0);
+          else std::strtoll(text.c_str(), &end, 0);
+          if (errno == ERANGE) return "'" + shorten(text) + "' does not fit in 64 bits";
           return "";  // CLI11 names what is not a number at all
         },
         ""));
