@@ -572,6 +572,10 @@ std::string layout_problem(const ModelConfig& m, const MoeConfig& e, const Train
   if (std::string stages = stage_problem(m, p); !stages.empty()) return stages;
   const int64_t moe_layers = moe_layer_count(m, e);
   const bool any_moe = moe_layers > 0, any_dense = moe_layers < m.num_layers;
+  if (p.ep > 1 && !any_moe)
+    return concat("parallel.ep = ", p.ep, " needs a MoE layer, but moe.first_dense_layers = ", e.first_dense_layers,
+                  " (with moe.layer_freq = ", e.layer_freq, ") leaves all ", m.num_layers,
+                  " layers dense (a model without MoE layers has no experts to spread)");
   if (m.num_heads % p.tp != 0 || m.num_kv_heads % p.tp != 0)
     return concat("parallel.tp = ", p.tp, " must divide model.num_heads = ", m.num_heads,
                   " and model.num_kv_heads = ", m.num_kv_heads, " (heads split over tp)");

@@ -389,6 +389,12 @@ TEST(Config, ExpertParallelismNeedsExperts) {
             "parallel.ep = 2 needs moe.num_experts > 0 (a dense model has no experts to spread)");
   EXPECT_EQ(layout_problem(parse_config(kMinimal, kFile, {"parallel.ep=2", "moe.num_experts=4", "training.micro_batch=4"}), 2),
             "");
+  // Experts configured, but every layer dense: nothing to spread either.
+  const Config all_dense = parse_config(kMinimal, kFile, {"parallel.ep=2", "moe.num_experts=4", "training.micro_batch=4",
+                                                          "moe.first_dense_layers=99"});
+  EXPECT_NE(layout_problem(all_dense, 2).find("parallel.ep = 2 needs a MoE layer, but moe.first_dense_layers = 99"),
+            std::string::npos)
+      << layout_problem(all_dense, 2);
 }
 
 TEST(Config, HeadsMustDivideHidden) {
