@@ -290,19 +290,21 @@ void Model::forward(StageIO& io, ModelSaved& saved) const {
   // shifted targets and their global positions. Replicated over tp; the
   // residual stream below is the tp rank's shard of these rows.
   dense::CpTokens own = dense::cp_shard_tokens(ctx, tokens_BS1, comm::group_size(cp_), comm::group_rank(cp_));
-  saved.ids_T = own.ids_T;
   saved.pos_S = own.pos_S;
   saved.batch = B;
   saved.seq_len = S;
   ORIGAMI_CHECK(io.chunk >= 0 && io.chunk < stage_.virtual_stages(), "forward of chunk ", io.chunk, " of ",
                 stage_.virtual_stages());
   saved.chunk = io.chunk;
+  // The ids only where the embedding's backward reads them again (the plan
+  // counts them there alone): another chunk's forward drops them here.
+  if (stage_.first_chunk(io.chunk)) saved.ids_T = own.ids_T;
   const LayerRange layers = stage_.chunks[static_cast<size_t>(io.chunk)];
 
   Tensor h;  // (T/tp, D)
   if (stage_.first_chunk(io.chunk)) {
     hooks.before_forward(embedding_unit_);
-    h = dense::tp_embedding_forward(ctx, saved.ids_T, params_.param(embedding_), V, tp_);
+    h = dense::tp_embedding_forward(ctx, own.ids_T, params_.param(embedding_), V, tp_);
     hooks.after_forward(embedding_unit_);
   } else {
     ORIGAMI_CHECK(io.h_in.defined() && io.h_in.shape() == boundary_shape(B, S), "stage ", stage_.index,

@@ -178,7 +178,7 @@ inline void expect_comm_bytes_as_planned(const nlohmann::json& record, const nlo
 }
 
 // Each pipeline stage's held activations (the record's
-// pipeline[s].held_activation_bytes) within 5% of the plan's ledger figure.
+// pipeline[s].held_activation_bytes) equal to the plan's ledger figure, to the byte.
 inline void expect_held_as_planned(const nlohmann::json& record, const nlohmann::json& plan) {
   const auto& stages = plan.at("ledger").at("stages");
   const auto& measured = record.at("pipeline");
@@ -186,7 +186,7 @@ inline void expect_held_as_planned(const nlohmann::json& record, const nlohmann:
   for (size_t s = 0; s < stages.size(); ++s) {
     const double want = stages[s].at("activations").get<double>();
     const double got = measured[s].at("held_activation_bytes").get<double>();
-    EXPECT_NEAR(got, want, 0.05 * want) << "stage " << s << " held activations";
+    EXPECT_EQ(got, want) << "stage " << s << " held activations";
     std::printf("  stage %zu: held activations %.0f, planned %.0f (%+.2f%%)\n", s, got, want,
                 100 * (got - want) / want);
   }

@@ -25,6 +25,11 @@ TEST(CliBench, StepReportsRatesBesideTheSgemmBaseline) {
   EXPECT_NEAR(j["tokens_per_s"].get<double>() * j["step_time_s"].get<double>(),
               j["tokens_per_step"].get<double>(), 1e-6 * j["tokens_per_step"].get<double>());
   EXPECT_GT(j["attention_flops_per_step"].get<double>(), 0.0);
+  // A layout of several ranks is refused, not timed as one rank's.
+  r = testing::run_command(std::string(ORIGAMI_BINARY) + " bench step --config " + ORIGAMI_SOURCE_DIR +
+                           "/configs/tiny-moe.toml --steps 1 --warmup 0 --set parallel.pp=2");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("bench step times one rank's whole model"), std::string::npos) << r.output;
 }
 
 // bench checkpoint: one repeat of tiny-moe; the byte counts agree with the

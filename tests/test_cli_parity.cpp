@@ -358,7 +358,7 @@ TEST_F(Parity, MeasuredCommBytesMatchThePlan) {
 //    order), so every step's lm loss and grad norm are bitwise equal, and
 //    within 1e-6 of one rank.
 // Every stage's held activations (JSONL pipeline[s].held_activation_bytes,
-// the peak between ops) lie within 5% of origami plan's ledger figure.
+// the peak between ops) equal origami plan's ledger figure to the byte.
 TEST_F(Parity, PipelineSchedulesMatchOneRank) {
   const std::string eight = "--set model.num_layers=8";
   const auto base = train("sched-base", 1, ""), base8 = train("sched-base8", 1, eight);

@@ -89,8 +89,15 @@ void run_bench_step(const std::string& config_path, const std::vector<std::strin
   require_host_engine(cfg, "bench step");
   cfg.training.steps = std::max(cfg.training.steps, static_cast<int64_t>(steps + warmup));
   {
-    // One rank's steps, whatever layout the config names (the model here is
-    // whole): the one-rank rules, and memory as `origami train` holds it to.
+    // One rank's whole model: a layout of several ranks would be timed as
+    // another one's, so it is refused rather than ignored.
+    const ParallelConfig& p = cfg.parallel;
+    if (p.tp > 1 || p.cp > 1 || p.pp > 1 || p.ep > 1 || p.etp > 1)
+      ORIGAMI_USER_ERROR(cfg.sources(), ": parallel.tp = ", p.tp, ", cp = ", p.cp, ", pp = ", p.pp, ", ep = ", p.ep,
+                         ", etp = ", p.etp, ": bench step times one rank's whole model (rule: all 1; a layout's "
+                         "throughput is `mpirun ... origami train`'s step line, expert parallelism's `bench "
+                         "moe-layer`)");
+    // The one-rank rules, and memory as `origami train` holds it to.
     Config one = cfg;
     one.parallel = ParallelConfig{};
     validate_for_world(one, 1);
