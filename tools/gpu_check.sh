@@ -15,15 +15,17 @@
 #   mpi_np2      mpirun -np 2 origami groups --tp 2 through the bundled OpenMPI:
 #                a broken bundle shows apart from a broken CUDA op
 #   cuda_tests   ctest -L cuda (4 at a time on the one GPU)
-#   train_gpu    4 steps of each GPU config (configs/gpu-*.toml, Mixtral-like first; its global
-#                batch; on a GPU smaller than the H200 they are sized for, the most
+#   train_gpu    4 steps of the Mixtral-like config (configs/gpu-mixtral-h200.toml; its global
+#                batch; on a GPU smaller than the H200 it is sized for, the most
 #                layers that fit) on cuda:0 in bf16 (the CUDA recipe), on a corpus made from this
 #                checkout's text: tokens/s, TFLOP/s, MFU, peak memory, exposed
 #                communication (medians of steps 3 and 4)
-#   train_torch  tools/train_torch.py: the same configs in PyTorch eager on the
+#   train_torch  tools/train_torch.py: the same config in PyTorch eager on the
 #                same GPU (bf16 autocast, fp32 weights and AdamW), for
 #                origami's tokens/s over PyTorch's; with --fit, and origami
 #                again at the layer count PyTorch fitted when that is fewer
+#   train_more   the other GPU configs (DeepSeek-like), each origami then its twin
+#                (a config a deadline-cut call finished is kept, not run again)
 #   bench_kernels  origami bench kernels --device cuda --json
 #   bench_torch  tools/bench_kernels_torch.py (PyTorch at the same shapes)
 # and last a table: each step's status and time, the CUDA test counts, and
@@ -47,8 +49,11 @@
 # Without a GPU the CUDA tests skip and the benchmarks say there is no
 # device; that fails the check unless --no-gpu-ok (tools/bundle_check.sh runs
 # it so on a CPU machine). Exit status: 0 when every step passed, 1 when one
-# failed, 2 on a usage error, 3 when every step that ran passed and the
-# deadline cut the rest.
+# failed and the deadline cut nothing, 2 on a usage error, 3 when the
+# deadline cut a step (failures or not): the last line then reads
+# `gpu_check: NEXT ORIGAMI_GPU_STEPS="..." ORIGAMI_GPU_DEADLINE=<...> bash
+# tools/gpu_check.sh`, the second call, whose deadline is the device time
+# left less 70 s (its timeout_s that time less 10 s).
 #
 # Usage: tools/gpu_check.sh [--no-gpu-ok] [RESULTS_DIR]
 #        ORIGAMI_PREFIX (default /tmp/origami-prefix), ORIGAMI_GPU_BUILD (default build-gpu),
@@ -121,11 +126,11 @@ case ${gpu_memory_mib:-} in '' | *[!0-9]*) gpu_memory_mib="" ;; esac  # MiB of G
 declare -A status=() secs=() note=()
 steps=()  # the steps run so far, in order
 cut=()    # the steps the deadline did not start or cut short: a second call's ORIGAMI_GPU_STEPS
-all_steps=(tools unpack configure build cpu_ops mpi_np2 cuda_tests train_gpu train_torch bench_kernels bench_torch)
+all_steps=(tools unpack configure build cpu_ops mpi_np2 cuda_tests train_gpu train_torch train_more bench_kernels bench_torch)
 # ORIGAMI_GPU_STEPS: the steps after the build to run (default all), for a
 # second call on the still-warm machine when the deadline cut the first
 # short: build-gpu/ is still there, so the set-up steps take seconds.
-wanted_steps=${ORIGAMI_GPU_STEPS:-cpu_ops mpi_np2 cuda_tests train_gpu train_torch bench_kernels bench_torch}
+wanted_steps=${ORIGAMI_GPU_STEPS:-cpu_ops mpi_np2 cuda_tests train_gpu train_torch train_more bench_kernels bench_torch}
 for s in $wanted_steps; do
   case " ${all_steps[*]:4} " in *" $s "*) ;; *) echo "gpu_check: ORIGAMI_GPU_STEPS names '$s'; the steps after the build are: ${all_steps[*]:4}" >&2; exit 2 ;; esac
 done
@@ -464,9 +469,10 @@ step_cuda_tests() {
   local passed failed skipped total
   read -r passed failed skipped total <<<"${cuda_counts:-? ? ? ?}"
   note[cuda_tests]="$passed passed, $failed failed, $skipped skipped (of $total)"
-  # Stopped at --stop-time by a limit the deadline set: the tests it did not
-  # finish are the second call's (status 75); its failures show in the note.
-  if [ $rc -ne 0 ] && [ "$limit" -lt 240 ] && [ $SECONDS -ge $((stop_at - 1)) ]; then return 75; fi
+  # Stopped at --stop-time (a limit the deadline set, or its own 240 s): the
+  # tests it did not finish are the second call's (status 75); its failures
+  # show in the note.
+  if [ $rc -ne 0 ] && [ $SECONDS -ge $((stop_at - 1)) ]; then return 75; fi
   [ $rc -eq 0 ] || return 1
   if [ -z "$gpu" ]; then
     note[cuda_tests]+="; no GPU"
@@ -528,6 +534,8 @@ gpu_configs=()
 for c in "$root/configs/gpu-mixtral-h200.toml" "$root"/configs/gpu-*.toml; do
   [ -f "$c" ] && [[ " ${gpu_configs[*]} " != *" $c "* ]] && gpu_configs+=("$c")
 done
+primary=("${gpu_configs[@]:0:1}")  # train_gpu, train_torch: the issue's targets
+rest=("${gpu_configs[@]:1}")       # train_more: origami, then the twin, of each
 
 # train_steps bf16 steps of config $2 on cuda:0 into $build/train-$1/metrics.jsonl;
 # further arguments are more --set overrides. The config's own global batch
@@ -600,24 +608,84 @@ origami_gpu_train_fitted() {
   done
 }
 
-# Each GPU config for a few steps; the last step's record of each, its rates
-# the median of the timed steps, into train_gpu.json ({config: record}),
-# its figures into the note.
-step_train_gpu() {
-  local corpus=$build/gpu-corpus inputs built
+# Whether $1 seconds of work fit before the deadline (less the last kill's
+# 17 s): a run started with less would be cut, so it is left to a second call.
+time_for() { [ $((deadline - SECONDS - 17)) -ge "$1" ]; }
+# Whether a run's status is the deadline's kill rather than its own failure.
+cut_by_deadline() { { [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; } && [ $SECONDS -ge $((deadline - 17)) ]; }
+# Whether run $1 left all train_steps records (an earlier call's, kept: a
+# second call does not train a config the first finished again).
+trained() { [ -f "$build/train-$1/metrics.jsonl" ] && [ "$(grep -c '"step"' "$build/train-$1/metrics.jsonl")" -ge "$train_steps" ]; }
+
+# The corpus every GPU run reads: this checkout's text, made once per build.
+make_corpus() {
+  local built inputs
+  [ -f "$build/gpu-corpus.idx" ] && [ -f "$build/gpu-corpus.bin" ] && return 0
   built=$(cd "$build" && pwd)
   inputs=$(find "$root" -path "$built" -prune -o -path "$root/.bundle" -prune -o -path "$root/.git" -prune -o \
              -type f \( -name '*.md' -o -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.toml' \) -print | sort)
   # shellcheck disable=SC2086  # one argument per file
-  timeout -k "$kill_after" "$(budget 60)" "$build/tools/origami" preprocess --format text --output-prefix "$corpus" --input $inputs ||
-    { note[train_gpu]="origami preprocess of the checkout's text failed"; return 1; }
-  local c rc=0 out
-  for c in "${gpu_configs[@]}"; do
-    origami_gpu_train_fitted "$(basename "$c" .toml)" "$c" || rc=1
+  timeout -k "$kill_after" "$(budget 60)" "$build/tools/origami" preprocess --format text --output-prefix "$build/gpu-corpus" --input $inputs
+}
+
+# Origami's run of each config given (train_steps bf16 steps, fitted to the
+# GPU): 0 when all ran, 1 when one failed, 75 when the deadline cut one or
+# left it unstarted (failures then stay in the log and the report's note).
+train_origami() {
+  local c name rc cut=0 failed=0
+  for c in "$@"; do
+    name=$(basename "$c" .toml)
+    if trained "$name"; then
+      echo "$name: kept from an earlier call ($build/train-$name)"
+      [ -f "$build/layers-$name" ] && layers[$name]=$(cat "$build/layers-$name")
+      continue
+    fi
+    time_for 45 || { echo "$name: not started, $((deadline - SECONDS)) s before the deadline"; cut=1; break; }
+    origami_gpu_train_fitted "$name" "$c"
+    rc=$?
+    if cut_by_deadline "$rc"; then cut=1; break; fi
+    [ "$rc" -eq 0 ] || failed=1
   done
-  out=$(GPU_NAME="$gpu" python3 "$report" train-gpu "$results/train_gpu.json" "$build" "$train_steps" "${gpu_configs[@]}")
+  [ $cut -eq 1 ] && return 75
+  return $failed
+}
+
+# The configs that have origami runs in $build (for the reports: a config
+# not run yet is left out of them, not reported as missing).
+configs_with() {  # PREFIX (train- or torch-), then the configs
+  local p=$1 c name out=()
+  shift
+  for c in "$@"; do
+    name=$(basename "$c" .toml)
+    if [ "$p" = train- ]; then [ -d "$build/train-$name" ] && out+=("$c"); else [ -f "$build/torch-$name.json" ] && out+=("$c"); fi
+  done
+  [ ${#out[@]} -eq 0 ] || printf '%s\n' "${out[@]}"
+}
+
+# train_gpu.json ({config: record}: each run's last record, its rates the
+# median of the timed steps) from every config run so far; prints its note.
+report_train_gpu() {
+  local ran=()
+  mapfile -t ran < <(configs_with train- "${gpu_configs[@]}")
+  GPU_NAME="$gpu" python3 "$report" train-gpu "$results/train_gpu.json" "$build" "$train_steps" "${ran[@]}"
+}
+report_train_torch() {
+  local ran=()
+  mapfile -t ran < <(configs_with torch- "${gpu_configs[@]}")
+  python3 "$report" train-torch "$results/train_torch.json" "$results/train_gpu.json" "$build" "$train_steps" "${ran[@]}"
+}
+
+# The issue's target config (Mixtral-like) in origami: tokens/s, TFLOP/s,
+# MFU, peak memory, exposed communication.
+step_train_gpu() {
+  make_corpus || { note[train_gpu]="origami preprocess of the checkout's text failed"; return 1; }
+  local rc out
+  train_origami "${primary[@]}"
+  rc=$?
+  out=$(report_train_gpu)
   echo "$out"
   note[train_gpu]="bf16: $out"
+  [ $rc -eq 75 ] && return 75
   if [ -z "$gpu" ]; then no_gpu_verdict train_gpu; return; fi
   return $rc
 }
@@ -629,57 +697,100 @@ twin_out_of_memory() {  # its JSON
     "$1" 2>/dev/null
 }
 
-# The same configs through tools/train_torch.py (PyTorch eager, same shape,
-# same batch, same precision) on the same GPU: origami's tokens/s over
-# PyTorch's per config. The configs fill the GPU with origami's 16 bytes of
-# state per parameter; eager PyTorch also holds autocast's bf16 weight copies
-# and more activations, so the twin runs with --fit (one layer fewer after
-# each out-of-memory), starting at the layers origami ran (step_train_gpu),
-# and where it ran fewer, origami runs again at that count (train-NAME-LN):
-# the ratio is like for like, and the layers PyTorch could not fit are
-# reported. PyTorch running out of memory even at one layer is a finding,
-# not a failure of the check.
+# Config $1 through tools/train_torch.py (PyTorch eager, same shape, same
+# batch, same precision) on the same GPU, for origami's tokens/s over
+# PyTorch's. The configs fill the GPU with origami's 16 bytes of state per
+# parameter; eager PyTorch also holds autocast's bf16 weight copies and more
+# activations, so the twin runs with --fit (one layer fewer after each
+# out-of-memory), starting at the layers origami ran, and where it ran fewer,
+# origami runs again at that count (train-NAME-LN): the ratio is like for
+# like, and the layers PyTorch could not fit are reported. PyTorch running
+# out of memory even at one layer is a finding, not a failure of the check.
+# Origami's side runs first when no earlier step left it (a second call on a
+# fresh machine): the ratio is always of two runs of this call's GPU.
+# 0, 1 (failed) or 75 (the deadline's).
+train_twin() {
+  local c=$1 name full fitted rc
+  name=$(basename "$c" .toml)
+  [ -n "${layers[$name]:-}" ] || { [ -f "$build/layers-$name" ] && layers[$name]=$(cat "$build/layers-$name"); }
+  if ! trained "$name" && [ "${layers[$name]:-}" != 0 ]; then
+    echo "$name: origami's side first (no run of it in $build)"
+    train_origami "$c"
+    rc=$?
+    [ $rc -eq 0 ] || return $rc
+  fi
+  full=${layers[$name]:-$(config_layers "$c")}
+  rm -f "$build/torch-$name.json"
+  if [ "$full" = 0 ]; then  # not one layer fits: nothing of origami's to compare with
+    printf '{"config": "%s", "skipped": "not one layer fits this GPU"}\n' "$name" > "$build/torch-$name.json"
+    return 0
+  fi
+  time_for 60 || { echo "$name: twin not started, $((deadline - SECONDS)) s before the deadline"; return 75; }
+  # expandable_segments: PyTorch's own advice against fragmentation, which
+  # a model filling the card would otherwise pay for in allocator retries.
+  (
+    if [ -n "$orig_ld_path" ]; then export LD_LIBRARY_PATH=$orig_ld_path; else unset LD_LIBRARY_PATH; fi
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONUNBUFFERED=1 \
+      timeout -k "$kill_after" "$(budget 180)" python3 tools/train_torch.py "$c" --steps 2 --warmup 2 \
+      --precision bf16 --fit ${full:+--layers "$full"} --json "$build/torch-$name.json"
+  )
+  rc=$?
+  if cut_by_deadline "$rc"; then rm -f "$build/torch-$name.json"; return 75; fi
+  local failed=0
+  [ $rc -eq 0 ] || twin_out_of_memory "$build/torch-$name.json" || failed=1
+  # With a GPU here, a twin that saw none is a broken PyTorch, not a result.
+  if [ -n "$gpu" ] && grep -q '"skipped"' "$build/torch-$name.json" 2>/dev/null; then failed=1; fi
+  fitted=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("layers", 0))' \
+             "$build/torch-$name.json" 2>/dev/null || echo 0)
+  if [ "${fitted:-0}" -gt 0 ] && [ -n "$full" ] && [ "$fitted" -lt "$full" ]; then
+    time_for 45 || return 75
+    origami_gpu_train "$name-L$fitted" "$c" --set model.num_layers="$fitted"
+    rc=$?
+    cut_by_deadline "$rc" && return 75
+    [ $rc -eq 0 ] || failed=1
+  fi
+  return $failed
+}
+
+# The target config's twin: origami's tokens/s over PyTorch eager's.
 step_train_torch() {
   [ -f tools/train_torch.py ] || { note[train_torch]="no tools/train_torch.py"; return 1; }
-  local c name rc=0 fitted full
-  for c in "${gpu_configs[@]}"; do
-    name=$(basename "$c" .toml)
-    # The layers origami ran: this call's train_gpu, else an earlier call's.
-    [ -n "${layers[$name]:-}" ] || { [ -f "$build/layers-$name" ] && layers[$name]=$(cat "$build/layers-$name"); }
-    full=${layers[$name]:-$(config_layers "$c")}
-    rm -f "$build/torch-$name.json"
-    if [ "$full" = 0 ]; then  # not one layer fits: nothing of origami's to compare with
-      printf '{"config": "%s", "skipped": "not one layer fits this GPU"}\n' "$name" > "$build/torch-$name.json"
-      continue
-    fi
-    # expandable_segments: PyTorch's own advice against fragmentation, which
-    # a model filling the card would otherwise pay for in allocator retries.
-    (
-      if [ -n "$orig_ld_path" ]; then export LD_LIBRARY_PATH=$orig_ld_path; else unset LD_LIBRARY_PATH; fi
-      PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONUNBUFFERED=1 \
-        timeout -k "$kill_after" "$(budget 180)" python3 tools/train_torch.py "$c" --steps 2 --warmup 2 \
-        --precision bf16 --fit ${full:+--layers "$full"} --json "$build/torch-$name.json"
-    ) || twin_out_of_memory "$build/torch-$name.json" || rc=1
-    # With a GPU here, a twin that saw none is a broken PyTorch, not a result.
-    if [ -n "$gpu" ] && grep -q '"skipped"' "$build/torch-$name.json" 2>/dev/null; then rc=1; fi
-    fitted=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("layers", 0))' \
-               "$build/torch-$name.json" 2>/dev/null || echo 0)
-    if [ "${fitted:-0}" -gt 0 ] && [ -n "$full" ] && [ "$fitted" -lt "$full" ]; then
-      origami_gpu_train "$name-L$fitted" "$c" --set model.num_layers="$fitted" || rc=1
-    fi
-  done
-  local out
-  # A second call (ORIGAMI_GPU_STEPS without train_gpu): origami's side
-  # from the runs the first left in $build.
-  [ -f "$results/train_gpu.json" ] ||
-    GPU_NAME="$gpu" python3 "$report" train-gpu "$results/train_gpu.json" "$build" "$train_steps" "${gpu_configs[@]}"
-  out=$(python3 "$report" train-torch "$results/train_torch.json" "$results/train_gpu.json" "$build" \
-          "$train_steps" "${gpu_configs[@]}")
+  local rc out
+  train_twin "${primary[0]}"
+  rc=$?
+  report_train_gpu > /dev/null  # origami's side as it stands (it may have run just now, in train_twin)
+  out=$(report_train_torch)
   echo "$out"
   note[train_torch]="bf16: $out"
+  [ $rc -eq 75 ] && return 75
   if [ -z "$gpu" ]; then no_gpu_verdict train_torch; return; fi
-  # A result for every config (an out-of-memory one counts) is a pass.
-  grep -q "no result" <<<"$out" && return 1
+  # A result with a ratio for the config (an out-of-memory twin counts) is a pass.
+  grep -q -e "no result" -e "no origami figure" <<<"$out" && return 1
+  return $rc
+}
+
+# The other GPU configs (DeepSeek-like), after the target's figures: for
+# each, origami's run, then its twin; both reports then hold every config.
+step_train_more() {
+  [ ${#rest[@]} -gt 0 ] || { note[train_more]="no other GPU config"; return 0; }
+  make_corpus || { note[train_more]="origami preprocess of the checkout's text failed"; return 1; }
+  local c rc=0 r out
+  for c in "${rest[@]}"; do
+    train_origami "$c"
+    r=$?
+    [ $r -eq 75 ] && { rc=75; break; }
+    [ $r -eq 0 ] || rc=1
+    train_twin "$c"
+    r=$?
+    [ $r -eq 75 ] && { rc=75; break; }
+    [ $r -eq 0 ] || rc=1
+  done
+  out="$(report_train_gpu) | $(report_train_torch)"
+  echo "$out"
+  note[train_more]="bf16: $out"
+  [ $rc -eq 75 ] && return 75
+  if [ -z "$gpu" ]; then no_gpu_verdict train_more; return; fi
+  grep -q -e "no result" -e "no origami figure" <<<"$out" && return 1
   return $rc
 }
 
@@ -788,10 +899,15 @@ failed=()
 for n in "${steps[@]}"; do [ "${status[$n]}" = FAILED ] && failed+=("$n"); done
 if [ $ok -eq 1 ]; then
   echo "gpu_check: PASSED"
-elif [ ${#failed[@]} -eq 0 ] && [ ${#cut[@]} -gt 0 ]; then
-  echo "gpu_check: INCOMPLETE (every step that ran passed; the deadline cut ${cut[*]}: run the rest with ORIGAMI_GPU_STEPS=\"$(rerun_steps)\")"
+elif [ ${#cut[@]} -gt 0 ]; then
+  # Whatever failed, the steps the deadline cut are still to measure: the
+  # last line is the second call, to make at once on the still-warm machine
+  # with the device time left (the caller knows it: ORIGAMI_GPU_DEADLINE =
+  # that time less 70 s, the call's timeout_s that time less 10 s).
+  echo "gpu_check: INCOMPLETE (${failed[*]:+failed: ${failed[*]}; }the deadline cut ${cut[*]})"
+  echo "gpu_check: NEXT ORIGAMI_GPU_STEPS=\"$(rerun_steps)\" ORIGAMI_GPU_DEADLINE=<device seconds left - 70> bash tools/gpu_check.sh"
   exit 3
 else
-  echo "gpu_check: FAILED (${failed[*]:-a step}${cut[*]:+; the deadline cut ${cut[*]}}; logs in $results)"
+  echo "gpu_check: FAILED (${failed[*]:-a step}; logs in $results)"
 fi
 [ $ok -eq 1 ]

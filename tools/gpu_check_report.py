@@ -220,7 +220,9 @@ def train_torch(out, ours_path, build, steps, *configs):
             except Exception:
                 mine = None
         r["origami_over_torch"] = mine / r["tokens_per_s"] if mine else None
-        ratio = f", origami/torch {mine / r['tokens_per_s']:.2f}x" if mine else ""
+        # Without origami's run of the same config there is no ratio, which
+        # is what the twin is for: said, so the step fails.
+        ratio = f", origami/torch {mine / r['tokens_per_s']:.2f}x" if mine else ", no origami figure for the ratio"
         # PyTorch's allocator freeing its cache and retrying: a twin slowed
         # by memory pressure rather than by its kernels.
         retries = f", {r['alloc_retries']} allocator retries" if r.get("alloc_retries") else ""
