@@ -469,10 +469,10 @@ step_cuda_tests() {
   local passed failed skipped total
   read -r passed failed skipped total <<<"${cuda_counts:-? ? ? ?}"
   note[cuda_tests]="$passed passed, $failed failed, $skipped skipped (of $total)"
-  # Stopped at --stop-time (a limit the deadline set, or its own 240 s): the
-  # tests it did not finish are the second call's (status 75); its failures
-  # show in the note.
-  if [ $rc -ne 0 ] && [ $SECONDS -ge $((stop_at - 1)) ]; then return 75; fi
+  # Stopped at --stop-time by a limit the deadline set: the tests it did not
+  # finish are the second call's (status 75); its failures show in the note.
+  # Its own 240 s running out is a failure: a second call would meet it again.
+  if [ $rc -ne 0 ] && [ "$limit" -lt 240 ] && [ $SECONDS -ge $((stop_at - 1)) ]; then return 75; fi
   [ $rc -eq 0 ] || return 1
   if [ -z "$gpu" ]; then
     note[cuda_tests]+="; no GPU"
@@ -616,6 +616,7 @@ cut_by_deadline() { { [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; } && [ $SECONDS -ge 
 # Whether run $1 left all train_steps records (an earlier call's, kept: a
 # second call does not train a config the first finished again).
 trained() { [ -f "$build/train-$1/metrics.jsonl" ] && [ "$(grep -c '"step"' "$build/train-$1/metrics.jsonl")" -ge "$train_steps" ]; }
+declare -A tried=()  # config name -> 1 once this call started its origami run
 
 # The corpus every GPU run reads: this checkout's text, made once per build.
 make_corpus() {
@@ -641,6 +642,7 @@ train_origami() {
       continue
     fi
     time_for 45 || { echo "$name: not started, $((deadline - SECONDS)) s before the deadline"; cut=1; break; }
+    tried[$name]=1
     origami_gpu_train_fitted "$name" "$c"
     rc=$?
     if cut_by_deadline "$rc"; then cut=1; break; fi
@@ -650,14 +652,19 @@ train_origami() {
   return $failed
 }
 
-# The configs that have origami runs in $build (for the reports: a config
-# not run yet is left out of them, not reported as missing).
+# The configs that have origami runs in $build or tried one in this call
+# (for the reports: a config not run yet is left out of them, not reported
+# as missing).
 configs_with() {  # PREFIX (train- or torch-), then the configs
   local p=$1 c name out=()
   shift
   for c in "$@"; do
     name=$(basename "$c" .toml)
-    if [ "$p" = train- ]; then [ -d "$build/train-$name" ] && out+=("$c"); else [ -f "$build/torch-$name.json" ] && out+=("$c"); fi
+    if [ "$p" = train- ]; then
+      { [ -d "$build/train-$name" ] || [ -n "${tried[$name]:-}" ]; } && out+=("$c")  # a failed run: "no metrics"
+    else
+      [ -f "$build/torch-$name.json" ] && out+=("$c")
+    fi
   done
   [ ${#out[@]} -eq 0 ] || printf '%s\n' "${out[@]}"
 }
@@ -678,8 +685,12 @@ report_train_torch() {
 # The issue's target config (Mixtral-like) in origami: tokens/s, TFLOP/s,
 # MFU, peak memory, exposed communication.
 step_train_gpu() {
-  make_corpus || { note[train_gpu]="origami preprocess of the checkout's text failed"; return 1; }
+  [ ${#primary[@]} -gt 0 ] || { note[train_gpu]="no configs/gpu-*.toml"; return 1; }
   local rc out
+  make_corpus
+  rc=$?
+  cut_by_deadline $rc && return 75
+  [ $rc -eq 0 ] || { note[train_gpu]="origami preprocess of the checkout's text failed"; return 1; }
   train_origami "${primary[@]}"
   rc=$?
   out=$(report_train_gpu)
@@ -713,6 +724,10 @@ train_twin() {
   local c=$1 name full fitted rc
   name=$(basename "$c" .toml)
   [ -n "${layers[$name]:-}" ] || { [ -f "$build/layers-$name" ] && layers[$name]=$(cat "$build/layers-$name"); }
+  if ! trained "$name" && [ -n "${tried[$name]:-}" ]; then
+    echo "$name: origami's run failed in this call: no twin to compare it with"
+    return 1
+  fi
   if ! trained "$name" && [ "${layers[$name]:-}" != 0 ]; then
     echo "$name: origami's side first (no run of it in $build)"
     train_origami "$c"
@@ -720,11 +735,39 @@ train_twin() {
     [ $rc -eq 0 ] || return $rc
   fi
   full=${layers[$name]:-$(config_layers "$c")}
-  rm -f "$build/torch-$name.json"
   if [ "$full" = 0 ]; then  # not one layer fits: nothing of origami's to compare with
     printf '{"config": "%s", "skipped": "not one layer fits this GPU"}\n' "$name" > "$build/torch-$name.json"
     return 0
   fi
+  local rc=0
+  if grep -q '"tokens_per_s"' "$build/torch-$name.json" 2>/dev/null; then
+    echo "$name: the twin's result kept from an earlier call"
+  else
+    rm -f "$build/torch-$name.json"
+    run_twin "$name" "$c" "$full"
+    rc=$?
+    [ $rc -eq 75 ] && return 75
+  fi
+  local failed=0
+  [ $rc -eq 0 ] || failed=1
+  # With a GPU here, a twin that saw none is a broken PyTorch, not a result.
+  if [ -n "$gpu" ] && grep -q '"skipped"' "$build/torch-$name.json" 2>/dev/null; then failed=1; fi
+  fitted=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("layers", 0))' \
+             "$build/torch-$name.json" 2>/dev/null || echo 0)
+  if [ "${fitted:-0}" -gt 0 ] && [ -n "$full" ] && [ "$fitted" -lt "$full" ] && ! trained "$name-L$fitted"; then
+    time_for 45 || return 75
+    origami_gpu_train "$name-L$fitted" "$c" --set model.num_layers="$fitted"
+    rc=$?
+    cut_by_deadline "$rc" && return 75
+    [ $rc -eq 0 ] || failed=1
+  fi
+  return $failed
+}
+
+# The twin of config $2 (name $1) at up to $3 layers into $build/torch-NAME.json:
+# 0 (a result, or out of memory even at one layer), 1, or 75 (the deadline's).
+run_twin() {
+  local name=$1 c=$2 full=$3 rc
   time_for 60 || { echo "$name: twin not started, $((deadline - SECONDS)) s before the deadline"; return 75; }
   # expandable_segments: PyTorch's own advice against fragmentation, which
   # a model filling the card would otherwise pay for in allocator retries.
@@ -736,25 +779,14 @@ train_twin() {
   )
   rc=$?
   if cut_by_deadline "$rc"; then rm -f "$build/torch-$name.json"; return 75; fi
-  local failed=0
-  [ $rc -eq 0 ] || twin_out_of_memory "$build/torch-$name.json" || failed=1
-  # With a GPU here, a twin that saw none is a broken PyTorch, not a result.
-  if [ -n "$gpu" ] && grep -q '"skipped"' "$build/torch-$name.json" 2>/dev/null; then failed=1; fi
-  fitted=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("layers", 0))' \
-             "$build/torch-$name.json" 2>/dev/null || echo 0)
-  if [ "${fitted:-0}" -gt 0 ] && [ -n "$full" ] && [ "$fitted" -lt "$full" ]; then
-    time_for 45 || return 75
-    origami_gpu_train "$name-L$fitted" "$c" --set model.num_layers="$fitted"
-    rc=$?
-    cut_by_deadline "$rc" && return 75
-    [ $rc -eq 0 ] || failed=1
-  fi
-  return $failed
+  [ $rc -eq 0 ] || twin_out_of_memory "$build/torch-$name.json" || return 1
+  return 0
 }
 
 # The target config's twin: origami's tokens/s over PyTorch eager's.
 step_train_torch() {
   [ -f tools/train_torch.py ] || { note[train_torch]="no tools/train_torch.py"; return 1; }
+  [ ${#primary[@]} -gt 0 ] || { note[train_torch]="no configs/gpu-*.toml"; return 1; }
   local rc out
   train_twin "${primary[0]}"
   rc=$?
@@ -773,8 +805,11 @@ step_train_torch() {
 # each, origami's run, then its twin; both reports then hold every config.
 step_train_more() {
   [ ${#rest[@]} -gt 0 ] || { note[train_more]="no other GPU config"; return 0; }
-  make_corpus || { note[train_more]="origami preprocess of the checkout's text failed"; return 1; }
-  local c rc=0 r out
+  local c rc=0 r out verdict ran=()
+  make_corpus
+  r=$?
+  cut_by_deadline $r && return 75
+  [ $r -eq 0 ] || { note[train_more]="origami preprocess of the checkout's text failed"; return 1; }
   for c in "${rest[@]}"; do
     train_origami "$c"
     r=$?
@@ -790,7 +825,11 @@ step_train_more() {
   note[train_more]="bf16: $out"
   [ $rc -eq 75 ] && return 75
   if [ -z "$gpu" ]; then no_gpu_verdict train_more; return; fi
-  grep -q -e "no result" -e "no origami figure" <<<"$out" && return 1
+  # The verdict is of this step's configs (train_torch judges the first).
+  mapfile -t ran < <(configs_with torch- "${rest[@]}")
+  verdict=$(python3 "$report" train-torch /dev/null "$results/train_gpu.json" "$build" "$train_steps" "${ran[@]}")
+  grep -q -e "no result" -e "no origami figure" <<<"$verdict" && return 1
+  [ ${#ran[@]} -eq ${#rest[@]} ] || return 1
   return $rc
 }
 
@@ -876,7 +915,7 @@ write_summary() {
       fi
     done
     printf '%-14s %-8s %4s s\n' total "" "$total"
-    [ ${#cut[@]} -gt 0 ] && echo "the deadline cut: ${cut[*]}; the rest, at once on the still-warm machine: ORIGAMI_GPU_STEPS=\"$(rerun_steps)\" bash tools/gpu_check.sh"
+    [ ${#cut[@]} -gt 0 ] && echo "the deadline cut: ${cut[*]}; the rest, at once on the still-warm machine: ORIGAMI_GPU_STEPS=\"$(rerun_steps)\" ORIGAMI_GPU_DEADLINE=<device seconds left - 70> bash tools/gpu_check.sh"
     [ -n "$cuda_counts" ] && echo "CUDA tests (ctest -L cuda): ${note[cuda_tests]}"
     [ -n "$cuda_figures" ] && printf 'CUDA tests measured:\n%s\n' "$cuda_figures"
     kernel_table 2>&1
@@ -887,6 +926,10 @@ write_summary() {
 echo "gpu_check: results in $results, prefix $prefix, build $build, GPU: ${gpu:-none}"
 ok=1
 run tools && run unpack && run configure && run build || ok=0
+# A first call's training is its own: what a build directory holds from
+# another call (another binary, another config) is never reported as this
+# one's. A second call (ORIGAMI_GPU_STEPS) keeps the first's finished runs.
+[ -n "${ORIGAMI_GPU_STEPS:-}" ] || rm -rf "$build"/train-* "$build"/torch-*.json "$build"/layers-*
 if [ $ok -eq 1 ]; then
   for s in "${all_steps[@]:4}"; do
     if wanted "$s"; then run "$s" || ok=0; fi
