@@ -530,10 +530,21 @@ void run_bench_moe_layer(const MoeBenchArgs& a) {
         std::printf("  exchange (bytes sent over ep per rank: %.0f dispatch direction, %.0f combine direction;\n"
                     "  bare: the same collectives and counts in the same place, no counts exchange):\n",
                     mean_fwd, mean_rev);
+        // EP 1 (ETP alone): nothing crosses ep, so no bandwidth to state;
+        // the exchange is ETP's gather and scatter, timed all the same.
+        if (par.ep == 1)
+          std::printf("  (ep = 1: no bytes cross ep; the rows time etp's gather and scatter of the tokens, whose "
+                      "bandwidth is not counted: GB/s shows -)\n");
+        auto rate = [&](double bytes, double s) {
+          char buf[32];
+          if (bytes > 0) std::snprintf(buf, sizeof buf, "%9.3f", gbs(bytes, s));
+          else std::snprintf(buf, sizeof buf, "%9s", "-");
+          return std::string(buf);
+        };
         std::printf("    %-19s %10s %9s %10s %9s %7s\n", "step", "time(ms)", "GB/s", "bare(ms)", "GB/s", "ratio");
         for (const Row& row : rows)
-          std::printf("    %-19s %10.3f %9.3f %10.3f %9.3f %7.2f\n", row.name, row.time_s * 1e3,
-                      gbs(row.bytes, row.time_s), row.bare_s * 1e3, gbs(row.bytes, row.bare_s),
+          std::printf("    %-19s %10.3f %s %10.3f %s %7.2f\n", row.name, row.time_s * 1e3,
+                      rate(row.bytes, row.time_s).c_str(), row.bare_s * 1e3, rate(row.bytes, row.bare_s).c_str(),
                       row.bare_s / row.time_s);
         std::printf("  data check (dispatcher vs bare layer outputs): %s\n",
                     wrong == 0 ? "bitwise equal" : "DIFFERENT");
