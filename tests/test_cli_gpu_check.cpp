@@ -111,7 +111,11 @@ TEST(GpuCheckReport, TrainingNotesFromOrigamisAndPyTorchsRecords) {
   train(configs[2], "gpu-fit-L2", 4, " --set model.num_layers=2");
   if (HasFatalFailure()) return;
 
-  // origami's side, as on an H200 SXM (datasheet MFU beside the measured one).
+  // origami's side, as on an H200 SXM (datasheet MFU beside the measured
+  // one), with the check's build holding its binary: the plan of each run's
+  // own config beside its measured peak.
+  fs::create_directories(build + "/tools");
+  fs::create_symlink(kOrigami, build + "/tools/origami");
   const std::string ours = dir / "train_gpu.json";
   r = report("train-gpu " + ours + " " + build + " 4" + config_args, "GPU_NAME='NVIDIA H200'");
   ASSERT_EQ(r.status, 0) << r.output;
@@ -134,11 +138,18 @@ TEST(GpuCheckReport, TrainingNotesFromOrigamisAndPyTorchsRecords) {
   EXPECT_DOUBLE_EQ(whole.at("gflops").get<double>(), timed("gflops"));
   EXPECT_DOUBLE_EQ(whole.at("mfu_datasheet").get<double>(), timed("gflops") / 989.4e3);
   EXPECT_EQ(whole.at("lm_loss"), records[3].at("lm_loss")) << "the rest is the last step's record";
+  // The plan of the run's own config.toml: tiny-moe in bf16 on one rank, the
+  // measured peak above it by the kernel workspaces it leaves out.
+  const nlohmann::json plan = nlohmann::json::parse(
+      run_command(kOrigami + " plan " + build + "/train-gpu-whole/config.toml --world 1 --recipe bf16 --json").output);
+  const auto& ledger = plan.at("ledger");
+  EXPECT_EQ(whole.at("planned_total_bytes"), ledger.at("stages").at(ledger.at("worst_stage").get<int>()).at("total"));
   char tok_s[64];
   std::snprintf(tok_s, sizeof tok_s, "gpu-whole: %.0f tok/s, ", timed("tokens_per_s"));
   EXPECT_NE(r.output.find(tok_s), std::string::npos) << r.output;
   EXPECT_TRUE(std::regex_search(r.output, std::regex("MFU [0-9.]+% of the measured [0-9]+ TFLOP/s \\([0-9.]+% of the "
-                                                     "989 TFLOP/s datasheet\\), peak [0-9.]+ GB, comm exposed "
+                                                     "989 TFLOP/s datasheet\\), peak [0-9.]+ GB \\(planned [0-9.]+ GB, workspaces not "
+                                                     "counted\\), comm exposed "
                                                      "0\\.000 s; gpu-cut: stopped after step 2 of 4; gpu-fit at 3 of 4 "
                                                      "layers \\(what fits this GPU\\): [0-9]+ tok/s, .*; "
                                                      "gpu-absent: no metrics\n$")))

@@ -141,6 +141,22 @@ def fit_layers(origami, config, memory, reserve):
     print(0)
 
 
+def _planned_total(build, run_config):
+    """`origami plan`'s total for the worst stage of a run's own resolved
+    config (the config.toml it wrote, overrides and fitted layers in), in
+    bf16 on one rank; None where there is no binary or the plan fails."""
+    origami = os.path.join(build, "tools", "origami")
+    if not (os.access(origami, os.X_OK) and os.path.isfile(run_config)):
+        return None
+    try:
+        out = subprocess.run([origami, "plan", run_config, "--world", "1", "--recipe", "bf16", "--json"],
+                             capture_output=True, text=True, timeout=60)
+        ledger = json.loads(out.stdout)["ledger"]
+        return ledger["stages"][ledger["worst_stage"]]["total"]
+    except Exception:
+        return None
+
+
 def train_gpu(out, build, steps, *configs):
     steps = int(steps)
     # MFU is against the GEMM peak measured at start-up (the issue's
@@ -175,6 +191,9 @@ def train_gpu(out, build, steps, *configs):
         fitted = ""
         if last["layers"] and last["config_layers"] and last["layers"] < last["config_layers"]:
             fitted = f" at {last['layers']} of {last['config_layers']} layers (what fits this GPU)"
+        planned = _planned_total(build, os.path.join(build, "train-" + name, "config.toml"))
+        if planned:
+            last["planned_total_bytes"] = planned
         sheet = ""
         if datasheet:
             last["mfu_datasheet"] = last["gflops"] / datasheet
@@ -182,7 +201,9 @@ def train_gpu(out, build, steps, *configs):
         runs[name] = last
         notes.append(f"{name}{fitted}: {last['tokens_per_s']:.0f} tok/s, {last['gflops'] / 1e3:.1f} TFLOP/s, "
                      f"MFU {100 * last.get('mfu', 0):.1f}% of the measured {last.get('peak_gflops', 0) / 1e3:.0f} "
-                     f"TFLOP/s{sheet}, peak {mem / 1e9:.1f} GB, comm exposed {last.get('comm_exposed_s', 0):.3f} s")
+                     f"TFLOP/s{sheet}, peak {mem / 1e9:.1f} GB"
+                     f"{f' (planned {planned / 1e9:.1f} GB, workspaces not counted)' if planned else ''}, "
+                     f"comm exposed {last.get('comm_exposed_s', 0):.3f} s")
     with open(out, "w") as f:
         json.dump(runs, f, indent=1)
     print("; ".join(notes))
